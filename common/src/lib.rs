@@ -1,0 +1,12 @@
+//! drover-common: the vocabulary every Drover process shares. The job spec and its
+//! validation, templating, the task state machine and the wire messages. No I/O of
+//! any kind: no tokio, no hyper, no nix, no files.
+
+pub mod spec;
+pub mod state;
+pub mod template;
+pub mod units;
+pub mod wire;
+
+pub use spec::{JobKey, JobSpec};
+pub use state::{DesiredState, ExitReason, TaskState};

@@ -1,0 +1,397 @@
+//! The job spec: one serde model for jobs, tasks, processes, health checks, lifecycle,
+//! updates and partition policy. Field names and defaults follow Apache Aurora.
+//! Reading a spec from text with every error reported at once lives in `parse`, and
+//! the semantic checks in `validate`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::units::{ByteSize, Duration};
+
+/// A job: `instances` near-identical copies of one task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The owner, usually a service account; the first part of the job key.
+    pub role: String,
+    /// `prod`, `staging`, `devel`...; the second part of the job key.
+    pub environment: String,
+    /// The job's name; the third part of the job key.
+    pub name: String,
+    /// How many copies of the task to run.
+    #[serde(default = "defaults::instances")]
+    pub instances: u32,
+    /// true: a service, replaced forever; false: a batch job, retried up to
+    /// `max_task_failures`.
+    #[serde(default)]
+    pub service: bool,
+    /// `preferred` (production) or `preemptible`.
+    #[serde(default)]
+    pub tier: Tier,
+    /// Batch jobs: how many failed tasks per instance before giving up (Aurora: 1).
+    #[serde(default = "defaults::one")]
+    pub max_task_failures: u32,
+    /// Host attribute -> Aurora constraint expression (`limit:2`, `a|b`, `!x`).
+    #[serde(default)]
+    pub constraints: BTreeMap<String, String>,
+    /// The task every instance runs.
+    pub task: TaskSpec,
+    /// How the executor decides the task is healthy; absent: process liveness only.
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+    /// How the task is asked to stop; absent: the escalation starts at SIGTERM.
+    #[serde(default)]
+    pub lifecycle: Option<Lifecycle>,
+    /// How a changed config rolls out.
+    #[serde(default)]
+    pub update: UpdateConfig,
+    /// What happens to the task when its agent becomes unreachable.
+    #[serde(default)]
+    pub partition_policy: PartitionPolicy,
+}
+
+/// Aurora's tiers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Production: may preempt preemptible tasks.
+    #[default]
+    Preferred,
+    /// May be preempted for production work.
+    Preemptible,
+}
+
+/// What one instance runs: processes sharing one sandbox and one cgroup.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// The processes, started in the order `order` allows.
+    pub processes: Vec<ProcessSpec>,
+    /// Ordering constraints: each entry is a list of process names that run one after
+    /// another (`[install, server]`: server starts once install succeeded).
+    #[serde(default)]
+    pub order: Vec<Vec<String>>,
+    /// What the task needs from its host.
+    pub resources: Resources,
+    /// How many processes may fail before the task fails (Aurora: 1).
+    #[serde(default = "defaults::one")]
+    pub max_failures: u32,
+    /// How many processes may run at once; 0 means no limit.
+    #[serde(default)]
+    pub max_concurrency: u32,
+    /// The longest SIGTERM-to-SIGKILL wait, during which final processes run.
+    #[serde(default = "defaults::finalization_wait")]
+    pub finalization_wait: Duration,
+    /// The Unix user processes run as; absent: the job's role.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Let the task run as root (the executor's config must allow it too).
+    #[serde(default)]
+    pub allow_root: bool,
+    /// Extra environment for every process; values are templated.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// One process of a task (a Thermos process).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessSpec {
+    /// Unique within the task; names the log files.
+    pub name: String,
+    /// Run with `/bin/sh -c` after templating.
+    pub cmdline: String,
+    /// Runs before the process counts as failed; 0 means retry forever (Aurora: 1).
+    #[serde(default = "defaults::one")]
+    pub max_failures: u32,
+    /// Restart even after success.
+    #[serde(default)]
+    pub daemon: bool,
+    /// The task does not wait for it to finish.
+    #[serde(default)]
+    pub ephemeral: bool,
+    /// The shortest time between starts (Aurora: 5s).
+    #[serde(default = "defaults::min_duration")]
+    pub min_duration: Duration,
+    /// Runs during finalization, after the others were told to stop.
+    #[serde(default, rename = "final")]
+    pub is_final: bool,
+}
+
+/// Resources a task requests from its host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    /// CPU cores, a decimal (0.5 is half a core).
+    pub cpu: f64,
+    /// Memory limit.
+    pub ram: ByteSize,
+    /// Sandbox disk.
+    pub disk: ByteSize,
+    /// Named ports; each gets a number from the host's range at placement.
+    #[serde(default)]
+    pub ports: Vec<String>,
+}
+
+/// The kind of health check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthCheckType {
+    /// GET `endpoint`, healthy when the code and body match.
+    #[default]
+    Http,
+    /// Run `command`, healthy on exit 0.
+    Shell,
+    /// Connect to `port`.
+    Tcp,
+}
+
+/// Aurora's health check config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    /// http, shell or tcp.
+    #[serde(default, rename = "type")]
+    pub kind: HealthCheckType,
+    /// The named port to check (http, tcp); Aurora's `health`.
+    #[serde(default = "defaults::health_port")]
+    pub port: String,
+    /// HTTP path.
+    #[serde(default = "defaults::health_endpoint")]
+    pub endpoint: String,
+    /// The expected body, compared after trimming whitespace.
+    #[serde(default = "defaults::expected_response")]
+    pub expected_response: String,
+    /// The expected HTTP status code.
+    #[serde(default = "defaults::expected_response_code")]
+    pub expected_response_code: u16,
+    /// Shell checks: the command, templated.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Grace before failures count (Aurora: 15s).
+    #[serde(default = "defaults::initial_interval")]
+    pub initial_interval: Duration,
+    /// Between checks (Aurora: 10s).
+    #[serde(default = "defaults::interval")]
+    pub interval: Duration,
+    /// Per check (Aurora: 1s).
+    #[serde(default = "defaults::timeout")]
+    pub timeout: Duration,
+    /// Failures in a row that kill the task; 0: the first failure after the initial
+    /// interval does.
+    #[serde(default)]
+    pub max_consecutive_failures: u32,
+    /// Successes in a row before the task is RUNNING (Aurora: 1).
+    #[serde(default = "defaults::one")]
+    pub min_consecutive_successes: u32,
+}
+
+/// How a task is asked to stop.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lifecycle {
+    /// The HTTP shutdown protocol; absent: start at SIGTERM.
+    #[serde(default)]
+    pub http: Option<HttpLifecycle>,
+}
+
+/// Aurora's HttpLifecycleConfig.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLifecycle {
+    /// The named port the endpoints listen on.
+    #[serde(default = "defaults::health_port")]
+    pub port: String,
+    /// POSTed first.
+    #[serde(default = "defaults::graceful_shutdown_endpoint")]
+    pub graceful_shutdown_endpoint: String,
+    /// POSTed second.
+    #[serde(default = "defaults::shutdown_endpoint")]
+    pub shutdown_endpoint: String,
+    /// Wait after the graceful endpoint (5s).
+    #[serde(default = "defaults::five_seconds")]
+    pub graceful_shutdown_wait: Duration,
+    /// Wait after the shutdown endpoint (5s).
+    #[serde(default = "defaults::five_seconds")]
+    pub shutdown_wait: Duration,
+}
+
+/// Rolling update settings (Aurora's UpdateConfig).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// Instances updated at once.
+    #[serde(default = "defaults::one")]
+    pub batch_size: u32,
+    /// How long an updated instance must stay RUNNING to count as healthy.
+    #[serde(default = "defaults::watch")]
+    pub watch: Duration,
+    /// Failures of one instance that fail the update.
+    #[serde(default)]
+    pub max_per_instance_failures: u32,
+    /// Failed instances that fail the update.
+    #[serde(default)]
+    pub max_total_failures: u32,
+    /// Roll back in reverse order when the update fails.
+    #[serde(default = "defaults::yes")]
+    pub rollback_on_failure: bool,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig {
+            batch_size: 1,
+            watch: defaults::watch(),
+            max_per_instance_failures: 0,
+            max_total_failures: 0,
+            rollback_on_failure: true,
+        }
+    }
+}
+
+/// What happens when the task's agent stops reporting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionPolicy {
+    /// Replace the task elsewhere (after `delay`).
+    #[serde(default = "defaults::yes")]
+    pub reschedule: bool,
+    /// How long an unreachable agent's task waits before it is LOST.
+    #[serde(default)]
+    pub delay: Duration,
+    /// Never run two copies of an instance at once, even across a partition: the
+    /// agent kills the task when it loses its lease, and the master replaces it only
+    /// after the lease and the kill time have passed.
+    #[serde(default)]
+    pub exclusive: bool,
+}
+
+impl Default for PartitionPolicy {
+    fn default() -> Self {
+        PartitionPolicy {
+            reschedule: true,
+            delay: Duration::default(),
+            exclusive: false,
+        }
+    }
+}
+
+/// `role/environment/name`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct JobKey {
+    pub role: String,
+    pub environment: String,
+    pub name: String,
+}
+
+/// Why a string is not a job key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a job key: write role/environment/name, e.g. www-data/prod/hello")]
+pub struct BadJobKey(pub String);
+
+impl JobKey {
+    /// Parses `role/environment/name`.
+    pub fn parse(text: &str) -> Result<JobKey, BadJobKey> {
+        let parts: Vec<&str> = text.split('/').collect();
+        match parts.as_slice() {
+            [role, environment, name]
+                if [role, environment, name].iter().all(|p| is_valid_name(p)) =>
+            {
+                Ok(JobKey {
+                    role: role.to_string(),
+                    environment: environment.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(BadJobKey(text.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.role, self.environment, self.name)
+    }
+}
+
+impl JobSpec {
+    /// This job's key.
+    pub fn key(&self) -> JobKey {
+        JobKey {
+            role: self.role.clone(),
+            environment: self.environment.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// The user the task's processes run as.
+    pub fn run_as_user(&self) -> &str {
+        self.task.user.as_deref().unwrap_or(&self.role)
+    }
+}
+
+/// Names become paths and cgroup names: `[A-Za-z0-9_.-]{1,64}`, never `.` or `..`.
+pub fn is_valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Aurora's defaults, one function per serde default.
+pub mod defaults {
+    use crate::units::Duration;
+
+    pub fn instances() -> u32 {
+        1
+    }
+    pub fn one() -> u32 {
+        1
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn finalization_wait() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn min_duration() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn health_port() -> String {
+        "health".to_string()
+    }
+    pub fn health_endpoint() -> String {
+        "/health".to_string()
+    }
+    pub fn expected_response() -> String {
+        "ok".to_string()
+    }
+    pub fn expected_response_code() -> u16 {
+        200
+    }
+    pub fn initial_interval() -> Duration {
+        Duration::from_secs(15)
+    }
+    pub fn interval() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn timeout() -> Duration {
+        Duration::from_secs(1)
+    }
+    pub fn graceful_shutdown_endpoint() -> String {
+        "/quitquitquit".to_string()
+    }
+    pub fn shutdown_endpoint() -> String {
+        "/abortabortabort".to_string()
+    }
+    pub fn five_seconds() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn watch() -> Duration {
+        Duration::from_secs(45)
+    }
+}

@@ -1,0 +1,366 @@
+//! The messages that cross process boundaries, with a protocol version:
+//! agent -> executor (the task file and the Unix socket protocol), agent <-> master
+//! (registration, heartbeats, assignments, status updates) and the admin API's views.
+//! Everything here is JSON through serde.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{HealthCheck, JobSpec, Lifecycle, TaskSpec};
+use crate::state::{DesiredState, ExitReason, TaskEvent, TaskState, UnixMillis};
+
+/// Bumped on any incompatible change to the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+// ---------------------------------------------------------------- executor
+
+/// What the executor runs: written by the agent as the executor's `--task` file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorTask {
+    pub task_id: String,
+    pub role: String,
+    pub environment: String,
+    pub name: String,
+    pub instance: u32,
+    pub task: TaskSpec,
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+    #[serde(default)]
+    pub lifecycle: Option<Lifecycle>,
+    /// Port name -> number assigned at placement.
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+}
+
+/// One process as the executor sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ProcessState {
+    /// Not started yet (ordering, concurrency, min_duration, or final).
+    Waiting,
+    Running,
+    Succeeded,
+    /// Reached its max_failures.
+    Failed,
+    /// Stopped by the kill escalation.
+    Killed,
+}
+
+/// A process's status inside an executor status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessStatus {
+    pub name: String,
+    pub state: ProcessState,
+    /// The pid of the current run, if running.
+    pub pid: Option<u32>,
+    /// How many times it was started.
+    pub runs: u32,
+    /// How many runs failed.
+    pub failures: u32,
+    /// How its last run ended.
+    pub last_exit: Option<ExitReason>,
+}
+
+/// Every change of a task as the executor reports it: on stdout (one JSON line), in
+/// the checkpoint file, and on the Unix socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorStatus {
+    /// Increases by one with every status this executor emits.
+    pub seq: u64,
+    pub task_id: String,
+    /// STARTING, RUNNING, KILLING, then FINISHED, FAILED or KILLED.
+    pub state: TaskState,
+    pub exit_reason: Option<ExitReason>,
+    pub message: String,
+    pub timestamp_ms: UnixMillis,
+    pub executor_pid: u32,
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// Agent -> executor on the sandbox's Unix socket, one JSON object per line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ExecutorRequest {
+    /// Answered with the current status, then every later one; each a JSON line.
+    /// Statuses with `seq <= after_seq` that are still buffered are replayed first.
+    Subscribe { after_seq: u64 },
+    /// Start the kill escalation; `reason` says why (default: killed by request).
+    Kill {
+        #[serde(default)]
+        reason: Option<ExitReason>,
+    },
+}
+
+// ---------------------------------------------------------------- agent <-> master
+
+/// What an agent offers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentResources {
+    pub cpu: f64,
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
+    /// Inclusive range of ports tasks may be given.
+    pub port_range: (u16, u16),
+}
+
+/// POST /v1/agents/register
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub protocol_version: u32,
+    /// Stable across restarts; kept in the agent's data dir.
+    pub agent_id: String,
+    pub hostname: String,
+    /// `http://host:port` where the agent serves sandbox logs.
+    pub address: String,
+    pub resources: AgentResources,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// Answer to a registration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    pub agent_id: String,
+    /// How often the master expects a heartbeat.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// A task as the agent holds it, for reconciliation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentTaskReport {
+    pub task_id: String,
+    pub state: TaskState,
+    /// The highest status seq the agent has for this task.
+    pub seq: u64,
+}
+
+/// POST /v1/agents/{id}/heartbeat
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// `task_set_digest` of the non-terminal task ids the agent holds.
+    pub task_digest: u64,
+    /// The assignment set version the agent has applied.
+    pub assignments_version: u64,
+    /// Sent when the master asked for it (digest mismatch, reconciliation).
+    #[serde(default)]
+    pub tasks: Option<Vec<AgentTaskReport>>,
+}
+
+/// Answer to a heartbeat.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// The digests differ, or the master reconciles: send `tasks` next time (now).
+    pub send_full_task_set: bool,
+    /// The master does not know this agent (e.g. after losing its state): register.
+    pub reregister: bool,
+}
+
+/// One task the agent should hold, and what the master wants of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub desired: DesiredState,
+    /// Why it should stop, when desired is SHUTDOWN.
+    pub kill_reason: Option<ExitReason>,
+    /// When true the agent kills the task itself after losing the master for its
+    /// lease (`partition_policy.exclusive`).
+    pub exclusive: bool,
+    pub task: ExecutorTask,
+}
+
+/// GET /v1/agents/{id}/assignments?after_version=N&wait_ms=M: the complete set of
+/// tasks the agent should hold. A task the agent runs that is not in the set is
+/// unknown to the master and is killed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AssignmentSet {
+    pub version: u64,
+    pub assignments: Vec<Assignment>,
+}
+
+/// A status change relayed from an executor (or decided by the agent, e.g. executor
+/// lost). `seq` increases per task; the master ignores what it has already applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusUpdate {
+    pub task_id: String,
+    pub seq: u64,
+    pub state: TaskState,
+    pub exit_reason: Option<ExitReason>,
+    pub message: String,
+    pub timestamp_ms: UnixMillis,
+    #[serde(default)]
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// POST /v1/agents/{id}/updates
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusUpdateBatch {
+    pub updates: Vec<StatusUpdate>,
+}
+
+/// The master committed these: the agent may delete them from its outbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusAck {
+    /// (task_id, seq) pairs; everything up to seq for that task is acknowledged.
+    pub acked: Vec<(String, u64)>,
+}
+
+/// FNV-1a over the sorted task ids, each followed by a 0 byte. Master and agent both
+/// compute it, so a mismatch means their views of the agent's tasks differ.
+pub fn task_set_digest<'a>(task_ids: impl IntoIterator<Item = &'a str>) -> u64 {
+    let mut ids: Vec<&str> = task_ids.into_iter().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for id in ids {
+        for byte in id.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    hash
+}
+
+// ---------------------------------------------------------------- admin API views
+
+/// Every admin API error: `{"error": {"code", "message", "field"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiErrorBody {
+    pub error: ApiError,
+}
+
+/// One error, with the field at fault when there is one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable machine-readable code: `invalid_spec`, `job_exists`, `not_found`...
+    pub code: String,
+    pub message: String,
+    #[serde(default)]
+    pub field: Option<String>,
+    /// Every problem, when there are several (spec validation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<FieldError>,
+}
+
+/// A problem at a field path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+/// A task as the admin API shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    pub task_id: String,
+    pub job: String,
+    pub instance: u32,
+    pub state: TaskState,
+    pub desired: DesiredState,
+    pub exit_reason: Option<ExitReason>,
+    pub agent_id: Option<String>,
+    pub ports: BTreeMap<String, u16>,
+    /// Why a PENDING task is not placed, in words.
+    pub pending_reason: Option<String>,
+    pub events: Vec<TaskEvent>,
+    #[serde(default)]
+    pub processes: Vec<ProcessStatus>,
+}
+
+/// One instance (slot) of a job: its current task and the terminal ones before it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InstanceView {
+    pub instance: u32,
+    pub current: Option<TaskView>,
+    pub history: Vec<TaskView>,
+}
+
+/// GET /v1/jobs/{role}/{env}/{name}
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    pub key: String,
+    pub spec: JobSpec,
+    pub created_ms: UnixMillis,
+    /// Count of current tasks per state.
+    pub state_counts: BTreeMap<TaskState, u32>,
+    pub instances: Vec<InstanceView>,
+}
+
+/// A line of GET /v1/jobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobSummary {
+    pub key: String,
+    pub instances: u32,
+    pub service: bool,
+    pub state_counts: BTreeMap<TaskState, u32>,
+}
+
+/// GET /v1/agents
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentView {
+    pub agent_id: String,
+    pub hostname: String,
+    pub address: String,
+    pub reachable: bool,
+    pub last_heartbeat_ms: UnixMillis,
+    pub attributes: BTreeMap<String, String>,
+    pub resources: AgentResources,
+    pub free: AgentResources,
+    pub tasks: Vec<String>,
+}
+
+/// Body of POST .../kill and .../restart: which instances (`0-3,7`); absent: all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstancesRequest {
+    #[serde(default)]
+    pub instances: Option<String>,
+}
+
+/// What a kill or restart touched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionResponse {
+    pub job: String,
+    pub tasks: Vec<String>,
+}
+
+/// Parses an instance set like `0-3,7` into sorted, deduplicated numbers.
+pub fn parse_instance_set(text: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let bad = || format!("`{part}` is not an instance or range; write e.g. 0-3,7");
+        match part.split_once('-') {
+            Some((lo, hi)) => {
+                let lo: u32 = lo.trim().parse().map_err(|_| bad())?;
+                let hi: u32 = hi.trim().parse().map_err(|_| bad())?;
+                if lo > hi || hi - lo > 100_000 {
+                    return Err(bad());
+                }
+                out.extend(lo..=hi);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_ignores_order_and_duplicates() {
+        assert_eq!(
+            task_set_digest(["a", "b"]),
+            task_set_digest(["b", "a", "a"])
+        );
+        assert_ne!(task_set_digest(["ab"]), task_set_digest(["a", "b"]));
+    }
+
+    #[test]
+    fn instance_sets_parse() {
+        assert_eq!(parse_instance_set("0-3,7").unwrap(), vec![0, 1, 2, 3, 7]);
+        assert!(parse_instance_set("3-1").is_err());
+        assert!(parse_instance_set("x").is_err());
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what Drover's commands and tests need on a fresh Debian machine:
+# iproute2 and iptables (multi-host tests in network namespaces), procps, and the
+# Rust components named in rust-toolchain.toml. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v pgrep >/dev/null 2>&1 || need+=(procps)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "setup: installing ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "setup: please install ${need[*]} (needs root); continuing without" >&2
+  fi
+fi
+
+# rustup reads rust-toolchain.toml; this adds rustfmt and clippy if they are missing.
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 || true
+fi

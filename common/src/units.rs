@@ -153,7 +153,7 @@ impl fmt::Display for Duration {
             ("m", 60_000),
             ("s", 1_000),
         ] {
-            if ms % size == 0 {
+            if ms.is_multiple_of(size) {
                 return write!(f, "{}{unit}", ms / size);
             }
         }
@@ -209,7 +209,7 @@ impl fmt::Display for ByteSize {
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
         ] {
-            if b % size == 0 {
+            if b.is_multiple_of(size) {
                 return write!(f, "{}{unit}", b / size);
             }
         }

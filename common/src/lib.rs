@@ -2,10 +2,12 @@
 //! validation, templating, the task state machine and the wire messages. No I/O of
 //! any kind: no tokio, no hyper, no nix, no files.
 
+pub mod parse;
 pub mod spec;
 pub mod state;
 pub mod template;
 pub mod units;
+pub mod validate;
 pub mod wire;
 
 pub use spec::{JobKey, JobSpec};

@@ -342,6 +342,96 @@ pub fn is_valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// A parsed constraint expression (Aurora syntax), the value side of one
+/// `constraints` entry; the key is the host attribute it applies to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Constraint {
+    /// `limit:N`: at most N of this job's tasks on hosts sharing one value of the
+    /// attribute (`host: "limit:1"` spreads instances one per host).
+    Limit(u32),
+    /// `a|b` (the host's value is one of these) or `!a|b` (none of these).
+    Value {
+        /// The accepted (or, when `negated`, refused) values; never empty.
+        values: Vec<String>,
+        /// `!`: the host's value must be none of `values`.
+        negated: bool,
+    },
+}
+
+/// Why a constraint expression could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConstraintError {
+    #[error("empty constraint: write `limit:N`, `value`, `a|b` or `!value`")]
+    Empty,
+    #[error(
+        "`{0}` is not a limit: write `limit:N` with a whole number N of 1 or more, e.g. limit:2"
+    )]
+    BadLimit(String),
+    #[error("`{0}` has an empty value between `|`: write values like `a|b`")]
+    EmptyValue(String),
+    #[error("`{0}` has a value with whitespace or control characters; write values like `us-east-1a|us-east-1b`")]
+    BadValue(String),
+}
+
+/// Parses an Aurora constraint expression: `limit:N` (N >= 1), `a|b|c`, `!a|b`.
+pub fn parse_constraint(expr: &str) -> Result<Constraint, ConstraintError> {
+    let text = expr.trim();
+    if text.is_empty() {
+        return Err(ConstraintError::Empty);
+    }
+    if let Some(limit) = text.strip_prefix("limit:") {
+        return match limit.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => Ok(Constraint::Limit(n)),
+            _ => Err(ConstraintError::BadLimit(expr.to_string())),
+        };
+    }
+    let (negated, body) = match text.strip_prefix('!') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let mut values = Vec::new();
+    for value in body.split('|') {
+        let value = value.trim();
+        if value.is_empty() {
+            return Err(ConstraintError::EmptyValue(expr.to_string()));
+        }
+        if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConstraintError::BadValue(expr.to_string()));
+        }
+        values.push(value.to_string());
+    }
+    Ok(Constraint::Value { values, negated })
+}
+
+impl Constraint {
+    /// For value constraints: whether a host whose attribute has `host_value` (None:
+    /// the host lacks the attribute) may run the task. Limit constraints depend on
+    /// the other tasks placed, which the scheduler counts; here they always allow.
+    pub fn allows_value(&self, host_value: Option<&str>) -> bool {
+        match self {
+            Constraint::Limit(_) => true,
+            Constraint::Value { values, negated } => {
+                let listed = host_value.is_some_and(|v| values.iter().any(|x| x == v));
+                listed != *negated
+            }
+        }
+    }
+}
+
+impl fmt::Display for Constraint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Constraint::Limit(n) => write!(f, "limit:{n}"),
+            Constraint::Value { values, negated } => {
+                if *negated {
+                    write!(f, "!")?;
+                }
+                write!(f, "{}", values.join("|"))
+            }
+        }
+    }
+}
+
 /// Aurora's defaults, one function per serde default.
 pub mod defaults {
     use crate::units::Duration;
@@ -393,5 +483,60 @@ pub mod defaults {
     }
     pub fn watch() -> Duration {
         Duration::from_secs(45)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constraints_parse_aurora_syntax() {
+        assert_eq!(parse_constraint("limit:2"), Ok(Constraint::Limit(2)));
+        assert_eq!(
+            parse_constraint("us-east-1a|us-east-1b"),
+            Ok(Constraint::Value {
+                values: vec!["us-east-1a".into(), "us-east-1b".into()],
+                negated: false
+            })
+        );
+        assert_eq!(
+            parse_constraint("!windows"),
+            Ok(Constraint::Value {
+                values: vec!["windows".into()],
+                negated: true
+            })
+        );
+        for bad in ["", "limit:0", "limit:x", "limit:-1", "a||b", "!", "a b"] {
+            assert!(parse_constraint(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn constraints_print_back_to_the_same_text() {
+        for text in ["limit:3", "a|b", "!windows", "www-data/hello"] {
+            assert_eq!(parse_constraint(text).unwrap().to_string(), text);
+        }
+    }
+
+    #[test]
+    fn value_constraints_match_host_attributes() {
+        let zone = parse_constraint("a|b").unwrap();
+        assert!(zone.allows_value(Some("a")));
+        assert!(!zone.allows_value(Some("c")));
+        assert!(!zone.allows_value(None));
+        let not_windows = parse_constraint("!windows").unwrap();
+        assert!(not_windows.allows_value(Some("linux")));
+        assert!(not_windows.allows_value(None));
+        assert!(!not_windows.allows_value(Some("windows")));
+    }
+
+    #[test]
+    fn names_refuse_paths_and_odd_characters() {
+        assert!(is_valid_name("www-data"));
+        assert!(is_valid_name("a.b_c-1"));
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(65), "é"] {
+            assert!(!is_valid_name(bad), "{bad:?}");
+        }
     }
 }

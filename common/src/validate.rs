@@ -1,0 +1,517 @@
+//! Semantic checks of a job spec that serde cannot express: names, bounds, ports,
+//! process ordering, templates, health checks and constraints. Pure: takes a parsed
+//! [`JobSpec`] and returns every problem found, each at its field path, so a person
+//! can fix them all in one go. Syntax, types and unknown fields are `parse`'s job.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::spec::{
+    is_valid_name, parse_constraint, Constraint, HealthCheckType, JobSpec, ProcessSpec, TaskSpec,
+};
+use crate::template;
+use crate::units::{ByteSize, Duration};
+use crate::wire::FieldError;
+
+/// The most instances one job may have.
+pub const MAX_INSTANCES: u32 = 10_000;
+/// The most CPU cores one task may request.
+pub const MAX_CPU: f64 = 1024.0;
+/// The most memory one task may request: 16 TiB.
+pub const MAX_RAM: ByteSize = ByteSize(16 << 40);
+/// The most disk one task may request: 1 PiB.
+pub const MAX_DISK: ByteSize = ByteSize(1 << 50);
+/// The host attribute whose constraint reserves hosts for one role's job.
+pub const DEDICATED: &str = "dedicated";
+
+const NAME_RULE: &str =
+    "use 1 to 64 of the characters A-Z a-z 0-9 _ . - (not `.` or `..`), e.g. www-data";
+
+/// Every semantic problem in `job`, in field order; empty when the job is valid.
+pub fn validate(job: &JobSpec) -> Vec<FieldError> {
+    let mut v = Errors::default();
+    v.name("role", &job.role);
+    v.name("environment", &job.environment);
+    v.name("name", &job.name);
+    if !(1..=MAX_INSTANCES).contains(&job.instances) {
+        v.push(
+            "instances",
+            format!(
+                "is {}; use a number from 1 to {MAX_INSTANCES}",
+                job.instances
+            ),
+        );
+    }
+    constraints(&mut v, job);
+    task(&mut v, &job.task, job);
+    health_check(&mut v, job);
+    lifecycle(&mut v, job);
+    if job.update.batch_size < 1 {
+        v.push("update.batch_size", "is 0; use 1 or more".to_string());
+    }
+    v.0
+}
+
+/// Collects errors.
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn push(&mut self, field: impl Into<String>, message: String) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message,
+        });
+    }
+
+    fn name(&mut self, field: &str, value: &str) {
+        if !is_valid_name(value) {
+            self.push(
+                field,
+                format!("`{}` is not a valid name; {NAME_RULE}", show(value)),
+            );
+        }
+    }
+
+    /// A templated text: closed `{{ }}`, known variables, declared ports, no NUL.
+    fn templated(&mut self, field: &str, text: &str, ports: &[String]) {
+        if text.contains('\0') {
+            self.push(field, "contains a NUL character; remove it".to_string());
+        }
+        for e in template::check(text, ports) {
+            self.push(field, e.to_string());
+        }
+    }
+
+    fn positive_duration(&mut self, field: &str, value: Duration) {
+        if value.get().is_zero() {
+            self.push(field, "is 0; use a positive duration, e.g. 1s".to_string());
+        }
+    }
+
+    fn endpoint(&mut self, field: &str, value: &str) {
+        if !value.starts_with('/') || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            self.push(
+                field,
+                format!(
+                    "`{}` is not an HTTP path; write one starting with `/` and without spaces, e.g. /health",
+                    show(value)
+                ),
+            );
+        }
+    }
+}
+
+/// A value quoted in a message, cut short so one bad field cannot flood the output.
+fn show(value: &str) -> String {
+    const MAX: usize = 80;
+    let escaped: String = value.escape_debug().collect();
+    if escaped.chars().count() <= MAX {
+        escaped
+    } else {
+        let cut: String = escaped.chars().take(MAX).collect();
+        format!("{cut}...")
+    }
+}
+
+/// Field path of a map key: `.key` when it is a plain name, `["key"]` otherwise.
+pub(crate) fn key_path(parent: &str, key: &str) -> String {
+    let plain = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    let child = if plain {
+        key.to_string()
+    } else {
+        format!("[{:?}]", key)
+    };
+    match (parent.is_empty(), plain) {
+        (true, _) => child,
+        (false, true) => format!("{parent}.{child}"),
+        (false, false) => format!("{parent}{child}"),
+    }
+}
+
+fn constraints(v: &mut Errors, job: &JobSpec) {
+    for (attribute, expr) in &job.constraints {
+        let field = key_path("constraints", attribute);
+        if !is_valid_name(attribute) {
+            v.push(
+                &field,
+                format!(
+                    "`{}` is not a valid host attribute name; {NAME_RULE}",
+                    show(attribute)
+                ),
+            );
+        }
+        let parsed = match parse_constraint(expr) {
+            Ok(c) => c,
+            Err(e) => {
+                v.push(&field, e.to_string());
+                continue;
+            }
+        };
+        if attribute == DEDICATED {
+            dedicated(v, &field, expr, &parsed, &job.role);
+        }
+    }
+}
+
+/// `dedicated: role/name`, where role is the job's role or `*`.
+fn dedicated(v: &mut Errors, field: &str, expr: &str, parsed: &Constraint, job_role: &str) {
+    let shaped = match parsed {
+        Constraint::Value {
+            values,
+            negated: false,
+        } if values.len() == 1 => values[0]
+            .split_once('/')
+            .filter(|(role, name)| (*role == "*" || is_valid_name(role)) && is_valid_name(name)),
+        _ => None,
+    };
+    match shaped {
+        None => v.push(
+            field,
+            format!(
+                "`{}` is not a dedicated group; write role/name, e.g. {job_role}/hello",
+                show(expr)
+            ),
+        ),
+        Some((role, _)) if role != "*" && role != job_role => v.push(
+            field,
+            format!(
+                "dedicated hosts of role `{}` are not this job's (role `{}`); use {}/NAME or */NAME",
+                show(role),
+                show(job_role),
+                show(job_role)
+            ),
+        ),
+        Some(_) => {}
+    }
+}
+
+fn task(v: &mut Errors, task: &TaskSpec, job: &JobSpec) {
+    resources(v, task);
+    let ports = &task.resources.ports;
+    if task.processes.is_empty() {
+        v.push(
+            "task.processes",
+            "is empty; add at least one process with a name and a cmdline".to_string(),
+        );
+    }
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, p) in task.processes.iter().enumerate() {
+        let base = format!("task.processes[{i}]");
+        v.name(&format!("{base}.name"), &p.name);
+        match seen.entry(&p.name) {
+            Entry::Occupied(first) => v.push(
+                format!("{base}.name"),
+                format!(
+                    "`{}` is already the name of task.processes[{}]; process names must be unique",
+                    show(&p.name),
+                    first.get()
+                ),
+            ),
+            Entry::Vacant(slot) => {
+                slot.insert(i);
+            }
+        }
+        if p.cmdline.trim().is_empty() {
+            v.push(
+                format!("{base}.cmdline"),
+                "is empty; write the shell command to run".to_string(),
+            );
+        }
+        v.templated(&format!("{base}.cmdline"), &p.cmdline, ports);
+        if p.is_final && p.daemon {
+            v.push(
+                format!("{base}.daemon"),
+                "a final process cannot be a daemon (it runs once, during finalization); set daemon: false or final: false".to_string(),
+            );
+        }
+        if p.is_final && p.ephemeral {
+            v.push(
+                format!("{base}.ephemeral"),
+                "a final process cannot be ephemeral (finalization waits for it); set ephemeral: false or final: false".to_string(),
+            );
+        }
+    }
+    order(v, task);
+    if let Some(user) = &task.user {
+        v.name("task.user", user);
+    }
+    if job.run_as_user() == "root" && !task.allow_root {
+        let field = if task.user.is_some() {
+            "task.user"
+        } else {
+            "role"
+        };
+        v.push(
+            field,
+            "the task would run as root; set task.user to an unprivileged user, or task.allow_root: true if you mean it".to_string(),
+        );
+    }
+    for (key, value) in &task.env {
+        let field = key_path("task.env", key);
+        if !is_env_name(key) {
+            v.push(
+                &field,
+                format!(
+                    "`{}` is not an environment variable name; start with a letter or `_` and use only A-Z a-z 0-9 _ (at most 128), e.g. LOG_LEVEL",
+                    show(key)
+                ),
+            );
+        } else if key.starts_with("DROVER_") {
+            v.push(
+                &field,
+                "DROVER_* variables are set by Drover; choose another name".to_string(),
+            );
+        }
+        v.templated(&field, value, ports);
+    }
+}
+
+fn is_env_name(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && key.len() <= 128
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn resources(v: &mut Errors, task: &TaskSpec) {
+    let r = &task.resources;
+    if !(r.cpu.is_finite() && r.cpu > 0.0 && r.cpu <= MAX_CPU) {
+        v.push(
+            "task.resources.cpu",
+            format!(
+                "is {}; use a number of cores above 0 and at most {MAX_CPU}, e.g. 0.5",
+                r.cpu
+            ),
+        );
+    }
+    for (field, size, max) in [
+        ("task.resources.ram", r.ram, MAX_RAM),
+        ("task.resources.disk", r.disk, MAX_DISK),
+    ] {
+        if size.bytes() == 0 || size > max {
+            v.push(
+                field,
+                format!(
+                    "is {size}; use a size above 0B and at most {}, e.g. 512MiB",
+                    human(max)
+                ),
+            );
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for (i, port) in r.ports.iter().enumerate() {
+        let field = format!("task.resources.ports[{i}]");
+        v.name(&field, port);
+        if !seen.insert(port.as_str()) {
+            v.push(
+                field,
+                format!(
+                    "`{}` is requested twice; port names must be unique",
+                    show(port)
+                ),
+            );
+        }
+    }
+}
+
+/// `1PiB` reads better than ByteSize's `1024TiB`.
+fn human(size: ByteSize) -> String {
+    if size == MAX_DISK {
+        "1PiB".to_string()
+    } else {
+        size.to_string()
+    }
+}
+
+/// Ordering: known names, no mixing of final and non-final processes, no cycles.
+fn order(v: &mut Errors, task: &TaskSpec) {
+    let by_name: BTreeMap<&str, &ProcessSpec> = task
+        .processes
+        .iter()
+        .map(|p| (p.name.as_str(), p))
+        .collect();
+    let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (i, chain) in task.order.iter().enumerate() {
+        let field = format!("task.order[{i}]");
+        if chain.is_empty() {
+            v.push(
+                &field,
+                "is empty; list process names in the order they run".to_string(),
+            );
+        }
+        let mut finals = Vec::new();
+        let mut others = Vec::new();
+        for (j, name) in chain.iter().enumerate() {
+            match by_name.get(name.as_str()) {
+                None => v.push(
+                    format!("{field}[{j}]"),
+                    format!(
+                        "`{}` is not a process of this task; use one of the names in task.processes",
+                        show(name)
+                    ),
+                ),
+                Some(p) if p.is_final => finals.push(name.as_str()),
+                Some(_) => others.push(name.as_str()),
+            }
+        }
+        if !finals.is_empty() && !others.is_empty() {
+            v.push(
+                &field,
+                format!(
+                    "orders final process(es) {} with non-final process(es) {}; final processes always run after the others, so order them only among themselves",
+                    finals.join(", "),
+                    others.join(", ")
+                ),
+            );
+        }
+        for pair in chain.windows(2) {
+            edges
+                .entry(pair[0].as_str())
+                .or_default()
+                .insert(pair[1].as_str());
+        }
+    }
+    for cycle in cycles(&edges) {
+        v.push(
+            "task.order",
+            format!(
+                "has a cycle {}; remove one of these orderings",
+                cycle.join(" -> ")
+            ),
+        );
+    }
+}
+
+/// Each distinct cycle found by a depth-first search, as `a -> b -> a`.
+fn cycles<'a>(edges: &BTreeMap<&'a str, BTreeSet<&'a str>>) -> Vec<Vec<&'a str>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Active,
+        Done,
+    }
+    let mut marks: BTreeMap<&str, Mark> = BTreeMap::new();
+    let mut found: Vec<Vec<&str>> = Vec::new();
+    let mut seen_sets: BTreeSet<Vec<&str>> = BTreeSet::new();
+    for &start in edges.keys() {
+        if marks.contains_key(start) {
+            continue;
+        }
+        // Iterative DFS: (node, its successors not yet visited).
+        let mut path: Vec<&str> = vec![start];
+        let mut stack: Vec<Vec<&str>> = vec![succ(edges, start)];
+        marks.insert(start, Mark::Active);
+        while let Some(next) = stack.last_mut() {
+            match next.pop() {
+                Some(n) => match marks.get(n) {
+                    Some(Mark::Active) => {
+                        let at = path.iter().position(|&p| p == n).unwrap_or(0);
+                        let mut cycle: Vec<&str> = path[at..].to_vec();
+                        let mut key = cycle.clone();
+                        key.sort_unstable();
+                        if seen_sets.insert(key) {
+                            cycle.push(n);
+                            found.push(cycle);
+                        }
+                    }
+                    Some(Mark::Done) => {}
+                    None => {
+                        marks.insert(n, Mark::Active);
+                        path.push(n);
+                        stack.push(succ(edges, n));
+                    }
+                },
+                None => {
+                    stack.pop();
+                    if let Some(done) = path.pop() {
+                        marks.insert(done, Mark::Done);
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+fn succ<'a>(edges: &BTreeMap<&'a str, BTreeSet<&'a str>>, node: &str) -> Vec<&'a str> {
+    // Reversed so that pop() visits successors in name order.
+    edges
+        .get(node)
+        .map(|s| s.iter().rev().copied().collect())
+        .unwrap_or_default()
+}
+
+fn health_check(v: &mut Errors, job: &JobSpec) {
+    let Some(hc) = &job.health_check else {
+        return;
+    };
+    let ports = &job.task.resources.ports;
+    match hc.kind {
+        HealthCheckType::Http | HealthCheckType::Tcp => {
+            if !ports.contains(&hc.port) {
+                v.push(
+                    "health_check.port",
+                    format!(
+                        "`{}` is not a port the task requests; add it to task.resources.ports or name one of [{}]",
+                        show(&hc.port),
+                        ports.join(", ")
+                    ),
+                );
+            }
+            if hc.kind == HealthCheckType::Http {
+                v.endpoint("health_check.endpoint", &hc.endpoint);
+                if !(100..=599).contains(&hc.expected_response_code) {
+                    v.push(
+                        "health_check.expected_response_code",
+                        format!(
+                            "is {}; use an HTTP status code from 100 to 599, e.g. 200",
+                            hc.expected_response_code
+                        ),
+                    );
+                }
+            }
+        }
+        HealthCheckType::Shell => match &hc.command {
+            Some(command) if !command.trim().is_empty() => {
+                v.templated("health_check.command", command, ports);
+            }
+            _ => v.push(
+                "health_check.command",
+                "a shell check needs a command; write one that exits 0 when healthy, e.g. curl -fs localhost:{{ports.http}}/health".to_string(),
+            ),
+        },
+    }
+    if hc.min_consecutive_successes < 1 {
+        v.push(
+            "health_check.min_consecutive_successes",
+            "is 0; use 1 or more".to_string(),
+        );
+    }
+    v.positive_duration("health_check.interval", hc.interval);
+    v.positive_duration("health_check.timeout", hc.timeout);
+}
+
+fn lifecycle(v: &mut Errors, job: &JobSpec) {
+    let Some(http) = job.lifecycle.as_ref().and_then(|l| l.http.as_ref()) else {
+        return;
+    };
+    let ports = &job.task.resources.ports;
+    if !ports.contains(&http.port) {
+        v.push(
+            "lifecycle.http.port",
+            format!(
+                "`{}` is not a port the task requests; add it to task.resources.ports or name one of [{}]",
+                show(&http.port),
+                ports.join(", ")
+            ),
+        );
+    }
+    v.endpoint(
+        "lifecycle.http.graceful_shutdown_endpoint",
+        &http.graceful_shutdown_endpoint,
+    );
+    v.endpoint("lifecycle.http.shutdown_endpoint", &http.shutdown_endpoint);
+}

@@ -1,0 +1,182 @@
+//! The command line, as clap types only: what each subcommand and flag is. The
+//! behaviour lives in the other modules.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The default master address: what `drover dev` listens on unless told otherwise.
+pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
+
+/// drover: operate a Drover cluster, or run one on this host with `drover dev`.
+#[derive(Debug, Parser)]
+#[command(name = "drover", version, about, long_about = None)]
+pub struct Cli {
+    /// The master's admin API.
+    #[arg(long, global = true, env = "DROVER_MASTER", default_value = DEFAULT_MASTER)]
+    pub master: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate, create, inspect, kill and restart jobs.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Inspect tasks and read their logs.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Inspect agents.
+    #[command(subcommand)]
+    Agent(AgentCommand),
+    /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
+    Dev(DevArgs),
+}
+
+/// `drover job ...`
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Check job spec files (YAML, TOML or JSON) without a master.
+    Validate {
+        /// Spec files; the extension picks the format (.yaml/.yml, .toml, .json).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Submit a job spec to the master.
+    Create {
+        /// The spec file (.yaml/.yml, .toml or .json).
+        file: PathBuf,
+        /// Wait until every instance is RUNNING (FINISHED for a batch job), showing
+        /// progress; fail if a task fails.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, e.g. 90s or 5m.
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Show every instance of a job: its current task, state, agent, ports, reason.
+    Status {
+        /// role/environment/name
+        key: String,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs, optionally of one role.
+    List {
+        /// Only this role's jobs.
+        role: Option<String>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Kill a job, or some of its instances (role/env/name/0-3,7).
+    Kill {
+        /// role/environment/name[/INSTANCES]
+        target: String,
+    },
+    /// Restart a job, or some of its instances (role/env/name/0-3,7).
+    Restart {
+        /// role/environment/name[/INSTANCES]
+        target: String,
+    },
+}
+
+/// `drover task ...`
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Show a task: state, agent, ports, processes, events and exit reason.
+    Show {
+        /// The task id (see `drover job status`).
+        task_id: String,
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a process's log of an instance's current task.
+    Logs {
+        /// role/environment/name/INSTANCE
+        target: String,
+        /// The process; default: the task's first process.
+        #[arg(long)]
+        process: Option<String>,
+        /// Read stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing as the log grows, until the task ends or Ctrl-C.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+}
+
+/// `drover agent ...`
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// List agents with their resources, free resources, attributes and tasks.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `drover dev ...`
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// How many agents to start (each with host=dev-agent-K, rack=rK).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub agents: u32,
+    /// A job spec to submit once the cluster is up, and follow.
+    #[arg(long)]
+    pub job: Option<PathBuf>,
+    /// Keep state, logs and sandboxes here (default: a temporary directory, removed
+    /// on exit).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The master's port on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
+    /// Exit 0 once every instance of --job is RUNNING (FINISHED for a batch job),
+    /// after stopping everything; non-zero if the job fails or --timeout passes.
+    #[arg(long, alias = "until-running", requires = "job")]
+    pub exit_when_running: bool,
+    /// How long --exit-when-running waits, e.g. 60s.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Reads `30s`, `5m`, `250ms` with the job spec's duration syntax.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    text.parse::<drover_common::units::Duration>()
+        .map(|d| d.get())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_use_the_spec_syntax() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert!(parse_duration("ninety").is_err());
+    }
+
+    #[test]
+    fn exit_when_running_needs_a_job() {
+        assert!(Cli::try_parse_from(["drover", "dev", "--exit-when-running"]).is_err());
+        assert!(
+            Cli::try_parse_from(["drover", "dev", "--until-running", "--job", "x.yaml"]).is_ok()
+        );
+    }
+}

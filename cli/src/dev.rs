@@ -1,0 +1,436 @@
+//! `drover dev`: a whole cluster on this host in one command. Starts drover-master
+//! and N drover-agents (with their executors) as child processes in one data
+//! directory, optionally submits a job and prints each of its task events, and on
+//! Ctrl-C (or once the job runs, with --exit-when-running) kills every job, waits for
+//! the kill escalation, and stops agents and master.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use drover_common::JobSpec;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+use crate::args::DevArgs;
+use crate::client::Client;
+use crate::procs::{sweep_executors, wait_for_address, Binaries, Daemon};
+use crate::progress::{wait_outcome, EventFollower, Outcome};
+use crate::specfile;
+
+/// The master's settings for a dev cluster: short timeouts so that failures,
+/// throttling and lost agents show within seconds instead of minutes.
+pub const DEV_MASTER_CONFIG: &str = r#"# Written by `drover dev`: short timeouts for a one-host dev cluster.
+heartbeat_interval = "500ms"
+agent_timeout = "5s"
+flapping_threshold = "10s"
+throttle_initial = "2s"
+throttle_max = "20s"
+transient_state_timeout = "60s"
+restart_grace = "5s"
+"#;
+
+/// How long to wait for the daemons to come up.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `drover dev` waits for tasks to be killed before stopping the agents.
+const KILL_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// The first port of agent K's range (K from 1); each agent gets its own 200 ports so
+/// that tasks on different agents of the same host never get the same number.
+pub fn agent_port_range(k: u32) -> (u16, u16) {
+    let low = 20_000 + (k - 1) * 200;
+    (low as u16, (low + 199) as u16)
+}
+
+/// The command line of agent K (from 1).
+pub fn agent_command(
+    bins: &Binaries,
+    master_url: &str,
+    dir: &Path,
+    k: u32,
+    no_isolation: bool,
+) -> Command {
+    let (low, high) = agent_port_range(k);
+    let mut command = Command::new(&bins.agent);
+    command
+        .arg("--master")
+        .arg(master_url)
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(dir.join(format!("agent-{k}")))
+        .arg("--sandbox-root")
+        .arg(dir.join("sandboxes").join(format!("agent-{k}")))
+        .arg("--executor")
+        .arg(&bins.executor)
+        .arg("--ports")
+        .arg(format!("{low}-{high}"))
+        .arg("--attribute")
+        .arg(format!("host=dev-agent-{k}"))
+        .arg("--attribute")
+        .arg(format!("rack=r{k}"));
+    if no_isolation {
+        command.arg("--no-isolation");
+    }
+    command
+}
+
+/// The running cluster.
+struct Cluster {
+    client: Client,
+    master: Daemon,
+    agents: Vec<Daemon>,
+    sandbox_roots: Vec<PathBuf>,
+    executor: PathBuf,
+}
+
+impl Cluster {
+    /// Err if a daemon died.
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.master.check_alive()?;
+        for agent in &mut self.agents {
+            agent.check_alive()?;
+        }
+        Ok(())
+    }
+}
+
+/// SIGINT and SIGTERM, whichever comes first.
+struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+        })
+    }
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+/// Runs `drover dev`; Ok(false) means exit 1.
+pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
+    let bins = Binaries::beside_current_exe()?;
+    // Read the job first: a typo should not cost a cluster start.
+    let job = match &args.job {
+        Some(path) => match specfile::load(path) {
+            Ok(spec) => Some(spec),
+            Err(errors) => {
+                eprintln!("{errors}");
+                return Ok(false);
+            }
+        },
+        None => None,
+    };
+    let (dir, _temp) = match &args.data_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create --data-dir {}", dir.display()))?;
+            (std::fs::canonicalize(dir)?, None)
+        }
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("drover-dev-")
+                .tempdir()
+                .context("cannot create a temporary data dir; pass --data-dir DIR")?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    // Task processes run as the job's role: they must be able to reach their sandbox.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    for sub in ["logs", "master", "sandboxes"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+        std::fs::set_permissions(dir.join(sub), std::fs::Permissions::from_mode(0o755))?;
+    }
+    let mut signals = Signals::new()?;
+    let mut cluster = start(&bins, &dir, &args).await?;
+    println!("Drover dev cluster is up");
+    println!("  API:      {}", cluster.client.base());
+    println!("  agents:   {}", cluster.agents.len());
+    println!(
+        "  data dir: {}{}",
+        dir.display(),
+        if args.data_dir.is_some() {
+            ""
+        } else {
+            " (removed on exit)"
+        }
+    );
+    println!("  logs:     {}", dir.join("logs").display());
+    println!(
+        "  try:      DROVER_MASTER={} drover job list   (Ctrl-C stops everything)",
+        cluster.client.base()
+    );
+
+    let result = match job {
+        Some(spec) => follow_job(&mut cluster, &spec, &args, &mut signals).await,
+        None => {
+            tokio::select! {
+                _ = signals.next() => Ok(true),
+                result = watch_daemons(&mut cluster) => result,
+            }
+        }
+    };
+    if let Err(e) = &result {
+        eprintln!("error: {e:#}");
+    }
+    println!("stopping: killing every job, then the agents and the master");
+    shutdown(&mut cluster, &mut signals).await;
+    if args.data_dir.is_some() {
+        println!("kept the data dir {}", dir.display());
+    }
+    Ok(result.unwrap_or(false))
+}
+
+/// Starts the master, then the agents, and waits until every agent registered.
+async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cluster> {
+    let config = dir.join("master.toml");
+    std::fs::write(&config, DEV_MASTER_CONFIG)?;
+    let master_dir = dir.join("master");
+    let _ = std::fs::remove_file(master_dir.join("master.addr"));
+    let mut command = Command::new(&bins.master);
+    command
+        .arg("--config")
+        .arg(&config)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", args.port))
+        .arg("--data-dir")
+        .arg(&master_dir);
+    let mut master = Daemon::spawn("drover-master", command, &dir.join("logs/master.log"))?;
+    let url = wait_for_address(
+        &mut master,
+        &master_dir.join("master.addr"),
+        STARTUP_TIMEOUT,
+    )
+    .await?;
+    let client = Client::new(&url)?;
+    let deadline = Instant::now() + STARTUP_TIMEOUT;
+    while client.health().await.is_err() {
+        master.check_alive()?;
+        if Instant::now() > deadline {
+            bail!(
+                "the master at {url} does not answer /health; see {}",
+                master.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let no_isolation = !nix::unistd::geteuid().is_root();
+    if no_isolation {
+        println!("not root: agents run executors with --no-isolation (no cgroups, no user switch)");
+    }
+    let mut agents = Vec::new();
+    let mut sandbox_roots = Vec::new();
+    for k in 1..=args.agents {
+        let root = dir.join("sandboxes").join(format!("agent-{k}"));
+        std::fs::create_dir_all(&root)?;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+        sandbox_roots.push(root);
+        let command = agent_command(bins, &url, dir, k, no_isolation);
+        let log = dir.join(format!("logs/agent-{k}.log"));
+        agents.push(Daemon::spawn(&format!("drover-agent {k}"), command, &log)?);
+    }
+    let mut cluster = Cluster {
+        client,
+        master,
+        agents,
+        sandbox_roots,
+        executor: bins.executor.clone(),
+    };
+    let want = args.agents as usize;
+    loop {
+        cluster.check_alive()?;
+        let up = cluster
+            .client
+            .agents()
+            .await
+            .map(|agents| agents.iter().filter(|a| a.reachable).count())
+            .unwrap_or(0);
+        if up >= want {
+            return Ok(cluster);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "only {up} of {want} agents registered within {}s; see the logs in {}",
+                STARTUP_TIMEOUT.as_secs(),
+                dir.join("logs").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until a daemon dies (Err) or forever.
+async fn watch_daemons(cluster: &mut Cluster) -> anyhow::Result<bool> {
+    loop {
+        cluster.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Submits the job and prints every task event; with --exit-when-running returns
+/// once the job reached its goal, failed, or the timeout passed; else until a signal.
+async fn follow_job(
+    cluster: &mut Cluster,
+    spec: &JobSpec,
+    args: &DevArgs,
+    signals: &mut Signals,
+) -> anyhow::Result<bool> {
+    let key = spec.key();
+    let created = cluster.client.create_job(spec).await?;
+    println!("created {key}: {}", created.tasks.join(" "));
+    let goal = if spec.service { "RUNNING" } else { "FINISHED" };
+    let started = Instant::now();
+    let mut follower = EventFollower::new();
+    let mut reported_outcome = Outcome::Waiting;
+    loop {
+        cluster.check_alive()?;
+        let view = cluster.client.job(&key).await?;
+        for line in follower.new_lines(&view) {
+            println!("{line}");
+        }
+        let outcome = wait_outcome(&view);
+        if args.exit_when_running {
+            match outcome {
+                Outcome::Done => {
+                    println!(
+                        "{key}: all {} instance(s) {goal} after {:.1}s",
+                        view.instances.len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(true);
+                }
+                Outcome::Failed(why) => bail!("{key} did not reach {goal}: {why}"),
+                Outcome::Waiting if started.elapsed() > args.timeout => bail!(
+                    "{key}: not every instance is {goal} after {}s; the logs are in {}",
+                    args.timeout.as_secs(),
+                    cluster
+                        .master
+                        .log
+                        .parent()
+                        .map(Path::display)
+                        .map(|d| d.to_string())
+                        .unwrap_or_default()
+                ),
+                Outcome::Waiting => {}
+            }
+        } else if outcome != reported_outcome {
+            match &outcome {
+                Outcome::Done => println!("{key}: all {} instance(s) {goal}", view.instances.len()),
+                Outcome::Failed(why) => println!("{key}: {why}"),
+                Outcome::Waiting => {}
+            }
+            reported_outcome = outcome;
+        }
+        tokio::select! {
+            _ = signals.next() => return Ok(!args.exit_when_running),
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+/// Kills every job and waits for its tasks (a second signal skips the wait), stops
+/// the agents and the master, then stops any executor left behind.
+async fn shutdown(cluster: &mut Cluster, signals: &mut Signals) {
+    let kill_jobs = async {
+        let Ok(jobs) = cluster.client.jobs(None).await else {
+            return;
+        };
+        for job in &jobs {
+            let active = job
+                .state_counts
+                .iter()
+                .any(|(state, n)| *n > 0 && !state.is_terminal());
+            if let (true, Ok(key)) = (active, drover_common::JobKey::parse(&job.key)) {
+                if let Err(e) = cluster.client.kill(&key, None).await {
+                    eprintln!("could not kill {key}: {e}");
+                }
+            }
+        }
+        let deadline = Instant::now() + KILL_TIMEOUT;
+        while Instant::now() < deadline {
+            let Ok(jobs) = cluster.client.jobs(None).await else {
+                return;
+            };
+            let active: u32 = jobs
+                .iter()
+                .flat_map(|j| j.state_counts.iter())
+                .filter(|(state, _)| !state.is_terminal())
+                .map(|(_, n)| *n)
+                .sum();
+            if active == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!(
+            "some tasks were still stopping after {}s",
+            KILL_TIMEOUT.as_secs()
+        );
+    };
+    tokio::select! {
+        _ = kill_jobs => {}
+        _ = signals.next() => eprintln!("second signal: not waiting for tasks to stop"),
+    }
+    for agent in &mut cluster.agents {
+        agent.stop(Duration::from_secs(10)).await;
+    }
+    let swept = sweep_executors(
+        &cluster.executor,
+        &cluster.sandbox_roots,
+        Duration::from_secs(15),
+    )
+    .await;
+    if swept > 0 {
+        println!("stopped {swept} task(s) left behind by the agents");
+    }
+    cluster.master.stop(Duration::from_secs(10)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agents_get_disjoint_port_ranges() {
+        assert_eq!(agent_port_range(1), (20_000, 20_199));
+        assert_eq!(agent_port_range(2), (20_200, 20_399));
+        let (_, last) = agent_port_range(32);
+        assert!(last < 32_768, "stay below the kernel's ephemeral ports");
+    }
+
+    #[test]
+    fn agents_get_distinct_attributes() {
+        let bins = Binaries {
+            master: "m".into(),
+            agent: "a".into(),
+            executor: "e".into(),
+        };
+        let command = agent_command(&bins, "http://127.0.0.1:1", Path::new("/d"), 2, false);
+        let args: Vec<String> = command
+            .get_args()
+            .map(|a| a.to_string_lossy().to_string())
+            .collect();
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("--attribute host=dev-agent-2 --attribute rack=r2"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("--sandbox-root /d/sandboxes/agent-2"),
+            "{joined}"
+        );
+        assert!(!joined.contains("--no-isolation"));
+    }
+}

@@ -1,0 +1,384 @@
+//! Turning the API's views into text for people: job status, job list, task details
+//! and the agent list. Pure: views in, strings out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use drover_common::state::{TaskState, UnixMillis};
+use drover_common::units::ByteSize;
+use drover_common::wire::{AgentResources, AgentView, JobSummary, JobView, TaskView};
+
+use crate::table::Table;
+
+/// `RUNNING 2, PENDING 1` (in lifecycle order), or `no tasks`.
+pub fn state_counts(counts: &BTreeMap<TaskState, u32>) -> String {
+    let parts: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(state, n)| format!("{state} {n}"))
+        .collect();
+    if parts.is_empty() {
+        "no tasks".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// `http=31001 admin=31002`, or `-`.
+pub fn ports(ports: &BTreeMap<String, u16>) -> String {
+    if ports.is_empty() {
+        return "-".to_string();
+    }
+    ports
+        .iter()
+        .map(|(name, port)| format!("{name}={port}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Why a task is where it is: its exit reason, else why it is pending, else the last
+/// event's message.
+pub fn task_reason(task: &TaskView) -> String {
+    if let Some(reason) = &task.exit_reason {
+        return reason.to_string();
+    }
+    if let Some(pending) = task.pending_reason.as_deref().filter(|r| !r.is_empty()) {
+        return pending.to_string();
+    }
+    task.events
+        .last()
+        .map(|e| e.message.clone())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| "-".to_string())
+}
+
+/// The agent's name for people: its `host` attribute, else hostname, else the id.
+pub fn agent_names(agents: &[AgentView]) -> BTreeMap<String, String> {
+    agents
+        .iter()
+        .map(|a| {
+            let name = a
+                .attributes
+                .get("host")
+                .cloned()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| a.hostname.clone());
+            (a.agent_id.clone(), name)
+        })
+        .collect()
+}
+
+/// `drover job status`: a header and one row per instance.
+pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
+    let kind = if view.spec.service {
+        "service"
+    } else {
+        "batch"
+    };
+    let mut out = format!(
+        "{}: {} instance(s), {kind}; {}\n",
+        view.key,
+        view.instances.len(),
+        state_counts(&view.state_counts)
+    );
+    let mut table = Table::new(&[
+        "INSTANCE", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
+    ]);
+    for instance in &view.instances {
+        let history = instance.history.len().to_string();
+        match &instance.current {
+            Some(task) => {
+                let agent = task
+                    .agent_id
+                    .as_ref()
+                    .map(|id| agents.get(id).cloned().unwrap_or_else(|| id.clone()))
+                    .unwrap_or_else(|| "-".to_string());
+                table.row(vec![
+                    instance.instance.to_string(),
+                    task.task_id.clone(),
+                    task.state.to_string(),
+                    agent,
+                    ports(&task.ports),
+                    history,
+                    task_reason(task),
+                ]);
+            }
+            None => {
+                let last = instance.history.first();
+                table.row(vec![
+                    instance.instance.to_string(),
+                    last.map(|t| t.task_id.clone())
+                        .unwrap_or_else(|| "-".into()),
+                    last.map(|t| t.state.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    "-".into(),
+                    "-".into(),
+                    history,
+                    last.map(task_reason).unwrap_or_else(|| "no task".into()),
+                ]);
+            }
+        }
+    }
+    out.push_str(&table.render());
+    out
+}
+
+/// `drover job list`.
+pub fn job_list(jobs: &[JobSummary]) -> String {
+    if jobs.is_empty() {
+        return "no jobs\n".to_string();
+    }
+    let mut table = Table::new(&["JOB", "TYPE", "INSTANCES", "STATES"]);
+    for job in jobs {
+        table.row(vec![
+            job.key.clone(),
+            if job.service { "service" } else { "batch" }.to_string(),
+            job.instances.to_string(),
+            state_counts(&job.state_counts),
+        ]);
+    }
+    table.render()
+}
+
+/// `drover task show`: the task, its processes and its events.
+pub fn task_details(task: &TaskView, agent: Option<&AgentView>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Task:     {}", task.task_id);
+    let _ = writeln!(out, "Job:      {} instance {}", task.job, task.instance);
+    let desired = match task.desired {
+        drover_common::DesiredState::Running => "RUNNING",
+        drover_common::DesiredState::Shutdown => "SHUTDOWN",
+    };
+    let _ = writeln!(out, "State:    {} (desired {desired})", task.state);
+    let agent_text = match (&task.agent_id, agent) {
+        (Some(_), Some(a)) => format!("{} ({}, {})", a.agent_id, a.hostname, a.address),
+        (Some(id), None) => id.clone(),
+        (None, _) => "-".to_string(),
+    };
+    let _ = writeln!(out, "Agent:    {agent_text}");
+    let _ = writeln!(out, "Ports:    {}", ports(&task.ports));
+    let exit = task
+        .exit_reason
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "-".to_string());
+    let _ = writeln!(out, "Exit:     {exit}");
+    if let Some(pending) = &task.pending_reason {
+        let _ = writeln!(out, "Pending:  {pending}");
+    }
+    out.push_str("\nProcesses:\n");
+    if task.processes.is_empty() {
+        out.push_str("  none reported\n");
+    } else {
+        let mut table = Table::new(&["NAME", "STATE", "PID", "RUNS", "FAILURES", "LAST EXIT"]);
+        for p in &task.processes {
+            let state = serde_json::to_value(p.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("{:?}", p.state));
+            table.row(vec![
+                p.name.clone(),
+                state,
+                p.pid
+                    .map(|pid| pid.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                p.runs.to_string(),
+                p.failures.to_string(),
+                p.last_exit
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        indent(&mut out, &table.render());
+    }
+    out.push_str("\nEvents:\n");
+    let mut table = Table::new(&["TIME (UTC)", "STATE", "SOURCE", "MESSAGE"]);
+    for event in &task.events {
+        let source = serde_json::to_value(event.source)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        table.row(vec![
+            timestamp(event.timestamp_ms),
+            event.state.to_string(),
+            source,
+            event.message.clone(),
+        ]);
+    }
+    indent(&mut out, &table.render());
+    out
+}
+
+/// `drover agent list`.
+pub fn agent_list(agents: &[AgentView]) -> String {
+    if agents.is_empty() {
+        return "no agents\n".to_string();
+    }
+    let mut table = Table::new(&[
+        "AGENT",
+        "HOST",
+        "ADDRESS",
+        "UP",
+        "CPU FREE/TOTAL",
+        "RAM FREE/TOTAL",
+        "DISK FREE/TOTAL",
+        "TASKS",
+        "ATTRIBUTES",
+    ]);
+    for agent in agents {
+        let attributes = agent
+            .attributes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let (cpu, ram, disk) = free_total(&agent.free, &agent.resources);
+        table.row(vec![
+            agent.agent_id.clone(),
+            agent.hostname.clone(),
+            agent.address.clone(),
+            if agent.reachable { "yes" } else { "NO" }.to_string(),
+            cpu,
+            ram,
+            disk,
+            agent.tasks.len().to_string(),
+            attributes,
+        ]);
+    }
+    table.render()
+}
+
+fn free_total(free: &AgentResources, total: &AgentResources) -> (String, String, String) {
+    (
+        format!("{}/{}", trim_float(free.cpu), trim_float(total.cpu)),
+        format!("{}/{}", ByteSize(free.ram_bytes), ByteSize(total.ram_bytes)),
+        format!(
+            "{}/{}",
+            ByteSize(free.disk_bytes),
+            ByteSize(total.disk_bytes)
+        ),
+    )
+}
+
+fn trim_float(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn indent(out: &mut String, text: &str) {
+    for line in text.lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+}
+
+/// `2026-11-21 08:30:00.123` in UTC.
+pub fn timestamp(ms: UnixMillis) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// `08:30:00.123` in UTC.
+pub fn time_of_day(ms: UnixMillis) -> String {
+    timestamp(ms)[11..].to_string()
+}
+
+/// Howard Hinnant's days-since-epoch to (year, month, day).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::state::{EventSource, ExitReason, TaskEvent};
+    use drover_common::DesiredState;
+
+    fn task(state: TaskState) -> TaskView {
+        TaskView {
+            task_id: "hello-0-abc".into(),
+            job: "www-data/devel/hello".into(),
+            instance: 0,
+            state,
+            desired: DesiredState::Running,
+            exit_reason: None,
+            agent_id: None,
+            ports: BTreeMap::new(),
+            pending_reason: None,
+            events: vec![TaskEvent {
+                timestamp_ms: 0,
+                state,
+                source: EventSource::Master,
+                message: "created".into(),
+            }],
+            processes: vec![],
+        }
+    }
+
+    #[test]
+    fn timestamps_are_utc_calendar_dates() {
+        assert_eq!(timestamp(0), "1970-01-01 00:00:00.000");
+        assert_eq!(timestamp(1_795_250_096_789), "2026-11-21 08:34:56.789");
+        assert_eq!(time_of_day(1_795_250_096_789), "08:34:56.789");
+        assert_eq!(timestamp(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn reason_prefers_exit_then_pending_then_last_event() {
+        let mut t = task(TaskState::Pending);
+        assert_eq!(task_reason(&t), "created");
+        t.pending_reason = Some("insufficient ram on 3 agents".into());
+        assert_eq!(task_reason(&t), "insufficient ram on 3 agents");
+        t.exit_reason = Some(ExitReason::ExitCode { code: 3 });
+        assert_eq!(task_reason(&t), "exit code 3");
+    }
+
+    #[test]
+    fn state_counts_skip_zeroes() {
+        let counts = BTreeMap::from([
+            (TaskState::Running, 2),
+            (TaskState::Pending, 1),
+            (TaskState::Failed, 0),
+        ]);
+        assert_eq!(state_counts(&counts), "PENDING 1, RUNNING 2");
+        assert_eq!(state_counts(&BTreeMap::new()), "no tasks");
+    }
+
+    #[test]
+    fn task_details_list_events() {
+        let text = task_details(&task(TaskState::Pending), None);
+        assert!(
+            text.contains("State:    PENDING (desired RUNNING)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1970-01-01 00:00:00.000  PENDING  master  created"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn cpu_is_printed_without_trailing_zeroes() {
+        assert_eq!(trim_float(2.0), "2");
+        assert_eq!(trim_float(1.5), "1.5");
+        assert_eq!(trim_float(0.25), "0.25");
+    }
+}

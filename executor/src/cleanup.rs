@@ -1,0 +1,57 @@
+//! `drover-executor cleanup`: what the agent runs after an executor died. Kills
+//! everything left in the task's cgroup and removes the cgroup. Idempotent.
+
+use std::path::{Path, PathBuf};
+
+use crate::cgroup::{FsCgroup, TaskCgroup};
+use crate::runner::load_task;
+use crate::sandbox::Layout;
+
+/// Why cleanup could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    #[error("no --task-id given and {path} cannot be read ({reason}); pass --task-id")]
+    NoTaskId { path: PathBuf, reason: String },
+    #[error("task id `{0}` is not a valid name")]
+    BadTaskId(String),
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+}
+
+/// Kills and removes the cgroup `<cgroup_parent>/<task id>` under `cgroup_root`.
+/// Returns what was done, for the operator.
+pub fn cleanup(
+    sandbox: &Path,
+    task_id: Option<&str>,
+    cgroup_parent: &str,
+    cgroup_root: &Path,
+) -> Result<String, CleanupError> {
+    let layout = Layout::new(sandbox);
+    let task_id = match task_id {
+        Some(id) => id.to_string(),
+        None => load_task(&layout.task_file())
+            .map_err(|e| CleanupError::NoTaskId {
+                path: layout.task_file(),
+                reason: e.to_string(),
+            })?
+            .task_id,
+    };
+    if !drover_common::spec::is_valid_name(&task_id) {
+        return Err(CleanupError::BadTaskId(task_id));
+    }
+    let _ = std::fs::remove_file(layout.socket());
+    let Some(version) = FsCgroup::detect(cgroup_root) else {
+        return Ok(format!(
+            "no cgroup filesystem at {}: nothing to clean up for {task_id}",
+            cgroup_root.display()
+        ));
+    };
+    let cg = FsCgroup::new(version, cgroup_root, cgroup_parent, &task_id);
+    let before = cg.pids()?.len();
+    cg.kill_all()?;
+    cg.remove()?;
+    Ok(format!(
+        "killed {before} process(es) and removed {}",
+        cg.describe()
+    ))
+}

@@ -1,0 +1,313 @@
+//! Health checking: the pure counter that turns check results into "healthy" (the
+//! task may be RUNNING) and "unhealthy" (kill it), and the checks themselves: a tiny
+//! HTTP/1.1 client over a tokio TcpStream (also used for the lifecycle POSTs), TCP
+//! connect, and a shell command.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::machine::Millis;
+
+/// The largest HTTP response we read; a health answer is a few bytes.
+const MAX_RESPONSE: usize = 16 * 1024;
+
+/// What a check result changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to report.
+    Unchanged,
+    /// Reached min_consecutive_successes for the first time: the task may be RUNNING.
+    BecameHealthy,
+    /// Failed past max_consecutive_failures: kill the task.
+    Unhealthy { last_error: String },
+}
+
+/// Consecutive successes and failures (Aurora's health checker, pure).
+#[derive(Clone, Debug)]
+pub struct HealthTracker {
+    started: Millis,
+    initial_interval: Millis,
+    max_consecutive_failures: u32,
+    min_consecutive_successes: u32,
+    successes: u32,
+    failures: u32,
+    healthy: bool,
+}
+
+impl HealthTracker {
+    /// Starts counting at `now`; failures before `now + initial_interval` are ignored.
+    pub fn new(
+        now: Millis,
+        initial_interval: Duration,
+        max_consecutive_failures: u32,
+        min_consecutive_successes: u32,
+    ) -> Self {
+        HealthTracker {
+            started: now,
+            initial_interval: initial_interval.as_millis() as Millis,
+            max_consecutive_failures,
+            min_consecutive_successes: min_consecutive_successes.max(1),
+            successes: 0,
+            failures: 0,
+            healthy: false,
+        }
+    }
+
+    /// Whether the liveness requirement was met.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy
+    }
+
+    /// Counts one check result at `now`.
+    pub fn record(&mut self, now: Millis, result: Result<(), String>) -> Verdict {
+        match result {
+            Ok(()) => {
+                self.failures = 0;
+                self.successes = self.successes.saturating_add(1);
+                if !self.healthy && self.successes >= self.min_consecutive_successes {
+                    self.healthy = true;
+                    return Verdict::BecameHealthy;
+                }
+                Verdict::Unchanged
+            }
+            Err(last_error) => {
+                self.successes = 0;
+                if now < self.started + self.initial_interval {
+                    return Verdict::Unchanged;
+                }
+                self.failures = self.failures.saturating_add(1);
+                if self.failures > self.max_consecutive_failures {
+                    Verdict::Unhealthy { last_error }
+                } else {
+                    Verdict::Unchanged
+                }
+            }
+        }
+    }
+}
+
+/// An HTTP answer: status code and body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpResponse {
+    pub code: u16,
+    pub body: String,
+}
+
+/// Sends one HTTP/1.1 request to `127.0.0.1:port` and reads the answer, all within
+/// `timeout`. Errors are human sentences naming the address.
+pub async fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<HttpResponse, String> {
+    let addr = format!("127.0.0.1:{port}");
+    match tokio::time::timeout(timeout, http_exchange(&addr, method, path)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "{method} http://{addr}{path} timed out after {timeout:?}"
+        )),
+    }
+}
+
+async fn http_exchange(addr: &str, method: &str, path: &str) -> Result<HttpResponse, String> {
+    let io_err = |e: std::io::Error| format!("{method} http://{addr}{path}: {e}");
+    let mut stream = TcpStream::connect(addr).await.map_err(io_err)?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: drover-executor\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.map_err(io_err)?;
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await.map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_RESPONSE {
+            return Err(format!(
+                "{method} http://{addr}{path}: answer longer than {MAX_RESPONSE} bytes"
+            ));
+        }
+        if let Some(resp) = parse_response(&buf, true) {
+            return Ok(resp);
+        }
+    }
+    parse_response(&buf, false)
+        .ok_or_else(|| format!("{method} http://{addr}{path}: malformed HTTP answer"))
+}
+
+/// Parses a status line, headers and body. With `need_complete`, returns None until
+/// the body has its `Content-Length` (a closed connection ends it otherwise).
+pub fn parse_response(buf: &[u8], need_complete: bool) -> Option<HttpResponse> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&buf[..head_end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?;
+    let mut parts = status.splitn(3, ' ');
+    if !parts.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    let code: u16 = parts.next()?.parse().ok()?;
+    let length = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+    let body = &buf[head_end + 4..];
+    let body = match length {
+        Some(len) if body.len() >= len => &body[..len],
+        Some(_) | None if need_complete => return None,
+        _ => body,
+    };
+    Some(HttpResponse {
+        code,
+        body: String::from_utf8_lossy(body).into_owned(),
+    })
+}
+
+/// An HTTP health check: GET `endpoint`, healthy when the code and the trimmed body
+/// match.
+pub async fn check_http(
+    port: u16,
+    endpoint: &str,
+    expected_code: u16,
+    expected_body: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let resp = http_request(port, "GET", endpoint, timeout).await?;
+    if resp.code != expected_code {
+        return Err(format!(
+            "GET http://127.0.0.1:{port}{endpoint} answered {} (expected {expected_code})",
+            resp.code
+        ));
+    }
+    if resp.body.trim() != expected_body.trim() {
+        let mut body = resp.body.trim().to_string();
+        body.truncate(100);
+        return Err(format!(
+            "GET http://127.0.0.1:{port}{endpoint} answered `{body}` (expected `{expected_body}`)"
+        ));
+    }
+    Ok(())
+}
+
+/// A TCP health check: connect within `timeout`.
+pub async fn check_tcp(port: u16, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, TcpStream::connect(("127.0.0.1", port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("connect to 127.0.0.1:{port}: {e}")),
+        Err(_) => Err(format!(
+            "connect to 127.0.0.1:{port} timed out after {timeout:?}"
+        )),
+    }
+}
+
+/// A shell health check: the prepared command must exit 0 within `timeout`.
+pub async fn check_shell(
+    mut command: tokio::process::Command,
+    shown: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot run health command `{shown}`: {e}"))?;
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!("health command `{shown}` exited with {status}")),
+        Ok(Err(e)) => Err(format!("health command `{shown}`: {e}")),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Err(format!(
+                "health command `{shown}` timed out after {timeout:?}"
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_needs_min_consecutive_successes() {
+        let mut t = HealthTracker::new(0, Duration::from_secs(10), 0, 2);
+        assert_eq!(t.record(1, Ok(())), Verdict::Unchanged);
+        assert_eq!(t.record(2, Err("x".into())), Verdict::Unchanged);
+        assert_eq!(t.record(3, Ok(())), Verdict::Unchanged);
+        assert_eq!(t.record(4, Ok(())), Verdict::BecameHealthy);
+        assert!(t.is_healthy());
+    }
+
+    #[test]
+    fn failures_during_initial_interval_do_not_count() {
+        let mut t = HealthTracker::new(0, Duration::from_secs(10), 1, 1);
+        for now in [1_000, 5_000, 9_999] {
+            assert_eq!(t.record(now, Err("down".into())), Verdict::Unchanged);
+        }
+        assert_eq!(t.record(10_000, Err("down".into())), Verdict::Unchanged);
+        assert_eq!(
+            t.record(11_000, Err("still down".into())),
+            Verdict::Unhealthy {
+                last_error: "still down".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_success_resets_the_failure_count() {
+        let mut t = HealthTracker::new(0, Duration::ZERO, 1, 1);
+        assert_eq!(t.record(1, Err("a".into())), Verdict::Unchanged);
+        assert_eq!(t.record(2, Ok(())), Verdict::BecameHealthy);
+        assert_eq!(t.record(3, Err("b".into())), Verdict::Unchanged);
+        assert!(matches!(t.record(4, Err("c".into())), Verdict::Unhealthy { .. }));
+    }
+
+    #[test]
+    fn http_responses_parse_with_and_without_length() {
+        let full = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        assert_eq!(
+            parse_response(full, true),
+            Some(HttpResponse {
+                code: 200,
+                body: "ok".into()
+            })
+        );
+        let partial = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok";
+        assert_eq!(parse_response(partial, true), None);
+        let no_length = b"HTTP/1.0 503 Busy\r\n\r\nnope";
+        assert_eq!(parse_response(no_length, true), None);
+        assert_eq!(parse_response(no_length, false).unwrap().code, 503);
+        assert_eq!(parse_response(b"garbage\r\n\r\n", false), None);
+    }
+
+    #[tokio::test]
+    async fn http_check_against_a_local_server() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            for body in ["ok", "sick"] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await.unwrap();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(resp.as_bytes()).await.unwrap();
+            }
+        });
+        let t = Duration::from_secs(5);
+        check_http(port, "/health", 200, "ok", t).await.unwrap();
+        let err = check_http(port, "/health", 200, "ok", t).await.unwrap_err();
+        assert!(err.contains("sick"), "{err}");
+    }
+}

@@ -1,0 +1,957 @@
+//! The I/O around the pure parts: builds the sandbox and cgroup, starts the processes
+//! the [`Machine`] asks for, pumps their output into rotated logs, runs health
+//! checks, performs the kill escalation's steps, emits every status (stdout, the
+//! checkpoint, the socket) and waits for an agent to read the terminal one.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use drover_common::spec::{HealthCheck, HealthCheckType};
+use drover_common::state::{ExitReason, TaskState};
+use drover_common::template::TemplateContext;
+use drover_common::wire::{ExecutorStatus, ExecutorTask};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::cgroup::{FsCgroup, Limits, TaskCgroup};
+use crate::health::{self, HealthTracker, Verdict};
+use crate::hub::{self, ClientEvent, Hub};
+use crate::machine::{Escalation, Machine, Millis, Phase, Step};
+use crate::sandbox::{self, Layout, RotatingLog, TaskUser};
+use crate::spawn::{self, Isolation};
+
+/// How often the runner looks for processes that outlived their parent while it
+/// waits for everything to exit.
+const RESIDUAL_POLL: Millis = 10;
+
+/// The executor's settings (its command line).
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The `wire::ExecutorTask` JSON file.
+    pub task_file: PathBuf,
+    /// The sandbox directory.
+    pub sandbox: PathBuf,
+    /// Run without cgroups and without switching users.
+    pub no_isolation: bool,
+    /// Allow a task to run as root when its spec allows it too.
+    pub allow_root: bool,
+    /// Kill the task when no client was connected for this long.
+    pub recovery_timeout: Duration,
+    /// The parent cgroup under which `<task_id>` is created.
+    pub cgroup_parent: String,
+    /// Where the cgroup filesystem is mounted.
+    pub cgroup_root: PathBuf,
+    /// The pids limit of the task's cgroup.
+    pub pids_max: u64,
+    /// Log rotation: bytes per file.
+    pub log_max_bytes: u64,
+    /// Log rotation: how many rotated files to keep.
+    pub log_keep: u32,
+    /// Debugging without an agent: no recovery timeout, exit as soon as the task
+    /// ended, stay in the caller's session.
+    pub standalone: bool,
+}
+
+/// Why the executor could not start the task at all (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot read the task file {path}: {source}")]
+    ReadTask {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the task file {path} is not a valid task: {source}")]
+    ParseTask {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Sandbox(#[from] sandbox::SandboxError),
+    #[error("{0}")]
+    Other(String),
+}
+
+enum Event {
+    Exited {
+        idx: usize,
+        status: std::io::Result<std::process::ExitStatus>,
+    },
+    Health(Result<(), String>),
+    Client(ClientEvent),
+    Posted(String),
+}
+
+struct HealthState {
+    spec: HealthCheck,
+    tracker: HealthTracker,
+    next_at: Millis,
+    in_flight: bool,
+    port: u16,
+    command: Option<String>,
+}
+
+struct Runner {
+    opts: Options,
+    task: ExecutorTask,
+    layout: Layout,
+    machine: Machine,
+    cgroup: Option<FsCgroup>,
+    iso: Isolation,
+    env: Vec<(String, String)>,
+    cmdlines: Vec<String>,
+    started_at: Instant,
+    state: TaskState,
+    seq: u64,
+    hub: Hub,
+    tx: mpsc::UnboundedSender<Event>,
+    health: Option<HealthState>,
+    escalation: Option<Escalation>,
+    kill_reason: Option<ExitReason>,
+    health_failure: Option<ExitReason>,
+    oom_seen: u64,
+    pgids: Vec<i32>,
+    clients: usize,
+    clients_changed: Millis,
+    terminal_delivered: bool,
+    message: String,
+    process_changed: bool,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn write_stdout(status: &ExecutorStatus) {
+    if let Ok(mut line) = serde_json::to_vec(status) {
+        line.push(b'\n');
+        // The agent may have gone away: a failed write must not stop the task.
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&line);
+        let _ = out.flush();
+    }
+}
+
+/// Loads the task file.
+pub fn load_task(path: &std::path::Path) -> Result<ExecutorTask, SetupError> {
+    let text = std::fs::read(path).map_err(|source| SetupError::ReadTask {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_slice(&text).map_err(|source| SetupError::ParseTask {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Runs the task to its end. Returns the process exit code: 0 FINISHED, 1 otherwise,
+/// 2 when the task could not be set up.
+pub fn run(opts: Options) -> i32 {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-executor: cannot build the runtime: {e}");
+            return 2;
+        }
+    };
+    rt.block_on(run_async(opts))
+}
+
+async fn run_async(opts: Options) -> i32 {
+    let task = match load_task(&opts.task_file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("drover-executor: {e}");
+            return 2;
+        }
+    };
+    if !opts.standalone {
+        // Our own session: the agent's death or its terminal's hangup must not reach us.
+        let _ = nix::unistd::setsid();
+    }
+    let layout = Layout::new(&opts.sandbox);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut runner = match Runner::setup(opts, task, layout, tx) {
+        Ok(r) => r,
+        Err((e, layout, task_id)) => {
+            eprintln!("drover-executor: {e}");
+            // Leave a status behind if the sandbox exists, so the agent can tell why.
+            let status = ExecutorStatus {
+                seq: 1,
+                task_id,
+                state: TaskState::Failed,
+                exit_reason: Some(ExitReason::SandboxSetupFailed {
+                    error: e.to_string(),
+                }),
+                message: e.to_string(),
+                timestamp_ms: unix_ms(),
+                executor_pid: std::process::id(),
+                processes: Vec::new(),
+            };
+            write_stdout(&status);
+            if layout.area().is_dir() {
+                let _ = layout.write_status(&status);
+            }
+            return 2;
+        }
+    };
+    runner.main_loop(&mut rx).await
+}
+
+impl Runner {
+    fn setup(
+        opts: Options,
+        task: ExecutorTask,
+        layout: Layout,
+        tx: mpsc::UnboundedSender<Event>,
+    ) -> Result<Runner, (SetupError, Layout, String)> {
+        let task_id = task.task_id.clone();
+        let fail = |e: SetupError, layout: &Layout| (e, layout.clone(), task_id.clone());
+        if !drover_common::spec::is_valid_name(&task.task_id) {
+            return Err(fail(
+                SetupError::Other(format!(
+                    "task_id `{}` must be 1-64 of [A-Za-z0-9_.-]",
+                    task.task_id
+                )),
+                &layout,
+            ));
+        }
+        let machine = Machine::new(&task.task)
+            .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
+        let is_root = nix::unistd::Uid::effective().is_root();
+        let cgroup = if opts.no_isolation {
+            None
+        } else if !is_root {
+            return Err(fail(SetupError::Other(
+                "the executor is not root, so it can neither create the task's cgroup nor switch to the task user; run it as root, or pass --no-isolation to run without a cgroup as the current user".into()), &layout));
+        } else {
+            match FsCgroup::detect(&opts.cgroup_root) {
+                Some(v) => Some(FsCgroup::new(
+                    v,
+                    &opts.cgroup_root,
+                    &opts.cgroup_parent,
+                    &task.task_id,
+                )),
+                None => {
+                    return Err(fail(SetupError::Other(format!(
+                        "no usable cgroup filesystem at {} (neither v2 nor v1 with memory and pids); mount it, point --cgroup-root at it, or pass --no-isolation",
+                        opts.cgroup_root.display()
+                    )), &layout))
+                }
+            }
+        };
+        let user: TaskUser = sandbox::resolve_user(&task, task.task.allow_root, opts.allow_root)
+            .map_err(|e| {
+                let _ = std::fs::create_dir_all(layout.area());
+                fail(e.into(), &layout)
+            })?;
+        layout
+            .create(&user)
+            .map_err(|e| fail(e.into(), &layout))?;
+        layout
+            .write_task(&task)
+            .map_err(|e| fail(e.into(), &layout))?;
+        if let Some(cg) = &cgroup {
+            let limits = Limits {
+                cpu: task.task.resources.cpu,
+                memory_bytes: task.task.resources.ram.bytes(),
+                pids: opts.pids_max,
+            };
+            // A cgroup left over from an earlier executor of this task.
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+            cg.create(&limits)
+                .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
+        }
+        let ctx = TemplateContext {
+            role: task.role.clone(),
+            environment: task.environment.clone(),
+            name: task.name.clone(),
+            instance: task.instance,
+            task_id: task.task_id.clone(),
+            sandbox: layout.root.display().to_string(),
+            ports: task.ports.clone(),
+        };
+        let render = |text: &str, what: String| {
+            ctx.render(text)
+                .map_err(|e| fail(SetupError::Other(format!("{what}: {e}")), &layout))
+        };
+        let mut env = ctx.environment();
+        env.push(("HOME".into(), layout.root.display().to_string()));
+        env.push(("USER".into(), user.name.clone()));
+        for (k, v) in &task.task.env {
+            env.push((k.clone(), render(v, format!("task.env.{k}"))?));
+        }
+        let cmdlines = task
+            .task
+            .processes
+            .iter()
+            .map(|p| render(&p.cmdline, format!("process `{}` cmdline", p.name)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let health = match &task.health_check {
+            None => None,
+            Some(hc) => {
+                let port = match hc.kind {
+                    HealthCheckType::Shell => 0,
+                    _ => *task.ports.get(&hc.port).ok_or_else(|| {
+                        fail(SetupError::Other(format!(
+                            "health_check.port `{}` has no assigned port number; add it to task.resources.ports and the task's ports",
+                            hc.port
+                        )), &layout)
+                    })?,
+                };
+                let command = match (&hc.kind, &hc.command) {
+                    (HealthCheckType::Shell, Some(c)) => Some(render(c, "health_check.command".into())?),
+                    (HealthCheckType::Shell, None) => {
+                        return Err(fail(SetupError::Other(
+                            "health_check.type is shell but health_check.command is missing".into(),
+                        ), &layout))
+                    }
+                    _ => None,
+                };
+                Some(HealthState {
+                    spec: hc.clone(),
+                    tracker: HealthTracker::new(
+                        0,
+                        hc.initial_interval.get(),
+                        hc.max_consecutive_failures,
+                        hc.min_consecutive_successes,
+                    ),
+                    next_at: 0,
+                    in_flight: false,
+                    port,
+                    command,
+                })
+            }
+        };
+        if let Some(http) = task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
+            if !task.ports.contains_key(&http.port) {
+                return Err(fail(SetupError::Other(format!(
+                    "lifecycle.http.port `{}` has no assigned port number",
+                    http.port
+                )), &layout));
+            }
+        }
+        let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+        let iso = Isolation::new(&procs_files, &user);
+        let oom_seen = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
+        let hub = Hub::default();
+        let _ = std::fs::remove_file(layout.socket());
+        let listener = tokio::net::UnixListener::bind(layout.socket()).map_err(|e| {
+            fail(
+                SetupError::Other(format!(
+                    "cannot listen on {}: {e}",
+                    layout.socket().display()
+                )),
+                &layout,
+            )
+        })?;
+        let (ctx_tx, mut ctx_rx) = mpsc::unbounded_channel();
+        tokio::spawn(hub::serve(listener, hub.clone(), ctx_tx));
+        let fwd = tx.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = ctx_rx.recv().await {
+                if fwd.send(Event::Client(ev)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Runner {
+            opts,
+            task,
+            layout,
+            machine,
+            cgroup,
+            iso,
+            env,
+            cmdlines,
+            started_at: Instant::now(),
+            state: TaskState::Starting,
+            seq: 0,
+            hub,
+            tx,
+            health,
+            escalation: None,
+            kill_reason: None,
+            health_failure: None,
+            oom_seen,
+            pgids: Vec::new(),
+            clients: 0,
+            clients_changed: 0,
+            terminal_delivered: false,
+            message: String::new(),
+            process_changed: false,
+        })
+    }
+
+    fn now(&self) -> Millis {
+        self.started_at.elapsed().as_millis() as Millis
+    }
+
+    fn emit(&mut self, state: TaskState, exit_reason: Option<ExitReason>, message: String) {
+        self.seq += 1;
+        self.state = state;
+        self.message = message.clone();
+        let status = ExecutorStatus {
+            seq: self.seq,
+            task_id: self.task.task_id.clone(),
+            state,
+            exit_reason,
+            message,
+            timestamp_ms: unix_ms(),
+            executor_pid: std::process::id(),
+            processes: self.machine.statuses(),
+        };
+        write_stdout(&status);
+        if let Err(e) = self.layout.write_status(&status) {
+            eprintln!(
+                "drover-executor: cannot checkpoint {}: {e}",
+                self.layout.status_file().display()
+            );
+        }
+        self.hub.publish(status);
+    }
+
+    /// Emits the current state again with the current process list.
+    fn emit_same(&mut self, message: String) {
+        self.emit(self.state, None, message);
+    }
+
+    async fn main_loop(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) -> i32 {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        let mut changed = self.tick();
+        let isolation = match &self.cgroup {
+            Some(cg) => cg.describe(),
+            None => "no isolation (--no-isolation)".into(),
+        };
+        self.emit(
+            TaskState::Starting,
+            None,
+            format!("sandbox {} ready, {isolation}", self.layout.root.display()),
+        );
+        if self.health.is_none() && self.state == TaskState::Starting && !self.finished() {
+            self.emit(TaskState::Running, None, "processes started".into());
+            changed = false;
+        }
+        if changed {
+            self.emit_same("processes changed".into());
+        }
+        while !self.state.is_terminal() {
+            let deadline = self.next_deadline();
+            let sleep_until = self.started_at + Duration::from_millis(deadline);
+            tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(ev) => self.handle(ev),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(sleep_until) => {}
+                Some(_) = async { term.as_mut()?.recv().await } => self.request_kill(ExitReason::KilledByRequest, "SIGTERM"),
+                Some(_) = async { int.as_mut()?.recv().await } => self.request_kill(ExitReason::KilledByRequest, "SIGINT"),
+            }
+            // Handle everything already queued before deciding.
+            while let Ok(ev) = rx.try_recv() {
+                self.handle(ev);
+            }
+            if self.tick() {
+                self.emit_same("processes changed".into());
+            }
+        }
+        self.cleanup_cgroup();
+        if !self.opts.standalone {
+            // Keep serving until an agent has read the terminal status.
+            while !self.terminal_delivered {
+                let deadline = self.recovery_deadline();
+                tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Some(ev) => self.handle(ev),
+                        None => break,
+                    },
+                    _ = tokio::time::sleep_until(self.started_at + Duration::from_millis(deadline)) => {
+                        if self.clients == 0 && self.now() >= self.recovery_deadline() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.layout.socket());
+        if self.state == TaskState::Finished {
+            0
+        } else {
+            1
+        }
+    }
+
+    fn recovery_deadline(&self) -> Millis {
+        if self.clients > 0 || self.opts.standalone {
+            return self.now() + 3_600_000;
+        }
+        self.clients_changed + self.opts.recovery_timeout.as_millis() as Millis
+    }
+
+    fn next_deadline(&self) -> Millis {
+        let now = self.now();
+        let mut next = now + 3_600_000;
+        if self.escalation.is_none() {
+            if let Some(t) = self.machine.next_wakeup(now) {
+                next = next.min(t);
+            }
+            if let Some(h) = &self.health {
+                next = next.min(h.next_at);
+            }
+        } else if self.machine.phase() == Phase::Finalizing {
+            if let Some(t) = self.machine.next_wakeup(now) {
+                next = next.min(t);
+            }
+        }
+        if let Some(e) = &self.escalation {
+            if let Some(d) = e.deadline() {
+                next = next.min(d);
+            }
+            if self.waiting_on_residue() {
+                next = next.min(now + RESIDUAL_POLL);
+            }
+        }
+        if !self.opts.standalone {
+            next = next.min(self.recovery_deadline());
+        }
+        next
+    }
+
+    /// In the escalation, every tracked process exited but something it left behind
+    /// (a shell's child, a daemon) may still run.
+    fn waiting_on_residue(&self) -> bool {
+        match &self.escalation {
+            Some(e) if e.deadline().is_some() => match e.step() {
+                Step::PostGraceful | Step::PostShutdown => !self.machine.any_regular_running(),
+                _ => !self.machine.any_running(),
+            },
+            _ => false,
+        }
+    }
+
+    fn residue_alive(&self) -> bool {
+        match &self.cgroup {
+            Some(cg) => cg.pids().map(|p| !p.is_empty()).unwrap_or(false),
+            None => self
+                .pgids
+                .iter()
+                .any(|&g| killpg(Pid::from_raw(g), None).is_ok()),
+        }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Exited { idx, status } => {
+                let reason = self.exit_reason(idx, status);
+                self.machine.exited(idx, reason);
+                self.process_changed = true;
+            }
+            Event::Health(result) => self.health_result(result),
+            Event::Client(ClientEvent::Connected) => {
+                self.clients += 1;
+                self.clients_changed = self.now();
+            }
+            Event::Client(ClientEvent::Gone) => {
+                self.clients = self.clients.saturating_sub(1);
+                self.clients_changed = self.now();
+            }
+            Event::Client(ClientEvent::Kill(reason)) => self.request_kill(reason, "a socket client"),
+            Event::Client(ClientEvent::TerminalDelivered) => self.terminal_delivered = true,
+            Event::Posted(what) => {
+                if !self.state.is_terminal() {
+                    self.emit_same(what);
+                }
+            }
+        }
+    }
+
+    fn exit_reason(
+        &mut self,
+        idx: usize,
+        status: std::io::Result<std::process::ExitStatus>,
+    ) -> ExitReason {
+        use std::os::unix::process::ExitStatusExt;
+        let reason = match status {
+            Ok(s) => match (s.code(), s.signal()) {
+                (Some(code), _) => match spawn::shell_start_error(code, &self.cmdlines[idx]) {
+                    Some(error) => ExitReason::FailedToStart {
+                        process: self.machine.name(idx).to_string(),
+                        error,
+                    },
+                    None => ExitReason::ExitCode { code },
+                },
+                (None, Some(signal)) => ExitReason::Signal { signal },
+                (None, None) => ExitReason::ExitCode { code: -1 },
+            },
+            Err(e) => ExitReason::FailedToStart {
+                process: self.machine.name(idx).to_string(),
+                error: format!("waiting for the process failed: {e}"),
+            },
+        };
+        // OOM comes from the cgroup's counter, never guessed from SIGKILL.
+        if reason != (ExitReason::ExitCode { code: 0 }) {
+            if let Some(n) = self.cgroup.as_ref().and_then(|c| c.oom_kills().ok()) {
+                if n > self.oom_seen {
+                    self.oom_seen = n;
+                    return ExitReason::OomKilled;
+                }
+            }
+        }
+        reason
+    }
+
+    fn health_result(&mut self, result: Result<(), String>) {
+        let now = self.now();
+        let Some(h) = self.health.as_mut() else {
+            return;
+        };
+        h.in_flight = false;
+        if self.escalation.is_some() || self.state.is_terminal() {
+            return;
+        }
+        match h.tracker.record(now, result) {
+            Verdict::Unchanged => {}
+            Verdict::BecameHealthy => {
+                if self.state == TaskState::Starting {
+                    self.emit(TaskState::Running, None, "health check passed".into());
+                }
+            }
+            Verdict::Unhealthy { last_error } => {
+                self.health_failure = Some(ExitReason::HealthCheckFailed {
+                    last_error: last_error.clone(),
+                });
+                self.emit_same(format!("health check failed: {last_error}; stopping the task"));
+                self.start_escalation(true);
+            }
+        }
+    }
+
+    fn request_kill(&mut self, reason: ExitReason, from: &str) {
+        if self.state.is_terminal() || self.kill_reason.is_some() {
+            return;
+        }
+        let message = format!("kill requested by {from}: {reason}");
+        self.kill_reason = Some(reason);
+        self.emit(TaskState::Killing, None, message);
+        if self.escalation.is_none() {
+            self.start_escalation(true);
+        }
+    }
+
+    fn start_escalation(&mut self, use_http: bool) {
+        let now = self.now();
+        let http = self
+            .task
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.http.clone());
+        let (esc, step) = Escalation::start(
+            now,
+            http.as_ref(),
+            use_http,
+            self.task.task.finalization_wait.get(),
+        );
+        self.escalation = Some(esc);
+        self.perform(step);
+    }
+
+    fn perform(&mut self, step: Step) {
+        match step {
+            Step::PostGraceful | Step::PostShutdown => {
+                let Some(http) = self.task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) else {
+                    return;
+                };
+                let endpoint = if step == Step::PostGraceful {
+                    http.graceful_shutdown_endpoint.clone()
+                } else {
+                    http.shutdown_endpoint.clone()
+                };
+                let port = self.task.ports.get(&http.port).copied().unwrap_or(0);
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let r = health::http_request(port, "POST", &endpoint, Duration::from_secs(1)).await;
+                    let what = match r {
+                        Ok(resp) => format!("POST {endpoint} answered {}", resp.code),
+                        Err(e) => format!("POST {endpoint} failed: {e}"),
+                    };
+                    let _ = tx.send(Event::Posted(what));
+                });
+            }
+            Step::Terminate => {
+                let mut targets = self.machine.finalize();
+                for i in self.machine.stop_all() {
+                    if !targets.contains(&i) {
+                        targets.push(i);
+                    }
+                }
+                let pids = self.machine.running_pids();
+                for (idx, pid) in pids {
+                    if targets.contains(&idx) {
+                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+                    }
+                }
+                // What the processes left behind gets the same chance to stop.
+                if let Some(cg) = &self.cgroup {
+                    for pid in cg.pids().unwrap_or_default() {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+                    }
+                } else {
+                    for &g in &self.pgids {
+                        let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
+                    }
+                }
+            }
+            Step::KillAll => {
+                self.machine.stop_all();
+                self.machine.abandon_waiting();
+                self.kill_everything();
+            }
+        }
+    }
+
+    fn kill_everything(&self) {
+        match &self.cgroup {
+            Some(cg) => {
+                if let Err(e) = cg.kill_all() {
+                    eprintln!("drover-executor: {e}");
+                }
+            }
+            None => {
+                for &g in &self.pgids {
+                    let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+                }
+            }
+        }
+    }
+
+    fn cleanup_cgroup(&self) {
+        self.kill_everything();
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.remove() {
+                eprintln!("drover-executor: {e}");
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.state.is_terminal()
+    }
+
+    /// Decides and acts on everything due now. Returns whether processes changed
+    /// (and a status should go out).
+    fn tick(&mut self) -> bool {
+        let mut changed = std::mem::take(&mut self.process_changed);
+        if self.state.is_terminal() {
+            return false;
+        }
+        let now = self.now();
+        // Start what the machine allows (regular processes only when no escalation
+        // runs; final processes during finalization).
+        if self.escalation.is_none() || self.machine.phase() == Phase::Finalizing {
+            for _ in 0..4 {
+                let starts = self.machine.to_start(now);
+                if starts.is_empty() {
+                    break;
+                }
+                for idx in starts {
+                    self.start_process(idx, now);
+                    changed = true;
+                }
+            }
+        }
+        if self.escalation.is_none() && self.machine.regular_done() {
+            // Regular work is over: stop ephemeral processes, run final ones.
+            self.start_escalation(false);
+            for idx in self.machine.to_start(now) {
+                self.start_process(idx, now);
+            }
+            changed = true;
+        }
+        // Health checks.
+        if self.escalation.is_none() {
+            self.maybe_check_health(now);
+        }
+        // Escalation steps.
+        if let Some(mut esc) = self.escalation.take() {
+            let mut step = None;
+            if self.waiting_on_residue() || esc.deadline().is_none() {
+                let all_gone = !self.residue_alive();
+                if all_gone {
+                    step = esc.on_all_exited(now);
+                }
+            }
+            if step.is_none() {
+                step = esc.on_time(now);
+            }
+            self.escalation = Some(esc);
+            if let Some(step) = step {
+                self.perform(step);
+                changed = true;
+                if step == Step::Terminate {
+                    for idx in self.machine.to_start(now) {
+                        self.start_process(idx, now);
+                    }
+                }
+            }
+            let done = self.machine.phase() == Phase::Finalizing
+                && self.machine.finals_done()
+                && (self
+                    .escalation
+                    .as_ref()
+                    .is_some_and(|e| e.deadline().is_none())
+                    || !self.residue_alive());
+            if done {
+                self.finish();
+                return false;
+            }
+        }
+        changed
+    }
+
+    fn finish(&mut self) {
+        self.machine.abandon_waiting();
+        let (state, reason) = if let Some(r) = self.kill_reason.clone() {
+            (TaskState::Killed, r)
+        } else if let Some(r) = self.health_failure.clone() {
+            (TaskState::Failed, r)
+        } else {
+            self.machine.outcome()
+        };
+        let message = match state {
+            TaskState::Finished => "all processes succeeded".to_string(),
+            _ => reason.to_string(),
+        };
+        self.emit(state, Some(reason), message);
+    }
+
+    fn start_process(&mut self, idx: usize, now: Millis) {
+        let name = self.machine.name(idx).to_string();
+        let cmdline = self.cmdlines[idx].clone();
+        if let Err(error) = spawn::check_program(&cmdline, &self.layout.root) {
+            self.machine.failed_to_start(
+                idx,
+                ExitReason::FailedToStart {
+                    process: name,
+                    error,
+                },
+                now,
+            );
+            return;
+        }
+        let mut cmd = spawn::command(&cmdline, &self.layout.root, &self.env, &self.iso, true);
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id().unwrap_or(0);
+                self.machine.started(idx, pid, now);
+                self.pgids.push(pid as i32);
+                let logs = self.layout.logs();
+                let (max, keep) = (self.opts.log_max_bytes, self.opts.log_keep);
+                if let Some(out) = child.stdout.take() {
+                    tokio::spawn(pump(out, logs.join(format!("{name}.stdout")), max, keep));
+                }
+                if let Some(err) = child.stderr.take() {
+                    tokio::spawn(pump(err, logs.join(format!("{name}.stderr")), max, keep));
+                }
+                let tx = self.tx.clone();
+                tokio::spawn(async move {
+                    let status = child.wait().await;
+                    let _ = tx.send(Event::Exited { idx, status });
+                });
+            }
+            Err(e) => self.machine.failed_to_start(
+                idx,
+                ExitReason::FailedToStart {
+                    process: name,
+                    error: format!("/bin/sh -c `{cmdline}` in {}: {e}", self.layout.root.display()),
+                },
+                now,
+            ),
+        }
+    }
+
+    fn maybe_check_health(&mut self, now: Millis) {
+        let snoozed = self.layout.snooze_file().exists();
+        let Some(h) = self.health.as_mut() else {
+            return;
+        };
+        if now < h.next_at {
+            return;
+        }
+        let interval = (h.spec.interval.get().as_millis() as Millis).max(1);
+        // Drift-free: the next check is due one interval after this one was due.
+        while h.next_at <= now {
+            h.next_at += interval;
+        }
+        if h.in_flight || snoozed {
+            return;
+        }
+        h.in_flight = true;
+        let tx = self.tx.clone();
+        let timeout = h.spec.timeout.get();
+        match h.spec.kind {
+            HealthCheckType::Http => {
+                let (port, endpoint, code, body) = (
+                    h.port,
+                    h.spec.endpoint.clone(),
+                    h.spec.expected_response_code,
+                    h.spec.expected_response.clone(),
+                );
+                tokio::spawn(async move {
+                    let r = health::check_http(port, &endpoint, code, &body, timeout).await;
+                    let _ = tx.send(Event::Health(r));
+                });
+            }
+            HealthCheckType::Tcp => {
+                let port = h.port;
+                tokio::spawn(async move {
+                    let _ = tx.send(Event::Health(health::check_tcp(port, timeout).await));
+                });
+            }
+            HealthCheckType::Shell => {
+                let shown = h.command.clone().unwrap_or_default();
+                let cmd = spawn::command(&shown, &self.layout.root, &self.env, &self.iso, false);
+                tokio::spawn(async move {
+                    let r = health::check_shell(cmd, &shown, timeout).await;
+                    let _ = tx.send(Event::Health(r));
+                });
+            }
+        }
+    }
+}
+
+/// Copies a process's output into its rotated log file.
+async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: u64, keep: u32) {
+    let mut log = match RotatingLog::open(path.clone(), max, keep) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            eprintln!("drover-executor: cannot open log {}: {e}", path.display());
+            None
+        }
+    };
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if let Some(l) = log.as_mut() {
+                    if let Err(e) = l.write(&buf[..n]) {
+                        eprintln!("drover-executor: writing log {}: {e}", path.display());
+                        log = None;
+                    }
+                }
+            }
+        }
+    }
+}

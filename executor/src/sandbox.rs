@@ -1,0 +1,290 @@
+//! The sandbox on disk: the task's working directory (owned by the task user, mode
+//! 0700) and the executor's area `.drover/` in it (task.json, status.json written
+//! atomically, executor.sock, rotated process logs under `logs/`). Also who the task
+//! runs as.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use drover_common::wire::{ExecutorStatus, ExecutorTask};
+use nix::unistd::{Gid, Uid, User};
+
+/// The sandbox's paths.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The processes' working directory.
+    pub root: PathBuf,
+}
+
+/// Who the processes run as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+    /// Whether the executor switches to this user (only as root).
+    pub switch: bool,
+}
+
+/// A sandbox that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("task user `{0}` does not exist on this host; create it or set task.user")]
+    NoSuchUser(String),
+    #[error("the task would run as root (user `{0}`); both task.allow_root in the spec and --allow-root on the executor must allow that")]
+    RootRefused(String),
+    #[error("cannot look up user `{user}`: {source}")]
+    Lookup { user: String, source: nix::Error },
+    #[error("cannot set up {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SandboxError + '_ {
+    move |source| SandboxError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Layout {
+    /// The layout of the sandbox at `root`.
+    pub fn new(root: &Path) -> Layout {
+        Layout {
+            root: root.to_path_buf(),
+        }
+    }
+    /// `.drover/`.
+    pub fn area(&self) -> PathBuf {
+        self.root.join(".drover")
+    }
+    /// `.drover/task.json`.
+    pub fn task_file(&self) -> PathBuf {
+        self.area().join("task.json")
+    }
+    /// `.drover/status.json`.
+    pub fn status_file(&self) -> PathBuf {
+        self.area().join("status.json")
+    }
+    /// `.drover/executor.sock`.
+    pub fn socket(&self) -> PathBuf {
+        self.area().join("executor.sock")
+    }
+    /// `.drover/logs/`.
+    pub fn logs(&self) -> PathBuf {
+        self.area().join("logs")
+    }
+    /// `.healthchecksnooze`: while it exists, health checks pause.
+    pub fn snooze_file(&self) -> PathBuf {
+        self.root.join(".healthchecksnooze")
+    }
+
+    /// Creates the directories (idempotent): the root for the task user with mode
+    /// 0700, `.drover/` and `logs/` for the executor (root when root).
+    pub fn create(&self, user: &TaskUser) -> Result<(), SandboxError> {
+        let mut builder = fs::DirBuilder::new();
+        builder.recursive(true).mode(0o700);
+        for dir in [&self.root, &self.area(), &self.logs()] {
+            builder.create(dir).map_err(io_err(dir))?;
+        }
+        fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700))
+            .map_err(io_err(&self.root))?;
+        if user.switch {
+            nix::unistd::chown(
+                &self.root,
+                Some(Uid::from_raw(user.uid)),
+                Some(Gid::from_raw(user.gid)),
+            )
+            .map_err(|e| SandboxError::Io {
+                path: self.root.clone(),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Writes a copy of the task spec.
+    pub fn write_task(&self, task: &ExecutorTask) -> Result<(), SandboxError> {
+        let text = serde_json::to_vec_pretty(task).map_err(|e| SandboxError::Io {
+            path: self.task_file(),
+            source: e.into(),
+        })?;
+        write_atomic(&self.task_file(), &text).map_err(io_err(&self.task_file()))
+    }
+
+    /// Checkpoints a status: write, fsync, rename.
+    pub fn write_status(&self, status: &ExecutorStatus) -> io::Result<()> {
+        let text = serde_json::to_vec(status)?;
+        write_atomic(&self.status_file(), &text)
+    }
+
+    /// Reads the checkpointed status, if any.
+    pub fn read_status(&self) -> Option<ExecutorStatus> {
+        let text = fs::read(self.status_file()).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+}
+
+/// Write to `<path>.tmp`, fsync, rename over `path`.
+pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_data()?;
+    fs::rename(&tmp, path)
+}
+
+/// Finds the task user: `task.user`, else the role. As root the executor switches to
+/// it and refuses uid 0 unless both `spec_allows_root` and `flag_allows_root`. Not as
+/// root, processes run as the executor's own user.
+pub fn resolve_user(
+    task: &ExecutorTask,
+    spec_allows_root: bool,
+    flag_allows_root: bool,
+) -> Result<TaskUser, SandboxError> {
+    let name = task.task.user.as_deref().unwrap_or(&task.role);
+    let me = Uid::current();
+    if !me.is_root() {
+        return Ok(TaskUser {
+            name: User::from_uid(me)
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .unwrap_or_else(|| me.to_string()),
+            uid: me.as_raw(),
+            gid: Gid::current().as_raw(),
+            groups: Vec::new(),
+            switch: false,
+        });
+    }
+    let user = User::from_name(name)
+        .map_err(|source| SandboxError::Lookup {
+            user: name.to_string(),
+            source,
+        })?
+        .ok_or_else(|| SandboxError::NoSuchUser(name.to_string()))?;
+    if user.uid.is_root() && !(spec_allows_root && flag_allows_root) {
+        return Err(SandboxError::RootRefused(name.to_string()));
+    }
+    let cname = std::ffi::CString::new(name).map_err(|_| SandboxError::NoSuchUser(name.into()))?;
+    let groups = nix::unistd::getgrouplist(&cname, user.gid)
+        .map(|g| g.into_iter().map(Gid::as_raw).collect())
+        .unwrap_or_else(|_| vec![user.gid.as_raw()]);
+    Ok(TaskUser {
+        name: name.to_string(),
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+        groups,
+        switch: true,
+    })
+}
+
+/// A log file that rotates: `<name>` then `<name>.1` ... `<name>.<keep>`.
+#[derive(Debug)]
+pub struct RotatingLog {
+    path: PathBuf,
+    file: fs::File,
+    size: u64,
+    max_bytes: u64,
+    keep: u32,
+}
+
+impl RotatingLog {
+    /// Opens (appending to) `path`.
+    pub fn open(path: PathBuf, max_bytes: u64, keep: u32) -> io::Result<RotatingLog> {
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        let size = file.metadata()?.len();
+        Ok(RotatingLog {
+            path,
+            file,
+            size,
+            max_bytes: max_bytes.max(1),
+            keep,
+        })
+    }
+
+    /// Appends `data`, rotating first when it would overflow the current file.
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        if self.size > 0 && self.size + data.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        self.file.write_all(data)?;
+        self.size += data.len() as u64;
+        Ok(())
+    }
+
+    fn rotated(&self, n: u32) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{n}"));
+        PathBuf::from(name)
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        if self.keep == 0 {
+            self.file.set_len(0)?;
+            self.size = 0;
+            return Ok(());
+        }
+        let _ = fs::remove_file(self.rotated(self.keep));
+        for n in (1..self.keep).rev() {
+            let _ = fs::rename(self.rotated(n), self.rotated(n + 1));
+        }
+        fs::rename(&self.path, self.rotated(1))?;
+        self.file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        self.size = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_rotate_and_keep_n_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.stdout");
+        let mut log = RotatingLog::open(path.clone(), 10, 2).unwrap();
+        for chunk in ["aaaaaaaa", "bbbbbbbb", "cccccccc", "dddddddd"] {
+            log.write(chunk.as_bytes()).unwrap();
+        }
+        assert_eq!(fs::read_to_string(&path).unwrap(), "dddddddd");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("p.stdout.1")).unwrap(),
+            "cccccccc"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("p.stdout.2")).unwrap(),
+            "bbbbbbbb"
+        );
+        assert!(!dir.path().join("p.stdout.3").exists());
+    }
+
+    #[test]
+    fn status_checkpoint_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        fs::create_dir_all(layout.area()).unwrap();
+        let status = ExecutorStatus {
+            seq: 3,
+            task_id: "t".into(),
+            state: drover_common::state::TaskState::Running,
+            exit_reason: None,
+            message: "m".into(),
+            timestamp_ms: 1,
+            executor_pid: 2,
+            processes: vec![],
+        };
+        layout.write_status(&status).unwrap();
+        assert_eq!(layout.read_status(), Some(status));
+    }
+}

@@ -3,7 +3,7 @@
 //! line and column), the tree is checked against the known fields of every struct in
 //! `spec` (unknown fields with the closest known name, wrong types, missing fields, all
 //! with field paths such as `task.processes[1].cmdline`), then deserialized into a
-//! [`JobSpec`] and checked by [`validate`]. The CLI calls [`parse_job`] for files and
+//! [`JobSpec`] and checked by [`crate::validate::validate`]. The CLI calls [`parse_job`] for files and
 //! the master calls [`parse_job_json`] for API requests.
 
 use std::fmt;
@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::spec::JobSpec;
 use crate::units::{ByteSize, Duration};
-use crate::validate::{key_path, validate};
+use crate::validate::{key_path, validate_with, Unknown};
 use crate::wire::FieldError;
 
 /// Every problem found in a job spec. `field` is a path such as
@@ -121,8 +121,19 @@ pub fn parse_job_as(format: Format, text: &str) -> Result<JobSpec, SpecErrors> {
     let mut errors = walk.errors;
     if let Some(job) = &job {
         let broken = &walk.broken;
+        let is_broken = |path: &str| broken.iter().any(|b| covers(b, path));
+        let unknown = Unknown {
+            ports: is_broken("task.resources.ports"),
+            process_names: job
+                .task
+                .processes
+                .iter()
+                .enumerate()
+                .any(|(i, _)| is_broken(&format!("task.processes[{i}].name"))),
+            role: is_broken("role"),
+        };
         errors.extend(
-            validate(job)
+            validate_with(job, unknown)
                 .into_iter()
                 .filter(|e| !broken.iter().any(|b| covers(b, &e.field))),
         );
@@ -525,6 +536,7 @@ impl Walk {
                 ),
             );
             self.broken.push(String::new());
+            return placeholder(Kind::Struct(JOB), "");
         }
         self.structure(tree, JOB, "")
     }
@@ -542,7 +554,12 @@ impl Walk {
                 self.error(
                     path,
                     format!(
-                        "has a key that is {}; field names are text, e.g. {}",
+                        "{} a key that is {}; field names are text, e.g. {}",
+                        if path.is_empty() {
+                            "the job spec has"
+                        } else {
+                            "has"
+                        },
                         key.describe(),
                         fields[0].name
                     ),
@@ -580,7 +597,7 @@ impl Walk {
                 if !self.broken.contains(&field_path) {
                     self.error(
                         &field_path,
-                        format!("is missing; add it as {}", expected(field.kind)),
+                        format!("is missing; add it as {}", missing_hint(field.kind)),
                     );
                     self.broken.push(field_path.clone());
                 }
@@ -799,6 +816,21 @@ fn expected(kind: Kind) -> String {
         Kind::StructList(fields) => {
             format!("a list of mappings with the fields {}", field_names(fields))
         }
+    }
+}
+
+/// Like [`expected`], but a missing struct names only the fields it needs.
+fn missing_hint(kind: Kind) -> String {
+    match kind {
+        Kind::Struct(fields) => {
+            let required: Vec<&str> = fields
+                .iter()
+                .filter(|f| f.required)
+                .map(|f| f.name)
+                .collect();
+            format!("a mapping with at least {}", required.join(", "))
+        }
+        other => expected(other),
     }
 }
 

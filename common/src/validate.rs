@@ -29,7 +29,28 @@ const NAME_RULE: &str =
 
 /// Every semantic problem in `job`, in field order; empty when the job is valid.
 pub fn validate(job: &JobSpec) -> Vec<FieldError> {
-    let mut v = Errors::default();
+    validate_with(job, Unknown::default())
+}
+
+/// Parts of a job that were written wrongly and replaced by placeholders while
+/// parsing; checks that compare against them are skipped, as their errors would
+/// only repeat the parse error.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Unknown {
+    /// `task.resources.ports` was unusable.
+    pub ports: bool,
+    /// Some process name was unusable.
+    pub process_names: bool,
+    /// `role` was unusable.
+    pub role: bool,
+}
+
+/// [`validate`], skipping the checks against `unknown` parts.
+pub(crate) fn validate_with(job: &JobSpec, unknown: Unknown) -> Vec<FieldError> {
+    let mut v = Errors {
+        list: Vec::new(),
+        unknown,
+    };
     v.name("role", &job.role);
     v.name("environment", &job.environment);
     v.name("name", &job.name);
@@ -49,16 +70,18 @@ pub fn validate(job: &JobSpec) -> Vec<FieldError> {
     if job.update.batch_size < 1 {
         v.push("update.batch_size", "is 0; use 1 or more".to_string());
     }
-    v.0
+    v.list
 }
 
 /// Collects errors.
-#[derive(Default)]
-struct Errors(Vec<FieldError>);
+struct Errors {
+    list: Vec<FieldError>,
+    unknown: Unknown,
+}
 
 impl Errors {
     fn push(&mut self, field: impl Into<String>, message: String) {
-        self.0.push(FieldError {
+        self.list.push(FieldError {
             field: field.into(),
             message,
         });
@@ -79,6 +102,9 @@ impl Errors {
             self.push(field, "contains a NUL character; remove it".to_string());
         }
         for e in template::check(text, ports) {
+            if self.unknown.ports && matches!(e, template::TemplateError::UndeclaredPort(_)) {
+                continue;
+            }
             self.push(field, e.to_string());
         }
     }
@@ -176,7 +202,10 @@ fn dedicated(v: &mut Errors, field: &str, expr: &str, parsed: &Constraint, job_r
                 show(expr)
             ),
         ),
-        Some((role, _)) if role != "*" && role != job_role => v.push(
+        Some((role, _)) if role != "*"
+            && role != job_role
+            && is_valid_name(job_role)
+            && !v.unknown.role => v.push(
             field,
             format!(
                 "dedicated hosts of role `{}` are not this job's (role `{}`); use {}/NAME or */NAME",
@@ -347,6 +376,7 @@ fn order(v: &mut Errors, task: &TaskSpec) {
         let mut others = Vec::new();
         for (j, name) in chain.iter().enumerate() {
             match by_name.get(name.as_str()) {
+                None if v.unknown.process_names => {}
                 None => v.push(
                     format!("{field}[{j}]"),
                     format!(
@@ -451,14 +481,10 @@ fn health_check(v: &mut Errors, job: &JobSpec) {
     let ports = &job.task.resources.ports;
     match hc.kind {
         HealthCheckType::Http | HealthCheckType::Tcp => {
-            if !ports.contains(&hc.port) {
+            if !ports.contains(&hc.port) && !v.unknown.ports {
                 v.push(
                     "health_check.port",
-                    format!(
-                        "`{}` is not a port the task requests; add it to task.resources.ports or name one of [{}]",
-                        show(&hc.port),
-                        ports.join(", ")
-                    ),
+                    unrequested_port(&hc.port, ports),
                 );
             }
             if hc.kind == HealthCheckType::Http {
@@ -494,20 +520,28 @@ fn health_check(v: &mut Errors, job: &JobSpec) {
     v.positive_duration("health_check.timeout", hc.timeout);
 }
 
+fn unrequested_port(port: &str, ports: &[String]) -> String {
+    if ports.is_empty() {
+        format!(
+            "`{}` is not a port the task requests (it requests none); add it to task.resources.ports",
+            show(port)
+        )
+    } else {
+        format!(
+            "`{}` is not a port the task requests; add it to task.resources.ports or use one of {}",
+            show(port),
+            ports.join(", ")
+        )
+    }
+}
+
 fn lifecycle(v: &mut Errors, job: &JobSpec) {
     let Some(http) = job.lifecycle.as_ref().and_then(|l| l.http.as_ref()) else {
         return;
     };
     let ports = &job.task.resources.ports;
-    if !ports.contains(&http.port) {
-        v.push(
-            "lifecycle.http.port",
-            format!(
-                "`{}` is not a port the task requests; add it to task.resources.ports or name one of [{}]",
-                show(&http.port),
-                ports.join(", ")
-            ),
-        );
+    if !ports.contains(&http.port) && !v.unknown.ports {
+        v.push("lifecycle.http.port", unrequested_port(&http.port, ports));
     }
     v.endpoint(
         "lifecycle.http.graceful_shutdown_endpoint",

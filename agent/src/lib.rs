@@ -1,1 +1,18 @@
-//! placeholder
+//! drover-agent: one host of a Drover cluster. It registers with the master,
+//! heartbeats, long-polls its assignment set and converges on it (pure logic in
+//! `converge`), starts one `drover-executor` per task and re-adopts them after a
+//! restart, relays every status through a durable outbox, kills exclusive tasks when
+//! the master is gone past the lease, collects old sandboxes and serves task logs.
+
+pub mod config;
+pub mod converge;
+pub mod executor;
+pub mod logs;
+pub mod master;
+pub mod outbox;
+pub mod runtime;
+pub mod sandbox;
+
+pub use config::{Config, ConfigError, ConfigFile, HostFacts};
+pub use converge::{converge, Action, LocalTask, LocalTasks};
+pub use runtime::{run, AgentError};

@@ -1,0 +1,494 @@
+//! The agent's configuration: a TOML file whose keys mirror the command-line flags,
+//! flags overriding the file, then defaults taken from the host (cpu count, memory,
+//! hostname). Every problem names the field at fault so the main can exit 64.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_common::units::{ByteSize, Duration as SpecDuration};
+use serde::Deserialize;
+
+/// The agent's settings as written in the TOML file or given as flags; every key is
+/// optional and a flag wins over the file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Master base URL, e.g. `http://10.0.0.1:7070`.
+    pub master: Option<String>,
+    /// Address the log server binds, e.g. `0.0.0.0:7071` or `127.0.0.1:0`.
+    pub listen: Option<String>,
+    /// URL the master and CLI use to reach this agent's log server; default:
+    /// `http://<listen>` (the hostname when listening on 0.0.0.0 / ::).
+    pub advertise: Option<String>,
+    /// Where the agent keeps its id, outbox and bound address.
+    pub data_dir: Option<PathBuf>,
+    /// One sandbox per task lives below this directory.
+    pub sandbox_root: Option<PathBuf>,
+    /// Path of the `drover-executor` binary.
+    pub executor: Option<PathBuf>,
+    /// CPUs offered to tasks.
+    pub cpu: Option<f64>,
+    /// RAM offered, e.g. `16GiB`.
+    pub ram: Option<String>,
+    /// Disk offered, e.g. `100GiB`.
+    pub disk: Option<String>,
+    /// Port range offered, `LO-HI`.
+    pub ports: Option<String>,
+    /// Attributes such as `rack = "r1"`.
+    pub attributes: Option<BTreeMap<String, String>>,
+    /// Pass `--no-isolation` to executors (no cgroups, no user switch).
+    pub no_isolation: Option<bool>,
+    /// Pass `--allow-root` to executors.
+    pub allow_root: Option<bool>,
+    /// Executor `--recovery-timeout`, e.g. `15m`.
+    pub executor_recovery_timeout: Option<String>,
+    /// Executor `--cgroup-parent`.
+    pub cgroup_parent: Option<String>,
+    /// Exclusive tasks are killed after this long without a successful heartbeat.
+    pub lease: Option<String>,
+    /// Sandboxes of terminal tasks no longer assigned are removed after this long.
+    pub sandbox_retention: Option<String>,
+    /// Long-poll wait sent to the master, e.g. `30s`.
+    pub poll_wait: Option<String>,
+    /// Upper bound of the retry backoff towards the master, e.g. `5s`.
+    pub max_backoff: Option<String>,
+}
+
+/// A resolved, validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub master: String,
+    pub listen: SocketAddr,
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    pub sandbox_root: PathBuf,
+    pub executor: PathBuf,
+    pub cpu: f64,
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
+    pub port_range: (u16, u16),
+    pub attributes: BTreeMap<String, String>,
+    pub hostname: String,
+    pub no_isolation: bool,
+    pub allow_root: bool,
+    pub executor_recovery_timeout: Option<Duration>,
+    pub cgroup_parent: Option<String>,
+    pub lease: Duration,
+    pub sandbox_retention: Duration,
+    pub poll_wait: Duration,
+    pub max_backoff: Duration,
+}
+
+/// A configuration problem, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid `{field}`: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The field at fault, when one is.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// Default master URL when neither the file nor a flag names one.
+pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
+/// Default log server address.
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:7071";
+/// Default data dir.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/drover/agent";
+/// Default sandbox root.
+pub const DEFAULT_SANDBOX_ROOT: &str = "/var/lib/drover/sandboxes";
+/// Default port range offered to tasks.
+pub const DEFAULT_PORTS: (u16, u16) = (31000, 32000);
+/// Memory kept back for the host and the agent itself.
+pub const RAM_RESERVE: u64 = 512 * 1024 * 1024;
+/// CPU kept back for the host and the agent itself.
+pub const CPU_RESERVE: f64 = 0.5;
+/// Disk offered when the file and flags say nothing.
+pub const DEFAULT_DISK: u64 = 10 * 1024 * 1024 * 1024;
+
+impl ConfigFile {
+    /// Reads a TOML config file.
+    pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Lays `over` on top of `self`: every key set in `over` wins; attributes merge.
+    pub fn overlay(mut self, over: ConfigFile) -> ConfigFile {
+        macro_rules! take {
+            ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f; } )* };
+        }
+        take!(
+            master,
+            listen,
+            advertise,
+            data_dir,
+            sandbox_root,
+            executor,
+            cpu,
+            ram,
+            disk,
+            ports,
+            no_isolation,
+            allow_root,
+            executor_recovery_timeout,
+            cgroup_parent,
+            lease,
+            sandbox_retention,
+            poll_wait,
+            max_backoff
+        );
+        if let Some(attrs) = over.attributes {
+            self.attributes
+                .get_or_insert_with(BTreeMap::new)
+                .extend(attrs);
+        }
+        self
+    }
+
+    /// Validates and fills defaults from the host.
+    pub fn resolve(self, host: &HostFacts) -> Result<Config, ConfigError> {
+        let invalid =
+            |field: &'static str, message: String| ConfigError::Invalid { field, message };
+        let master = self.master.unwrap_or_else(|| DEFAULT_MASTER.to_string());
+        let master = master.trim_end_matches('/').to_string();
+        if !(master.starts_with("http://") || master.starts_with("https://")) {
+            return Err(invalid(
+                "master",
+                format!("`{master}` is not a URL; write e.g. http://10.0.0.1:7070"),
+            ));
+        }
+        let listen_text = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid(
+                "listen",
+                format!("`{listen_text}` is not an address; write e.g. 0.0.0.0:7071"),
+            )
+        })?;
+        let data_dir = self.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let sandbox_root = self
+            .sandbox_root
+            .unwrap_or_else(|| DEFAULT_SANDBOX_ROOT.into());
+        for (field, dir) in [("data_dir", &data_dir), ("sandbox_root", &sandbox_root)] {
+            if dir.as_os_str().is_empty() {
+                return Err(invalid(field, "must not be empty".into()));
+            }
+        }
+        let executor = match self.executor {
+            Some(path) if path.as_os_str().is_empty() => {
+                return Err(invalid("executor", "must not be empty".into()))
+            }
+            Some(path) => path,
+            None => host.default_executor.clone(),
+        };
+        let cpu = self
+            .cpu
+            .unwrap_or_else(|| (host.cpus as f64 - CPU_RESERVE).max(0.5));
+        if !(cpu.is_finite() && cpu > 0.0) {
+            return Err(invalid("cpu", format!("{cpu} must be a positive number")));
+        }
+        let size = |field: &'static str, text: Option<String>, default: u64| match text {
+            None => Ok(default),
+            Some(t) => t
+                .parse::<ByteSize>()
+                .map(ByteSize::bytes)
+                .map_err(|e| invalid(field, e.to_string())),
+        };
+        let ram_bytes = size(
+            "ram",
+            self.ram,
+            host.mem_bytes.saturating_sub(RAM_RESERVE).max(64 << 20),
+        )?;
+        let disk_bytes = size("disk", self.disk, DEFAULT_DISK)?;
+        let port_range = match self.ports {
+            None => DEFAULT_PORTS,
+            Some(t) => parse_port_range(&t).map_err(|m| invalid("ports", m))?,
+        };
+        let mut attributes = self.attributes.unwrap_or_default();
+        for (k, v) in &attributes {
+            if k.is_empty() || k.contains('=') {
+                return Err(invalid(
+                    "attributes",
+                    format!("`{k}={v}`: attribute names must be non-empty and contain no `=`"),
+                ));
+            }
+        }
+        attributes
+            .entry("host".to_string())
+            .or_insert_with(|| host.hostname.clone());
+        let dur = |field: &'static str, text: Option<String>, default: Duration| match text {
+            None => Ok(default),
+            Some(t) => t
+                .parse::<SpecDuration>()
+                .map(SpecDuration::get)
+                .map_err(|e| invalid(field, e.to_string())),
+        };
+        let executor_recovery_timeout = match self.executor_recovery_timeout {
+            None => None,
+            Some(t) => Some(dur("executor_recovery_timeout", Some(t), Duration::ZERO)?),
+        };
+        if let Some(parent) = &self.cgroup_parent {
+            if !drover_common::spec::is_valid_name(parent) {
+                return Err(invalid(
+                    "cgroup_parent",
+                    format!("`{parent}` must be a name of [A-Za-z0-9_.-], 1-64 chars"),
+                ));
+            }
+        }
+        let lease = dur("lease", self.lease, Duration::from_secs(10))?;
+        let sandbox_retention = dur(
+            "sandbox_retention",
+            self.sandbox_retention,
+            Duration::from_secs(3600),
+        )?;
+        let poll_wait = dur("poll_wait", self.poll_wait, Duration::from_secs(30))?;
+        let max_backoff = dur("max_backoff", self.max_backoff, Duration::from_secs(5))?;
+        if lease.is_zero() {
+            return Err(invalid("lease", "must be longer than 0s, e.g. 10s".into()));
+        }
+        if max_backoff < Duration::from_millis(10) {
+            return Err(invalid(
+                "max_backoff",
+                "must be at least 10ms, e.g. 5s".into(),
+            ));
+        }
+        if let Some(a) = &self.advertise {
+            if !(a.starts_with("http://") || a.starts_with("https://")) {
+                return Err(invalid(
+                    "advertise",
+                    format!("`{a}` is not a URL; write e.g. http://10.0.0.2:7071"),
+                ));
+            }
+        }
+        Ok(Config {
+            master,
+            listen,
+            advertise: self.advertise.map(|a| a.trim_end_matches('/').to_string()),
+            data_dir,
+            sandbox_root,
+            executor,
+            cpu,
+            ram_bytes,
+            disk_bytes,
+            port_range,
+            attributes,
+            hostname: host.hostname.clone(),
+            no_isolation: self.no_isolation.unwrap_or(false),
+            allow_root: self.allow_root.unwrap_or(false),
+            executor_recovery_timeout,
+            cgroup_parent: self.cgroup_parent,
+            lease,
+            sandbox_retention,
+            poll_wait,
+            max_backoff,
+        })
+    }
+}
+
+/// Parses `LO-HI` into an inclusive port range.
+pub fn parse_port_range(text: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("`{text}` is not a port range; write e.g. 31000-32000");
+    let (lo, hi) = text.split_once('-').ok_or_else(bad)?;
+    let lo: u16 = lo.trim().parse().map_err(|_| bad())?;
+    let hi: u16 = hi.trim().parse().map_err(|_| bad())?;
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
+/// Parses one `k=v` attribute flag.
+pub fn parse_attribute(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!(
+            "`{text}` is not an attribute; write key=value, e.g. rack=r1"
+        )),
+    }
+}
+
+/// What the host offers by default, read once at start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostFacts {
+    pub cpus: usize,
+    pub mem_bytes: u64,
+    pub hostname: String,
+    pub default_executor: PathBuf,
+}
+
+impl HostFacts {
+    /// Reads cpu count, MemTotal, the hostname and where `drover-executor` is.
+    pub fn detect() -> HostFacts {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let mem_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| parse_mem_total(&t))
+            .unwrap_or(1 << 30);
+        let hostname = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".to_string());
+        HostFacts {
+            cpus,
+            mem_bytes,
+            hostname,
+            default_executor: default_executor_path(),
+        }
+    }
+}
+
+/// `MemTotal:  16303412 kB` -> bytes.
+pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `drover-executor` beside the agent's own binary if it is there, else on PATH.
+fn default_executor_path() -> PathBuf {
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let candidate = dir.join("drover-executor");
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    PathBuf::from("drover-executor")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostFacts {
+        HostFacts {
+            cpus: 4,
+            mem_bytes: 8 << 30,
+            hostname: "h1".into(),
+            default_executor: "/x/drover-executor".into(),
+        }
+    }
+
+    #[test]
+    fn defaults_come_from_the_host_minus_a_reserve() {
+        let c = ConfigFile::default().resolve(&host()).unwrap();
+        assert_eq!(c.cpu, 3.5);
+        assert_eq!(c.ram_bytes, (8 << 30) - RAM_RESERVE);
+        assert_eq!(c.attributes.get("host").unwrap(), "h1");
+        assert_eq!(c.executor, PathBuf::from("/x/drover-executor"));
+        assert_eq!(c.lease, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn flags_override_the_file_and_attributes_merge() {
+        let file: ConfigFile = toml::from_str(
+            "master = \"http://m:1\"\nram = \"1GiB\"\nports = \"100-200\"\n[attributes]\nrack = \"r1\"\nhost = \"named\"\n",
+        )
+        .unwrap();
+        let flags = ConfigFile {
+            ram: Some("2GiB".into()),
+            attributes: Some([("zone".to_string(), "z".to_string())].into()),
+            ..Default::default()
+        };
+        let c = file.overlay(flags).resolve(&host()).unwrap();
+        assert_eq!(c.master, "http://m:1");
+        assert_eq!(c.ram_bytes, 2 << 30);
+        assert_eq!(c.port_range, (100, 200));
+        assert_eq!(c.attributes.get("host").unwrap(), "named");
+        assert_eq!(c.attributes.get("rack").unwrap(), "r1");
+        assert_eq!(c.attributes.get("zone").unwrap(), "z");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases = [
+            (
+                ConfigFile {
+                    ram: Some("lots".into()),
+                    ..Default::default()
+                },
+                "ram",
+            ),
+            (
+                ConfigFile {
+                    ports: Some("9-1".into()),
+                    ..Default::default()
+                },
+                "ports",
+            ),
+            (
+                ConfigFile {
+                    listen: Some("nope".into()),
+                    ..Default::default()
+                },
+                "listen",
+            ),
+            (
+                ConfigFile {
+                    master: Some("m:1".into()),
+                    ..Default::default()
+                },
+                "master",
+            ),
+            (
+                ConfigFile {
+                    lease: Some("0s".into()),
+                    ..Default::default()
+                },
+                "lease",
+            ),
+            (
+                ConfigFile {
+                    cpu: Some(-1.0),
+                    ..Default::default()
+                },
+                "cpu",
+            ),
+        ];
+        for (file, field) in cases {
+            let err = file.resolve(&host()).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_rejected() {
+        assert!(toml::from_str::<ConfigFile>("mastr = \"x\"").is_err());
+    }
+
+    #[test]
+    fn mem_total_is_read_in_bytes() {
+        assert_eq!(
+            parse_mem_total("MemTotal:  1000 kB\nMemFree: 1 kB"),
+            Some(1_024_000)
+        );
+    }
+}

@@ -1,0 +1,298 @@
+//! The agent's pure decision logic: given the master's complete assignment set and
+//! the tasks this host holds, which executors to start, which tasks to kill and what
+//! to report for tasks that never ran here. No I/O; the runtime executes the actions.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drover_common::state::{DesiredState, ExitReason, TaskState};
+use drover_common::wire::{Assignment, AssignmentSet};
+
+/// A task as this agent holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalTask {
+    /// The latest state the executor reported (ASSIGNED until its first status).
+    pub state: TaskState,
+    /// A kill was already sent (or is being sent); never send it twice.
+    pub kill_requested: bool,
+    /// The task must die when the agent loses the master for its lease.
+    pub exclusive: bool,
+}
+
+impl LocalTask {
+    /// A task whose executor was just started.
+    pub fn starting(exclusive: bool) -> LocalTask {
+        LocalTask {
+            state: TaskState::Assigned,
+            kill_requested: false,
+            exclusive,
+        }
+    }
+}
+
+/// Every task this agent holds, by task id.
+pub type LocalTasks = BTreeMap<String, LocalTask>;
+
+/// Why the agent kills a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillCause {
+    /// The master set its desired state to SHUTDOWN.
+    Shutdown,
+    /// The master's set does not contain it: an errant task (seed 000).
+    Errant,
+    /// An exclusive task and the master was unreachable for the lease.
+    LeaseExpired,
+}
+
+/// What the runtime should do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Start an executor for a new task.
+    Start(Box<Assignment>),
+    /// Ask the task's executor to run its kill escalation.
+    Kill {
+        task_id: String,
+        reason: ExitReason,
+        cause: KillCause,
+    },
+    /// The master wants a task stopped that never ran here: report it KILLED so the
+    /// master need not wait for a timeout.
+    ReportKilled { task_id: String, reason: ExitReason },
+}
+
+/// Decides how to bring `actual` to `desired`. Never starts a task this agent already
+/// holds (even a terminal one: tasks are one-shot), never repeats a kill.
+pub fn converge(desired: &AssignmentSet, actual: &LocalTasks) -> Vec<Action> {
+    let mut actions = Vec::new();
+    let mut wanted: BTreeMap<&str, &Assignment> = BTreeMap::new();
+    for a in &desired.assignments {
+        wanted.insert(a.task.task_id.as_str(), a);
+    }
+    for (task_id, a) in &wanted {
+        let reason = a.kill_reason.clone().unwrap_or(ExitReason::KilledByRequest);
+        match (a.desired, actual.get(*task_id)) {
+            (DesiredState::Running, None) => actions.push(Action::Start(Box::new((*a).clone()))),
+            (DesiredState::Running, Some(_)) => {}
+            (DesiredState::Shutdown, None) => actions.push(Action::ReportKilled {
+                task_id: task_id.to_string(),
+                reason,
+            }),
+            (DesiredState::Shutdown, Some(local)) => {
+                if !local.state.is_terminal() && !local.kill_requested {
+                    actions.push(Action::Kill {
+                        task_id: task_id.to_string(),
+                        reason,
+                        cause: KillCause::Shutdown,
+                    });
+                }
+            }
+        }
+    }
+    for (task_id, local) in actual {
+        if !wanted.contains_key(task_id.as_str())
+            && !local.state.is_terminal()
+            && !local.kill_requested
+        {
+            actions.push(Action::Kill {
+                task_id: task_id.clone(),
+                reason: ExitReason::KilledByRequest,
+                cause: KillCause::Errant,
+            });
+        }
+    }
+    actions
+}
+
+/// Exclusive tasks to kill because the master has been unreachable for `lease`
+/// (`since_contact` is the time since the last successful heartbeat).
+pub fn lease_kills(actual: &LocalTasks, since_contact: Duration, lease: Duration) -> Vec<Action> {
+    if since_contact < lease {
+        return Vec::new();
+    }
+    actual
+        .iter()
+        .filter(|(_, t)| t.exclusive && !t.state.is_terminal() && !t.kill_requested)
+        .map(|(id, _)| Action::Kill {
+            task_id: id.clone(),
+            reason: ExitReason::AgentLost,
+            cause: KillCause::LeaseExpired,
+        })
+        .collect()
+}
+
+/// The task ids that count for the heartbeat digest: every task held and not terminal.
+pub fn held_task_ids(actual: &LocalTasks) -> impl Iterator<Item = &str> {
+    actual
+        .iter()
+        .filter(|(_, t)| !t.state.is_terminal())
+        .map(|(id, _)| id.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::spec::TaskSpec;
+    use drover_common::wire::ExecutorTask;
+
+    fn assignment(id: &str, desired: DesiredState) -> Assignment {
+        let task: TaskSpec = serde_json::from_value(serde_json::json!({
+            "processes": [{"name": "p", "cmdline": "true"}],
+            "resources": {"cpu": 0.1, "ram": "16MiB", "disk": "16MiB"}
+        }))
+        .unwrap();
+        Assignment {
+            desired,
+            kill_reason: None,
+            exclusive: false,
+            task: ExecutorTask {
+                task_id: id.into(),
+                role: "r".into(),
+                environment: "e".into(),
+                name: "n".into(),
+                instance: 0,
+                task,
+                health_check: None,
+                lifecycle: None,
+                ports: Default::default(),
+            },
+        }
+    }
+
+    fn set(assignments: Vec<Assignment>) -> AssignmentSet {
+        AssignmentSet {
+            version: 1,
+            assignments,
+        }
+    }
+
+    fn local(state: TaskState) -> LocalTask {
+        LocalTask {
+            state,
+            kill_requested: false,
+            exclusive: false,
+        }
+    }
+
+    #[test]
+    fn new_running_assignments_are_started() {
+        let actions = converge(
+            &set(vec![assignment("t1", DesiredState::Running)]),
+            &LocalTasks::new(),
+        );
+        assert!(matches!(&actions[..], [Action::Start(a)] if a.task.task_id == "t1"));
+    }
+
+    #[test]
+    fn a_task_already_held_is_never_started_again_even_when_terminal() {
+        for state in [TaskState::Assigned, TaskState::Running, TaskState::Finished] {
+            let actual = LocalTasks::from([("t1".to_string(), local(state))]);
+            let actions = converge(&set(vec![assignment("t1", DesiredState::Running)]), &actual);
+            assert!(actions.is_empty(), "{state}: {actions:?}");
+        }
+    }
+
+    #[test]
+    fn shutdown_kills_a_live_task_once_with_the_masters_reason() {
+        let mut a = assignment("t1", DesiredState::Shutdown);
+        a.kill_reason = Some(ExitReason::Drained);
+        let mut actual = LocalTasks::from([("t1".to_string(), local(TaskState::Running))]);
+        let actions = converge(&set(vec![a.clone()]), &actual);
+        assert_eq!(
+            actions,
+            vec![Action::Kill {
+                task_id: "t1".into(),
+                reason: ExitReason::Drained,
+                cause: KillCause::Shutdown
+            }]
+        );
+        actual.get_mut("t1").unwrap().kill_requested = true;
+        assert!(converge(&set(vec![a]), &actual).is_empty());
+    }
+
+    #[test]
+    fn shutdown_of_a_terminal_task_does_nothing() {
+        let actual = LocalTasks::from([("t1".to_string(), local(TaskState::Finished))]);
+        assert!(converge(
+            &set(vec![assignment("t1", DesiredState::Shutdown)]),
+            &actual
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn shutdown_of_a_task_never_started_here_is_reported_killed() {
+        let actions = converge(
+            &set(vec![assignment("t1", DesiredState::Shutdown)]),
+            &LocalTasks::new(),
+        );
+        assert_eq!(
+            actions,
+            vec![Action::ReportKilled {
+                task_id: "t1".into(),
+                reason: ExitReason::KilledByRequest
+            }]
+        );
+    }
+
+    #[test]
+    fn errant_tasks_not_in_the_set_are_killed_and_terminal_ones_left_alone() {
+        let actual = LocalTasks::from([
+            ("live".to_string(), local(TaskState::Running)),
+            ("done".to_string(), local(TaskState::Failed)),
+            ("keep".to_string(), local(TaskState::Running)),
+        ]);
+        let actions = converge(
+            &set(vec![assignment("keep", DesiredState::Running)]),
+            &actual,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Kill {
+                task_id: "live".into(),
+                reason: ExitReason::KilledByRequest,
+                cause: KillCause::Errant
+            }]
+        );
+    }
+
+    #[test]
+    fn an_empty_set_kills_everything_alive() {
+        let actual = LocalTasks::from([
+            ("a".to_string(), local(TaskState::Starting)),
+            ("b".to_string(), local(TaskState::Assigned)),
+        ]);
+        assert_eq!(converge(&set(vec![]), &actual).len(), 2);
+    }
+
+    #[test]
+    fn lease_kills_only_live_exclusive_tasks_after_the_lease() {
+        let mut ex = local(TaskState::Running);
+        ex.exclusive = true;
+        let mut ex_done = local(TaskState::Finished);
+        ex_done.exclusive = true;
+        let actual = LocalTasks::from([
+            ("ex".to_string(), ex),
+            ("ex_done".to_string(), ex_done),
+            ("plain".to_string(), local(TaskState::Running)),
+        ]);
+        let lease = Duration::from_secs(10);
+        assert!(lease_kills(&actual, Duration::from_secs(9), lease).is_empty());
+        assert_eq!(
+            lease_kills(&actual, Duration::from_secs(10), lease),
+            vec![Action::Kill {
+                task_id: "ex".into(),
+                reason: ExitReason::AgentLost,
+                cause: KillCause::LeaseExpired
+            }]
+        );
+    }
+
+    #[test]
+    fn digest_ids_skip_terminal_tasks() {
+        let actual = LocalTasks::from([
+            ("a".to_string(), local(TaskState::Running)),
+            ("b".to_string(), local(TaskState::Lost)),
+        ]);
+        assert_eq!(held_task_ids(&actual).collect::<Vec<_>>(), vec!["a"]);
+    }
+}

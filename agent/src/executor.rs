@@ -1,0 +1,308 @@
+//! Talking to executors: spawning one detached per task, the Unix socket protocol
+//! (subscribe, kill), telling whether one is still alive, and running
+//! `drover-executor cleanup` after one died.
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use drover_common::state::ExitReason;
+use drover_common::wire::{Assignment, ExecutorRequest, ExecutorStatus};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::UnixStream;
+
+use crate::sandbox::{AgentMeta, Layout};
+
+/// How executors are started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutorSettings {
+    pub binary: PathBuf,
+    pub no_isolation: bool,
+    pub allow_root: bool,
+    pub recovery_timeout: Option<Duration>,
+    pub cgroup_parent: Option<String>,
+}
+
+/// An executor could not be started or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error("preparing sandbox {path}: {source}")]
+    Prepare {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting executor {binary}: {source}; check the agent's `executor` setting")]
+    Spawn {
+        binary: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("executor socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("executor cleanup for {sandbox}: {message}")]
+    Cleanup { sandbox: PathBuf, message: String },
+}
+
+/// The status stream of one subscription.
+pub type StatusLines = Lines<BufReader<OwnedReadHalf>>;
+
+impl ExecutorSettings {
+    /// The `run` arguments for one task.
+    pub fn run_args(&self, task_file: &Path, sandbox: &Path) -> Vec<String> {
+        let mut args = vec![
+            "run".to_string(),
+            "--task".to_string(),
+            task_file.display().to_string(),
+            "--sandbox".to_string(),
+            sandbox.display().to_string(),
+        ];
+        if self.no_isolation {
+            args.push("--no-isolation".into());
+        }
+        if self.allow_root {
+            args.push("--allow-root".into());
+        }
+        if let Some(t) = self.recovery_timeout {
+            args.push("--recovery-timeout".into());
+            args.push(format!("{}ms", t.as_millis()));
+        }
+        if let Some(p) = &self.cgroup_parent {
+            args.push("--cgroup-parent".into());
+            args.push(p.clone());
+        }
+        args
+    }
+
+    /// Writes the task file and the agent's record into a new sandbox and starts the
+    /// executor in its own session, stdin null, stdout/stderr to files in `.drover/`.
+    /// The child must be reaped by the caller (`wait`).
+    pub fn spawn(
+        &self,
+        layout: &Layout,
+        assignment: &Assignment,
+    ) -> Result<tokio::process::Child, ExecutorError> {
+        let task_id = &assignment.task.task_id;
+        let sandbox = layout.sandbox(task_id);
+        let drover = layout.drover_dir(task_id);
+        let prep = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ExecutorError::Prepare { path, source }
+        };
+        fs::create_dir_all(&drover).map_err(prep(&drover))?;
+        let mut meta = AgentMeta {
+            exclusive: assignment.exclusive,
+            executor_pid: None,
+        };
+        layout
+            .write_meta(task_id, &meta, false)
+            .map_err(prep(&layout.meta_file(task_id)))?;
+        let task_file = layout.task_file(task_id);
+        let bytes = serde_json::to_vec(&assignment.task).map_err(|e| ExecutorError::Prepare {
+            path: task_file.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        crate::outbox::write_atomic(&task_file, &bytes, false).map_err(prep(&task_file))?;
+        let out_path = drover.join("executor.stdout");
+        let err_path = drover.join("executor.stderr");
+        let open = |p: &Path| {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(prep(p))
+        };
+        let stdout = open(&out_path)?;
+        let stderr = open(&err_path)?;
+        let mut cmd = std::process::Command::new(&self.binary);
+        cmd.args(self.run_args(&task_file, &sandbox))
+            .current_dir(&sandbox)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        detach(&mut cmd);
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(false);
+        let child = cmd.spawn().map_err(|source| ExecutorError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        meta.executor_pid = child.id();
+        // Best effort: the socket is the main liveness signal; the pid only covers the
+        // moment before the executor created it.
+        if let Err(e) = layout.write_meta(task_id, &meta, true) {
+            tracing::warn!(task_id, error = %e, "could not record executor pid");
+        }
+        Ok(child)
+    }
+
+    /// Runs `drover-executor cleanup` for a task whose executor died.
+    pub async fn cleanup(&self, layout: &Layout, task_id: &str) -> Result<(), ExecutorError> {
+        let sandbox = layout.sandbox(task_id);
+        let mut cmd = tokio::process::Command::new(&self.binary);
+        cmd.arg("cleanup")
+            .arg("--sandbox")
+            .arg(&sandbox)
+            .arg("--task-id")
+            .arg(task_id)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let fail = |message: String| ExecutorError::Cleanup {
+            sandbox: sandbox.clone(),
+            message,
+        };
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .map_err(|_| fail("did not finish within 60s".into()))?
+            .map_err(|e| fail(format!("could not run {}: {e}", self.binary.display())))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    }
+}
+
+/// Puts the child in its own session so that it outlives the agent and no signal
+/// meant for the agent's process group reaches it.
+#[allow(unsafe_code)]
+fn detach(cmd: &mut std::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // setsid(2), which is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+async fn send_line(stream: &mut UnixStream, req: &ExecutorRequest) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    stream.write_all(&line).await
+}
+
+/// Connects and subscribes to every status after `after_seq`.
+pub async fn subscribe(socket: &Path, after_seq: u64) -> Result<StatusLines, ExecutorError> {
+    let err = |source| ExecutorError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).await.map_err(err)?;
+    send_line(&mut stream, &ExecutorRequest::Subscribe { after_seq })
+        .await
+        .map_err(err)?;
+    let (read, _write) = stream.into_split();
+    // The write half is dropped here; the executor keeps streaming on the read half.
+    Ok(BufReader::new(read).lines())
+}
+
+/// Parses one status line.
+pub fn parse_status(line: &str) -> Option<ExecutorStatus> {
+    serde_json::from_str(line).ok()
+}
+
+/// Asks an executor to start its kill escalation.
+pub async fn send_kill(socket: &Path, reason: ExitReason) -> Result<(), ExecutorError> {
+    let err = |source| ExecutorError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).await.map_err(err)?;
+    send_line(
+        &mut stream,
+        &ExecutorRequest::Kill {
+            reason: Some(reason),
+        },
+    )
+    .await
+    .map_err(err)?;
+    stream.shutdown().await.map_err(err)?;
+    Ok(())
+}
+
+/// True if something accepts connections on the socket.
+pub fn socket_is_live(socket: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket).is_ok()
+}
+
+/// True if `pid` is a running (not zombie) process whose command line mentions
+/// `binary_name` (so a reused pid is not mistaken for the executor).
+pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    if matches!(state, Some('Z') | Some('X') | None) {
+        return false;
+    }
+    match fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(cmdline) => String::from_utf8_lossy(&cmdline).contains(binary_name),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_args_follow_the_executor_contract() {
+        let s = ExecutorSettings {
+            binary: "/bin/drover-executor".into(),
+            no_isolation: true,
+            allow_root: true,
+            recovery_timeout: Some(Duration::from_secs(60)),
+            cgroup_parent: Some("drover".into()),
+        };
+        assert_eq!(
+            s.run_args(Path::new("/s/t/.drover/agent-task.json"), Path::new("/s/t")),
+            vec![
+                "run",
+                "--task",
+                "/s/t/.drover/agent-task.json",
+                "--sandbox",
+                "/s/t",
+                "--no-isolation",
+                "--allow-root",
+                "--recovery-timeout",
+                "60000ms",
+                "--cgroup-parent",
+                "drover"
+            ]
+        );
+    }
+
+    #[test]
+    fn our_own_pid_is_live_only_under_the_right_name() {
+        let me = std::process::id();
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(executor_pid_is_live(me, &name));
+        assert!(!executor_pid_is_live(me, "no-such-binary-name-xyz"));
+        assert!(!executor_pid_is_live(u32::MAX - 1, &name));
+    }
+
+    #[test]
+    fn a_missing_socket_is_not_live() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!socket_is_live(&dir.path().join("x.sock")));
+        let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("y.sock")).unwrap();
+        assert!(socket_is_live(&dir.path().join("y.sock")));
+    }
+}

@@ -1,0 +1,144 @@
+//! The `drover-agent` binary: flags and config file, tracing, then the agent runs
+//! until SIGTERM or Ctrl-C. Exits 64 naming the field on bad configuration.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use drover_agent::config::{parse_attribute, ConfigFile, HostFacts};
+
+/// Drover's per-host agent.
+#[derive(Debug, Parser)]
+#[command(name = "drover-agent", version, about)]
+struct Args {
+    /// TOML config file; its keys mirror these flags.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Master URL, e.g. http://10.0.0.1:7070.
+    #[arg(long)]
+    master: Option<String>,
+    /// Address of the log server, e.g. 0.0.0.0:7071 or 127.0.0.1:0.
+    #[arg(long)]
+    listen: Option<String>,
+    /// URL the master and CLI use to reach this agent (default from --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Agent state: id, outbox, bound address.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// One sandbox per task below this directory.
+    #[arg(long)]
+    sandbox_root: Option<PathBuf>,
+    /// Path of drover-executor (default: beside this binary, else PATH).
+    #[arg(long)]
+    executor: Option<PathBuf>,
+    /// CPUs to offer.
+    #[arg(long)]
+    cpu: Option<f64>,
+    /// RAM to offer, e.g. 16GiB.
+    #[arg(long)]
+    ram: Option<String>,
+    /// Disk to offer, e.g. 100GiB.
+    #[arg(long)]
+    disk: Option<String>,
+    /// Ports to offer, LO-HI.
+    #[arg(long)]
+    ports: Option<String>,
+    /// An attribute k=v (repeatable), e.g. rack=r1.
+    #[arg(long = "attribute", value_parser = parse_attribute)]
+    attributes: Vec<(String, String)>,
+    /// Run executors with --no-isolation (no cgroups or user switch).
+    #[arg(long)]
+    no_isolation: bool,
+    /// Run executors with --allow-root.
+    #[arg(long)]
+    allow_root: bool,
+    /// Kill exclusive tasks after this long without the master, e.g. 10s.
+    #[arg(long)]
+    lease: Option<String>,
+    /// Keep sandboxes of finished tasks this long, e.g. 1h.
+    #[arg(long)]
+    sandbox_retention: Option<String>,
+}
+
+impl Args {
+    fn into_overrides(self) -> (Option<PathBuf>, ConfigFile) {
+        let over = ConfigFile {
+            master: self.master,
+            listen: self.listen,
+            advertise: self.advertise,
+            data_dir: self.data_dir,
+            sandbox_root: self.sandbox_root,
+            executor: self.executor,
+            cpu: self.cpu,
+            ram: self.ram,
+            disk: self.disk,
+            ports: self.ports,
+            attributes: (!self.attributes.is_empty())
+                .then(|| self.attributes.into_iter().collect()),
+            no_isolation: self.no_isolation.then_some(true),
+            allow_root: self.allow_root.then_some(true),
+            lease: self.lease,
+            sandbox_retention: self.sandbox_retention,
+            ..ConfigFile::default()
+        };
+        (self.config, over)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (file, over) = Args::parse().into_overrides();
+    let base = match file {
+        Some(path) => match ConfigFile::load(&path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("drover-agent: {e}");
+                return ExitCode::from(64);
+            }
+        },
+        None => ConfigFile::default(),
+    };
+    let cfg = match base.overlay(over).resolve(&HostFacts::detect()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drover-agent: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("drover-agent: cannot start the async runtime: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    match rt.block_on(drover_agent::run(cfg, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("drover-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,136 @@
+//! The agent's client of the master's agent API: register, heartbeat, long-poll the
+//! assignment set, post status updates.
+
+use std::time::Duration;
+
+use drover_common::wire::{
+    ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    RegisterResponse, StatusAck, StatusUpdateBatch,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A call to the master failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MasterError {
+    #[error("master at {url} unreachable: {source}")]
+    Unreachable { url: String, source: reqwest::Error },
+    #[error("master does not know this agent ({message}); registering again")]
+    UnknownAgent { message: String },
+    #[error("master answered {status} to {url}: {message}")]
+    Rejected {
+        url: String,
+        status: u16,
+        message: String,
+    },
+}
+
+/// HTTP client of one master.
+#[derive(Clone, Debug)]
+pub struct MasterClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl MasterClient {
+    /// A client of the master at `base` (`http://host:port`).
+    pub fn new(base: &str) -> MasterClient {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(50))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        MasterClient {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        }
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<T, MasterError> {
+        let resp = req
+            .send()
+            .await
+            .map_err(|source| MasterError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if status.is_success() {
+            return resp
+                .json::<T>()
+                .await
+                .map_err(|source| MasterError::Unreachable { url, source });
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<ApiErrorBody>(&text)
+            .map(|b| format!("{}: {}", b.error.code, b.error.message))
+            .unwrap_or(text);
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(MasterError::UnknownAgent { message });
+        }
+        Err(MasterError::Rejected {
+            url,
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<T, MasterError> {
+        let url = format!("{}{}", self.base, path);
+        let req = self.http.post(&url).json(body).timeout(timeout);
+        self.send(req, url).await
+    }
+
+    /// POST /v1/agents/register
+    pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, MasterError> {
+        self.post("/v1/agents/register", req, Duration::from_secs(15))
+            .await
+    }
+
+    /// POST /v1/agents/{id}/heartbeat
+    pub async fn heartbeat(
+        &self,
+        agent_id: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, MasterError> {
+        let path = format!("/v1/agents/{agent_id}/heartbeat");
+        self.post(&path, req, Duration::from_secs(10)).await
+    }
+
+    /// GET /v1/agents/{id}/assignments: returns at once when the master has a newer
+    /// version than `after_version`, else within about `wait`.
+    pub async fn assignments(
+        &self,
+        agent_id: &str,
+        after_version: u64,
+        wait: Duration,
+    ) -> Result<AssignmentSet, MasterError> {
+        let url = format!(
+            "{}/v1/agents/{agent_id}/assignments?after_version={after_version}&wait_ms={}",
+            self.base,
+            wait.as_millis()
+        );
+        let req = self.http.get(&url).timeout(wait + Duration::from_secs(15));
+        self.send(req, url).await
+    }
+
+    /// POST /v1/agents/{id}/updates
+    pub async fn updates(
+        &self,
+        agent_id: &str,
+        batch: &StatusUpdateBatch,
+    ) -> Result<StatusAck, MasterError> {
+        let path = format!("/v1/agents/{agent_id}/updates");
+        self.post(&path, batch, Duration::from_secs(15)).await
+    }
+}

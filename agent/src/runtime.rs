@@ -1,0 +1,994 @@
+//! The agent's runtime: the thin I/O layer around `converge`. It re-adopts what the
+//! sandbox root holds, registers, heartbeats, long-polls the assignment set, starts
+//! and watches executors, writes every status to the durable outbox and relays it,
+//! kills exclusive tasks when the master is gone for the lease, collects old
+//! sandboxes and serves logs.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use drover_common::spec::is_valid_name;
+use drover_common::state::{ExitReason, TaskState};
+use drover_common::wire::{
+    task_set_digest, AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus,
+    HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
+};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::converge::{converge, held_task_ids, lease_kills, Action, LocalTask, LocalTasks};
+use crate::executor::{self, ExecutorSettings};
+use crate::master::{MasterClient, MasterError};
+use crate::outbox::{write_atomic, Outbox, OutboxError};
+use crate::sandbox::{classify, Found, Layout};
+
+/// The agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{what} {path}: {source}; check the directory exists and is writable")]
+    Dir {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Most updates sent in one POST.
+const RELAY_BATCH: usize = 1000;
+/// How often lease and garbage collection are checked.
+const TICK: Duration = Duration::from_millis(250);
+
+/// The tasks this host holds, with what the runtime needs beside the pure view.
+#[derive(Default)]
+struct Tasks {
+    local: LocalTasks,
+    /// Wall-clock ms when a task was seen terminal (for sandbox retention).
+    terminal_at: HashMap<String, u64>,
+    /// Kill requests to each watched executor.
+    killers: HashMap<String, mpsc::UnboundedSender<ExitReason>>,
+    /// Task ids of the latest assignment set, once one arrived.
+    desired: Option<HashSet<String>>,
+}
+
+struct Shared {
+    cfg: Config,
+    layout: Layout,
+    exec: ExecutorSettings,
+    exe_name: String,
+    client: MasterClient,
+    agent_id: String,
+    address: String,
+    tasks: Mutex<Tasks>,
+    outbox: Arc<Mutex<Outbox>>,
+    updates_tx: mpsc::UnboundedSender<StatusUpdate>,
+    relay: Notify,
+    applied_version: AtomicU64,
+    heartbeat_ms: AtomicU64,
+    last_contact: Mutex<Instant>,
+    /// Registration epoch: 0 until the first registration, then +1 per registration.
+    epoch: watch::Sender<u64>,
+    reregister: Notify,
+}
+
+/// Locks a mutex, carrying on after a panic elsewhere (the data stays consistent:
+/// every critical section is a few plain assignments).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wall-clock milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Truncated exponential backoff.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+
+    fn new(max: Duration) -> Backoff {
+        Backoff {
+            next: Self::FIRST,
+            max,
+        }
+    }
+
+    fn step(&mut self) -> Duration {
+        let now = self.next;
+        self.next = (self.next * 2).min(self.max);
+        now
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
+    StatusUpdate {
+        task_id: s.task_id.clone(),
+        seq: s.seq,
+        state: s.state,
+        exit_reason: s.exit_reason.clone(),
+        message: s.message.clone(),
+        timestamp_ms: s.timestamp_ms,
+        processes: s.processes.clone(),
+    }
+}
+
+/// Reads the stable agent id from `<data_dir>/agent-id`, creating it once.
+pub fn load_or_create_agent_id(data_dir: &Path, hostname: &str) -> std::io::Result<String> {
+    let path = data_dir.join("agent-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // FNV over the kernel's random uuid (plus pid and time as a fallback).
+    let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    let seed = format!("{uuid}{}{:?}", std::process::id(), SystemTime::now());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let host: String = hostname
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    let id = format!("{host}-{:012x}", h & 0xffff_ffff_ffff);
+    write_atomic(&path, id.as_bytes(), true)?;
+    Ok(id)
+}
+
+/// Runs the agent until `shutdown` completes. Executors are left running: they
+/// outlive the agent, which re-adopts them when it starts again.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    let dir_err = |what: &'static str, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| AgentError::Dir { what, path, source }
+    };
+    std::fs::create_dir_all(&cfg.data_dir).map_err(dir_err("data_dir", &cfg.data_dir))?;
+    std::fs::create_dir_all(&cfg.sandbox_root)
+        .map_err(dir_err("sandbox_root", &cfg.sandbox_root))?;
+    let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.hostname)
+        .map_err(dir_err("agent id in", &cfg.data_dir))?;
+    let outbox = Arc::new(Mutex::new(Outbox::open(&cfg.data_dir)?));
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| AgentError::Bind {
+            addr: cfg.listen,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| AgentError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
+    let addr_file = cfg.data_dir.join("agent.addr");
+    write_atomic(&addr_file, bound.to_string().as_bytes(), false)
+        .map_err(dir_err("writing", &addr_file))?;
+    let address = cfg.advertise.clone().unwrap_or_else(|| {
+        if bound.ip().is_unspecified() {
+            format!("http://{}:{}", cfg.hostname, bound.port())
+        } else {
+            format!("http://{bound}")
+        }
+    });
+
+    let exec = ExecutorSettings {
+        binary: cfg.executor.clone(),
+        no_isolation: cfg.no_isolation,
+        allow_root: cfg.allow_root,
+        recovery_timeout: cfg.executor_recovery_timeout,
+        cgroup_parent: cfg.cgroup_parent.clone(),
+    };
+    let exe_name = cfg
+        .executor
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "drover-executor".into());
+    let last_contact = restore_last_contact(&cfg.data_dir);
+    let (updates_tx, updates_rx) = mpsc::unbounded_channel();
+    let (epoch, _) = watch::channel(0u64);
+    let shared = Arc::new(Shared {
+        layout: Layout::new(&cfg.sandbox_root),
+        client: MasterClient::new(&cfg.master),
+        cfg,
+        exec,
+        exe_name,
+        agent_id,
+        address,
+        tasks: Mutex::new(Tasks::default()),
+        outbox,
+        updates_tx,
+        relay: Notify::new(),
+        applied_version: AtomicU64::new(0),
+        heartbeat_ms: AtomicU64::new(5000),
+        last_contact: Mutex::new(last_contact),
+        epoch,
+        reregister: Notify::new(),
+    });
+    tracing::info!(agent_id = %shared.agent_id, listen = %bound, master = %shared.cfg.master, "agent starting");
+
+    let mut tasks = JoinSet::new();
+    // Before anything else: what runs here already.
+    readopt(&shared, &mut tasks);
+    tasks.spawn(write_outbox(shared.clone(), updates_rx));
+    tasks.spawn(relay(shared.clone()));
+    tasks.spawn(registrar(shared.clone()));
+    tasks.spawn(heartbeats(shared.clone()));
+    tasks.spawn(poll_assignments(shared.clone()));
+    tasks.spawn(ticker(shared.clone()));
+    let app = crate::logs::router(shared.layout.clone());
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        };
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::error!(error = %e, "log server failed");
+        }
+    });
+
+    shutdown.await;
+    tracing::info!("agent stopping; executors keep running");
+    let _ = stop_tx.send(true);
+    tasks.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    Ok(())
+}
+
+fn restore_last_contact(data_dir: &Path) -> Instant {
+    let now = Instant::now();
+    let saved: Option<u64> = std::fs::read_to_string(data_dir.join("last-contact"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
+    match saved {
+        Some(ms) => {
+            let ago = Duration::from_millis(now_ms().saturating_sub(ms));
+            now.checked_sub(ago).unwrap_or(now)
+        }
+        None => now,
+    }
+}
+
+fn record_contact(shared: &Shared) {
+    *lock(&shared.last_contact) = Instant::now();
+    let path = shared.cfg.data_dir.join("last-contact");
+    if let Err(e) = write_atomic(&path, now_ms().to_string().as_bytes(), false) {
+        tracing::warn!(error = %e, "could not record the last master contact");
+    }
+}
+
+// ---------------------------------------------------------------- re-adoption
+
+/// Scans the sandbox root: live executors are re-adopted, ended tasks reported once,
+/// orphans cleaned up and reported LOST. Nothing is ever started here.
+fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
+    let ids = match shared.layout.list() {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::error!(root = %shared.layout.root().display(), error = %e, "cannot scan the sandbox root");
+            return;
+        }
+    };
+    for id in ids {
+        let meta = shared.layout.read_meta(&id);
+        if let Some(verdict) = shared.layout.read_final(&id) {
+            hold_terminal(
+                shared,
+                &id,
+                verdict.state,
+                verdict.timestamp_ms,
+                meta.exclusive,
+            );
+            let _ = shared.updates_tx.send(verdict);
+            continue;
+        }
+        let status = shared.layout.read_status(&id);
+        let live = executor::socket_is_live(&shared.layout.socket(&id))
+            || meta
+                .executor_pid
+                .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name));
+        match classify(live, status.clone()) {
+            Found::Live => {
+                tracing::info!(task_id = %id, "re-adopting running executor");
+                let rx = hold_live(shared, &id, status.map(|s| s.state), meta.exclusive);
+                set.spawn(watch_task(shared.clone(), id, None, rx));
+            }
+            Found::Ended(s) => {
+                tracing::info!(task_id = %id, state = %s.state, "task ended while the agent was away");
+                hold_terminal(shared, &id, s.state, s.timestamp_ms, meta.exclusive);
+                let _ = shared.updates_tx.send(update_from_status(&s));
+            }
+            Found::Orphaned(s) => {
+                tracing::warn!(task_id = %id, "executor gone before its task ended; cleaning up");
+                let rx = hold_live(shared, &id, s.map(|s| s.state), meta.exclusive);
+                drop(rx);
+                let shared = shared.clone();
+                set.spawn(async move { executor_lost(&shared, &id, 0).await });
+            }
+        }
+    }
+}
+
+fn hold_live(
+    shared: &Shared,
+    id: &str,
+    state: Option<TaskState>,
+    exclusive: bool,
+) -> mpsc::UnboundedReceiver<ExitReason> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut t = lock(&shared.tasks);
+    t.local.insert(
+        id.to_string(),
+        LocalTask {
+            state: state.unwrap_or(TaskState::Assigned),
+            kill_requested: false,
+            exclusive,
+        },
+    );
+    t.killers.insert(id.to_string(), tx);
+    rx
+}
+
+fn hold_terminal(shared: &Shared, id: &str, state: TaskState, at_ms: u64, exclusive: bool) {
+    let mut t = lock(&shared.tasks);
+    t.local.insert(
+        id.to_string(),
+        LocalTask {
+            state,
+            kill_requested: false,
+            exclusive,
+        },
+    );
+    t.terminal_at.insert(id.to_string(), at_ms);
+}
+
+// ---------------------------------------------------------------- executors
+
+/// Starts the executor of a new task, then watches it.
+async fn start_task(
+    shared: Arc<Shared>,
+    assignment: Assignment,
+    kill_rx: mpsc::UnboundedReceiver<ExitReason>,
+) {
+    let id = assignment.task.task_id.clone();
+    if shared.layout.drover_dir(&id).exists() {
+        // A sandbox exists: the task ran or runs here. Never start a second copy.
+        tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
+        return watch_task(shared, id, None, kill_rx).await;
+    }
+    let spawned = {
+        let exec = shared.exec.clone();
+        let layout = shared.layout.clone();
+        exec.spawn(&layout, &assignment)
+    };
+    match spawned {
+        Ok(child) => {
+            tracing::debug!(task_id = %id, pid = ?child.id(), "executor started");
+            watch_task(shared, id, Some(child), kill_rx).await
+        }
+        Err(e) => {
+            tracing::error!(task_id = %id, error = %e, "could not start executor");
+            let seq = lock(&shared.outbox).last_seq(&id) + 1;
+            let update = StatusUpdate {
+                task_id: id.clone(),
+                seq,
+                state: TaskState::Failed,
+                exit_reason: Some(ExitReason::SandboxSetupFailed {
+                    error: e.to_string(),
+                }),
+                message: e.to_string(),
+                timestamp_ms: now_ms(),
+                processes: vec![],
+            };
+            finish(&shared, update);
+        }
+    }
+}
+
+/// Records and reports an agent-decided final status.
+fn finish(shared: &Shared, update: StatusUpdate) {
+    if shared.layout.drover_dir(&update.task_id).is_dir() {
+        if let Err(e) = shared.layout.write_final(&update) {
+            tracing::warn!(task_id = %update.task_id, error = %e, "could not record final status in the sandbox");
+        }
+    }
+    lock(&shared.tasks).killers.remove(&update.task_id);
+    let _ = shared.updates_tx.send(update);
+}
+
+/// Follows one executor: subscribes to its statuses (reconnecting when the socket
+/// drops), forwards kill requests, and when the executor is gone decides between its
+/// checkpointed terminal status and LOST.
+async fn watch_task(
+    shared: Arc<Shared>,
+    id: String,
+    child: Option<tokio::process::Child>,
+    mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
+) {
+    let socket = shared.layout.socket(&id);
+    let child_exited = child.map(|mut child| {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            let _ = tx.send(true);
+        });
+        rx
+    });
+    let is_alive = |shared: &Shared| match &child_exited {
+        Some(rx) => !*rx.borrow(),
+        None => shared
+            .layout
+            .read_meta(&id)
+            .executor_pid
+            .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name)),
+    };
+    let mut last = lock(&shared.outbox).last_seq(&id);
+    let mut pending_kill: Option<ExitReason> = None;
+    let mut delay = Duration::from_millis(1);
+    'connect: loop {
+        let mut lines = match executor::subscribe(&socket, last).await {
+            Ok(lines) => lines,
+            Err(e) => {
+                while let Ok(r) = kill_rx.try_recv() {
+                    pending_kill = Some(r);
+                }
+                if is_alive(&shared) {
+                    // Starting up (no socket yet) or between connections.
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                    continue 'connect;
+                }
+                tracing::debug!(task_id = %id, error = %e, "executor unreachable and not running");
+                break 'connect;
+            }
+        };
+        delay = Duration::from_millis(1);
+        if let Some(reason) = pending_kill.take() {
+            if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
+                tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
+                pending_kill = Some(reason);
+            }
+        }
+        loop {
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        let Some(status) = executor::parse_status(&line) else {
+                            tracing::warn!(task_id = %id, line, "unreadable status line from executor");
+                            continue;
+                        };
+                        if status.seq <= last {
+                            continue;
+                        }
+                        last = status.seq;
+                        let terminal = status.state.is_terminal();
+                        let _ = shared.updates_tx.send(update_from_status(&status));
+                        if terminal {
+                            lock(&shared.tasks).killers.remove(&id);
+                            return;
+                        }
+                    }
+                    Ok(None) | Err(_) => continue 'connect,
+                },
+                Some(reason) = kill_rx.recv() => {
+                    if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
+                        tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
+                        pending_kill = Some(reason);
+                        continue 'connect;
+                    }
+                }
+            }
+        }
+    }
+    // The executor is gone. Its checkpoint says whether the task ended.
+    match shared.layout.read_status(&id) {
+        Some(s) if s.state.is_terminal() => {
+            if s.seq > last {
+                let _ = shared.updates_tx.send(update_from_status(&s));
+            }
+            lock(&shared.tasks).killers.remove(&id);
+        }
+        _ => executor_lost(&shared, &id, last).await,
+    }
+}
+
+/// The executor died before its task ended: kill what is left, report LOST.
+async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
+    if let Err(e) = shared.exec.cleanup(&shared.layout, id).await {
+        tracing::error!(task_id = %id, error = %e, "cleanup after executor loss failed");
+    }
+    let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
+    let known = lock(&shared.outbox).last_seq(id);
+    let seq = last_seen.max(checkpoint).max(known) + 1;
+    tracing::warn!(task_id = %id, seq, "reporting task LOST: executor lost");
+    finish(
+        shared,
+        StatusUpdate {
+            task_id: id.to_string(),
+            seq,
+            state: TaskState::Lost,
+            exit_reason: Some(ExitReason::ExecutorLost),
+            message: "executor lost; what remained of the task was killed".into(),
+            timestamp_ms: now_ms(),
+            processes: vec![],
+        },
+    );
+}
+
+fn request_kill(t: &mut Tasks, task_id: &str, reason: ExitReason) {
+    if let Some(local) = t.local.get_mut(task_id) {
+        local.kill_requested = true;
+    }
+    if let Some(tx) = t.killers.get(task_id) {
+        let _ = tx.send(reason);
+    }
+}
+
+/// Converges on a new assignment set.
+fn apply(
+    shared: &Arc<Shared>,
+    set: &AssignmentSet,
+) -> Vec<(Assignment, mpsc::UnboundedReceiver<ExitReason>)> {
+    let mut starts = Vec::new();
+    let mut reports = Vec::new();
+    {
+        let mut t = lock(&shared.tasks);
+        for a in &set.assignments {
+            if let Some(local) = t.local.get_mut(&a.task.task_id) {
+                local.exclusive = a.exclusive;
+            }
+        }
+        t.desired = Some(
+            set.assignments
+                .iter()
+                .map(|a| a.task.task_id.clone())
+                .collect(),
+        );
+        for action in converge(set, &t.local) {
+            match action {
+                Action::Start(a) => {
+                    let id = a.task.task_id.clone();
+                    if !is_valid_name(&id) {
+                        tracing::error!(task_id = %id, "refusing a task id that is not a valid name");
+                        t.local.insert(
+                            id.clone(),
+                            LocalTask {
+                                state: TaskState::Failed,
+                                kill_requested: false,
+                                exclusive: a.exclusive,
+                            },
+                        );
+                        t.terminal_at.insert(id.clone(), now_ms());
+                        reports.push((
+                            id,
+                            TaskState::Failed,
+                            ExitReason::SandboxSetupFailed {
+                                error: "task id is not a valid name ([A-Za-z0-9_.-], 1-64 chars)"
+                                    .into(),
+                            },
+                        ));
+                        continue;
+                    }
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    t.local.insert(id.clone(), LocalTask::starting(a.exclusive));
+                    t.killers.insert(id, tx);
+                    starts.push((*a, rx));
+                }
+                Action::Kill {
+                    task_id,
+                    reason,
+                    cause,
+                } => {
+                    tracing::info!(%task_id, ?cause, %reason, "killing task");
+                    request_kill(&mut t, &task_id, reason);
+                }
+                Action::ReportKilled { task_id, reason } => {
+                    t.local.insert(
+                        task_id.clone(),
+                        LocalTask {
+                            state: TaskState::Killed,
+                            kill_requested: true,
+                            exclusive: false,
+                        },
+                    );
+                    t.terminal_at.insert(task_id.clone(), now_ms());
+                    reports.push((task_id, TaskState::Killed, reason));
+                }
+            }
+        }
+    }
+    for (task_id, state, reason) in reports {
+        let seq = lock(&shared.outbox).last_seq(&task_id) + 1;
+        let _ = shared.updates_tx.send(StatusUpdate {
+            task_id,
+            seq,
+            state,
+            message: reason.to_string(),
+            exit_reason: Some(reason),
+            timestamp_ms: now_ms(),
+            processes: vec![],
+        });
+    }
+    shared.applied_version.store(set.version, Ordering::SeqCst);
+    starts
+}
+
+// ---------------------------------------------------------------- outbox and relay
+
+/// Writes updates to the outbox in batches (one fsync per batch), then updates the
+/// local view and wakes the relay.
+async fn write_outbox(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<StatusUpdate>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(u) = rx.try_recv() {
+            batch.push(u);
+        }
+        loop {
+            let outbox = shared.outbox.clone();
+            let b = batch.clone();
+            match tokio::task::spawn_blocking(move || lock(&outbox).put(b)).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => tracing::error!(error = %e, "outbox write failed; retrying"),
+                Err(e) => tracing::error!(error = %e, "outbox writer panicked; retrying"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        {
+            let mut t = lock(&shared.tasks);
+            for u in &batch {
+                let became_terminal = match t.local.get_mut(&u.task_id) {
+                    Some(local) if !local.state.is_terminal() => {
+                        local.state = u.state;
+                        u.state.is_terminal()
+                    }
+                    _ => false,
+                };
+                if became_terminal {
+                    t.terminal_at.insert(u.task_id.clone(), now_ms());
+                }
+            }
+        }
+        shared.relay.notify_one();
+    }
+}
+
+/// Sends what the outbox holds to the master, deleting what it acknowledges;
+/// retries with backoff while the master is unreachable.
+async fn relay(shared: Arc<Shared>) {
+    let mut epoch = shared.epoch.subscribe();
+    let _ = epoch.wait_for(|e| *e > 0).await;
+    let mut backoff = Backoff::new(shared.cfg.max_backoff);
+    loop {
+        let batch = lock(&shared.outbox).pending(RELAY_BATCH);
+        if batch.is_empty() {
+            shared.relay.notified().await;
+            continue;
+        }
+        let body = StatusUpdateBatch { updates: batch };
+        match shared.client.updates(&shared.agent_id, &body).await {
+            Ok(ack) => {
+                let outbox = shared.outbox.clone();
+                let acked = ack.acked;
+                let res = tokio::task::spawn_blocking(move || {
+                    let mut ob = lock(&outbox);
+                    ob.ack(&acked)?;
+                    Ok::<bool, OutboxError>(
+                        body.updates
+                            .iter()
+                            .any(|u| ob.is_pending(&u.task_id, u.seq)),
+                    )
+                })
+                .await;
+                match res {
+                    Ok(Ok(false)) => backoff.reset(),
+                    Ok(Ok(true)) => {
+                        tracing::warn!("master did not acknowledge every update; retrying later");
+                        tokio::time::sleep(backoff.step()).await;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "recording an acknowledgement failed");
+                        tokio::time::sleep(backoff.step()).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "ack task panicked");
+                        tokio::time::sleep(backoff.step()).await;
+                    }
+                }
+            }
+            Err(e) => {
+                if matches!(e, MasterError::UnknownAgent { .. }) {
+                    shared.reregister.notify_one();
+                }
+                tracing::warn!(error = %e, pending = body.updates.len(), "relaying status updates failed; retrying");
+                tokio::time::sleep(backoff.step()).await;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- master
+
+/// Registers, and again whenever the master asks.
+async fn registrar(shared: Arc<Shared>) {
+    let mut backoff = Backoff::new(shared.cfg.max_backoff);
+    loop {
+        let req = RegisterRequest {
+            protocol_version: PROTOCOL_VERSION,
+            agent_id: shared.agent_id.clone(),
+            hostname: shared.cfg.hostname.clone(),
+            address: shared.address.clone(),
+            resources: AgentResources {
+                cpu: shared.cfg.cpu,
+                ram_bytes: shared.cfg.ram_bytes,
+                disk_bytes: shared.cfg.disk_bytes,
+                port_range: shared.cfg.port_range,
+            },
+            attributes: shared.cfg.attributes.clone(),
+        };
+        match shared.client.register(&req).await {
+            Ok(resp) => {
+                backoff.reset();
+                record_contact(&shared);
+                shared
+                    .heartbeat_ms
+                    .store(resp.heartbeat_interval_ms.max(10), Ordering::SeqCst);
+                shared.epoch.send_modify(|e| *e += 1);
+                tracing::info!(agent_id = %shared.agent_id, heartbeat_ms = resp.heartbeat_interval_ms, "registered with the master");
+                shared.reregister.notified().await;
+                tracing::info!("registering again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "registration failed; retrying");
+                tokio::time::sleep(backoff.step()).await;
+            }
+        }
+    }
+}
+
+fn heartbeat_request(shared: &Shared, full: bool) -> HeartbeatRequest {
+    let (digest, held): (u64, Vec<(String, TaskState)>) = {
+        let t = lock(&shared.tasks);
+        let digest = task_set_digest(held_task_ids(&t.local));
+        let held = if full {
+            t.local
+                .iter()
+                .map(|(id, l)| (id.clone(), l.state))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (digest, held)
+    };
+    let tasks = full.then(|| {
+        let ob = lock(&shared.outbox);
+        held.into_iter()
+            .map(|(task_id, state)| AgentTaskReport {
+                seq: ob.last_seq(&task_id),
+                task_id,
+                state,
+            })
+            .collect()
+    });
+    HeartbeatRequest {
+        task_digest: digest,
+        assignments_version: shared.applied_version.load(Ordering::SeqCst),
+        tasks,
+    }
+}
+
+/// Heartbeats every interval; sends the full task set when the master asks.
+async fn heartbeats(shared: Arc<Shared>) {
+    let mut epoch = shared.epoch.subscribe();
+    let _ = epoch.wait_for(|e| *e > 0).await;
+    epoch.borrow_and_update();
+    let mut full = true;
+    loop {
+        let req = heartbeat_request(&shared, full);
+        let sent_full = full;
+        full = false;
+        match shared.client.heartbeat(&shared.agent_id, &req).await {
+            Ok(resp) => {
+                record_contact(&shared);
+                if resp.reregister {
+                    shared.reregister.notify_one();
+                    let _ = epoch.changed().await;
+                    full = true;
+                    continue;
+                }
+                if resp.send_full_task_set {
+                    full = true;
+                    if !sent_full {
+                        continue;
+                    }
+                }
+            }
+            Err(MasterError::UnknownAgent { message }) => {
+                tracing::warn!(message, "master does not know this agent");
+                shared.reregister.notify_one();
+                let _ = epoch.changed().await;
+                full = true;
+                continue;
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+        let interval = Duration::from_millis(shared.heartbeat_ms.load(Ordering::SeqCst));
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = epoch.changed() => full = true,
+        }
+    }
+}
+
+/// Long-polls the assignment set and converges on each one.
+async fn poll_assignments(shared: Arc<Shared>) {
+    let mut epoch = shared.epoch.subscribe();
+    let _ = epoch.wait_for(|e| *e > 0).await;
+    epoch.borrow_and_update();
+    let mut version = 0u64;
+    let mut backoff = Backoff::new(shared.cfg.max_backoff);
+    loop {
+        let got = tokio::select! {
+            r = shared.client.assignments(&shared.agent_id, version, shared.cfg.poll_wait) => r,
+            _ = epoch.changed() => {
+                // Registered again: ask for the whole set at once.
+                version = 0;
+                continue;
+            }
+        };
+        match got {
+            Ok(set) => {
+                backoff.reset();
+                version = set.version;
+                for (assignment, kill_rx) in apply(&shared, &set) {
+                    tokio::spawn(start_task(shared.clone(), assignment, kill_rx));
+                }
+            }
+            Err(MasterError::UnknownAgent { message }) => {
+                tracing::warn!(message, "master does not know this agent");
+                shared.reregister.notify_one();
+                tokio::time::sleep(backoff.step()).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "polling assignments failed; retrying");
+                tokio::time::sleep(backoff.step()).await;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- lease and GC
+
+/// Checks the exclusive-task lease and collects old sandboxes.
+async fn ticker(shared: Arc<Shared>) {
+    let gc_every =
+        (shared.cfg.sandbox_retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let mut next_gc = Instant::now() + gc_every;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let since = lock(&shared.last_contact).elapsed();
+        {
+            let mut t = lock(&shared.tasks);
+            for action in lease_kills(&t.local, since, shared.cfg.lease) {
+                if let Action::Kill {
+                    task_id, reason, ..
+                } = action
+                {
+                    tracing::warn!(%task_id, since_ms = since.as_millis() as u64, "master unreachable past the lease: killing exclusive task");
+                    request_kill(&mut t, &task_id, reason);
+                }
+            }
+        }
+        if Instant::now() >= next_gc {
+            next_gc = Instant::now() + gc_every;
+            collect_sandboxes(&shared).await;
+        }
+    }
+}
+
+/// Removes sandboxes of terminal tasks that left the assignment set more than the
+/// retention period ago and have nothing left to relay.
+async fn collect_sandboxes(shared: &Arc<Shared>) {
+    let retention_ms = shared.cfg.sandbox_retention.as_millis() as u64;
+    let now = now_ms();
+    let candidates: Vec<String> = {
+        let t = lock(&shared.tasks);
+        let Some(desired) = &t.desired else { return };
+        t.local
+            .iter()
+            .filter(|(id, l)| {
+                l.state.is_terminal()
+                    && !desired.contains(*id)
+                    && !t.killers.contains_key(*id)
+                    && t.terminal_at
+                        .get(*id)
+                        .is_some_and(|at| at + retention_ms <= now)
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    for id in candidates {
+        if lock(&shared.outbox).has_pending_for(&id) {
+            continue;
+        }
+        let dir = shared.layout.sandbox(&id);
+        let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await;
+        match removed {
+            Ok(Ok(())) => {
+                tracing::info!(task_id = %id, "sandbox removed after retention");
+                {
+                    let mut t = lock(&shared.tasks);
+                    t.local.remove(&id);
+                    t.terminal_at.remove(&id);
+                }
+                lock(&shared.outbox).forget(&id);
+            }
+            Ok(Err(e)) => tracing::warn!(task_id = %id, error = %e, "could not remove sandbox"),
+            Err(e) => tracing::warn!(task_id = %id, error = %e, "sandbox removal panicked"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_id_is_created_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create_agent_id(dir.path(), "host.example").unwrap();
+        let b = load_or_create_agent_id(dir.path(), "other").unwrap();
+        assert_eq!(a, b);
+        assert!(a.starts_with("host-example-"), "{a}");
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let mut b = Backoff::new(Duration::from_millis(300));
+        let steps: Vec<u128> = (0..5).map(|_| b.step().as_millis()).collect();
+        assert_eq!(steps, vec![50, 100, 200, 300, 300]);
+        b.reset();
+        assert_eq!(b.step(), Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,371 @@
+//! The master's configuration: a TOML file whose keys mirror the command-line flags,
+//! flags overriding the file, defaults from Aurora and Mesos. Validation names the
+//! field at fault so the main can exit 64 with a useful message.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use clap::Parser;
+use drover_common::units::Duration;
+use serde::Deserialize;
+
+use crate::core::CoreConfig;
+
+/// Command-line flags of `drover-master`; each overrides the TOML key of the same
+/// name (with `_` for `-`).
+#[derive(Clone, Debug, Default, Parser)]
+#[command(
+    name = "drover-master",
+    version,
+    about = "Drover's master: stores jobs, schedules tasks, serves the admin and agent APIs"
+)]
+pub struct Args {
+    /// TOML config file; flags override its keys.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on (`127.0.0.1:0` picks a free port; see <data_dir>/master.addr).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Where the store (drover.db) and master.addr live.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// A task that ran shorter than this is flapping and is replaced THROTTLED.
+    #[arg(long, value_name = "DURATION")]
+    pub flapping_threshold: Option<String>,
+    /// First THROTTLED penalty; doubles per consecutive flap.
+    #[arg(long, value_name = "DURATION")]
+    pub throttle_initial: Option<String>,
+    /// Largest THROTTLED penalty.
+    #[arg(long, value_name = "DURATION")]
+    pub throttle_max: Option<String>,
+    /// ASSIGNED or STARTING longer than this becomes LOST and is replaced.
+    #[arg(long, value_name = "DURATION")]
+    pub transient_state_timeout: Option<String>,
+    /// An agent silent this long is unreachable.
+    #[arg(long, value_name = "DURATION")]
+    pub agent_timeout: Option<String>,
+    /// How often agents heartbeat (told to them at registration).
+    #[arg(long, value_name = "DURATION")]
+    pub heartbeat_interval: Option<String>,
+    /// Terminal tasks kept per instance.
+    #[arg(long, value_name = "N")]
+    pub task_history_limit: Option<usize>,
+    /// Period of implicit reconciliation with every agent.
+    #[arg(long, value_name = "DURATION")]
+    pub reconcile_interval: Option<String>,
+    /// First retry delay of explicit reconciliation (doubles per round).
+    #[arg(long, value_name = "DURATION")]
+    pub reconcile_backoff_initial: Option<String>,
+    /// Largest retry delay of explicit reconciliation.
+    #[arg(long, value_name = "DURATION")]
+    pub reconcile_backoff_max: Option<String>,
+    /// After a master start, nothing is replaced because of an agent that has not
+    /// come back until this passed (default: 2 x agent_timeout).
+    #[arg(long, value_name = "DURATION")]
+    pub restart_grace: Option<String>,
+    /// How long an agent keeps exclusive tasks without the master (must match the
+    /// agents' lease).
+    #[arg(long, value_name = "DURATION")]
+    pub exclusive_lease: Option<String>,
+    /// How long a task may be missing from an agent's task set before it is LOST.
+    #[arg(long, value_name = "DURATION")]
+    pub missing_grace: Option<String>,
+}
+
+/// The TOML file; every key optional.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    flapping_threshold: Option<String>,
+    throttle_initial: Option<String>,
+    throttle_max: Option<String>,
+    transient_state_timeout: Option<String>,
+    agent_timeout: Option<String>,
+    heartbeat_interval: Option<String>,
+    task_history_limit: Option<usize>,
+    reconcile_interval: Option<String>,
+    reconcile_backoff_initial: Option<String>,
+    reconcile_backoff_max: Option<String>,
+    restart_grace: Option<String>,
+    exclusive_lease: Option<String>,
+    missing_grace: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub core: CoreConfig,
+}
+
+/// A configuration problem, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Field {
+        field: &'static str,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The field at fault, if one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Field { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// Defaults.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// Default data dir.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/drover-master";
+
+fn duration(
+    field: &'static str,
+    text: Option<String>,
+    default_ms: u64,
+) -> Result<u64, ConfigError> {
+    match text {
+        None => Ok(default_ms),
+        Some(t) => Duration::from_str(&t)
+            .map(|d| d.get().as_millis() as u64)
+            .map_err(|e| ConfigError::Field {
+                field,
+                message: e.to_string(),
+            }),
+    }
+}
+
+impl Config {
+    /// Reads the file named by `args.config` (if any) and applies the flags over it.
+    pub fn load(args: Args) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Config::merge(args, file)
+    }
+
+    fn merge(args: Args, file: FileConfig) -> Result<Config, ConfigError> {
+        let d = CoreConfig::default();
+        let listen_text = args
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| ConfigError::Field {
+            field: "listen",
+            message: format!("`{listen_text}` is not an address; write host:port, e.g. 127.0.0.1:7070 (port 0 picks a free one)"),
+        })?;
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        if data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::Field {
+                field: "data_dir",
+                message: "is empty; give a directory, e.g. /var/lib/drover-master".to_string(),
+            });
+        }
+        let agent_timeout_ms = duration(
+            "agent_timeout",
+            args.agent_timeout.or(file.agent_timeout),
+            d.agent_timeout_ms,
+        )?;
+        let core = CoreConfig {
+            flapping_threshold_ms: duration(
+                "flapping_threshold",
+                args.flapping_threshold.or(file.flapping_threshold),
+                d.flapping_threshold_ms,
+            )?,
+            throttle_initial_ms: duration(
+                "throttle_initial",
+                args.throttle_initial.or(file.throttle_initial),
+                d.throttle_initial_ms,
+            )?,
+            throttle_max_ms: duration(
+                "throttle_max",
+                args.throttle_max.or(file.throttle_max),
+                d.throttle_max_ms,
+            )?,
+            transient_timeout_ms: duration(
+                "transient_state_timeout",
+                args.transient_state_timeout
+                    .or(file.transient_state_timeout),
+                d.transient_timeout_ms,
+            )?,
+            agent_timeout_ms,
+            heartbeat_interval_ms: duration(
+                "heartbeat_interval",
+                args.heartbeat_interval.or(file.heartbeat_interval),
+                d.heartbeat_interval_ms,
+            )?,
+            task_history_limit: args
+                .task_history_limit
+                .or(file.task_history_limit)
+                .unwrap_or(d.task_history_limit),
+            reconcile_interval_ms: duration(
+                "reconcile_interval",
+                args.reconcile_interval.or(file.reconcile_interval),
+                d.reconcile_interval_ms,
+            )?,
+            reconcile_backoff_initial_ms: duration(
+                "reconcile_backoff_initial",
+                args.reconcile_backoff_initial
+                    .or(file.reconcile_backoff_initial),
+                d.reconcile_backoff_initial_ms,
+            )?,
+            reconcile_backoff_max_ms: duration(
+                "reconcile_backoff_max",
+                args.reconcile_backoff_max.or(file.reconcile_backoff_max),
+                d.reconcile_backoff_max_ms,
+            )?,
+            restart_grace_ms: duration(
+                "restart_grace",
+                args.restart_grace.or(file.restart_grace),
+                2 * agent_timeout_ms,
+            )?,
+            exclusive_lease_ms: duration(
+                "exclusive_lease",
+                args.exclusive_lease.or(file.exclusive_lease),
+                d.exclusive_lease_ms,
+            )?,
+            missing_grace_ms: duration(
+                "missing_grace",
+                args.missing_grace.or(file.missing_grace),
+                d.missing_grace_ms,
+            )?,
+        };
+        validate(&core)?;
+        Ok(Config {
+            listen,
+            data_dir,
+            core,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn positive(field: &'static str, ms: u64) -> Result<(), ConfigError> {
+    if ms == 0 {
+        Err(ConfigError::Field {
+            field,
+            message: "must be longer than 0, e.g. 5s".to_string(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
+    positive("throttle_initial", c.throttle_initial_ms)?;
+    positive("throttle_max", c.throttle_max_ms)?;
+    positive("transient_state_timeout", c.transient_timeout_ms)?;
+    positive("agent_timeout", c.agent_timeout_ms)?;
+    positive("heartbeat_interval", c.heartbeat_interval_ms)?;
+    positive("reconcile_interval", c.reconcile_interval_ms)?;
+    positive("reconcile_backoff_initial", c.reconcile_backoff_initial_ms)?;
+    positive("reconcile_backoff_max", c.reconcile_backoff_max_ms)?;
+    positive("exclusive_lease", c.exclusive_lease_ms)?;
+    if c.throttle_initial_ms > c.throttle_max_ms {
+        return Err(ConfigError::Field {
+            field: "throttle_initial",
+            message: "is longer than throttle_max; make it shorter or raise throttle_max"
+                .to_string(),
+        });
+    }
+    if c.reconcile_backoff_initial_ms > c.reconcile_backoff_max_ms {
+        return Err(ConfigError::Field {
+            field: "reconcile_backoff_initial",
+            message: "is longer than reconcile_backoff_max; make it shorter".to_string(),
+        });
+    }
+    if c.heartbeat_interval_ms * 2 > c.agent_timeout_ms {
+        return Err(ConfigError::Field {
+            field: "agent_timeout",
+            message: format!(
+                "must be at least twice heartbeat_interval ({} ms) so one lost heartbeat does not mark an agent unreachable",
+                c.heartbeat_interval_ms
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> Args {
+        Args::default()
+    }
+
+    #[test]
+    fn defaults_follow_aurora_and_grace_is_twice_the_agent_timeout() {
+        let c = Config::merge(args(), FileConfig::default()).unwrap();
+        assert_eq!(c.core.flapping_threshold_ms, 300_000);
+        assert_eq!(c.core.throttle_initial_ms, 30_000);
+        assert_eq!(c.core.restart_grace_ms, 2 * c.core.agent_timeout_ms);
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn flags_override_file_keys() {
+        let file: FileConfig =
+            toml::from_str("agent_timeout = \"20s\"\nlisten = \"127.0.0.1:1\"").unwrap();
+        let mut a = args();
+        a.listen = Some("127.0.0.1:0".to_string());
+        let c = Config::merge(a, file).unwrap();
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.core.agent_timeout_ms, 20_000);
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let mut a = args();
+        a.agent_timeout = Some("soon".to_string());
+        let e = Config::merge(a, FileConfig::default()).unwrap_err();
+        assert_eq!(e.field(), Some("agent_timeout"));
+        let mut a = args();
+        a.listen = Some("nowhere".to_string());
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("listen")
+        );
+        let mut a = args();
+        a.heartbeat_interval = Some("10s".to_string());
+        a.agent_timeout = Some("5s".to_string());
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("agent_timeout")
+        );
+    }
+
+    #[test]
+    fn unknown_file_keys_are_rejected() {
+        assert!(toml::from_str::<FileConfig>("agent_timeuot = \"5s\"").is_err());
+    }
+}

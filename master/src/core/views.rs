@@ -1,0 +1,162 @@
+//! Read-only views of the core for the admin API and the agents' assignment sets
+//! (pure: built from the in-memory state).
+
+use std::collections::BTreeMap;
+
+use drover_common::state::{DesiredState, TaskState};
+use drover_common::wire::{
+    AgentResources, AgentView, Assignment, AssignmentSet, ExecutorTask, InstanceView, JobSummary,
+    JobView, TaskView,
+};
+
+use super::{Core, Job, Task};
+
+impl Core {
+    /// GET /v1/tasks/{id}.
+    pub fn task_view(&self, id: &str) -> Option<TaskView> {
+        self.tasks.get(id).map(task_view)
+    }
+
+    fn state_counts(&self, job: &Job) -> BTreeMap<TaskState, u32> {
+        let mut counts = BTreeMap::new();
+        for slot in &job.slots {
+            if let Some(t) = slot.current.as_ref().and_then(|id| self.tasks.get(id)) {
+                *counts.entry(t.status.state).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    /// GET /v1/jobs/{key}.
+    pub fn job_view(&self, key: &str) -> Option<JobView> {
+        let job = self.jobs.get(key)?;
+        let instances = job
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| InstanceView {
+                instance: i as u32,
+                current: slot
+                    .current
+                    .as_ref()
+                    .and_then(|id| self.tasks.get(id))
+                    .map(task_view),
+                history: slot
+                    .history
+                    .iter()
+                    .rev()
+                    .filter_map(|id| self.tasks.get(id))
+                    .map(task_view)
+                    .collect(),
+            })
+            .collect();
+        Some(JobView {
+            key: job.key.clone(),
+            spec: job.spec.as_ref().clone(),
+            created_ms: job.created_ms,
+            state_counts: self.state_counts(job),
+            instances,
+        })
+    }
+
+    /// GET /v1/jobs[?role=R], sorted by key.
+    pub fn job_summaries(&self, role: Option<&str>) -> Vec<JobSummary> {
+        self.jobs
+            .values()
+            .filter(|j| role.is_none_or(|r| j.spec.role == r))
+            .map(|j| JobSummary {
+                key: j.key.clone(),
+                instances: j.spec.instances,
+                service: j.spec.service,
+                state_counts: self.state_counts(j),
+            })
+            .collect()
+    }
+
+    /// GET /v1/agents, sorted by id.
+    pub fn agent_views(&self) -> Vec<AgentView> {
+        let mut out: Vec<AgentView> = self
+            .agents
+            .iter()
+            .map(|a| {
+                let r = &a.rec.resources;
+                AgentView {
+                    agent_id: a.rec.id.clone(),
+                    hostname: a.rec.hostname.clone(),
+                    address: a.rec.address.clone(),
+                    reachable: a.reachable,
+                    last_heartbeat_ms: a.rec.last_heartbeat_ms,
+                    attributes: a.rec.attributes.clone(),
+                    resources: r.clone(),
+                    free: AgentResources {
+                        cpu: a.cpu_milli.saturating_sub(a.used_cpu_milli) as f64 / 1000.0,
+                        ram_bytes: r.ram_bytes.saturating_sub(a.used_ram),
+                        disk_bytes: r.disk_bytes.saturating_sub(a.used_disk),
+                        port_range: r.port_range,
+                    },
+                    tasks: a.tasks.iter().cloned().collect(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        out
+    }
+
+    /// The agent's assignment set: every non-terminal task placed on it.
+    pub fn assignment_set(&self, agent: &str) -> Option<AssignmentSet> {
+        let idx = *self.agent_idx.get(agent)?;
+        let a = &self.agents[idx as usize];
+        let assignments = a
+            .tasks
+            .iter()
+            .filter_map(|id| {
+                let t = self.tasks.get(id)?;
+                let job = self.jobs.get(&t.job)?;
+                let spec = &job.spec;
+                Some(Assignment {
+                    desired: t.desired,
+                    kill_reason: match t.desired {
+                        DesiredState::Shutdown => t.kill_reason.clone(),
+                        DesiredState::Running => None,
+                    },
+                    exclusive: spec.partition_policy.exclusive,
+                    task: ExecutorTask {
+                        task_id: t.id.clone(),
+                        role: spec.role.clone(),
+                        environment: spec.environment.clone(),
+                        name: spec.name.clone(),
+                        instance: t.instance,
+                        task: spec.task.clone(),
+                        health_check: spec.health_check.clone(),
+                        lifecycle: spec.lifecycle.clone(),
+                        ports: t.ports.iter().cloned().collect(),
+                    },
+                })
+            })
+            .collect();
+        Some(AssignmentSet {
+            version: a.rec.version,
+            assignments,
+        })
+    }
+}
+
+fn task_view(t: &Task) -> TaskView {
+    TaskView {
+        task_id: t.id.clone(),
+        job: t.job.clone(),
+        instance: t.instance,
+        state: t.status.state,
+        desired: t.desired,
+        exit_reason: t.status.exit_reason.clone(),
+        agent_id: t.agent.clone(),
+        ports: t.ports.iter().cloned().collect(),
+        pending_reason: if t.status.state == TaskState::Pending {
+            t.pending_reason.clone()
+        } else {
+            None
+        },
+        events: t.status.events.clone(),
+        processes: t.processes.clone(),
+    }
+}

@@ -1,0 +1,508 @@
+//! The admin and agent HTTP APIs (axum), as documented in docs/api.md: bounded JSON
+//! bodies, JSON errors with codes, and the agents' assignment long poll that only
+//! ever serves committed placements.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use drover_common::parse::parse_job_json;
+use drover_common::wire::{
+    self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, InstancesRequest, RegisterRequest,
+    StatusUpdateBatch,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::core::{CoreError, Event, Reply};
+use crate::runtime::{ApplyError, Master};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Deepest accepted JSON nesting.
+pub const MAX_JSON_DEPTH: usize = 64;
+/// Default and largest long-poll wait.
+const DEFAULT_WAIT_MS: u64 = 30_000;
+const MAX_WAIT_MS: u64 = 120_000;
+
+type Shared = Arc<Master>;
+
+/// An API error response.
+#[derive(Debug)]
+pub struct ApiErr {
+    status: StatusCode,
+    body: ApiErrorBody,
+}
+
+impl ApiErr {
+    fn new(
+        status: StatusCode,
+        code: &str,
+        message: impl Into<String>,
+        field: Option<&str>,
+    ) -> ApiErr {
+        ApiErr {
+            status,
+            body: ApiErrorBody {
+                error: ApiError {
+                    code: code.to_string(),
+                    message: message.into(),
+                    field: field.map(str::to_string),
+                    details: Vec::new(),
+                },
+            },
+        }
+    }
+
+    fn not_found(what: &str, field: &str) -> ApiErr {
+        ApiErr::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no {what}"),
+            Some(field),
+        )
+    }
+}
+
+impl IntoResponse for ApiErr {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<ApplyError> for ApiErr {
+    fn from(e: ApplyError) -> ApiErr {
+        match e {
+            ApplyError::StoreFailed => ApiErr::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_failed",
+                e.to_string(),
+                None,
+            ),
+            ApplyError::Core(c) => c.into(),
+        }
+    }
+}
+
+impl From<CoreError> for ApiErr {
+    fn from(e: CoreError) -> ApiErr {
+        let msg = e.to_string();
+        match e {
+            CoreError::JobExists(_) => {
+                ApiErr::new(StatusCode::CONFLICT, "job_exists", msg, Some("name"))
+            }
+            CoreError::NoJob(_) => {
+                ApiErr::new(StatusCode::NOT_FOUND, "not_found", msg, Some("job"))
+            }
+            CoreError::BadInstances { .. } => ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_instances",
+                msg,
+                Some("instances"),
+            ),
+            CoreError::UnknownAgent(_) => {
+                ApiErr::new(StatusCode::NOT_FOUND, "not_found", msg, Some("agent_id"))
+            }
+            CoreError::Protocol { .. } => ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "unsupported_protocol",
+                msg,
+                Some("protocol_version"),
+            ),
+            CoreError::BadConstraint { ref attribute, .. } => {
+                let field = format!("constraints.{attribute}");
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
+            }
+        }
+    }
+}
+
+/// Every route of the master.
+pub fn router(master: Shared) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/jobs", post(create_job).get(list_jobs))
+        .route("/v1/jobs/:role/:env/:name", get(get_job))
+        .route("/v1/jobs/:role/:env/:name/kill", post(kill_job))
+        .route("/v1/jobs/:role/:env/:name/restart", post(restart_job))
+        .route("/v1/tasks/:id", get(get_task))
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/agents/register", post(register))
+        .route("/v1/agents/:id/heartbeat", post(heartbeat))
+        .route("/v1/agents/:id/assignments", get(assignments))
+        .route("/v1/agents/:id/updates", post(updates))
+        .fallback(|| async {
+            ApiErr::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such path; see docs/api.md for the API",
+                None,
+            )
+        })
+        .with_state(master)
+}
+
+/// Reads a bounded body as text, rejecting deep nesting.
+async fn read_body(body: Body) -> Result<String, ApiErr> {
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            ApiErr::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+                None,
+            )
+        })?;
+    let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body is not UTF-8",
+            None,
+        )
+    })?;
+    check_depth(&text)?;
+    Ok(text)
+}
+
+/// Rejects JSON nested deeper than `MAX_JSON_DEPTH`.
+pub fn check_depth(text: &str) -> Result<(), ApiErr> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_JSON_DEPTH {
+                    return Err(ApiErr::new(
+                        StatusCode::BAD_REQUEST,
+                        "too_deep",
+                        format!("the JSON nests deeper than {MAX_JSON_DEPTH} levels; flatten it"),
+                        None,
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, ApiErr> {
+    let text = read_body(body).await?;
+    serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not the expected JSON: {e}"),
+            None,
+        )
+    })
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    (status, Json(value)).into_response()
+}
+
+async fn create_job(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let text = read_body(body).await?;
+    let spec = parse_job_json(&text).map_err(|errs| {
+        let first = errs.errors.first().cloned().unwrap_or(FieldError {
+            field: String::new(),
+            message: "invalid job spec".to_string(),
+        });
+        ApiErr {
+            status: StatusCode::BAD_REQUEST,
+            body: ApiErrorBody {
+                error: ApiError {
+                    code: "invalid_spec".to_string(),
+                    message: errs.to_string(),
+                    field: (!first.field.is_empty()).then_some(first.field),
+                    details: errs.errors,
+                },
+            },
+        }
+    })?;
+    match m.apply(Event::CreateJob(Box::new(spec))).await? {
+        Reply::JobCreated { job, tasks } => Ok(json(
+            StatusCode::CREATED,
+            &serde_json::json!({ "job": job, "tasks": tasks }),
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unexpected(reply: Reply) -> ApiErr {
+    ApiErr::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        format!("unexpected core reply {reply:?}; this is a bug"),
+        None,
+    )
+}
+
+async fn list_jobs(State(m): State<Shared>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let role = q.get("role").map(String::as_str);
+    json(StatusCode::OK, &m.read(|c| c.job_summaries(role)))
+}
+
+fn key_of(role: &str, env: &str, name: &str) -> String {
+    format!("{role}/{env}/{name}")
+}
+
+async fn get_job(
+    State(m): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let key = key_of(&role, &env, &name);
+    m.read(|c| c.job_view(&key))
+        .map(|v| json(StatusCode::OK, &v))
+        .ok_or_else(|| ApiErr::not_found(&format!("job {key}"), "job"))
+}
+
+async fn instances_from(body: Body) -> Result<Option<Vec<u32>>, ApiErr> {
+    let text = read_body(body).await?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let req: Option<InstancesRequest> = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"instances\": \"0-3,7\"}}: {e}"),
+            None,
+        )
+    })?;
+    match req.and_then(|r| r.instances) {
+        None => Ok(None),
+        Some(text) => wire::parse_instance_set(&text).map(Some).map_err(|e| {
+            ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_instances",
+                e,
+                Some("instances"),
+            )
+        }),
+    }
+}
+
+async fn kill_job(
+    State(m): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let instances = instances_from(body).await?;
+    let job = key_of(&role, &env, &name);
+    match m.apply(Event::Kill { job, instances }).await? {
+        Reply::Action(a) => Ok(json(StatusCode::OK, &a)),
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn restart_job(
+    State(m): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let instances = instances_from(body).await?;
+    let job = key_of(&role, &env, &name);
+    match m.apply(Event::Restart { job, instances }).await? {
+        Reply::Action(a) => Ok(json(StatusCode::OK, &a)),
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn get_task(State(m): State<Shared>, Path(id): Path<String>) -> Result<Response, ApiErr> {
+    m.read(|c| c.task_view(&id))
+        .map(|v| json(StatusCode::OK, &v))
+        .ok_or_else(|| ApiErr::not_found(&format!("task {id}"), "task_id"))
+}
+
+async fn list_agents(State(m): State<Shared>) -> Response {
+    json(StatusCode::OK, &m.read(|c| c.agent_views()))
+}
+
+async fn register(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req: RegisterRequest = read_json(body).await?;
+    if !drover_common::spec::is_valid_name(&req.agent_id) {
+        return Err(ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "agent_id must be 1-64 of A-Z a-z 0-9 _ . -",
+            Some("agent_id"),
+        ));
+    }
+    match m.apply(Event::Register(Box::new(req))).await? {
+        Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn heartbeat(
+    State(m): State<Shared>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let request: HeartbeatRequest = read_json(body).await?;
+    match m.apply(Event::Heartbeat { agent: id, request }).await? {
+        Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn updates(
+    State(m): State<Shared>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let batch: StatusUpdateBatch = read_json(body).await?;
+    match m
+        .apply(Event::Updates {
+            agent: id,
+            updates: batch.updates,
+        })
+        .await?
+    {
+        Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiErr> {
+    match q.get(name) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| {
+            ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("{name} must be a whole number, got `{v}`"),
+                Some(name),
+            )
+        }),
+    }
+}
+
+async fn assignments(
+    State(m): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let after = query_u64(&q, "after_version")?;
+    let wait_ms = query_u64(&q, "wait_ms")?
+        .unwrap_or(DEFAULT_WAIT_MS)
+        .min(MAX_WAIT_MS);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut rx = m.notifier().subscribe(&id);
+    loop {
+        rx.borrow_and_update();
+        let committed = m.commit_state().committed();
+        let ready = m.read(|c| {
+            let (version, change_seq) = c.agent_version(&id).ok_or_else(|| {
+                ApiErr::not_found(&format!("agent {id}: register first"), "agent_id")
+            })?;
+            let changed = after != Some(version);
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            if change_seq <= committed && (changed || timed_out) {
+                Ok::<_, ApiErr>(c.assignment_set(&id))
+            } else {
+                Ok(None)
+            }
+        })?;
+        if let Some(set) = ready {
+            return Ok(json(StatusCode::OK, &set));
+        }
+        if m.commit_state().failed() {
+            return Err(ApplyError::StoreFailed.into());
+        }
+        tokio::select! {
+            r = rx.changed() => {
+                if r.is_err() {
+                    return Err(ApplyError::StoreFailed.into());
+                }
+            }
+            _ = tokio::time::sleep_until(deadline), if tokio::time::Instant::now() < deadline => {}
+        }
+    }
+}
+
+async fn index(State(m): State<Shared>) -> Response {
+    let (jobs, agents) = m.read(|c| (c.job_summaries(None), c.agent_views()));
+    let mut html = String::from(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
+         <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
+         td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head><body>\
+         <h1>Drover</h1><h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+    );
+    for j in &jobs {
+        let states: Vec<String> = j
+            .state_counts
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            j.instances,
+            if j.service { "service" } else { "batch" },
+            escape(&states.join(", ")),
+            k = escape(&j.key),
+        );
+    }
+    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
+    for a in &agents {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{} MiB</td><td>{}</td></tr>",
+            escape(&a.agent_id),
+            escape(&a.hostname),
+            a.reachable,
+            a.free.cpu,
+            a.free.ram_bytes / (1024 * 1024),
+            a.tasks.len()
+        );
+    }
+    html.push_str("</table></body></html>");
+    ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting_beyond_the_limit_is_rejected_but_brackets_in_strings_are_not() {
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        assert_eq!(check_depth(&deep).unwrap_err().body.error.code, "too_deep");
+        let ok = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        assert!(check_depth(&ok).is_ok());
+        let s = format!("\"{}\"", "[".repeat(100));
+        assert!(check_depth(&s).is_ok());
+        assert!(check_depth(r#"{"a":"\"[[[["}"#).is_ok());
+    }
+}

@@ -1,0 +1,59 @@
+//! `drover-master`: tracing, config (exit 64 naming the field on bad config), run
+//! until SIGTERM or SIGINT, then stop accepting, flush the store and exit 0.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use drover_master::{Args, Config};
+use tokio::signal::unix::{signal, SignalKind};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = match Config::load(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drover-master: bad config: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drover-master: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+                _ = int.recv() => tracing::info!("SIGINT: stopping"),
+            }
+        };
+        drover_master::run(config, shutdown)
+            .await
+            .map_err(std::io::Error::other)
+    });
+    match result {
+        Ok(()) => {
+            tracing::info!("stopped; the store is flushed");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("drover-master: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

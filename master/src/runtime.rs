@@ -1,0 +1,307 @@
+//! The thin runtime around the pure core: one lock around the core, effects executed
+//! in order (store batches handed to the group-commit writer under the lock, so the
+//! store sees them in seq order), callers answered after their batch committed, one
+//! timer task that ticks the core when its earliest timer is due, and the HTTP
+//! server with shutdown passed in.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use drover_common::state::UnixMillis;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::core::{Core, CoreError, Effect, Event, Reply};
+use crate::store::{CommitState, Notifier, SqliteStore, Store, StoreError, Writer, DB_FILE};
+
+/// The wall clock in milliseconds since the epoch.
+pub fn now_ms() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Why an event could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Core(#[from] CoreError),
+    #[error("the store failed; the master is stopping: retry against the restarted master")]
+    StoreFailed,
+}
+
+/// Why the master could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot create the data dir {path}: {source}")]
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}; pick another --listen address")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    AddrFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("http server failed: {0}")]
+    Serve(std::io::Error),
+    #[error("the store failed while running; restart the master to reload the committed state")]
+    StoreFailed,
+}
+
+struct Inner {
+    core: Core,
+    writer: Writer,
+}
+
+/// The master's shared state: the core behind a lock plus the commit machinery.
+pub struct Master {
+    inner: Mutex<Inner>,
+    commit: Arc<CommitState>,
+    notifier: Arc<Notifier>,
+    timer: watch::Sender<Option<UnixMillis>>,
+}
+
+impl Master {
+    /// Wraps a core and a writer.
+    pub fn new(core: Core, writer: Writer) -> Arc<Master> {
+        let next = core.next_wake();
+        Arc::new(Master {
+            commit: writer.state.clone(),
+            notifier: writer.notifier.clone(),
+            inner: Mutex::new(Inner { core, writer }),
+            timer: watch::channel(next).0,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves the core as it was at that point;
+        // keep serving rather than poisoning every later request.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the core under the lock.
+    pub fn read<R>(&self, f: impl FnOnce(&Core) -> R) -> R {
+        f(&self.lock().core)
+    }
+
+    /// Long-poll wake-ups.
+    pub fn notifier(&self) -> &Notifier {
+        &self.notifier
+    }
+
+    /// Commit progress.
+    pub fn commit_state(&self) -> &CommitState {
+        &self.commit
+    }
+
+    /// Applies an event and answers once everything it changed is committed.
+    pub async fn apply(&self, event: Event) -> Result<Reply, ApplyError> {
+        if self.commit.failed() {
+            return Err(ApplyError::StoreFailed);
+        }
+        let (reply, seq) = {
+            let mut inner = self.lock();
+            let out = inner.core.handle(event, now_ms());
+            let mut notify = Vec::new();
+            let mut persist = None;
+            for e in out.effects {
+                match e {
+                    Effect::Persist { seq, changes } => persist = Some((seq, changes)),
+                    Effect::Notify { agent } => notify.push(agent),
+                    Effect::WakeAt(at) => {
+                        self.timer.send_if_modified(|cur| {
+                            let changed = *cur != Some(at);
+                            *cur = Some(at);
+                            changed
+                        });
+                    }
+                }
+            }
+            match persist {
+                Some((seq, changes)) => inner.writer.submit(seq, changes, notify),
+                None => {
+                    let seq = inner.core.seq();
+                    inner.writer.wake_now(&notify, seq);
+                }
+            }
+            (out.reply, inner.core.seq())
+        };
+        self.wait_committed(seq).await?;
+        Ok(reply?)
+    }
+
+    /// Waits until batch `seq` is committed.
+    pub async fn wait_committed(&self, seq: u64) -> Result<(), ApplyError> {
+        let mut rx = self.commit.subscribe();
+        loop {
+            if self.commit.failed() {
+                return Err(ApplyError::StoreFailed);
+            }
+            if self.commit.committed() >= seq {
+                return Ok(());
+            }
+            if rx.changed().await.is_err() {
+                return Err(ApplyError::StoreFailed);
+            }
+        }
+    }
+
+    /// Ticks the core whenever its earliest timer is due, until `shutdown`.
+    pub async fn run_timers(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        let mut rx = self.timer.subscribe();
+        tokio::pin!(shutdown);
+        loop {
+            let next = *rx.borrow_and_update();
+            let wait_ms = match next {
+                Some(at) => at.saturating_sub(now_ms()),
+                None => 1_000,
+            };
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = rx.changed() => continue,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait_ms)) => {
+                    if let Err(e) = self.apply(Event::Tick).await {
+                        tracing::error!(error = %e, "timer tick failed");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the writer after it committed what is queued.
+    pub fn close(&self) {
+        self.lock().writer.close();
+    }
+}
+
+/// Opens the store in `data_dir`, loads it and starts the writer.
+pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| RunError::DataDir {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    let mut store = SqliteStore::open(&config.data_dir.join(DB_FILE))?;
+    let started = std::time::Instant::now();
+    let snapshot = store.load()?;
+    let (jobs, tasks, agents) = (
+        snapshot.jobs.len(),
+        snapshot.tasks.len(),
+        snapshot.agents.len(),
+    );
+    let core = Core::load(config.core.clone(), snapshot, now_ms(), seed);
+    tracing::info!(
+        jobs,
+        tasks,
+        agents,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "loaded the store"
+    );
+    let writer = Writer::start(Box::new(store), 0);
+    Ok(Master::new(core, writer))
+}
+
+/// Writes `addr` to `<data_dir>/master.addr` atomically (tmp + rename).
+pub fn write_addr_file(data_dir: &Path, addr: SocketAddr) -> Result<(), RunError> {
+    let path = data_dir.join("master.addr");
+    let tmp = data_dir.join(".master.addr.tmp");
+    let err = |source| RunError::AddrFile {
+        path: path.clone(),
+        source,
+    };
+    std::fs::write(&tmp, format!("{addr}\n")).map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(err)?;
+    Ok(())
+}
+
+/// A seed for task ids that differs between runs.
+pub fn seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Runs the master on `listener` until `shutdown` resolves: serves HTTP, fires
+/// timers, then stops accepting, lets requests finish and flushes the store.
+pub async fn serve(
+    master: Arc<Master>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let app = crate::http::router(master.clone());
+    let timers = {
+        let mut rx = stop_rx.clone();
+        tokio::spawn(master.clone().run_timers(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }))
+    };
+    let mut failed_rx = master.commit_state().subscribe();
+    let failed_master = master.clone();
+    let store_failed = async move {
+        loop {
+            if failed_master.commit_state().failed() {
+                return;
+            }
+            if failed_rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = store_failed => {}
+        }
+        let _ = stop_tx.send(true);
+    };
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(RunError::Serve);
+    let _ = timers.await;
+    let failed = master.commit_state().failed();
+    let m = master.clone();
+    let _ = tokio::task::spawn_blocking(move || m.close()).await;
+    result?;
+    if failed {
+        return Err(RunError::StoreFailed);
+    }
+    Ok(())
+}
+
+/// Opens the store, binds, writes master.addr and serves until `shutdown`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let master = open(&config, seed())?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| RunError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    write_addr_file(&config.data_dir, addr)?;
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
+    serve(master, listener, shutdown).await
+}

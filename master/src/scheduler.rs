@@ -1,0 +1,317 @@
+//! Pure placement: PENDING tasks onto agents with enough free cpu, ram, disk and
+//! ports, honouring value constraints, `limit:N` per attribute value, dedicated hosts
+//! and the implicit one-per-host of services. Fast paths: candidate agents are
+//! precomputed per job from an attribute index, each job keeps a rotating cursor so
+//! the next task starts at the last good agent, and once one task of a job does not
+//! fit, its identical siblings are not tried again in the same pass.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use drover_common::spec::Constraint;
+use drover_common::state::{TaskState, UnixMillis};
+
+use crate::core::{Agent, Core, Job, Need};
+
+/// Per-pass counts of a job's active tasks per (limit attribute, value).
+type LimitCounts = Vec<HashMap<String, u32>>;
+
+impl Core {
+    /// Places every queued PENDING task that fits; the others get a reason and wait
+    /// until capacity changes.
+    pub(crate) fn schedule(&mut self, now: UnixMillis) {
+        if self.take_capacity_changed() && !self.blocked.is_empty() {
+            let blocked = std::mem::take(&mut self.blocked);
+            for (_, id) in blocked {
+                self.queue.push_back(id);
+            }
+        }
+        if self.queue.is_empty() {
+            return;
+        }
+        self.rebuild_index_if_dirty();
+        let mut failed: HashMap<String, Rc<str>> = HashMap::new();
+        let mut limits: HashMap<String, LimitCounts> = HashMap::new();
+        while let Some(id) = self.queue.pop_front() {
+            let Some(task) = self.tasks.get(&id) else {
+                continue;
+            };
+            if task.status.state != TaskState::Pending {
+                continue;
+            }
+            let job_key = task.job.clone();
+            if let Some(reason) = failed.get(&job_key) {
+                let reason = reason.clone();
+                self.set_pending_reason(&id, &reason, now);
+                continue;
+            }
+            if !limits.contains_key(&job_key) {
+                let counts = self.limit_counts(&job_key);
+                limits.insert(job_key.clone(), counts);
+            }
+            let Some(counts) = limits.get_mut(&job_key) else {
+                continue;
+            };
+            let Some(job) = self.jobs.get_mut(&job_key) else {
+                continue;
+            };
+            let found = find_agent(
+                &self.agents,
+                &self.attr_index,
+                &self.open_agents,
+                self.index_gen,
+                job,
+                counts,
+            );
+            match found {
+                Ok(idx) => {
+                    let need = job.need;
+                    let names = job.spec.task.resources.ports.clone();
+                    for ((attr, _), per_value) in
+                        job.constraints.limits.iter().zip(counts.iter_mut())
+                    {
+                        if let Some(v) = self.agents[idx as usize].attr(attr) {
+                            *per_value.entry(v.to_string()).or_insert(0) += 1;
+                        }
+                    }
+                    let agent = &mut self.agents[idx as usize];
+                    agent.used_cpu_milli += need.cpu_milli;
+                    agent.used_ram += need.ram;
+                    agent.used_disk += need.disk;
+                    let ports = take_ports(agent, &names);
+                    self.place(&id, idx, ports, now);
+                }
+                Err(reason) => {
+                    let reason: Rc<str> = Rc::from(reason);
+                    self.set_pending_reason(&id, &reason, now);
+                    failed.insert(job_key, reason);
+                }
+            }
+        }
+    }
+
+    /// Counts the job's tasks on agents per value of each limit attribute.
+    fn limit_counts(&self, job_key: &str) -> LimitCounts {
+        let Some(job) = self.jobs.get(job_key) else {
+            return Vec::new();
+        };
+        let mut counts: LimitCounts = vec![HashMap::new(); job.constraints.limits.len()];
+        if counts.is_empty() {
+            return counts;
+        }
+        for slot in &job.slots {
+            for id in slot.current.iter().chain(slot.history.iter()) {
+                let Some(t) = self.tasks.get(id) else {
+                    continue;
+                };
+                if !t.status.state.is_on_agent() {
+                    continue;
+                }
+                let Some(&idx) = t.agent.as_ref().and_then(|a| self.agent_idx.get(a)) else {
+                    continue;
+                };
+                let agent = &self.agents[idx as usize];
+                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
+                    if let Some(v) = agent.attr(attr) {
+                        *per_value.entry(v.to_string()).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        counts
+    }
+}
+
+/// The agents a job may use at all (value constraints and dedicated hosts).
+fn candidates_for(
+    agents: &[Agent],
+    attr_index: &HashMap<String, HashMap<String, Vec<u32>>>,
+    open: &Arc<Vec<u32>>,
+    job: &Job,
+) -> Arc<Vec<u32>> {
+    let c = &job.constraints;
+    if c.values.is_empty() {
+        return open.clone();
+    }
+    // Start from the buckets of the first positive value constraint, else all open.
+    let positive = c
+        .values
+        .iter()
+        .find(|(_, v)| matches!(v, Constraint::Value { negated: false, .. }));
+    let mut list: Vec<u32> = match positive {
+        Some((attr, Constraint::Value { values, .. })) => {
+            let mut l: Vec<u32> = values
+                .iter()
+                .filter_map(|v| attr_index.get(attr).and_then(|m| m.get(v)))
+                .flatten()
+                .copied()
+                .collect();
+            l.sort_unstable();
+            l.dedup();
+            l
+        }
+        _ => open.as_ref().clone(),
+    };
+    list.retain(|&i| {
+        let a = &agents[i as usize];
+        if !c.names_dedicated && a.rec.attributes.contains_key("dedicated") {
+            return false;
+        }
+        c.values
+            .iter()
+            .all(|(attr, cons)| cons.allows_value(a.attr(attr)))
+    });
+    Arc::new(list)
+}
+
+/// Why one agent cannot take the job's next task, if it cannot.
+fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option<Misfit> {
+    if !agent.reachable {
+        return Some(Misfit::Unreachable);
+    }
+    if agent.used_cpu_milli + need.cpu_milli > agent.cpu_milli {
+        return Some(Misfit::Cpu);
+    }
+    if agent.used_ram + need.ram > agent.rec.resources.ram_bytes {
+        return Some(Misfit::Ram);
+    }
+    if agent.used_disk + need.disk > agent.rec.resources.disk_bytes {
+        return Some(Misfit::Disk);
+    }
+    if need.ports > 0 && agent.used_ports.len() as u32 + need.ports > agent.port_count() {
+        return Some(Misfit::Ports);
+    }
+    for (i, ((attr, n), per_value)) in job.constraints.limits.iter().zip(counts).enumerate() {
+        match agent.attr(attr) {
+            None => return Some(Misfit::NoAttribute(i)),
+            Some(v) => {
+                if per_value.get(v).copied().unwrap_or(0) >= *n {
+                    return Some(Misfit::Limit(i));
+                }
+            }
+        }
+    }
+    None
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Misfit {
+    Unreachable,
+    Cpu,
+    Ram,
+    Disk,
+    Ports,
+    Limit(usize),
+    NoAttribute(usize),
+}
+
+/// Finds an agent for the job's next task, or says why there is none.
+fn find_agent(
+    agents: &[Agent],
+    attr_index: &HashMap<String, HashMap<String, Vec<u32>>>,
+    open: &Arc<Vec<u32>>,
+    index_gen: u64,
+    job: &mut Job,
+    counts: &LimitCounts,
+) -> Result<u32, String> {
+    let cands = match &job.candidates {
+        Some((gen, list)) if *gen == index_gen => list.clone(),
+        _ => {
+            let list = candidates_for(agents, attr_index, open, job);
+            job.candidates = Some((index_gen, list.clone()));
+            list
+        }
+    };
+    let n = cands.len();
+    let need = job.need;
+    if n > 0 {
+        let start = job.cursor % n;
+        for step in 0..n {
+            let pos = (start + step) % n;
+            let idx = cands[pos];
+            if misfit(&agents[idx as usize], &need, job, counts).is_none() {
+                job.cursor = pos;
+                return Ok(idx);
+            }
+        }
+    }
+    Err(explain(agents, &cands, &need, job, counts))
+}
+
+/// "insufficient ram on 12 agents; rack limit reached on 3".
+fn explain(
+    agents: &[Agent],
+    cands: &[u32],
+    need: &Need,
+    job: &Job,
+    counts: &LimitCounts,
+) -> String {
+    if agents.is_empty() {
+        return "no agents registered".to_string();
+    }
+    let mut tally: Vec<(Misfit, u32)> = Vec::new();
+    for &idx in cands {
+        if let Some(m) = misfit(&agents[idx as usize], need, job, counts) {
+            match tally.iter_mut().find(|(k, _)| *k == m) {
+                Some(e) => e.1 += 1,
+                None => tally.push((m, 1)),
+            }
+        }
+    }
+    tally.sort_by_key(|(m, n)| (std::cmp::Reverse(*n), format!("{m:?}")));
+    let mut parts: Vec<String> = tally
+        .into_iter()
+        .map(|(m, n)| {
+            let what = match m {
+                Misfit::Unreachable => "agent unreachable".to_string(),
+                Misfit::Cpu => "insufficient cpu".to_string(),
+                Misfit::Ram => "insufficient ram".to_string(),
+                Misfit::Disk => "insufficient disk".to_string(),
+                Misfit::Ports => "insufficient ports".to_string(),
+                Misfit::Limit(i) => format!("{} limit reached", job.constraints.limits[i].0),
+                Misfit::NoAttribute(i) => {
+                    format!("no {} attribute", job.constraints.limits[i].0)
+                }
+            };
+            format!("{what} on {n} agent{}", if n == 1 { "" } else { "s" })
+        })
+        .collect();
+    let excluded = agents.len() - cands.len();
+    if excluded > 0 {
+        parts.push(format!(
+            "constraints not met on {excluded} agent{}",
+            if excluded == 1 { "" } else { "s" }
+        ));
+    }
+    if parts.is_empty() {
+        "no agent fits".to_string()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// Picks free ports for the named ports, rotating through the agent's range.
+fn take_ports(agent: &mut Agent, names: &[String]) -> Vec<(String, u16)> {
+    let (lo, hi) = agent.rec.resources.port_range;
+    let mut out = Vec::with_capacity(names.len());
+    if names.is_empty() || hi < lo {
+        return out;
+    }
+    let mut p = agent.next_port.clamp(lo, hi);
+    for name in names {
+        let mut tries = u32::from(hi - lo) + 1;
+        while agent.used_ports.contains(&p) && tries > 0 {
+            p = if p >= hi { lo } else { p + 1 };
+            tries -= 1;
+        }
+        if tries == 0 {
+            break; // cannot happen: the fit check counted free ports
+        }
+        agent.used_ports.insert(p);
+        out.push((name.clone(), p));
+        p = if p >= hi { lo } else { p + 1 };
+    }
+    agent.next_port = p;
+    out
+}

@@ -1,0 +1,441 @@
+//! Durable state: the `Store` trait (load everything at start, commit batches of
+//! changes atomically), its SQLite implementation (WAL, synchronous=FULL) and the
+//! group-commit writer: one thread drains every pending batch, commits them in one
+//! transaction, then publishes the committed sequence number and wakes the agents
+//! whose assignment sets changed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::watch;
+
+use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task};
+
+/// The file name of the SQLite database inside the data dir.
+pub const DB_FILE: &str = "drover.db";
+const SCHEMA_VERSION: i64 = 1;
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "cannot open the store at {path}: {source}; check the data dir exists and is writable"
+    )]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("store {op} failed: {source}")]
+    Sql {
+        op: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("stored {what} {key} is not valid JSON: {source}")]
+    Decode {
+        what: &'static str,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("cannot encode {what} {key}: {source}")]
+    Encode {
+        what: &'static str,
+        key: String,
+        source: serde_json::Error,
+    },
+    #[error("the store's schema version is {found}; this master reads version {SCHEMA_VERSION}: use a matching drover-master")]
+    Schema { found: i64 },
+}
+
+/// Where the master keeps its state. Implementations commit a batch atomically.
+pub trait Store: Send + 'static {
+    /// Everything stored.
+    fn load(&mut self) -> Result<Snapshot, StoreError>;
+    /// Applies the changes in one transaction, in order (later ones win).
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError>;
+}
+
+/// The embedded SQLite store in `<data_dir>/drover.db`.
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sql { op, source }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(open_err)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS jobs (
+                key TEXT PRIMARY KEY, spec TEXT NOT NULL, created_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS tasks (
+                id TEXT PRIMARY KEY, job TEXT NOT NULL, instance INTEGER NOT NULL,
+                state TEXT NOT NULL, desired TEXT NOT NULL, agent TEXT, record TEXT NOT NULL);
+             CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job, instance);
+             CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+        )
+        .map_err(open_err)?;
+        let found: Option<String> = conn
+            .query_row(
+                "SELECT value FROM meta WHERE key = 'schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(open_err)?;
+        match found.map(|v| v.parse::<i64>().unwrap_or(-1)) {
+            None => {
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    params![SCHEMA_VERSION.to_string()],
+                )
+                .map_err(open_err)?;
+            }
+            Some(SCHEMA_VERSION) => {}
+            Some(found) => return Err(StoreError::Schema { found }),
+        }
+        Ok(SqliteStore { conn })
+    }
+}
+
+impl Store for SqliteStore {
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        let mut snap = Snapshot::default();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key, spec, created_ms FROM jobs")
+            .map_err(sql("load jobs"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })
+            .map_err(sql("load jobs"))?;
+        for row in rows {
+            let (key, spec, created) = row.map_err(sql("load jobs"))?;
+            let spec = serde_json::from_str(&spec).map_err(|source| StoreError::Decode {
+                what: "job",
+                key: key.clone(),
+                source,
+            })?;
+            snap.jobs.push(JobRecord {
+                key,
+                spec,
+                created_ms: created as u64,
+            });
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, record FROM tasks")
+            .map_err(sql("load tasks"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("load tasks"))?;
+        for row in rows {
+            let (id, record) = row.map_err(sql("load tasks"))?;
+            let task: Task =
+                serde_json::from_str(&record).map_err(|source| StoreError::Decode {
+                    what: "task",
+                    key: id,
+                    source,
+                })?;
+            snap.tasks.push(task);
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, record FROM agents")
+            .map_err(sql("load agents"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("load agents"))?;
+        for row in rows {
+            let (id, record) = row.map_err(sql("load agents"))?;
+            let agent: AgentRecord =
+                serde_json::from_str(&record).map_err(|source| StoreError::Decode {
+                    what: "agent",
+                    key: id,
+                    source,
+                })?;
+            snap.agents.push(agent);
+        }
+        Ok(snap)
+    }
+
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        // Later changes to the same row win: keep only the last of each.
+        let mut seen: HashSet<(u8, &str)> = HashSet::new();
+        let mut keep = vec![false; changes.len()];
+        for (i, c) in changes.iter().enumerate().rev() {
+            let key = match c {
+                Change::PutJob(_, key, _) | Change::DeleteJob(key) => (0, key.as_str()),
+                Change::PutTask(t) => (1, t.id.as_str()),
+                Change::DeleteTask(id) => (1, id.as_str()),
+                Change::PutAgent(a) => (2, a.id.as_str()),
+            };
+            keep[i] = seen.insert(key);
+        }
+        let tx = self.conn.transaction().map_err(sql("begin"))?;
+        {
+            let mut put_job = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO jobs (key, spec, created_ms) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(sql("prepare"))?;
+            let mut del_job = tx
+                .prepare_cached("DELETE FROM jobs WHERE key = ?1")
+                .map_err(sql("prepare"))?;
+            let mut put_task = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO tasks (id, job, instance, state, desired, agent, record)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(sql("prepare"))?;
+            let mut del_task = tx
+                .prepare_cached("DELETE FROM tasks WHERE id = ?1")
+                .map_err(sql("prepare"))?;
+            let mut put_agent = tx
+                .prepare_cached("INSERT OR REPLACE INTO agents (id, record) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            for (c, _) in changes.iter().zip(&keep).filter(|(_, k)| **k) {
+                match c {
+                    Change::PutJob(spec, key, created) => {
+                        let json = serde_json::to_string(spec.as_ref()).map_err(|source| {
+                            StoreError::Encode {
+                                what: "job",
+                                key: key.clone(),
+                                source,
+                            }
+                        })?;
+                        put_job
+                            .execute(params![key, json, *created as i64])
+                            .map_err(sql("write job"))?;
+                    }
+                    Change::DeleteJob(key) => {
+                        del_job.execute(params![key]).map_err(sql("delete job"))?;
+                    }
+                    Change::PutTask(t) => {
+                        let json = serde_json::to_string(t.as_ref()).map_err(|source| {
+                            StoreError::Encode {
+                                what: "task",
+                                key: t.id.clone(),
+                                source,
+                            }
+                        })?;
+                        let desired = match t.desired {
+                            drover_common::DesiredState::Running => "RUNNING",
+                            drover_common::DesiredState::Shutdown => "SHUTDOWN",
+                        };
+                        put_task
+                            .execute(params![
+                                t.id,
+                                t.job,
+                                t.instance,
+                                t.status.state.as_str(),
+                                desired,
+                                t.agent,
+                                json
+                            ])
+                            .map_err(sql("write task"))?;
+                    }
+                    Change::DeleteTask(id) => {
+                        del_task.execute(params![id]).map_err(sql("delete task"))?;
+                    }
+                    Change::PutAgent(a) => {
+                        let json = serde_json::to_string(a.as_ref()).map_err(|source| {
+                            StoreError::Encode {
+                                what: "agent",
+                                key: a.id.clone(),
+                                source,
+                            }
+                        })?;
+                        put_agent
+                            .execute(params![a.id, json])
+                            .map_err(sql("write agent"))?;
+                    }
+                }
+            }
+        }
+        tx.commit().map_err(sql("commit"))?;
+        Ok(())
+    }
+}
+
+/// One batch from the core: its changes and the agents to wake after the commit.
+struct Batch {
+    seq: u64,
+    changes: Vec<Change>,
+    notify: Vec<String>,
+}
+
+/// Long-poll wake-ups: one watch per agent whose value changes after each commit
+/// that touched the agent's assignment set.
+#[derive(Default)]
+pub struct Notifier {
+    agents: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+impl Notifier {
+    /// A receiver that changes whenever the agent's set changed and was committed.
+    pub fn subscribe(&self, agent: &str) -> watch::Receiver<u64> {
+        let mut map = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(agent.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    fn wake(&self, agent: &str, seq: u64) {
+        let map = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = map.get(agent) {
+            tx.send_replace(seq);
+        }
+    }
+}
+
+/// The committed sequence number and whether the store has failed.
+pub struct CommitState {
+    committed: AtomicU64,
+    failed: AtomicBool,
+    changed: watch::Sender<u64>,
+}
+
+impl CommitState {
+    /// The highest batch seq committed.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// Whether a commit failed (the master must stop: memory is ahead of the disk).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Changes after each commit (and on failure).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
+
+/// The group-commit writer thread.
+pub struct Writer {
+    tx: Option<mpsc::Sender<Batch>>,
+    thread: Option<JoinHandle<()>>,
+    /// Commit progress, shared with waiters.
+    pub state: Arc<CommitState>,
+    /// Long-poll wake-ups, shared with the HTTP layer.
+    pub notifier: Arc<Notifier>,
+}
+
+impl Writer {
+    /// Starts the writer thread over `store`; `committed` is the seq already stored.
+    pub fn start(mut store: Box<dyn Store>, committed: u64) -> Writer {
+        let (tx, rx) = mpsc::channel::<Batch>();
+        let state = Arc::new(CommitState {
+            committed: AtomicU64::new(committed),
+            failed: AtomicBool::new(false),
+            changed: watch::channel(committed).0,
+        });
+        let notifier = Arc::new(Notifier::default());
+        let (st, nt) = (state.clone(), notifier.clone());
+        let thread = std::thread::Builder::new()
+            .name("drover-store".to_string())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut batches = vec![first];
+                    while let Ok(more) = rx.try_recv() {
+                        batches.push(more);
+                    }
+                    let changes: Vec<Change> = batches
+                        .iter_mut()
+                        .flat_map(|b| b.changes.drain(..))
+                        .collect();
+                    if let Err(e) = store.commit(&changes) {
+                        tracing::error!(error = %e, "store commit failed; the master must restart");
+                        st.failed.store(true, Ordering::Release);
+                        st.changed.send_replace(u64::MAX);
+                        return;
+                    }
+                    let last = batches.last().map(|b| b.seq).unwrap_or(0);
+                    st.committed.store(last, Ordering::Release);
+                    st.changed.send_replace(last);
+                    for b in &batches {
+                        for agent in &b.notify {
+                            nt.wake(agent, b.seq);
+                        }
+                    }
+                }
+            });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the store thread");
+                state.failed.store(true, Ordering::Release);
+                None
+            }
+        };
+        Writer {
+            tx: Some(tx),
+            thread,
+            state,
+            notifier,
+        }
+    }
+
+    /// Queues a batch. Call in seq order (under the core's lock).
+    pub fn submit(&self, seq: u64, changes: Vec<Change>, notify: Vec<String>) {
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|tx| {
+                tx.send(Batch {
+                    seq,
+                    changes,
+                    notify,
+                })
+                .is_ok()
+            })
+            .unwrap_or(false);
+        if !sent {
+            self.state.failed.store(true, Ordering::Release);
+            self.state.changed.send_replace(u64::MAX);
+        }
+    }
+
+    /// Wakes agents without a store change.
+    pub fn wake_now(&self, agents: &[String], seq: u64) {
+        for a in agents {
+            self.notifier.wake(a, seq);
+        }
+    }
+
+    /// Commits what is queued and stops the thread.
+    pub fn close(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -19,16 +19,14 @@ pub enum ClientError {
     #[error("`{url}` is not a master address: write e.g. http://127.0.0.1:7070 (--master or DROVER_MASTER)")]
     BadAddress { url: String },
     /// No connection to the master.
-    #[error(
-        "cannot reach the master at {url}: is it running? set --master or DROVER_MASTER ({source})"
-    )]
+    #[error("cannot reach the master at {url}: is it running? set --master or DROVER_MASTER")]
     MasterUnreachable {
         url: String,
         #[source]
         source: reqwest::Error,
     },
     /// No connection to an agent.
-    #[error("cannot reach the agent at {url}: is it running? `drover agent list` shows whether it is reachable ({source})")]
+    #[error("cannot reach the agent at {url}: is it running? `drover agent list` shows whether it is reachable")]
     AgentUnreachable {
         url: String,
         #[source]

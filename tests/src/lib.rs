@@ -1,1 +1,719 @@
-//! Black-box test helpers.
+//! Black-box test harness: starts the real drover-master and drover-agents (which
+//! start real drover-executors) from the workspace's target dir in a temporary
+//! directory, talks to the master's admin API, waits for conditions by polling with
+//! generous timeouts, and kills everything it started when dropped.
+//!
+//! The binaries must be built first: `cargo build --workspace --bins` (CI does).
+//! `DROVER_BIN_DIR` overrides where they are looked for.
+
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use drover_common::state::TaskState;
+use drover_common::wire::{AgentView, JobView, TaskView};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+
+/// Short master timeouts so failures, throttling and replacements show in seconds.
+pub const TEST_MASTER_CONFIG: &str = r#"
+heartbeat_interval = "300ms"
+agent_timeout = "5s"
+flapping_threshold = "3s"
+throttle_initial = "1s"
+throttle_max = "4s"
+transient_state_timeout = "60s"
+restart_grace = "10s"
+"#;
+
+/// How long waits last unless a test says otherwise: generous, for 2 busy cores.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Where the Drover binaries are: `DROVER_BIN_DIR`, else the profile dir this test
+/// binary was built in (`target/debug/deps/..`), else `<workspace>/target/debug`.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DROVER_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let from_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf));
+    if let Some(dir) = from_exe.filter(|d| d.join("drover-master").is_file()) {
+        return dir;
+    }
+    workspace_root().join("target").join("debug")
+}
+
+/// The path of a Drover binary; fails saying how to build it.
+pub fn bin(name: &str) -> anyhow::Result<PathBuf> {
+    let path = bin_dir().join(name);
+    if !path.is_file() {
+        bail!(
+            "{} not found: build the binaries first with cargo build --workspace --bins \
+             (or set DROVER_BIN_DIR)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// True when running as root; else prints why the test is skipped. Task processes
+/// run as the job's role (www-data), which needs root.
+pub fn running_as_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipping {test}: black-box cluster tests need root (task users, cgroups)");
+    false
+}
+
+/// Runs the `drover` CLI with `args` (and `--master url` when given).
+pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
+    let mut command = Command::new(bin("drover")?);
+    command.args(args).env_remove("DROVER_MASTER");
+    if let Some(url) = master {
+        command.env("DROVER_MASTER", url);
+    }
+    command
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run drover")
+}
+
+/// stdout and stderr of a finished command, for assertion messages.
+pub fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A child process killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    /// Starts `command` with its output appended to `log`, in its own process group,
+    /// with SIGKILL as its parent-death signal.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Proc> {
+        let out = File::options().create(true).append(true).open(log)?;
+        let err = out.try_clone()?;
+        command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        kill_with_parent(&mut command);
+        let child = command
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        Ok(Proc {
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            child,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The end of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if !self.is_running() {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[allow(unsafe_code)]
+fn kill_with_parent(command: &mut Command) {
+    // SAFETY: runs in the forked child before exec and only calls
+    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe and allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// What a test cluster looks like.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// One entry per agent: its attributes (`host` is set to `agent-K` unless given).
+    pub agents: Vec<Vec<(String, String)>>,
+    /// The master's TOML config.
+    pub master_config: String,
+}
+
+impl ClusterConfig {
+    /// `n` agents with `host=agent-K` and `rack=rK` (K from 0), the test master config.
+    pub fn agents(n: usize) -> ClusterConfig {
+        ClusterConfig {
+            agents: (0..n)
+                .map(|k| vec![("rack".to_string(), format!("r{k}"))])
+                .collect(),
+            master_config: TEST_MASTER_CONFIG.to_string(),
+        }
+    }
+}
+
+/// Each cluster of this test process gets its own block of ports for its agents.
+static CLUSTERS: AtomicU32 = AtomicU32::new(0);
+
+/// A running master and agents in a temporary directory.
+pub struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    pub url: String,
+    listen: String,
+    master: Option<Proc>,
+    agents: Vec<Proc>,
+    pub sandbox_roots: Vec<PathBuf>,
+    http: reqwest::blocking::Client,
+}
+
+impl Cluster {
+    /// Starts a master and the agents, and waits until every agent is registered.
+    pub fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("drover-bb-").tempdir()?;
+        // Task processes run as www-data: they must be able to reach their sandbox.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        std::fs::write(dir.path().join("master.toml"), &config.master_config)?;
+        for sub in ["master", "logs", "sandboxes"] {
+            std::fs::create_dir_all(dir.path().join(sub))?;
+            std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
+        }
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let mut cluster = Cluster {
+            dir: Some(dir),
+            url: String::new(),
+            listen: "127.0.0.1:0".to_string(),
+            master: None,
+            agents: Vec::new(),
+            sandbox_roots: Vec::new(),
+            http,
+        };
+        cluster.start_master()?;
+        // Ports below the kernel's ephemeral range (32768+), a block per cluster.
+        let block = (std::process::id() * 7 + CLUSTERS.fetch_add(1, Ordering::SeqCst) * 13) % 110;
+        let base = 10_000 + block * 200;
+        let n = config.agents.len() as u32;
+        let per_agent = (200 / n.max(1)).min(50);
+        for (k, attributes) in config.agents.iter().enumerate() {
+            let low = base + k as u32 * per_agent;
+            cluster.start_agent(k, attributes, (low as u16, (low + per_agent - 1) as u16))?;
+        }
+        cluster.wait_for("every agent to register", WAIT, |c| {
+            let agents = c.agents().ok()?;
+            (agents.iter().filter(|a| a.reachable).count() >= config.agents.len()).then_some(())
+        })?;
+        Ok(cluster)
+    }
+
+    /// The cluster's directory: master and agent data, logs, sandboxes.
+    pub fn dir(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map(|d| d.path())
+            .unwrap_or(Path::new("/nonexistent"))
+    }
+
+    fn start_master(&mut self) -> anyhow::Result<()> {
+        let master_dir = self.dir().join("master");
+        let addr_file = master_dir.join("master.addr");
+        let _ = std::fs::remove_file(&addr_file);
+        let mut command = Command::new(bin("drover-master")?);
+        command
+            .arg("--config")
+            .arg(self.dir().join("master.toml"))
+            .arg("--listen")
+            .arg(&self.listen)
+            .arg("--data-dir")
+            .arg(&master_dir)
+            .env("RUST_LOG", "info");
+        let log = self.dir().join("logs/master.log");
+        let mut master = Proc::spawn("drover-master", command, &log)?;
+        let deadline = Instant::now() + WAIT;
+        let addr = loop {
+            if let Ok(text) = std::fs::read_to_string(&addr_file) {
+                if !text.trim().is_empty() {
+                    break text.trim().trim_start_matches("http://").to_string();
+                }
+            }
+            if !master.is_running() || Instant::now() > deadline {
+                bail!("the master did not start; its log:\n{}", master.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.url = format!("http://{addr}");
+        // A restarted master must come back on the same address for the agents.
+        self.listen = addr;
+        self.master = Some(master);
+        self.wait_for("the master to answer /health", WAIT, |c| {
+            let response = c.http.get(format!("{}/health", c.url)).send().ok()?;
+            response.status().is_success().then_some(())
+        })
+    }
+
+    fn start_agent(
+        &mut self,
+        k: usize,
+        attributes: &[(String, String)],
+        ports: (u16, u16),
+    ) -> anyhow::Result<()> {
+        let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
+        std::fs::create_dir_all(&root)?;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+        let mut command = Command::new(bin("drover-agent")?);
+        command
+            .arg("--master")
+            .arg(&self.url)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(self.dir().join(format!("agent-{k}")))
+            .arg("--sandbox-root")
+            .arg(&root)
+            .arg("--executor")
+            .arg(bin("drover-executor")?)
+            .arg("--cpu")
+            .arg("4")
+            .arg("--ram")
+            .arg("4GiB")
+            .arg("--disk")
+            .arg("16GiB")
+            .arg("--ports")
+            .arg(format!("{}-{}", ports.0, ports.1))
+            .env("RUST_LOG", "info");
+        if !attributes.iter().any(|(name, _)| name == "host") {
+            command.arg("--attribute").arg(format!("host=agent-{k}"));
+        }
+        for (name, value) in attributes {
+            command.arg("--attribute").arg(format!("{name}={value}"));
+        }
+        let log = self.dir().join(format!("logs/agent-{k}.log"));
+        self.agents
+            .push(Proc::spawn(&format!("drover-agent {k}"), command, &log)?);
+        self.sandbox_roots.push(root);
+        Ok(())
+    }
+
+    /// Stops the master (SIGTERM) and starts it again on the same address and data.
+    pub fn restart_master(&mut self) -> anyhow::Result<()> {
+        if let Some(mut master) = self.master.take() {
+            master.stop(Duration::from_secs(20));
+        }
+        self.start_master()
+    }
+
+    /// The master's process, e.g. to check it is still running.
+    pub fn master(&mut self) -> Option<&mut Proc> {
+        self.master.as_mut()
+    }
+
+    /// Runs the `drover` CLI against this cluster.
+    pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
+        drover(Some(&self.url), args)
+    }
+
+    /// GET a path of the admin API as T; Err on non-2xx with the body.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let response = self.http.get(format!("{}{path}", self.url)).send()?;
+        let status = response.status();
+        let text = response.text()?;
+        if !status.is_success() {
+            bail!("GET {path}: HTTP {status}: {text}");
+        }
+        serde_json::from_str(&text).with_context(|| format!("GET {path}: cannot read {text}"))
+    }
+
+    /// POST JSON to a path of the admin API; returns the status and the JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()?;
+        let status = response.status().as_u16();
+        let text = response.text()?;
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, value))
+    }
+
+    /// POST /v1/jobs; Err unless 201.
+    pub fn create_job(&self, spec: &Value) -> anyhow::Result<Value> {
+        let (status, body) = self.post("/v1/jobs", spec)?;
+        if status != 201 {
+            bail!("creating the job answered HTTP {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// GET /v1/jobs/{key}.
+    pub fn job(&self, key: &str) -> anyhow::Result<JobView> {
+        self.get(&format!("/v1/jobs/{key}"))
+    }
+
+    /// GET /v1/tasks/{id}.
+    pub fn task(&self, task_id: &str) -> anyhow::Result<TaskView> {
+        self.get(&format!("/v1/tasks/{task_id}"))
+    }
+
+    /// GET /v1/agents.
+    pub fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
+        self.get("/v1/agents")
+    }
+
+    /// Polls `check` every 100 ms until it returns Some, or fails after `timeout`
+    /// naming what it waited for, with the master's and agents' log tails.
+    pub fn wait_for<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Cluster) -> Option<T>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(value) = check(self) {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                return Err(anyhow!(
+                    "timed out after {}s waiting for {what}\n{}",
+                    timeout.as_secs(),
+                    self.diagnostics()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every instance's current task of `key` is in `state`.
+    pub fn wait_for_all(&mut self, key: &str, state: TaskState) -> anyhow::Result<JobView> {
+        let key = key.to_string();
+        self.wait_for(
+            &format!("every instance of {key} to be {state}"),
+            WAIT,
+            move |c| {
+                let view = c.job(&key).ok()?;
+                let all = !view.instances.is_empty()
+                    && view
+                        .instances
+                        .iter()
+                        .all(|i| i.current.as_ref().is_some_and(|t| t.state == state));
+                all.then_some(view)
+            },
+        )
+    }
+
+    /// The end of every daemon's log and the master's view of jobs and agents.
+    pub fn diagnostics(&mut self) -> String {
+        let mut out = String::new();
+        if let Ok(jobs) = self.get::<Value>("/v1/jobs") {
+            out.push_str(&format!("--- jobs: {jobs}\n"));
+            for job in jobs.as_array().into_iter().flatten() {
+                if let Some(key) = job.get("key").and_then(Value::as_str) {
+                    if let Ok(view) = self.get::<Value>(&format!("/v1/jobs/{key}")) {
+                        out.push_str(&format!("--- {key}: {}\n", summarize_job(&view)));
+                    }
+                }
+            }
+        }
+        if let Some(master) = self.master.as_mut() {
+            let state = if master.is_running() {
+                "running"
+            } else {
+                "EXITED"
+            };
+            out.push_str(&format!(
+                "--- master ({state}) log:\n{}\n",
+                master.log_tail()
+            ));
+        }
+        for agent in &mut self.agents {
+            let state = if agent.is_running() {
+                "running"
+            } else {
+                "EXITED"
+            };
+            out.push_str(&format!(
+                "--- {} ({state}) log:\n{}\n",
+                agent.name,
+                agent.log_tail()
+            ));
+        }
+        out
+    }
+
+    /// Kills every executor left in the sandboxes and whatever they ran.
+    fn kill_executors(&self) {
+        let Ok(executor) = bin("drover-executor") else {
+            return;
+        };
+        for root in &self.sandbox_roots {
+            let Ok(entries) = std::fs::read_dir(root) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let sandbox = entry.path();
+                let status = std::fs::read(sandbox.join(".drover/status.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+                if let Some(pid) = status
+                    .as_ref()
+                    .and_then(|s| s.get("executor_pid"))
+                    .and_then(Value::as_u64)
+                {
+                    if is_executor(pid as u32) {
+                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                    }
+                }
+                let _ = Command::new(&executor)
+                    .arg("cleanup")
+                    .arg("--sandbox")
+                    .arg(&sandbox)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+        // Without cgroups nothing else finds them: kill any process whose working
+        // directory is inside this cluster's directory.
+        kill_processes_under(self.dir());
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for agent in &mut self.agents {
+            agent.kill();
+        }
+        self.kill_executors();
+        if let Some(master) = self.master.as_mut() {
+            master.kill();
+        }
+        if std::env::var_os("DROVER_KEEP_TEST_DIRS").is_some() {
+            if let Some(kept) = self.dir.take() {
+                eprintln!("kept {}", kept.keep().display());
+            }
+        }
+    }
+}
+
+/// One line per instance: task, state and history count.
+fn summarize_job(view: &Value) -> String {
+    let mut parts = Vec::new();
+    for instance in view["instances"].as_array().into_iter().flatten() {
+        let current = &instance["current"];
+        parts.push(format!(
+            "[{} {} {} reason={} pending={} history={}]",
+            instance["instance"],
+            current["task_id"],
+            current["state"],
+            current["exit_reason"],
+            current["pending_reason"],
+            instance["history"].as_array().map(Vec::len).unwrap_or(0)
+        ));
+    }
+    parts.join(" ")
+}
+
+/// Whether `pid` runs drover-executor (not a reused pid).
+pub fn is_executor(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|b| *b == 0)
+                .next()
+                .is_some_and(|argv0| argv0.ends_with(b"drover-executor"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The processes whose working directory is under `dir` (task processes run in
+/// their sandbox).
+pub fn processes_under(dir: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let cwd = std::fs::read_link(entry.path().join("cwd")).ok()?;
+            (cwd.starts_with(dir) && pid != std::process::id() && process_alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+/// SIGKILLs every process whose cwd is under `dir`.
+pub fn kill_processes_under(dir: &Path) {
+    for pid in processes_under(dir) {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+}
+
+/// A small HTTP service in python3 for task processes: GET /health answers `ok`,
+/// POST /quitquitquit exits 0, anything else answers `hello`. Takes the port as its
+/// argument.
+pub const PY_SERVICE: &str = r#"import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def answer(s, body):
+        s.send_response(200)
+        s.send_header("Content-Length", str(len(body)))
+        s.end_headers()
+        s.wfile.write(body)
+    def do_GET(s):
+        s.answer(b"ok" if s.path == "/health" else b"hello")
+    def do_POST(s):
+        s.answer(b"bye")
+        if s.path in ("/quitquitquit", "/abortabortabort"):
+            os._exit(0)
+    def log_message(s, *args):
+        pass
+print("serving on", sys.argv[1], flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// A service job (role www-data, env test) running `PY_SERVICE` on port `http` with
+/// an HTTP health check and the HTTP lifecycle, with short intervals and waits.
+pub fn service_job(name: &str, instances: u32) -> Value {
+    json!({
+        "role": "www-data",
+        "environment": "test",
+        "name": name,
+        "instances": instances,
+        "service": true,
+        "task": {
+            "processes": [{
+                "name": "server",
+                "cmdline": format!("exec python3 -c '{PY_SERVICE}' {{{{ports.http}}}}"),
+            }],
+            "resources": {"cpu": 0.1, "ram": "64MiB", "disk": "64MiB", "ports": ["http"]},
+            "finalization_wait": "2s"
+        },
+        "health_check": {
+            "type": "http",
+            "port": "http",
+            "endpoint": "/health",
+            "expected_response": "ok",
+            "initial_interval": "10s",
+            "interval": "500ms",
+            "timeout": "2s",
+            "max_consecutive_failures": 5
+        },
+        "lifecycle": {"http": {
+            "port": "http",
+            "graceful_shutdown_wait": "1s",
+            "shutdown_wait": "1s"
+        }}
+    })
+}
+
+/// A job of one process running `cmdline` (role www-data, env test).
+pub fn command_job(name: &str, instances: u32, service: bool, cmdline: &str) -> Value {
+    json!({
+        "role": "www-data",
+        "environment": "test",
+        "name": name,
+        "instances": instances,
+        "service": service,
+        "task": {
+            "processes": [{"name": "main", "cmdline": cmdline}],
+            "resources": {"cpu": 0.1, "ram": "32MiB", "disk": "32MiB"},
+            "finalization_wait": "2s"
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_jobs_are_valid_specs() {
+        for spec in [
+            service_job("svc", 3),
+            command_job("batch", 2, false, "echo hi"),
+        ] {
+            let text = spec.to_string();
+            if let Err(errors) = drover_common::parse::parse_job("job.json", &text) {
+                panic!("{errors}");
+            }
+        }
+    }
+
+    #[test]
+    fn python_service_has_no_single_quotes_for_the_shell() {
+        assert!(!PY_SERVICE.contains('\''));
+        assert!(!PY_SERVICE.contains("{{"));
+    }
+}

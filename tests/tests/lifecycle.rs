@@ -1,0 +1,223 @@
+//! Black-box lifecycle scenarios on a small real cluster: a batch job runs to
+//! FINISHED, a crash-looping service is THROTTLED between attempts, a job whose
+//! constraints no agent meets stays PENDING with the reason in words, and a master
+//! restart keeps every job and task.
+
+use std::collections::BTreeMap;
+
+use drover_common::state::TaskState;
+use drover_tests::{command_job, describe, running_as_root, Cluster, ClusterConfig, WAIT};
+use serde_json::json;
+
+#[test]
+fn batch_job_runs_every_instance_to_finished() {
+    if !running_as_root("batch test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let spec = command_job("batch", 3, false, "echo instance {{instance}} done");
+    let path = cluster.dir().join("batch.json");
+    std::fs::write(&path, spec.to_string()).unwrap();
+    let output = cluster
+        .drover(&[
+            "job",
+            "create",
+            path.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "90s",
+        ])
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        describe(&output),
+        cluster.diagnostics()
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("all 3 instance(s) FINISHED"),
+        "{}",
+        describe(&output)
+    );
+    let view = cluster
+        .wait_for_all("www-data/test/batch", TaskState::Finished)
+        .unwrap();
+    for instance in &view.instances {
+        assert!(instance.history.is_empty(), "nothing retried: {instance:?}");
+    }
+    let output = cluster
+        .drover(&["task", "logs", "www-data/test/batch/2"])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "instance 2 done\n");
+}
+
+#[test]
+fn crash_looping_service_is_throttled_before_each_replacement() {
+    if !running_as_root("crash loop test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    // `job create --wait` gives up on a failing service and says why.
+    let path = cluster.dir().join("crasher.json");
+    let spec = command_job("crasher", 1, true, "echo crashing; exit 3");
+    std::fs::write(&path, spec.to_string()).unwrap();
+    let output = cluster
+        .drover(&[
+            "job",
+            "create",
+            path.to_str().unwrap(),
+            "--wait",
+            "--timeout",
+            "90s",
+        ])
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("did not reach RUNNING"),
+        "{}",
+        describe(&output)
+    );
+    assert!(stderr.contains("exit code 3"), "{}", describe(&output));
+    // The master's flapping threshold is 3s: each failed run is replaced by a task
+    // that waits THROTTLED first. Look for it in the current task or its events.
+    let view = cluster
+        .wait_for(
+            "a THROTTLED replacement with failed tasks in history",
+            WAIT,
+            |c| {
+                let view = c.job("www-data/test/crasher").ok()?;
+                let slot = view.instances.first()?;
+                let throttled = slot
+                    .current
+                    .as_ref()?
+                    .events
+                    .iter()
+                    .any(|e| e.state == TaskState::Throttled);
+                let failed = slot
+                    .history
+                    .iter()
+                    .filter(|t| t.state == TaskState::Failed)
+                    .count();
+                (throttled && failed >= 2).then_some(view)
+            },
+        )
+        .unwrap();
+    let slot = &view.instances[0];
+    for task in &slot.history {
+        assert_eq!(task.instance, 0);
+        assert_eq!(
+            task.exit_reason,
+            Some(drover_common::ExitReason::ExitCode { code: 3 }),
+            "{task:?}"
+        );
+    }
+    let output = cluster
+        .drover(&["job", "kill", "www-data/test/crasher"])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
+#[test]
+fn unsatisfiable_constraints_stay_pending_with_a_reason() {
+    if !running_as_root("constraints test") {
+        return;
+    }
+    let cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let mut spec = command_job("picky", 1, true, "sleep 600");
+    spec["constraints"] = json!({"rack": "r7"});
+    cluster.create_job(&spec).unwrap();
+    let mut big = command_job("huge", 1, true, "sleep 600");
+    big["task"]["resources"]["ram"] = json!("512GiB");
+    cluster.create_job(&big).unwrap();
+    // Give the scheduler time to try, then check nothing was placed.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    for key in ["www-data/test/picky", "www-data/test/huge"] {
+        let view = cluster.job(key).unwrap();
+        let task = view.instances[0].current.clone().unwrap();
+        assert_eq!(task.state, TaskState::Pending, "{task:?}");
+        assert_eq!(task.agent_id, None);
+        let reason = task.pending_reason.clone().unwrap_or_default();
+        assert!(!reason.is_empty(), "a PENDING task says why: {task:?}");
+        let wanted = if key.ends_with("picky") {
+            "rack"
+        } else {
+            "ram"
+        };
+        assert!(reason.contains(wanted), "reason names {wanted}: {reason}");
+        assert!(reason.contains('2'), "reason counts the agents: {reason}");
+        let output = cluster.drover(&["job", "status", key]).unwrap();
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains(&reason),
+            "job status shows the reason: {}",
+            describe(&output)
+        );
+    }
+}
+
+#[test]
+fn master_restart_keeps_every_job_and_task() {
+    if !running_as_root("master restart test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    cluster
+        .create_job(&command_job("sleeper", 2, true, "sleep 600"))
+        .unwrap();
+    cluster
+        .create_job(&command_job("oneshot", 1, false, "true"))
+        .unwrap();
+    let mut picky = command_job("nowhere", 1, true, "sleep 600");
+    picky["constraints"] = json!({"rack": "r9"});
+    cluster.create_job(&picky).unwrap();
+    let running = cluster
+        .wait_for_all("www-data/test/sleeper", TaskState::Running)
+        .unwrap();
+    cluster
+        .wait_for_all("www-data/test/oneshot", TaskState::Finished)
+        .unwrap();
+
+    let before: BTreeMap<String, (TaskState, usize)> = all_tasks(&cluster);
+    cluster.restart_master().unwrap();
+    let after = all_tasks(&cluster);
+    assert_eq!(
+        before, after,
+        "every job and task survives a master restart"
+    );
+
+    // The running tasks are the same ones (not replaced), and still RUNNING once the
+    // agents reconcile with the new master.
+    let view = cluster
+        .wait_for_all("www-data/test/sleeper", TaskState::Running)
+        .unwrap();
+    let ids = |v: &drover_common::wire::JobView| -> Vec<String> {
+        v.instances
+            .iter()
+            .filter_map(|i| Some(i.current.as_ref()?.task_id.clone()))
+            .collect()
+    };
+    assert_eq!(ids(&running), ids(&view));
+    // And the restarted master still takes work.
+    cluster
+        .create_job(&command_job("after", 1, false, "true"))
+        .unwrap();
+    cluster
+        .wait_for_all("www-data/test/after", TaskState::Finished)
+        .unwrap();
+}
+
+/// task id -> (state, number of events) for every task of every job.
+fn all_tasks(cluster: &Cluster) -> BTreeMap<String, (TaskState, usize)> {
+    let jobs: Vec<drover_common::wire::JobSummary> = cluster.get("/v1/jobs").unwrap();
+    let mut tasks = BTreeMap::new();
+    for job in jobs {
+        let view = cluster.job(&job.key).unwrap();
+        for instance in view.instances {
+            for task in instance.current.into_iter().chain(instance.history) {
+                tasks.insert(task.task_id.clone(), (task.state, task.events.len()));
+            }
+        }
+    }
+    tasks
+}

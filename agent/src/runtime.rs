@@ -82,6 +82,8 @@ struct Shared {
     /// Registration epoch: 0 until the first registration, then +1 per registration.
     epoch: watch::Sender<u64>,
     reregister: Notify,
+    /// Executor starts and watchers, aborted when the agent stops.
+    spawned: Mutex<JoinSet<()>>,
 }
 
 /// Locks a mutex, carrying on after a panic elsewhere (the data stays consistent:
@@ -237,6 +239,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         last_contact: Mutex::new(last_contact),
         epoch,
         reregister: Notify::new(),
+        spawned: Mutex::new(JoinSet::new()),
     });
     tracing::info!(agent_id = %shared.agent_id, listen = %bound, master = %shared.cfg.master, "agent starting");
 
@@ -267,6 +270,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tracing::info!("agent stopping; executors keep running");
     let _ = stop_tx.send(true);
     tasks.shutdown().await;
+    let mut spawned = std::mem::take(&mut *lock(&shared.spawned));
+    spawned.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(())
 }
@@ -876,7 +881,7 @@ async fn poll_assignments(shared: Arc<Shared>) {
                 backoff.reset();
                 version = set.version;
                 for (assignment, kill_rx) in apply(&shared, &set) {
-                    tokio::spawn(start_task(shared.clone(), assignment, kill_rx));
+                    lock(&shared.spawned).spawn(start_task(shared.clone(), assignment, kill_rx));
                 }
             }
             Err(MasterError::UnknownAgent { message }) => {
@@ -903,6 +908,10 @@ async fn ticker(shared: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        {
+            let mut spawned = lock(&shared.spawned);
+            while spawned.try_join_next().is_some() {}
+        }
         let since = lock(&shared.last_contact).elapsed();
         {
             let mut t = lock(&shared.tasks);

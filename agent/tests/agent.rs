@@ -1,0 +1,281 @@
+//! The agent in-process against a fake master and a fake executor: registration,
+//! heartbeats with the task digest, long-poll, status relay and acks, errant-task
+//! kills, re-adoption across restarts, executor loss, the exclusive lease.
+
+mod support;
+
+use std::time::Duration;
+
+use drover_agent::config::ConfigFile;
+use drover_common::state::{DesiredState, ExitReason, TaskState};
+use drover_common::wire::task_set_digest;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_assigned_tasks_relays_statuses_and_kills_errant_ones() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.with(|s| s.ask_full_set = true);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+
+    let running = master.wait_for_state("t1", TaskState::Running).await;
+    assert_eq!(running.seq, 2, "executor seqs are relayed as they are");
+    let seqs: Vec<u64> = master.updates_for("t1").iter().map(|u| u.seq).collect();
+    assert_eq!(seqs, vec![1, 2]);
+
+    let reg = master.with(|s| s.registrations[0].clone());
+    assert!(reg.address.starts_with("http://127.0.0.1:"));
+    assert_eq!(reg.attributes.get("host"), Some(&reg.hostname));
+    let addr = std::fs::read_to_string(dirs.data().join("agent.addr")).unwrap();
+    assert_eq!(format!("http://{addr}"), reg.address);
+
+    // Heartbeats carry the digest of the held tasks, and the full set when asked.
+    let want = task_set_digest(["t1"]);
+    let hb = wait_until(Duration::from_secs(10), || {
+        master.with(|s| {
+            s.heartbeats
+                .iter()
+                .find(|h| h.task_digest == want && h.tasks.is_some())
+                .cloned()
+        })
+    })
+    .await
+    .expect("a heartbeat with t1's digest and the full set");
+    assert_eq!(hb.tasks.unwrap()[0].task_id, "t1");
+
+    // Logs of the task are served.
+    let log = reqwest::get(format!("{}/v1/tasks/t1/logs/main/stdout", reg.address))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(log, "hello from t1\n");
+
+    // A task the master wants stopped that never ran here is reported KILLED.
+    let mut never = assignment("t9", "run");
+    never.desired = DesiredState::Shutdown;
+    // t1 left the set: an errant task.
+    master.assign(vec![never]);
+    let killed = master.wait_for_state("t1", TaskState::Killed).await;
+    assert_eq!(killed.exit_reason, Some(ExitReason::KilledByRequest));
+    let t9 = master.wait_for_state("t9", TaskState::Killed).await;
+    assert_eq!(t9.seq, 1);
+    assert!(
+        dirs.spawns("t9").is_empty(),
+        "a SHUTDOWN task is never started"
+    );
+
+    // Everything acknowledged leaves the outbox.
+    assert!(
+        wait_until(Duration::from_secs(10), || (dirs.outbox_files() == 0)
+            .then_some(()))
+        .await
+        .is_some(),
+        "outbox drained"
+    );
+    let hb_after = wait_until(Duration::from_secs(10), || {
+        master.with(|s| {
+            s.heartbeats
+                .iter()
+                .rev()
+                .find(|h| h.task_digest == task_set_digest(std::iter::empty::<&str>()))
+                .cloned()
+        })
+    })
+    .await;
+    assert!(hb_after.is_some(), "digest drops terminal tasks");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_readopt_live_executors_and_never_start_a_second_copy() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    agent.stop().await;
+    let pids = dirs.spawns("t1");
+    assert_eq!(pids.len(), 1);
+
+    for _ in 0..3 {
+        let before = master.with(|s| s.registrations.len());
+        let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+        wait_until(Duration::from_secs(10), || {
+            master.with(|s| (s.registrations.len() > before).then_some(()))
+        })
+        .await
+        .expect("re-registered");
+        // Give the restarted agent time to poll and converge.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        agent.stop().await;
+    }
+    assert_eq!(
+        dirs.spawns("t1"),
+        pids,
+        "the same executor, never a second one"
+    );
+    let ids: Vec<String> =
+        master.with(|s| s.registrations.iter().map(|r| r.agent_id.clone()).collect());
+    assert!(
+        ids.windows(2).all(|w| w[0] == w[1]),
+        "stable agent id: {ids:?}"
+    );
+
+    // The re-adopted executor still takes orders.
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.assign(vec![]);
+    master.wait_for_state("t1", TaskState::Killed).await;
+    agent.stop().await;
+    let states: Vec<TaskState> = master.updates_for("t1").iter().map(|u| u.state).collect();
+    assert_eq!(
+        states,
+        vec![
+            TaskState::Starting,
+            TaskState::Running,
+            TaskState::Killing,
+            TaskState::Killed
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ended_while_the_agent_was_down_is_reported_once_not_rerun() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.assign(vec![assignment("t1", "exit-when-done")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    agent.stop().await;
+
+    // While the agent is away the task is stopped and its executor exits.
+    let sock = dirs.drover("t1").join("executor.sock");
+    drover_agent::executor::send_kill(&sock, ExitReason::KilledByRequest)
+        .await
+        .unwrap();
+    let pid = dirs.spawns("t1")[0];
+    wait_until(Duration::from_secs(10), || {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z"))
+                .unwrap_or(true))
+        .then_some(())
+    })
+    .await
+    .expect("executor exited");
+
+    // Still assigned as RUNNING at the master: the agent must report, not rerun.
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    let killed = master.wait_for_state("t1", TaskState::Killed).await;
+    assert_eq!(killed.seq, 4);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    agent.stop().await;
+    assert_eq!(dirs.spawns("t1").len(), 1, "never rerun");
+    let killed_reports = master
+        .updates_for("t1")
+        .iter()
+        .filter(|u| u.state == TaskState::Killed)
+        .count();
+    assert_eq!(killed_reports, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_executor_is_cleaned_up_and_reported_lost() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    let pid = dirs.spawns("t1")[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let lost = master.wait_for_state("t1", TaskState::Lost).await;
+    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    assert_eq!(lost.seq, 3, "last executor seq + 1");
+    assert!(dirs.drover("t1").join("cleanups").exists(), "cleanup ran");
+    agent.stop().await;
+
+    // A restart does not decide again.
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.stop().await;
+    let lost_reports = master
+        .updates_for("t1")
+        .iter()
+        .filter(|u| u.state == TaskState::Lost)
+        .count();
+    assert_eq!(lost_reports, 1);
+    assert_eq!(dirs.spawns("t1").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_wait_in_the_outbox_until_the_master_acknowledges_them() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.with(|s| s.fail_updates = true);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    wait_until(Duration::from_secs(10), || {
+        (dirs.outbox_files() > 0).then_some(())
+    })
+    .await
+    .expect("updates written to the outbox");
+    // The agent dies with its updates unacknowledged; they survive on disk.
+    agent.stop().await;
+    assert!(dirs.outbox_files() > 0);
+    assert!(master.updates_for("t1").is_empty());
+
+    master.with(|s| s.fail_updates = false);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || (dirs.outbox_files() == 0)
+            .then_some(()))
+        .await
+        .is_some()
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["ex", "plain"]);
+    let mut ex = assignment("ex", "run");
+    ex.exclusive = true;
+    master.assign(vec![ex, assignment("plain", "run")]);
+    let extra = ConfigFile {
+        lease: Some("1s".into()),
+        ..ConfigFile::default()
+    };
+    let agent = RunningAgent::start(config(&master, &dirs, extra));
+    master.wait_for_state("ex", TaskState::Running).await;
+    master.wait_for_state("plain", TaskState::Running).await;
+    let cut = std::time::Instant::now();
+    master.with(|s| s.fail_heartbeats = true);
+    let killed = master.wait_for_state("ex", TaskState::Killed).await;
+    assert!(
+        cut.elapsed() >= Duration::from_millis(900),
+        "not before the lease"
+    );
+    assert_eq!(killed.exit_reason, Some(ExitReason::AgentLost));
+    assert!(
+        !master
+            .updates_for("plain")
+            .iter()
+            .any(|u| u.state.is_terminal()),
+        "non-exclusive tasks keep running"
+    );
+    agent.stop().await;
+}

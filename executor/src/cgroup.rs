@@ -38,7 +38,9 @@ pub struct Limits {
 pub enum CgroupError {
     #[error("cannot create cgroup {path}: {source}; is the cgroup filesystem mounted and are we root? (or run with --no-isolation)")]
     Create { path: PathBuf, source: io::Error },
-    #[error("cannot write `{value}` to {path}: {source}; is the controller enabled for this cgroup?")]
+    #[error(
+        "cannot write `{value}` to {path}: {source}; is the controller enabled for this cgroup?"
+    )]
     Write {
         path: PathBuf,
         value: String,
@@ -113,8 +115,7 @@ impl FsCgroup {
     pub fn detect(root: &Path) -> Option<Version> {
         if root.join("cgroup.controllers").is_file() {
             Some(Version::V2)
-        } else if root.join("memory/memory.limit_in_bytes").is_file()
-            && root.join("pids").is_dir()
+        } else if root.join("memory/memory.limit_in_bytes").is_file() && root.join("pids").is_dir()
         {
             Some(Version::V1)
         } else {
@@ -240,7 +241,10 @@ impl TaskCgroup for FsCgroup {
                         &self.dir("memory").join("memory.limit_in_bytes"),
                         &want.to_string(),
                         // The kernel rounds down to whole pages.
-                        |r| r.parse::<u64>().is_ok_and(|v| v <= want && want - v < 65536),
+                        |r| {
+                            r.parse::<u64>()
+                                .is_ok_and(|v| v <= want && want - v < 65536)
+                        },
                     )?;
                 }
                 if limits.pids > 0 {
@@ -257,7 +261,8 @@ impl TaskCgroup for FsCgroup {
                 if limits.memory_bytes > 0 {
                     let want = limits.memory_bytes;
                     write_checked(&dir.join("memory.max"), &want.to_string(), |r| {
-                        r.parse::<u64>().is_ok_and(|v| v <= want && want - v < 65536)
+                        r.parse::<u64>()
+                            .is_ok_and(|v| v <= want && want - v < 65536)
                     })?;
                     // Kill the whole task on OOM, not one random process of it.
                     write_checked(&dir.join("memory.oom.group"), "1", |r| r == "1")?;
@@ -409,13 +414,24 @@ mod tests {
         };
         cg.create(&limits).unwrap();
         let dir = tmp.path().join("drover/t1");
-        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "50000 100000");
-        assert_eq!(fs::read_to_string(dir.join("memory.max")).unwrap(), "67108864");
-        assert_eq!(fs::read_to_string(dir.join("memory.oom.group")).unwrap(), "1");
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "50000 100000"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "67108864"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.oom.group")).unwrap(),
+            "1"
+        );
         assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "100");
-        assert!(fs::read_to_string(tmp.path().join("cgroup.subtree_control"))
-            .unwrap()
-            .contains("+memory"));
+        assert!(
+            fs::read_to_string(tmp.path().join("cgroup.subtree_control"))
+                .unwrap()
+                .contains("+memory")
+        );
         assert_eq!(cg.procs_files(), vec![dir.join("cgroup.procs")]);
     }
 

@@ -29,12 +29,14 @@ pub fn cleanup(
     let layout = Layout::new(sandbox);
     let task_id = match task_id {
         Some(id) => id.to_string(),
-        None => load_task(&layout.task_file())
-            .map_err(|e| CleanupError::NoTaskId {
-                path: layout.task_file(),
-                reason: e.to_string(),
-            })?
-            .task_id,
+        None => {
+            load_task(&layout.task_file())
+                .map_err(|e| CleanupError::NoTaskId {
+                    path: layout.task_file(),
+                    reason: e.to_string(),
+                })?
+                .task_id
+        }
     };
     if !drover_common::spec::is_valid_name(&task_id) {
         return Err(CleanupError::BadTaskId(task_id));

@@ -268,7 +268,10 @@ mod tests {
         assert_eq!(t.record(1, Err("a".into())), Verdict::Unchanged);
         assert_eq!(t.record(2, Ok(())), Verdict::BecameHealthy);
         assert_eq!(t.record(3, Err("b".into())), Verdict::Unchanged);
-        assert!(matches!(t.record(4, Err("c".into())), Verdict::Unhealthy { .. }));
+        assert!(matches!(
+            t.record(4, Err("c".into())),
+            Verdict::Unhealthy { .. }
+        ));
     }
 
     #[test]

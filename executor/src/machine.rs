@@ -356,7 +356,9 @@ impl Machine {
     /// In finalization: whether every final process is done, i.e. none runs and none
     /// can ever start (a predecessor did not succeed).
     pub fn finals_done(&self) -> bool {
-        self.phase == Phase::Finalizing && !self.any_running() && self.to_start(Millis::MAX).is_empty()
+        self.phase == Phase::Finalizing
+            && !self.any_running()
+            && self.to_start(Millis::MAX).is_empty()
     }
 
     /// Marks waiting final processes as killed (finalization ran out of time).

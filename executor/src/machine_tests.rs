@@ -172,7 +172,10 @@ fn bad_order_is_rejected() {
         SpecError::UnknownProcess("zz".into())
     );
     assert!(matches!(
-        Machine::new(&task(vec![proc("a"), proc("b")], &[&["a", "b"], &["b", "a"]])),
+        Machine::new(&task(
+            vec![proc("a"), proc("b")],
+            &[&["a", "b"], &["b", "a"]]
+        )),
         Err(SpecError::Cycle(_))
     ));
 }

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use drover_common::units::{ByteSize, Duration as SpecDuration};
 
 #[derive(Parser)]
-#[command(name = "drover-executor", version, about = "Runs one Drover task: sandbox, cgroup, processes, health checks, kill escalation.")]
+#[command(
+    name = "drover-executor",
+    version,
+    about = "Runs one Drover task: sandbox, cgroup, processes, health checks, kill escalation."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -254,9 +254,7 @@ impl Runner {
                 let _ = std::fs::create_dir_all(layout.area());
                 fail(e.into(), &layout)
             })?;
-        layout
-            .create(&user)
-            .map_err(|e| fail(e.into(), &layout))?;
+        layout.create(&user).map_err(|e| fail(e.into(), &layout))?;
         layout
             .write_task(&task)
             .map_err(|e| fail(e.into(), &layout))?;
@@ -309,15 +307,20 @@ impl Runner {
                         )), &layout)
                     })?,
                 };
-                let command = match (&hc.kind, &hc.command) {
-                    (HealthCheckType::Shell, Some(c)) => Some(render(c, "health_check.command".into())?),
-                    (HealthCheckType::Shell, None) => {
-                        return Err(fail(SetupError::Other(
-                            "health_check.type is shell but health_check.command is missing".into(),
-                        ), &layout))
-                    }
-                    _ => None,
-                };
+                let command =
+                    match (&hc.kind, &hc.command) {
+                        (HealthCheckType::Shell, Some(c)) => {
+                            Some(render(c, "health_check.command".into())?)
+                        }
+                        (HealthCheckType::Shell, None) => return Err(fail(
+                            SetupError::Other(
+                                "health_check.type is shell but health_check.command is missing"
+                                    .into(),
+                            ),
+                            &layout,
+                        )),
+                        _ => None,
+                    };
                 Some(HealthState {
                     spec: hc.clone(),
                     tracker: HealthTracker::new(
@@ -335,15 +338,21 @@ impl Runner {
         };
         if let Some(http) = task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
             if !task.ports.contains_key(&http.port) {
-                return Err(fail(SetupError::Other(format!(
-                    "lifecycle.http.port `{}` has no assigned port number",
-                    http.port
-                )), &layout));
+                return Err(fail(
+                    SetupError::Other(format!(
+                        "lifecycle.http.port `{}` has no assigned port number",
+                        http.port
+                    )),
+                    &layout,
+                ));
             }
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         let iso = Isolation::new(&procs_files, &user);
-        let oom_seen = cgroup.as_ref().and_then(|c| c.oom_kills().ok()).unwrap_or(0);
+        let oom_seen = cgroup
+            .as_ref()
+            .and_then(|c| c.oom_kills().ok())
+            .unwrap_or(0);
         let hub = Hub::default();
         let _ = std::fs::remove_file(layout.socket());
         let listener = tokio::net::UnixListener::bind(layout.socket()).map_err(|e| {
@@ -427,8 +436,10 @@ impl Runner {
     }
 
     async fn main_loop(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) -> i32 {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut int =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
         let mut changed = self.tick();
         let isolation = match &self.cgroup {
             Some(cg) => cg.describe(),
@@ -566,7 +577,9 @@ impl Runner {
                 self.clients = self.clients.saturating_sub(1);
                 self.clients_changed = self.now();
             }
-            Event::Client(ClientEvent::Kill(reason)) => self.request_kill(reason, "a socket client"),
+            Event::Client(ClientEvent::Kill(reason)) => {
+                self.request_kill(reason, "a socket client")
+            }
             Event::Client(ClientEvent::TerminalDelivered) => self.terminal_delivered = true,
             Event::Posted(what) => {
                 if !self.state.is_terminal() {
@@ -631,7 +644,9 @@ impl Runner {
                 self.health_failure = Some(ExitReason::HealthCheckFailed {
                     last_error: last_error.clone(),
                 });
-                self.emit_same(format!("health check failed: {last_error}; stopping the task"));
+                self.emit_same(format!(
+                    "health check failed: {last_error}; stopping the task"
+                ));
                 self.start_escalation(true);
             }
         }
@@ -651,11 +666,7 @@ impl Runner {
 
     fn start_escalation(&mut self, use_http: bool) {
         let now = self.now();
-        let http = self
-            .task
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.http.clone());
+        let http = self.task.lifecycle.as_ref().and_then(|l| l.http.clone());
         let (esc, step) = Escalation::start(
             now,
             http.as_ref(),
@@ -680,7 +691,8 @@ impl Runner {
                 let port = self.task.ports.get(&http.port).copied().unwrap_or(0);
                 let tx = self.tx.clone();
                 tokio::spawn(async move {
-                    let r = health::http_request(port, "POST", &endpoint, Duration::from_secs(1)).await;
+                    let r =
+                        health::http_request(port, "POST", &endpoint, Duration::from_secs(1)).await;
                     let what = match r {
                         Ok(resp) => format!("POST {endpoint} answered {}", resp.code),
                         Err(e) => format!("POST {endpoint} failed: {e}"),
@@ -757,6 +769,13 @@ impl Runner {
             return false;
         }
         let now = self.now();
+        if !self.opts.standalone && self.clients == 0 && now >= self.recovery_deadline() {
+            let after = self.opts.recovery_timeout;
+            self.request_kill(
+                ExitReason::AgentLost,
+                &format!("the recovery timeout: no agent connected for {after:?}"),
+            );
+        }
         // Start what the machine allows (regular processes only when no escalation
         // runs; final processes during finalization).
         if self.escalation.is_none() || self.machine.phase() == Phase::Finalizing {
@@ -784,9 +803,10 @@ impl Runner {
             self.maybe_check_health(now);
         }
         // Escalation steps.
+        let residue_wait = self.waiting_on_residue();
         if let Some(mut esc) = self.escalation.take() {
             let mut step = None;
-            if self.waiting_on_residue() || esc.deadline().is_none() {
+            if residue_wait {
                 let all_gone = !self.residue_alive();
                 if all_gone {
                     step = esc.on_all_exited(now);
@@ -874,7 +894,10 @@ impl Runner {
                 idx,
                 ExitReason::FailedToStart {
                     process: name,
-                    error: format!("/bin/sh -c `{cmdline}` in {}: {e}", self.layout.root.display()),
+                    error: format!(
+                        "/bin/sh -c `{cmdline}` in {}: {e}",
+                        self.layout.root.display()
+                    ),
                 },
                 now,
             ),

@@ -137,8 +137,12 @@ pub fn check_program(cmdline: &str, cwd: &Path) -> Result<(), String> {
 pub fn shell_start_error(code: i32, cmdline: &str) -> Option<String> {
     let program = cmdline.split_whitespace().next().unwrap_or("");
     match code {
-        127 => Some(format!("`{program}`: command not found (exit 127 from /bin/sh)")),
-        126 => Some(format!("`{program}`: permission denied (exit 126 from /bin/sh)")),
+        127 => Some(format!(
+            "`{program}`: command not found (exit 127 from /bin/sh)"
+        )),
+        126 => Some(format!(
+            "`{program}`: permission denied (exit 126 from /bin/sh)"
+        )),
         _ => None,
     }
 }

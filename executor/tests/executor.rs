@@ -1,0 +1,529 @@
+//! Black-box tests of `drover-executor`: real processes in real (v1) cgroups, as root.
+//! Each test prints SKIPPED and returns when not root or without cgroups.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use drover_common::state::{ExitReason, TaskState};
+use drover_common::wire::{ExecutorStatus, ProcessState};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use support::*;
+
+const LONG: Duration = Duration::from_secs(30);
+
+fn http_task(
+    id: &str,
+    port: u16,
+    service_flags: &str,
+    graceful: &str,
+    shutdown: &str,
+) -> serde_json::Value {
+    let bin = test_service_bin();
+    task_json(
+        id,
+        json!({
+            "processes": [{
+                "name": "svc",
+                "cmdline": format!("exec {} --port {{{{ports.health}}}} --record rec {service_flags}", bin.display()),
+            }],
+            "resources": {"cpu": 1.0, "ram": "256MiB", "disk": "64MiB", "ports": ["health"]},
+        }),
+        json!({
+            "ports": {"health": port},
+            "health_check": {"initial_interval": "5s", "interval": "100ms", "timeout": "1s"},
+            "lifecycle": {"http": {"graceful_shutdown_wait": graceful, "shutdown_wait": shutdown}},
+        }),
+    )
+}
+
+#[test]
+fn kill_escalation_posts_quit_then_abort_then_sigterm_then_sigkill_with_configured_waits() {
+    if !can_isolate("kill_escalation_order") {
+        return;
+    }
+    let id = task_id("escalate");
+    let port = free_port();
+    let mut ex = Exec::start(
+        &http_task(&id, port, "--ignore-term", "1s", "1s"),
+        &["--standalone"],
+    );
+    let running = ex.wait_state(TaskState::Running, LONG);
+    let pid = running.processes[0].pid.unwrap() as i32;
+    let t0 = unix_ms();
+    ex.signal(Signal::SIGTERM);
+    ex.wait_state(TaskState::Killing, LONG);
+    let end = ex.wait_terminal(LONG);
+    let elapsed = unix_ms() - t0;
+    assert_eq!(end.state, TaskState::Killed);
+    assert_eq!(end.exit_reason, Some(ExitReason::KilledByRequest));
+    assert!(!alive(pid), "the TERM-ignoring service survived");
+    let rec = recorded(&ex.path("rec"));
+    let quit = rec
+        .iter()
+        .find(|(_, r)| r == "POST /quitquitquit")
+        .expect("quitquitquit posted")
+        .0;
+    let abort = rec
+        .iter()
+        .find(|(_, r)| r == "POST /abortabortabort")
+        .expect("abortabortabort posted")
+        .0;
+    assert!(
+        quit >= t0 && quit < t0 + 500,
+        "quit {} ms after kill",
+        quit - t0
+    );
+    let wait1 = abort - quit;
+    assert!(
+        (900..1500).contains(&wait1),
+        "graceful wait was {wait1} ms, expected ~1000"
+    );
+    // quit, 1 s, abort, 1 s, SIGTERM (ignored), 1 s finalization_wait, SIGKILL.
+    assert!(
+        (2_900..5_000).contains(&elapsed),
+        "escalation took {elapsed} ms, expected ~3000"
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
+#[test]
+fn kill_escalation_stops_once_the_process_exits_on_quitquitquit() {
+    if !can_isolate("kill_escalation_stops_early") {
+        return;
+    }
+    let id = task_id("early");
+    let port = free_port();
+    let mut ex = Exec::start(
+        &http_task(&id, port, "--exit-on-quit", "5s", "5s"),
+        &["--standalone"],
+    );
+    ex.wait_state(TaskState::Running, LONG);
+    let t0 = Instant::now();
+    ex.signal(Signal::SIGTERM);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Killed);
+    assert!(
+        t0.elapsed() < Duration::from_millis(2_500),
+        "took {:?}: the 5 s wait was not cut short",
+        t0.elapsed()
+    );
+    let rec = recorded(&ex.path("rec"));
+    assert!(rec.iter().any(|(_, r)| r == "POST /quitquitquit"));
+    assert!(
+        !rec.iter().any(|(_, r)| r == "POST /abortabortabort"),
+        "escalation went on: {rec:?}"
+    );
+}
+
+#[test]
+fn running_is_gated_on_health_and_the_snooze_file_pauses_checks() {
+    if !can_isolate("health_gating") {
+        return;
+    }
+    let id = task_id("gate");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "exec sleep 1000"}]}),
+        json!({"health_check": {
+            "type": "shell", "command": "test -f ready",
+            "initial_interval": "3s", "interval": "100ms", "timeout": "1s",
+            "max_consecutive_failures": 3, "min_consecutive_successes": 2,
+        }}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    ex.wait_state(TaskState::Starting, LONG);
+    std::thread::sleep(Duration::from_millis(800));
+    while let Ok(s) = ex.statuses.try_recv() {
+        assert_ne!(
+            s.state,
+            TaskState::Running,
+            "RUNNING before the health check passed"
+        );
+        ex.seen.push(s);
+    }
+    std::fs::write(ex.path("ready"), "").unwrap();
+    ex.wait_state(TaskState::Running, LONG);
+    // Snoozed: failing checks do not count.
+    std::fs::write(ex.path(".healthchecksnooze"), "").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(ex.path("ready")).unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    while let Ok(s) = ex.statuses.try_recv() {
+        assert!(!s.state.is_terminal(), "killed while snoozed: {s:?}");
+        ex.seen.push(s);
+    }
+    std::fs::remove_file(ex.path(".healthchecksnooze")).unwrap();
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed);
+    match end.exit_reason {
+        Some(ExitReason::HealthCheckFailed { last_error }) => {
+            assert!(last_error.contains("test -f ready"), "{last_error}")
+        }
+        other => panic!("expected a health check failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn failing_http_health_checks_kill_the_task_with_the_last_error() {
+    if !can_isolate("http_health_fails") {
+        return;
+    }
+    let id = task_id("sick");
+    let port = free_port();
+    let mut task = http_task(&id, port, "", "1s", "1s");
+    task["health_check"] = json!({"endpoint": "/nope", "initial_interval": "200ms", "interval": "100ms", "max_consecutive_failures": 1});
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed);
+    match end.exit_reason {
+        Some(ExitReason::HealthCheckFailed { last_error }) => {
+            assert!(last_error.contains("404"), "{last_error}")
+        }
+        other => panic!("expected a health check failure, got {other:?}"),
+    }
+    // The lifecycle endpoints were used to stop it.
+    assert!(recorded(&ex.path("rec"))
+        .iter()
+        .any(|(_, r)| r == "POST /quitquitquit"));
+}
+
+#[test]
+fn fork_bomb_hits_the_pids_limit_and_the_kill_leaves_nothing() {
+    if !can_isolate("fork_bomb") {
+        return;
+    }
+    let id = task_id("bomb");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "bomb", "cmdline": "b() { b | b & }; b; sleep 1000"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone", "--pids-max", "64"]);
+    ex.wait_state(TaskState::Running, LONG);
+    let pids_dir = format!("/sys/fs/cgroup/pids/drover/{id}");
+    eventually(LONG, "the pids limit to be hit", || {
+        std::fs::read_to_string(format!("{pids_dir}/pids.events"))
+            .map(|e| !e.contains("max 0"))
+            .unwrap_or(false)
+    });
+    let current: u64 = std::fs::read_to_string(format!("{pids_dir}/pids.current"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(current <= 64, "{current} pids over the limit");
+    ex.signal(Signal::SIGTERM);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Killed);
+    assert_eq!(ex.wait_exit(LONG), 1);
+    assert!(
+        !std::path::Path::new(&pids_dir).exists(),
+        "cgroup {pids_dir} left behind"
+    );
+}
+
+#[test]
+fn memory_hog_ends_with_exit_reason_oom() {
+    if !can_isolate("oom") {
+        return;
+    }
+    let id = task_id("hog");
+    let task = task_json(
+        &id,
+        json!({
+            "processes": [{"name": "hog", "cmdline": "tail /dev/zero"}],
+            "resources": {"cpu": 1.0, "ram": "32MiB", "disk": "64MiB"},
+        }),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed);
+    assert_eq!(end.exit_reason, Some(ExitReason::OomKilled), "{end:?}");
+}
+
+#[test]
+fn setsid_grandchild_is_killed_with_the_task() {
+    if !can_isolate("setsid_grandchild") {
+        return;
+    }
+    let id = task_id("orphan");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main",
+            "cmdline": "setsid sh -c 'echo $$ > gc.pid; trap \"\" TERM; exec sleep 1000' & sleep 0.5; echo started"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    let pid: i32 = std::fs::read_to_string(ex.path("gc.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the setsid'd grandchild to die",
+        || !alive(pid),
+    );
+}
+
+#[test]
+fn process_restarts_until_max_failures_and_no_faster_than_min_duration() {
+    if !can_isolate("restarts") {
+        return;
+    }
+    let id = task_id("restart");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "flaky", "cmdline": "date +%s%3N >> starts; exit 3",
+            "max_failures": 3, "min_duration": "500ms"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed);
+    assert_eq!(end.exit_reason, Some(ExitReason::ExitCode { code: 3 }));
+    assert_eq!(end.processes[0].runs, 3);
+    assert_eq!(end.processes[0].state, ProcessState::Failed);
+    let starts: Vec<u64> = std::fs::read_to_string(ex.path("starts"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(starts.len(), 3);
+    for w in starts.windows(2) {
+        assert!(w[1] - w[0] >= 480, "restarted after {} ms", w[1] - w[0]);
+    }
+}
+
+#[test]
+fn ordering_and_final_processes_run_in_order() {
+    if !can_isolate("ordering") {
+        return;
+    }
+    let id = task_id("order");
+    let step = |n: &str| format!("sleep 0.1; echo {n} >> trace");
+    let task = task_json(
+        &id,
+        json!({
+            "processes": [
+                {"name": "f2", "cmdline": step("f2"), "final": true},
+                {"name": "b", "cmdline": step("b")},
+                {"name": "f1", "cmdline": step("f1"), "final": true},
+                {"name": "a", "cmdline": step("a")},
+            ],
+            "order": [["a", "b"], ["f1", "f2"]],
+        }),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    let trace = std::fs::read_to_string(ex.path("trace")).unwrap();
+    assert_eq!(
+        trace.split_whitespace().collect::<Vec<_>>(),
+        ["a", "b", "f1", "f2"]
+    );
+    assert_eq!(ex.wait_exit(LONG), 0);
+}
+
+#[test]
+fn missing_binary_fails_to_start_naming_the_path() {
+    if !can_isolate("failed_to_start") {
+        return;
+    }
+    let id = task_id("nobin");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "./no-such-binary --flag"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed);
+    match end.exit_reason {
+        Some(ExitReason::FailedToStart { process, error }) => {
+            assert_eq!(process, "main");
+            assert!(
+                error.contains("no-such-binary: binary not found"),
+                "{error}"
+            );
+        }
+        other => panic!("expected FailedToStart, got {other:?}"),
+    }
+}
+
+#[test]
+fn root_task_is_refused_unless_spec_and_flag_allow_it() {
+    if !can_isolate("root_refused") {
+        return;
+    }
+    let id = task_id("root");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "true"}], "user": "root", "allow_root": true}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert!(
+        matches!(end.exit_reason, Some(ExitReason::SandboxSetupFailed { ref error }) if error.contains("--allow-root")),
+        "{end:?}"
+    );
+    assert_eq!(ex.wait_exit(LONG), 2);
+    let mut ex = Exec::start(&task, &["--standalone", "--allow-root"]);
+    assert_eq!(ex.wait_terminal(LONG).state, TaskState::Finished);
+}
+
+fn subscribe(sock: &std::path::Path, after_seq: u64) -> (UnixStream, BufReader<UnixStream>) {
+    let mut s = UnixStream::connect(sock).unwrap();
+    writeln!(s, "{}", json!({"op": "subscribe", "after_seq": after_seq})).unwrap();
+    let r = BufReader::new(s.try_clone().unwrap());
+    (s, r)
+}
+
+fn read_status(r: &mut BufReader<UnixStream>) -> ExecutorStatus {
+    let mut line = String::new();
+    r.get_ref().set_read_timeout(Some(LONG)).unwrap();
+    r.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad status line {line:?}: {e}"))
+}
+
+#[test]
+fn a_killed_client_leaves_the_task_running_and_a_new_client_gets_missed_updates() {
+    if !can_isolate("reconnect") {
+        return;
+    }
+    let id = task_id("reconnect");
+    let task = task_json(
+        &id,
+        json!({"processes": [
+            {"name": "main", "cmdline": "exec sleep 1000"},
+            {"name": "short", "cmdline": "sleep 1.5", "ephemeral": true},
+        ]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--recovery-timeout", "30s"]);
+    let running = ex.wait_state(TaskState::Running, LONG);
+    let sock = ex.path(".drover/executor.sock");
+    // The agent stand-in: a process that subscribes, then dies by SIGKILL.
+    let mut agent = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(format!(
+            "import socket,sys,time\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\ns.sendall(b'{{\"op\":\"subscribe\",\"after_seq\":0}}\\n')\nf=s.makefile()\nprint(f.readline(),flush=True)\ntime.sleep(1000)",
+            sock.display().to_string()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(agent.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("\"seq\":1"), "{first}");
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    // An update happens while no agent is connected: `short` exits.
+    let missed = ex.wait_for(LONG, "short exited", |s| {
+        s.processes
+            .iter()
+            .any(|p| p.name == "short" && p.state == ProcessState::Succeeded)
+    });
+    let pid = running.processes[0].pid.unwrap() as i32;
+    assert!(alive(pid), "the task died with its client");
+    let (mut s, mut r) = subscribe(&sock, running.seq);
+    let mut got = Vec::new();
+    while got.last().map(|x: &ExecutorStatus| x.seq) != Some(missed.seq) {
+        got.push(read_status(&mut r));
+    }
+    assert_eq!(
+        got[0].seq,
+        running.seq + 1,
+        "the replay starts right after after_seq"
+    );
+    let checkpoint: ExecutorStatus =
+        serde_json::from_slice(&std::fs::read(ex.path(".drover/status.json")).unwrap()).unwrap();
+    assert_eq!(checkpoint, missed);
+    // Kill through the socket; the terminal status arrives there, then the executor exits.
+    writeln!(s, "{}", json!({"op": "kill"})).unwrap();
+    let end = loop {
+        let st = read_status(&mut r);
+        if st.state.is_terminal() {
+            break st;
+        }
+    };
+    assert_eq!(end.state, TaskState::Killed);
+    assert_eq!(end.exit_reason, Some(ExitReason::KilledByRequest));
+    assert_eq!(ex.wait_exit(LONG), 1);
+    assert!(!alive(pid));
+}
+
+#[test]
+fn without_an_agent_past_the_recovery_timeout_the_task_is_killed() {
+    if !can_isolate("recovery_timeout") {
+        return;
+    }
+    let id = task_id("orphaned");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "exec sleep 1000"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--recovery-timeout", "1s"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Killed);
+    assert_eq!(end.exit_reason, Some(ExitReason::AgentLost));
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
+#[test]
+fn cleanup_after_an_executor_crash_kills_what_is_left_and_is_idempotent() {
+    if !can_isolate("cleanup") {
+        return;
+    }
+    let id = task_id("crash");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "sleep 1000 & exec sleep 1000"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--recovery-timeout", "1m"]);
+    let running = ex.wait_state(TaskState::Running, LONG);
+    let pid = running.processes[0].pid.unwrap() as i32;
+    ex.signal(Signal::SIGKILL);
+    ex.wait_exit(LONG);
+    assert!(alive(pid), "the task must survive its executor");
+    for _ in 0..2 {
+        let status = std::process::Command::new(executor_bin())
+            .args(["cleanup", "--sandbox"])
+            .arg(&ex.sandbox)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    eventually(Duration::from_secs(5), "the task to die", || !alive(pid));
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/drover/{id}")).exists());
+}
+
+#[test]
+fn bad_task_file_is_a_usage_error() {
+    let dir = open_tempdir();
+    let file = dir.path().join("task.json");
+    std::fs::write(&file, "{\"task_id\": 1}").unwrap();
+    let out = std::process::Command::new(executor_bin())
+        .args(["run", "--no-isolation", "--standalone", "--task"])
+        .arg(&file)
+        .arg("--sandbox")
+        .arg(dir.path().join("sb"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a valid task"), "{err}");
+}

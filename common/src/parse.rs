@@ -298,20 +298,31 @@ fn read_tree(format: Format, text: &str) -> Result<Node, String> {
             let message = full.strip_suffix(&suffix).unwrap_or(&full);
             at(line, column, message)
         }),
-        Format::Yaml => serde_yaml::from_str::<Node>(text).map_err(|e| {
-            let full = e.to_string();
-            match e.location() {
-                Some(loc) => {
-                    let suffix = format!(" at line {} column {}", loc.line(), loc.column());
-                    let message = match full.find(&suffix) {
-                        Some(i) => format!("{}{}", &full[..i], &full[i + suffix.len()..]),
-                        None => full.clone(),
-                    };
-                    at(loc.line(), loc.column(), &message)
-                }
-                None => format!("{label} error: {full}"),
+        Format::Yaml => {
+            if let Some((line, column)) = flow_too_deep(text) {
+                return Err(at(
+                    line,
+                    column,
+                    &format!(
+                        "lists and mappings nested more than {MAX_FLOW_DEPTH} deep; flatten the document"
+                    ),
+                ));
             }
-        }),
+            serde_yaml::from_str::<Node>(text).map_err(|e| {
+                let full = e.to_string();
+                match e.location() {
+                    Some(loc) => {
+                        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+                        let message = match full.find(&suffix) {
+                            Some(i) => format!("{}{}", &full[..i], &full[i + suffix.len()..]),
+                            None => full.clone(),
+                        };
+                        at(loc.line(), loc.column(), &message)
+                    }
+                    None => format!("{label} error: {full}"),
+                }
+            })
+        }
         Format::Toml => toml::from_str::<Node>(text).map_err(|e| {
             let message = e.message().trim().replace('\n', "; ");
             match e.span() {
@@ -323,6 +334,38 @@ fn read_tree(format: Format, text: &str) -> Result<Node, String> {
             }
         }),
     }
+}
+
+/// Deeper `[`/`{` nesting than any spec needs; serde_yaml refuses past 128 anyway.
+const MAX_FLOW_DEPTH: usize = 1000;
+
+/// Where YAML flow nesting first exceeds [`MAX_FLOW_DEPTH`], found by a rough scan
+/// that skips quoted text and comments. The YAML parser takes time quadratic in that
+/// depth before its own recursion limit applies, so deep input is refused up front.
+fn flow_too_deep(text: &str) -> Option<(usize, usize)> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut previous = '\n';
+    let mut comment = false;
+    for (offset, c) in text.char_indices() {
+        match (quote, c) {
+            _ if comment => comment = c != '\n',
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') if previous.is_whitespace() => comment = true,
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Some(line_column(text, offset));
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        previous = c;
+    }
+    None
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `text`.
@@ -943,6 +986,19 @@ mod tests {
         assert!(covers("task", "task.resources.cpu"));
         assert!(!covers("task.processes", "task.processes_x"));
         assert!(covers("", "anything"));
+    }
+
+    #[test]
+    fn deep_yaml_flow_nesting_is_found_outside_quotes_and_comments() {
+        let deep = "[".repeat(MAX_FLOW_DEPTH + 1);
+        assert_eq!(
+            flow_too_deep(&format!("a:\n  {deep}")),
+            Some((2, MAX_FLOW_DEPTH + 3))
+        );
+        assert_eq!(flow_too_deep(&format!("a: \"{deep}\"")), None);
+        assert_eq!(flow_too_deep(&format!("a: '{deep}'")), None);
+        assert_eq!(flow_too_deep(&format!("a: 1 # {deep}\nb: [x]")), None);
+        assert_eq!(flow_too_deep(&"[]".repeat(5000)), None);
     }
 
     #[test]

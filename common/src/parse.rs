@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use crate::spec::JobSpec;
 use crate::units::{ByteSize, Duration};
-use crate::validate::{key_path, validate_with, Unknown};
+use crate::validate::{key_path, one_line, validate_with, Unknown};
 use crate::wire::FieldError;
 
 /// Every problem found in a job spec. `field` is a path such as
@@ -65,7 +65,7 @@ impl SpecErrors {
         SpecErrors {
             errors: vec![FieldError {
                 field: String::new(),
-                message,
+                message: one_line(&message),
             }],
         }
     }
@@ -565,7 +565,7 @@ impl Walk {
     fn error(&mut self, field: &str, message: String) {
         self.errors.push(FieldError {
             field: field.to_string(),
-            message,
+            message: one_line(&message),
         });
     }
 

@@ -83,7 +83,7 @@ impl Errors {
     fn push(&mut self, field: impl Into<String>, message: String) {
         self.list.push(FieldError {
             field: field.into(),
-            message,
+            message: one_line(&message),
         });
     }
 
@@ -126,6 +126,24 @@ impl Errors {
             );
         }
     }
+}
+
+/// `message` with line breaks and other control characters escaped, so that every
+/// error prints as one line whatever the user wrote.
+pub(crate) fn one_line(message: &str) -> String {
+    if !message.chars().any(char::is_control) {
+        return message.to_string();
+    }
+    message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().collect()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A value quoted in a message, cut short so one bad field cannot flood the output.

@@ -30,7 +30,7 @@ fn parse_all(text: &str) {
         if let Err(e) = result {
             // Display must not panic either, and every error says something.
             assert!(e.errors.iter().all(|e| !e.message.is_empty()));
-            let _ = e.to_string();
+            assert_eq!(e.to_string().lines().count(), e.errors.len(), "{e}");
         }
     }
 }

@@ -477,3 +477,14 @@ fn toml_date_times_are_type_errors_not_crashes() {
     assert_eq!(fields(&e), vec!["name"]);
     assert!(e.errors[0].message.contains("date-time"));
 }
+
+#[test]
+fn errors_print_one_line_each_even_when_values_hold_line_breaks() {
+    let text = r#"{"role": "a\nb", "environment": "prod", "name": "n",
+        "task": {"processes": [{"name": "p\r\nq", "cmdline": "{{x\ny}}"}],
+                 "resources": {"cpu": 1, "ram": "1MiB", "disk": "1MiB"}},
+        "tier": "pre\nferred"}"#;
+    let e = parse_job_json(text).unwrap_err();
+    assert_eq!(e.errors.len(), 4, "{e}");
+    assert_eq!(e.to_string().lines().count(), 4, "{e}");
+}

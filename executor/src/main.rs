@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use drover_common::units::{ByteSize, Duration as SpecDuration};
@@ -102,7 +101,7 @@ fn main() -> ExitCode {
                 sandbox,
                 no_isolation,
                 allow_root,
-                recovery_timeout: Duration::from(recovery_timeout.get()),
+                recovery_timeout: recovery_timeout.get(),
                 cgroup_parent,
                 cgroup_root,
                 pids_max,

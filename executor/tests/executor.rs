@@ -1,6 +1,9 @@
 //! Black-box tests of `drover-executor`: real processes in real (v1) cgroups, as root.
 //! Each test prints SKIPPED and returns when not root or without cgroups.
 
+// Test helpers outside #[test] functions panic on failure on purpose.
+#![allow(clippy::unwrap_used)]
+
 mod support;
 
 use std::io::{BufRead, BufReader, Write};

@@ -91,6 +91,27 @@ impl std::error::Error for SpecErrors {}
 
 /// Reads a job from `text`, choosing YAML, TOML or JSON by `source_name`'s extension,
 /// and validates it. On failure every problem is returned, not only the first.
+///
+/// ```
+/// use drover_common::parse::parse_job;
+///
+/// let text = "
+/// role: www-data
+/// environment: devel
+/// name: hello
+/// instances: 0
+/// task:
+///   processes: [{name: hello, cmdln: echo hi}]
+///   resources: {cpu: 0.1, ram: 16MiB, disk: 16MiB}
+/// ";
+/// let errors = parse_job("hello.yaml", text).unwrap_err();
+/// assert_eq!(
+///     errors.to_string(),
+///     "task.processes[0].cmdln: unknown field `cmdln`; did you mean `cmdline`?\n\
+///      task.processes[0].cmdline: is missing; add it as text\n\
+///      instances: is 0; use a number from 1 to 10000"
+/// );
+/// ```
 pub fn parse_job(source_name: &str, text: &str) -> Result<JobSpec, SpecErrors> {
     match Format::from_source_name(source_name) {
         Some(format) => parse_job_as(format, text),
@@ -803,7 +824,7 @@ impl Walk {
                 return u64::try_from(*i).ok().map(Value::from);
             }
             Node::Int(i) => format!("is {i}; use a whole number from 0 to {max}"),
-            Node::Float(x) => format!("is {x}; use a whole number from 0 to {max}"),
+            Node::Float(x) => format!("is {x:?}; use a whole number from 0 to {max}"),
             other => format!(
                 "expected a whole number from 0 to {max}, found {}",
                 other.describe()

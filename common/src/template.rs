@@ -111,7 +111,7 @@ impl TemplateContext {
     }
 
     /// The `DROVER_*` variables: DROVER_ROLE, DROVER_ENVIRONMENT, DROVER_NAME,
-    /// DROVER_INSTANCE, DROVER_TASK_ID, DROVER_SANDBOX and DROVER_PORT_<NAME> (upper
+    /// DROVER_INSTANCE, DROVER_TASK_ID, DROVER_SANDBOX and `DROVER_PORT_<NAME>` (upper
     /// case, `-` and `.` become `_`).
     pub fn environment(&self) -> Vec<(String, String)> {
         let mut env = vec![

@@ -10,4 +10,4 @@ mod scheduler;
 pub mod store;
 
 pub use config::{Args, Config, ConfigError};
-pub use runtime::{run, serve, Master, RunError};
+pub use runtime::{run, serve, start, Handle, Master, RunError};

@@ -305,3 +305,60 @@ pub async fn run(
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
     serve(master, listener, shutdown).await
 }
+
+/// A master running inside this process (tests, benches, embedding).
+pub struct Handle {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The shared state, for inspection.
+    pub master: Arc<Master>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    join: Option<tokio::task::JoinHandle<Result<(), RunError>>>,
+}
+
+impl Handle {
+    /// Stops accepting, finishes requests, flushes the store and waits for all that.
+    pub async fn stop(mut self) -> Result<(), RunError> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match self.join.take() {
+            Some(j) => j.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a master in this process (binds, writes master.addr, serves).
+pub async fn start(config: Config) -> Result<Handle, RunError> {
+    let master = open(&config, seed())?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| RunError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    write_addr_file(&config.data_dir, addr)?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let join = tokio::spawn(serve(master.clone(), listener, async move {
+        let _ = rx.await;
+    }));
+    Ok(Handle {
+        addr,
+        master,
+        stop: Some(tx),
+        join: Some(join),
+    })
+}

@@ -1,0 +1,265 @@
+//! The master's HTTP API end to end in one process: a real store in a temp dir, a
+//! real listener on 127.0.0.1:0, a fake agent, and a restart on the same data dir.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{job, start, Client, FakeAgent};
+use drover_common::wire::{JobView, TaskView};
+use drover_common::DesiredState;
+use drover_common::TaskState;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn a_job_runs_on_a_fake_agent_and_is_killed_through_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
+    let first = agent.poll(&c, 100).await;
+    assert!(first.assignments.is_empty());
+
+    let (s, created) = c.post("/v1/jobs", &job("hello", 2, true)).await;
+    assert_eq!(s, 201, "{created}");
+    assert_eq!(created["job"], "www/prod/hello");
+    let ids: Vec<String> = serde_json::from_value(created["tasks"].clone()).unwrap();
+    assert_eq!(ids.len(), 2);
+
+    // One agent, a service: one instance per host, the other waits with a reason.
+    let set = agent.poll(&c, 5_000).await;
+    assert_eq!(set.assignments.len(), 1);
+    let placed = set.assignments[0].task.task_id.clone();
+    assert!(set.assignments[0].task.ports.contains_key("http"));
+    let other = ids.iter().find(|i| **i != placed).unwrap();
+    let (_, t) = c.get(&format!("/v1/tasks/{other}")).await;
+    let t: TaskView = serde_json::from_value(t).unwrap();
+    assert_eq!(t.state, TaskState::Pending);
+    assert_eq!(
+        t.pending_reason.as_deref(),
+        Some("host limit reached on 1 agent")
+    );
+
+    let ack = agent
+        .report(
+            &c,
+            &[
+                (&placed, TaskState::Starting),
+                (&placed, TaskState::Running),
+            ],
+        )
+        .await;
+    assert_eq!(ack.acked, vec![(placed.clone(), 2)]);
+    let (_, v) = c.get("/v1/jobs/www/prod/hello").await;
+    let view: JobView = serde_json::from_value(v).unwrap();
+    assert_eq!(view.state_counts.get(&TaskState::Running), Some(&1));
+
+    let (s, killed) = c
+        .post("/v1/jobs/www/prod/hello/kill", &json!({"instances": "0-1"}))
+        .await;
+    assert_eq!(s, 200, "{killed}");
+    let set = agent.poll(&c, 5_000).await;
+    assert_eq!(set.assignments[0].desired, DesiredState::Shutdown);
+    agent.report(&c, &[(&placed, TaskState::Killed)]).await;
+    let (_, t) = c.get(&format!("/v1/tasks/{placed}")).await;
+    assert_eq!(t["state"], "KILLED");
+    let (_, t) = c.get(&format!("/v1/tasks/{other}")).await;
+    assert_eq!(t["state"], "KILLED");
+    let (_, agents) = c.get("/v1/agents").await;
+    assert_eq!(agents[0]["agent_id"], "agent-1");
+    assert_eq!(agents[0]["free"]["cpu"], 4.0);
+
+    // The job is fully terminal now: creating it again replaces it.
+    let (s, _) = c.post("/v1/jobs", &job("hello", 1, true)).await;
+    assert_eq!(s, 201);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn api_errors_are_json_with_codes_and_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+
+    let mut bad = job("bad", 1, false);
+    bad["task"]["resources"]["cpu"] = json!(-1);
+    let (s, e) = c.post("/v1/jobs", &bad).await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"]["code"], "invalid_spec");
+    assert!(e["error"]["field"].as_str().unwrap().contains("cpu"), "{e}");
+
+    let mut typo = job("typo", 1, false);
+    typo["instancs"] = json!(2);
+    let (s, e) = c.post("/v1/jobs", &typo).await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"]["code"], "invalid_spec");
+
+    let (s, _) = c.post("/v1/jobs", &job("dup", 1, false)).await;
+    assert_eq!(s, 201);
+    let (s, e) = c.post("/v1/jobs", &job("dup", 1, false)).await;
+    assert_eq!(s, 409);
+    assert_eq!(e["error"]["code"], "job_exists");
+
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    let (s, e) = c.post_raw("/v1/jobs", deep).await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"]["code"], "too_deep");
+
+    let huge = format!("\"{}\"", "x".repeat(2 * 1024 * 1024));
+    let (s, e) = c.post_raw("/v1/jobs", huge).await;
+    assert_eq!(s, 413);
+    assert_eq!(e["error"]["code"], "body_too_large");
+
+    let (s, e) = c.get("/v1/jobs/www/prod/nope").await;
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["code"], "not_found");
+    let (s, e) = c.get("/v1/tasks/nope-0-000000000000").await;
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["field"], "task_id");
+
+    let (s, e) = c
+        .post("/v1/jobs/www/prod/dup/kill", &json!({"instances": "5"}))
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"]["code"], "invalid_instances");
+    let (s, e) = c
+        .post("/v1/jobs/www/prod/dup/kill", &json!({"instances": "x-y"}))
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"]["field"], "instances");
+
+    let (s, v) = c
+        .post(
+            "/v1/agents/ghost/heartbeat",
+            &json!({"task_digest": 0, "assignments_version": 0}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(v["reregister"], true);
+    let (s, e) = c
+        .get("/v1/agents/ghost/assignments?after_version=0&wait_ms=10")
+        .await;
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["code"], "not_found");
+    let (s, e) = c
+        .post(
+            "/v1/agents/register",
+            &json!({"protocol_version": 99, "agent_id": "a", "hostname": "h", "address": "x",
+                    "resources": {"cpu": 1.0, "ram_bytes": 1, "disk_bytes": 1, "port_range": [1, 2]},
+                    "attributes": {}}),
+        )
+        .await;
+    assert_eq!(s, 400);
+    assert_eq!(e["error"]["code"], "unsupported_protocol");
+
+    let r = reqwest::get(format!("http://{}/health", h.addr))
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    let r = reqwest::get(format!("http://{}/", h.addr)).await.unwrap();
+    assert!(r.text().await.unwrap().contains("www/prod/dup"));
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_long_poll_answers_as_soon_as_a_task_is_placed_and_times_out_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
+    agent.poll(&c, 10).await;
+    let version = agent.version;
+
+    let started = Instant::now();
+    let unchanged = agent.poll(&c, 300).await;
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert_eq!(unchanged.version, version);
+
+    let poller = {
+        let c = Client {
+            base: c.base.clone(),
+            http: c.http.clone(),
+        };
+        let mut a = FakeAgent {
+            id: agent.id.clone(),
+            version,
+            seqs: Default::default(),
+        };
+        tokio::spawn(async move {
+            let set = a.poll(&c, 20_000).await;
+            (set, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let created_at = Instant::now();
+    let (s, _) = c.post("/v1/jobs", &job("fast", 1, false)).await;
+    assert_eq!(s, 201);
+    let (set, woke_at) = poller.await.unwrap();
+    assert_eq!(set.assignments.len(), 1);
+    assert!(set.version > version);
+    assert!(
+        woke_at.duration_since(created_at) < Duration::from_secs(5),
+        "the long poll waited for its timeout instead of waking"
+    );
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_master_has_every_acknowledged_job_and_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let mut agent = FakeAgent::register(&c, "agent-1", 16.0).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (s, v) = c.post("/v1/jobs", &job(&format!("j{i}"), 3, false)).await;
+        assert_eq!(s, 201);
+        let t: Vec<String> = serde_json::from_value(v["tasks"].clone()).unwrap();
+        ids.extend(t);
+    }
+    let set = agent.poll(&c, 1_000).await;
+    let running = set.assignments[0].task.task_id.clone();
+    agent
+        .report(
+            &c,
+            &[
+                (&running, TaskState::Starting),
+                (&running, TaskState::Running),
+            ],
+        )
+        .await;
+    let before: Value = c.get("/v1/jobs").await.1;
+    let version = agent.version;
+    h.stop().await.unwrap();
+
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let addr = std::fs::read_to_string(dir.path().join("master.addr")).unwrap();
+    assert_eq!(addr.trim(), h.addr.to_string());
+    assert_eq!(c.get("/v1/jobs").await.1, before);
+    for id in &ids {
+        let (s, _) = c.get(&format!("/v1/tasks/{id}")).await;
+        assert_eq!(s, 200, "task {id} lost across the restart");
+    }
+    let (_, t) = c.get(&format!("/v1/tasks/{running}")).await;
+    assert_eq!(t["state"], "RUNNING");
+    // The agent carries on: same version, asked for its full task set.
+    let mut agent = FakeAgent {
+        id: "agent-1".to_string(),
+        version,
+        seqs: agent.seqs,
+    };
+    let hb = agent.heartbeat(&c, &[&running]).await;
+    assert!(hb.send_full_task_set);
+    assert!(!hb.reregister);
+    let set = agent.poll(&c, 10).await;
+    assert_eq!(set.version, version);
+    assert_eq!(set.assignments.len(), 15);
+    // Re-applying an update already applied is acknowledged and changes nothing.
+    agent.seqs.insert(running.clone(), 1);
+    let ack = agent.report(&c, &[(&running, TaskState::Starting)]).await;
+    assert_eq!(ack.acked, vec![(running.clone(), 2)]);
+    let (_, t) = c.get(&format!("/v1/tasks/{running}")).await;
+    assert_eq!(t["state"], "RUNNING");
+    h.stop().await.unwrap();
+}

@@ -1,6 +1,8 @@
 //! The `drover-master` binary: exit 64 naming the field on bad config, master.addr
 //! after binding port 0, and a clean exit 0 on SIGTERM with the store flushed.
 
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,8 @@
 //! The master's HTTP API end to end in one process: a real store in a temp dir, a
 //! real listener on 127.0.0.1:0, a fake agent, and a restart on the same data dir.
 
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,8 @@
 //! changes to a row win, deletes stick, and the group-commit writer acknowledges
 //! only committed batches.
 
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
 use std::sync::Arc;
 
 use drover_common::spec::JobSpec;

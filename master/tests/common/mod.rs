@@ -1,7 +1,7 @@
 //! Shared helpers for the master's in-process HTTP tests: a master on 127.0.0.1:0
 //! in a temp dir, a JSON client and a minimal fake agent.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::path::Path;
 

@@ -95,6 +95,43 @@ pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
         .context("cannot run drover")
 }
 
+/// Runs the `drover` CLI like `drover()`, killing it if it runs longer than
+/// `timeout` (then the output says so in stderr).
+pub fn drover_with_timeout(
+    master: Option<&str>,
+    args: &[&str],
+    timeout: Duration,
+) -> anyhow::Result<Output> {
+    let mut command = Command::new(bin("drover")?);
+    command.args(args).env_remove("DROVER_MASTER");
+    if let Some(url) = master {
+        command.env("DROVER_MASTER", url);
+    }
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run drover")?;
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(timeout).is_err() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    });
+    let output = child.wait_with_output();
+    let _ = done_tx.send(());
+    let _ = watchdog.join();
+    let mut output = output?;
+    if output.status.code().is_none() {
+        output
+            .stderr
+            .extend_from_slice(format!("\n[killed after {}s]", timeout.as_secs()).as_bytes());
+    }
+    Ok(output)
+}
+
 /// stdout and stderr of a finished command, for assertion messages.
 pub fn describe(output: &Output) -> String {
     format!(
@@ -372,6 +409,11 @@ impl Cluster {
     /// Runs the `drover` CLI against this cluster.
     pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
         drover(Some(&self.url), args)
+    }
+
+    /// Runs the `drover` CLI against this cluster, killing it after `timeout`.
+    pub fn drover_with_timeout(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
+        drover_with_timeout(Some(&self.url), args, timeout)
     }
 
     /// GET a path of the admin API as T; Err on non-2xx with the body.

@@ -4,6 +4,7 @@
 //! restart keeps every job and task.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use drover_common::state::TaskState;
 use drover_tests::{command_job, describe, running_as_root, Cluster, ClusterConfig, WAIT};
@@ -50,6 +51,35 @@ fn batch_job_runs_every_instance_to_finished() {
         .unwrap();
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(String::from_utf8_lossy(&output.stdout), "instance 2 done\n");
+
+    // `task logs -f` follows a growing log until the task ends.
+    cluster
+        .create_job(&command_job(
+            "counter",
+            1,
+            false,
+            "for i in 1 2 3; do echo line $i; sleep 1; done",
+        ))
+        .unwrap();
+    cluster
+        .wait_for("the counter task to be placed", WAIT, |c| {
+            let view = c.job("www-data/test/counter").ok()?;
+            view.instances[0].current.as_ref()?.agent_id.clone()
+        })
+        .unwrap();
+    let output = cluster
+        .drover_with_timeout(
+            &["task", "logs", "www-data/test/counter/0", "-f"],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "line 1\nline 2\nline 3\n",
+        "{}",
+        describe(&output)
+    );
 }
 
 #[test]

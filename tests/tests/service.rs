@@ -128,6 +128,41 @@ fn service_runs_healthy_is_replaced_when_killed_and_is_killed_by_request() {
     assert_eq!(old.state, TaskState::Failed, "{old:?}");
     assert_eq!(old.instance, 1);
 
+    // Restart instance 0: its task goes RESTARTING and is killed while a new task
+    // takes the slot.
+    let old0 = cluster.job(KEY).unwrap().instances[0]
+        .current
+        .clone()
+        .unwrap()
+        .task_id;
+    let output = cluster
+        .drover(&["job", "restart", &format!("{KEY}/0")])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("restarting www-data/test/web: 1 new task(s)"),
+        "{}",
+        describe(&output)
+    );
+    let slot = cluster
+        .wait_for("instance 0 to restart", WAIT, |c| {
+            let view = c.job(KEY).ok()?;
+            let slot = view.instances.iter().find(|i| i.instance == 0)?.clone();
+            let current = slot.current.as_ref()?;
+            let old = slot.history.iter().find(|t| t.task_id == old0)?;
+            (current.task_id != old0
+                && current.state == TaskState::Running
+                && old.state.is_terminal())
+            .then_some(slot)
+        })
+        .unwrap();
+    let old = slot.history.iter().find(|t| t.task_id == old0).unwrap();
+    assert!(
+        old.events.iter().any(|e| e.state == TaskState::Restarting),
+        "went through RESTARTING: {old:?}"
+    );
+
     // Kill the job: every task goes KILLING then KILLED, the processes are gone.
     let pids: Vec<u32> = cluster
         .job(KEY)

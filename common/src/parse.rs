@@ -281,7 +281,7 @@ impl Node {
             Node::Null => "nothing (null)".to_string(),
             Node::Bool(b) => format!("`{b}`"),
             Node::Int(i) => format!("the number {i}"),
-            Node::Float(x) => format!("the number {x}"),
+            Node::Float(x) => format!("the number {x:?}"),
             Node::Str(s) => format!("the text {}", quote(s)),
             Node::Seq(_) => "a list".to_string(),
             Node::Map(_) => "a mapping".to_string(),
@@ -609,6 +609,7 @@ impl Walk {
     /// required fields reported and given placeholders so validation can go on.
     fn structure(&mut self, node: &Node, fields: &'static [Field], path: &str) -> Value {
         let mut out = Map::new();
+        let mut seen = std::collections::BTreeSet::new();
         let entries: &[(Node, Node)] = match node {
             Node::Map(entries) => entries,
             _ => &[],
@@ -635,7 +636,7 @@ impl Walk {
                 self.error(&field_path, unknown_field_message(key, fields));
                 continue;
             };
-            if out.contains_key(key.as_str()) {
+            if !seen.insert(key.as_str()) {
                 self.error(&field_path, "is written twice; keep one".to_string());
                 continue;
             }
@@ -796,7 +797,7 @@ impl Walk {
                     }
                     // A non-mapping item becomes a placeholder so the indices of the
                     // items after it stay the ones the user wrote.
-                    out.push(self.structure_quiet_if_broken(item, fields, &item_path));
+                    out.push(self.item_or_placeholder(item, fields, &item_path));
                 }
                 Some(Value::Array(out))
             }
@@ -804,12 +805,7 @@ impl Walk {
         }
     }
 
-    fn structure_quiet_if_broken(
-        &mut self,
-        item: &Node,
-        fields: &'static [Field],
-        path: &str,
-    ) -> Value {
+    fn item_or_placeholder(&mut self, item: &Node, fields: &'static [Field], path: &str) -> Value {
         if matches!(item, Node::Map(_)) {
             self.structure(item, fields, path)
         } else {

@@ -941,7 +941,10 @@ fn homes_of(key: &str, fields: &'static [Field]) -> Vec<String> {
 }
 
 /// The candidate closest to `word` by edit distance, if close enough to be a typo.
-fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+pub(crate) fn closest<'a>(
+    word: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Option<&'a str> {
     if word.chars().count() > 64 {
         return None;
     }

@@ -6,6 +6,7 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::parse::closest;
 use crate::spec::{
     is_valid_name, parse_constraint, Constraint, HealthCheckType, JobSpec, ProcessSpec, TaskSpec,
 };
@@ -105,7 +106,15 @@ impl Errors {
             if self.unknown.ports && matches!(e, template::TemplateError::UndeclaredPort(_)) {
                 continue;
             }
-            self.push(field, e.to_string());
+            let hint = match &e {
+                template::TemplateError::UndeclaredPort(port) => {
+                    closest(port, ports.iter().map(String::as_str))
+                        .map(|near| format!("; or did you mean `{{{{ports.{near}}}}}`?"))
+                        .unwrap_or_default()
+                }
+                _ => String::new(),
+            };
+            self.push(field, format!("{e}{hint}"));
         }
     }
 

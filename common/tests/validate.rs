@@ -425,3 +425,12 @@ fn every_message_says_what_to_do() {
         );
     }
 }
+
+#[test]
+fn a_misspelt_template_port_gets_the_closest_requested_one() {
+    let message = message_after(|j| j.task.processes[1].cmdline = "serve {{ports.htp}}".into());
+    assert!(
+        message.ends_with("; or did you mean `{{ports.http}}`?"),
+        "{message}"
+    );
+}

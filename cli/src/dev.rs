@@ -172,8 +172,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         cluster.client.base()
     );
 
-    let result = match job {
-        Some(spec) => follow_job(&mut cluster, &spec, &args, &mut signals).await,
+    let mut follower = EventFollower::new();
+    let result = match &job {
+        Some(spec) => follow_job(&mut cluster, spec, &args, &mut signals, &mut follower).await,
         None => {
             tokio::select! {
                 _ = signals.next() => Ok(true),
@@ -185,7 +186,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         eprintln!("error: {e:#}");
     }
     println!("stopping: killing every job, then the agents and the master");
-    shutdown(&mut cluster, &mut signals).await;
+    let followed = job.as_ref().map(|spec| (spec.key(), &mut follower));
+    shutdown(&mut cluster, &mut signals, followed).await;
     if args.data_dir.is_some() {
         println!("kept the data dir {}", dir.display());
     }
@@ -286,13 +288,13 @@ async fn follow_job(
     spec: &JobSpec,
     args: &DevArgs,
     signals: &mut Signals,
+    follower: &mut EventFollower,
 ) -> anyhow::Result<bool> {
     let key = spec.key();
     let created = cluster.client.create_job(spec).await?;
     println!("created {key}: {}", created.tasks.join(" "));
     let goal = if spec.service { "RUNNING" } else { "FINISHED" };
     let started = Instant::now();
-    let mut follower = EventFollower::new();
     let mut reported_outcome = Outcome::Waiting;
     loop {
         cluster.check_alive()?;
@@ -340,9 +342,14 @@ async fn follow_job(
     }
 }
 
-/// Kills every job and waits for its tasks (a second signal skips the wait), stops
-/// the agents and the master, then stops any executor left behind.
-async fn shutdown(cluster: &mut Cluster, signals: &mut Signals) {
+/// Kills every job and waits for its tasks (a second signal skips the wait), printing
+/// the followed job's last events, stops the agents and the master, then stops any
+/// executor left behind.
+async fn shutdown(
+    cluster: &mut Cluster,
+    signals: &mut Signals,
+    mut followed: Option<(drover_common::JobKey, &mut EventFollower)>,
+) {
     let kill_jobs = async {
         let Ok(jobs) = cluster.client.jobs(None).await else {
             return;
@@ -369,6 +376,13 @@ async fn shutdown(cluster: &mut Cluster, signals: &mut Signals) {
                 .filter(|(state, _)| !state.is_terminal())
                 .map(|(_, n)| *n)
                 .sum();
+            if let Some((key, follower)) = followed.as_mut() {
+                if let Ok(view) = cluster.client.job(key).await {
+                    for line in follower.new_lines(&view) {
+                        println!("{line}");
+                    }
+                }
+            }
             if active == 0 {
                 return;
             }

@@ -109,7 +109,10 @@ impl EventFollower {
                     }
                     if event.state.is_terminal() {
                         if let Some(reason) = &task.exit_reason {
-                            line.push_str(&format!(" [{reason}]"));
+                            let reason = reason.to_string();
+                            if reason != event.message {
+                                line.push_str(&format!(" [{reason}]"));
+                            }
                         }
                     }
                     lines.push((event.timestamp_ms, instance.instance, line));

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use drover_common::state::{TaskState, UnixMillis};
-use drover_common::units::ByteSize;
 use drover_common::wire::{AgentResources, AgentView, JobSummary, JobView, TaskView};
 
 use crate::table::Table;
@@ -252,13 +251,30 @@ pub fn agent_list(agents: &[AgentView]) -> String {
 fn free_total(free: &AgentResources, total: &AgentResources) -> (String, String, String) {
     (
         format!("{}/{}", trim_float(free.cpu), trim_float(total.cpu)),
-        format!("{}/{}", ByteSize(free.ram_bytes), ByteSize(total.ram_bytes)),
-        format!(
-            "{}/{}",
-            ByteSize(free.disk_bytes),
-            ByteSize(total.disk_bytes)
-        ),
+        format!("{}/{}", bytes(free.ram_bytes), bytes(total.ram_bytes)),
+        format!("{}/{}", bytes(free.disk_bytes), bytes(total.disk_bytes)),
     )
+}
+
+/// A size for people: exact when it is a whole number of a unit (`64MiB`), else one
+/// decimal of the largest unit that fits (`23.1GiB`).
+pub fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if n >= size {
+            return if n.is_multiple_of(size) {
+                format!("{}{unit}", n / size)
+            } else {
+                format!("{:.1}{unit}", n as f64 / size as f64)
+            };
+        }
+    }
+    format!("{n}B")
 }
 
 fn trim_float(value: f64) -> String {
@@ -373,6 +389,14 @@ mod tests {
             text.contains("1970-01-01 00:00:00.000  PENDING  master  created"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn sizes_are_rounded_to_the_largest_unit() {
+        assert_eq!(bytes(64 << 20), "64MiB");
+        assert_eq!(bytes(24_094_272 * 1024), "23.0GiB");
+        assert_eq!(bytes(1536), "1.5KiB");
+        assert_eq!(bytes(12), "12B");
     }
 
     #[test]

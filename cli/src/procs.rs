@@ -338,6 +338,10 @@ mod tests {
         command.args(["-c", "echo started; exec sleep 30"]);
         let mut daemon = Daemon::spawn("sleeper", command, &log).unwrap();
         daemon.check_alive().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !tail(&log, 5).contains("started") && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         daemon.stop(Duration::from_secs(5)).await;
         let err = daemon.check_alive().unwrap_err().to_string();
         assert!(err.contains("sleeper exited"), "{err}");

@@ -20,6 +20,13 @@ fn valid_json() -> String {
     serde_json::to_string_pretty(&job).unwrap()
 }
 
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(400)
+}
+
 /// Parses `text` as every format; only a panic can fail.
 fn parse_all(text: &str) {
     for source in SOURCES {
@@ -240,7 +247,8 @@ fn mutated_job() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    // 400 cases each in CI; PROPTEST_CASES=20000 for a longer hunt.
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_text_never_panics(text in "\\PC{0,200}") {

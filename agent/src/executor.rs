@@ -11,7 +11,6 @@ use std::time::Duration;
 use drover_common::state::ExitReason;
 use drover_common::wire::{Assignment, ExecutorRequest, ExecutorStatus};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::net::unix::OwnedReadHalf;
 use tokio::net::UnixStream;
 
 use crate::sandbox::{AgentMeta, Layout};
@@ -48,8 +47,9 @@ pub enum ExecutorError {
     Cleanup { sandbox: PathBuf, message: String },
 }
 
-/// The status stream of one subscription.
-pub type StatusLines = Lines<BufReader<OwnedReadHalf>>;
+/// The status stream of one subscription. The whole stream is kept: closing our
+/// write direction would end the subscription at the executor.
+pub type StatusLines = Lines<BufReader<UnixStream>>;
 
 impl ExecutorSettings {
     /// The `run` arguments for one task.
@@ -151,6 +151,9 @@ impl ExecutorSettings {
             .arg(task_id)
             .stdin(Stdio::null())
             .kill_on_drop(true);
+        if let Some(p) = &self.cgroup_parent {
+            cmd.arg("--cgroup-parent").arg(p);
+        }
         let fail = |message: String| ExecutorError::Cleanup {
             sandbox: sandbox.clone(),
             message,
@@ -203,9 +206,7 @@ pub async fn subscribe(socket: &Path, after_seq: u64) -> Result<StatusLines, Exe
     send_line(&mut stream, &ExecutorRequest::Subscribe { after_seq })
         .await
         .map_err(err)?;
-    let (read, _write) = stream.into_split();
-    // The write half is dropped here; the executor keeps streaming on the read half.
-    Ok(BufReader::new(read).lines())
+    Ok(BufReader::new(stream).lines())
 }
 
 /// Parses one status line.

@@ -466,6 +466,7 @@ async fn watch_task(
     let mut last = lock(&shared.outbox).last_seq(&id);
     let mut pending_kill: Option<ExitReason> = None;
     let mut delay = Duration::from_millis(1);
+    let mut attempts = 0u32;
     'connect: loop {
         let mut lines = match executor::subscribe(&socket, last).await {
             Ok(lines) => lines,
@@ -474,16 +475,21 @@ async fn watch_task(
                     pending_kill = Some(r);
                 }
                 if is_alive(&shared) {
-                    // Starting up (no socket yet) or between connections.
+                    // Starting up (no socket yet) or between connections. A failed
+                    // connect is one cheap syscall, so poll tightly at first: the
+                    // first status is on the job-create-to-RUNNING path.
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_millis(100));
+                    attempts += 1;
+                    if attempts > 500 {
+                        delay = (delay * 2).min(Duration::from_millis(100));
+                    }
                     continue 'connect;
                 }
                 tracing::debug!(task_id = %id, error = %e, "executor unreachable and not running");
                 break 'connect;
             }
         };
-        delay = Duration::from_millis(1);
+        tracing::debug!(task_id = %id, after_seq = last, "subscribed to executor");
         if let Some(reason) = pending_kill.take() {
             if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
                 tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
@@ -502,6 +508,9 @@ async fn watch_task(
                             continue;
                         }
                         last = status.seq;
+                        delay = Duration::from_millis(1);
+                        attempts = 0;
+                        tracing::debug!(task_id = %id, seq = status.seq, state = %status.state, "executor status");
                         let terminal = status.state.is_terminal();
                         let _ = shared.updates_tx.send(update_from_status(&status));
                         if terminal {
@@ -509,7 +518,12 @@ async fn watch_task(
                             return;
                         }
                     }
-                    Ok(None) | Err(_) => continue 'connect,
+                    Ok(None) | Err(_) => {
+                        // Dropped: reconnect, backing off while nothing comes through.
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_millis(100));
+                        continue 'connect;
+                    }
                 },
                 Some(reason) = kill_rx.recv() => {
                     if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
@@ -668,7 +682,10 @@ async fn write_outbox(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Statu
             let outbox = shared.outbox.clone();
             let b = batch.clone();
             match tokio::task::spawn_blocking(move || lock(&outbox).put(b)).await {
-                Ok(Ok(_)) => break,
+                Ok(Ok(n)) => {
+                    tracing::debug!(written = n, "outbox batch written");
+                    break;
+                }
                 Ok(Err(e)) => tracing::error!(error = %e, "outbox write failed; retrying"),
                 Err(e) => tracing::error!(error = %e, "outbox writer panicked; retrying"),
             }
@@ -708,6 +725,7 @@ async fn relay(shared: Arc<Shared>) {
         let body = StatusUpdateBatch { updates: batch };
         match shared.client.updates(&shared.agent_id, &body).await {
             Ok(ack) => {
+                tracing::debug!(sent = body.updates.len(), "updates acknowledged");
                 let outbox = shared.outbox.clone();
                 let acked = ack.acked;
                 let res = tokio::task::spawn_blocking(move || {
@@ -878,6 +896,11 @@ async fn poll_assignments(shared: Arc<Shared>) {
         };
         match got {
             Ok(set) => {
+                tracing::debug!(
+                    version = set.version,
+                    tasks = set.assignments.len(),
+                    "assignment set"
+                );
                 backoff.reset();
                 version = set.version;
                 for (assignment, kill_rx) in apply(&shared, &set) {

@@ -289,6 +289,11 @@ pub fn fake_executor() -> PathBuf {
 }
 
 pub fn config(master: &FakeMaster, dirs: &AgentDirs, extra: ConfigFile) -> Config {
+    // RUST_LOG=drover_agent=debug shows the agent's steps with timestamps.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let base = ConfigFile {
         master: Some(master.url.clone()),
         listen: Some("127.0.0.1:0".into()),

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use drover_agent::config::ConfigFile;
@@ -21,9 +21,9 @@ fn real_executor() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-fn real_config(master: &FakeMaster, dirs: &AgentDirs, executor: &PathBuf) -> drover_agent::Config {
+fn real_config(master: &FakeMaster, dirs: &AgentDirs, executor: &Path) -> drover_agent::Config {
     let extra = ConfigFile {
-        executor: Some(executor.clone()),
+        executor: Some(executor.to_path_buf()),
         no_isolation: Some(true),
         ..ConfigFile::default()
     };

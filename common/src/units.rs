@@ -11,8 +11,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Duration(pub std::time::Duration);
 
-/// A size in bytes written as a number and a unit: `B`, `KiB`, `MiB`, `GiB`, `TiB`
-/// (also the decimal `KB`, `MB`, `GB`, `TB`).
+/// A size in bytes written as a number and a unit: `B`, `KiB`, `MiB`, `GiB`, `TiB`,
+/// `PiB` (also the decimal `KB`, `MB`, `GB`, `TB`, `PB`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(pub u64);
 
@@ -38,7 +38,7 @@ pub enum UnitError {
 }
 
 const DURATION_UNITS: &str = "ms, s, m, h, d";
-const SIZE_UNITS: &str = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB";
+const SIZE_UNITS: &str = "B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB";
 
 impl Duration {
     /// A duration of whole seconds.
@@ -174,10 +174,12 @@ impl FromStr for ByteSize {
                 "MiB" | "M" => 1 << 20,
                 "GiB" | "G" => 1 << 30,
                 "TiB" | "T" => 1 << 40,
+                "PiB" | "P" => 1 << 50,
                 "KB" | "kB" => 1_000,
                 "MB" => 1_000_000,
                 "GB" => 1_000_000_000,
                 "TB" => 1_000_000_000_000,
+                "PB" => 1_000_000_000_000_000,
                 other => {
                     return Err(UnitError::UnknownUnit {
                         text: text.to_string(),
@@ -204,7 +206,8 @@ impl fmt::Display for ByteSize {
             return write!(f, "0B");
         }
         for (unit, size) in [
-            ("TiB", 1u64 << 40),
+            ("PiB", 1u64 << 50),
+            ("TiB", 1 << 40),
             ("GiB", 1 << 30),
             ("MiB", 1 << 20),
             ("KiB", 1 << 10),
@@ -284,6 +287,8 @@ mod tests {
         assert_eq!("2GiB".parse::<ByteSize>().unwrap(), ByteSize(2 << 30));
         assert_eq!("1GB".parse::<ByteSize>().unwrap(), ByteSize(1_000_000_000));
         assert_eq!(ByteSize::mib(512).to_string(), "512MiB");
+        assert_eq!("1PiB".parse::<ByteSize>().unwrap(), ByteSize(1 << 50));
+        assert_eq!(ByteSize(1 << 50).to_string(), "1PiB");
         assert!("12XB".parse::<ByteSize>().is_err());
         assert!("99999999999TiB".parse::<ByteSize>().is_err());
     }

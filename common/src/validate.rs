@@ -351,10 +351,7 @@ fn resources(v: &mut Errors, task: &TaskSpec) {
         if size.bytes() == 0 || size > max {
             v.push(
                 field,
-                format!(
-                    "is {size}; use a size above 0B and at most {}, e.g. 512MiB",
-                    human(max)
-                ),
+                format!("is {size}; use a size above 0B and at most {max}, e.g. 512MiB"),
             );
         }
     }
@@ -371,15 +368,6 @@ fn resources(v: &mut Errors, task: &TaskSpec) {
                 ),
             );
         }
-    }
-}
-
-/// `1PiB` reads better than ByteSize's `1024TiB`.
-fn human(size: ByteSize) -> String {
-    if size == MAX_DISK {
-        "1PiB".to_string()
-    } else {
-        size.to_string()
     }
 }
 

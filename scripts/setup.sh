@@ -9,7 +9,9 @@ need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Task processes run as other users (www-data), who cannot use a python3 under
+# /root; the examples call the system /usr/bin/python3.
+[ -x /usr/bin/python3 ] || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "setup: installing ${need[*]}"

@@ -2,6 +2,7 @@
 //! (subscribe, kill), telling whether one is still alive, and running
 //! `drover-executor cleanup` after one died.
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -258,8 +259,77 @@ pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
     }
 }
 
+/// Finds running executors of sandboxes below `sandbox_root` by their command line
+/// (`<binary_name> run ... --sandbox <root>/<task_id>`): task id -> pid. Covers an
+/// executor whose pid the agent never recorded (a crash right after the spawn).
+pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap<String, u32> {
+    let mut found = HashMap::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if let Some(task_id) = executor_task_of(&cmdline, binary_name, sandbox_root) {
+            if executor_pid_is_live(pid, binary_name) {
+                found.insert(task_id, pid);
+            }
+        }
+    }
+    found
+}
+
+/// The task id an executor command line runs, if it is one of ours (pure).
+pub fn executor_task_of(cmdline: &[u8], binary_name: &str, sandbox_root: &Path) -> Option<String> {
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    if !args.iter().take(2).any(|a| a.contains(binary_name)) || !args.iter().any(|a| a == "run") {
+        return None;
+    }
+    let pos = args.iter().position(|a| a == "--sandbox")?;
+    let sandbox = Path::new(args.get(pos + 1)?);
+    if sandbox.parent()? != sandbox_root {
+        return None;
+    }
+    let task_id = sandbox.file_name()?.to_str()?.to_string();
+    drover_common::spec::is_valid_name(&task_id).then_some(task_id)
+}
+
+/// The last non-empty line the executor wrote to its stderr, for LOST messages.
+pub fn last_stderr_line(layout: &Layout, task_id: &str) -> Option<String> {
+    let text = fs::read_to_string(layout.drover_dir(task_id).join("executor.stderr")).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some(line.chars().take(500).collect())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn executor_command_lines_name_their_task() {
+        let root = Path::new("/srv/sandboxes");
+        let ours = b"/usr/bin/drover-executor\0run\0--task\0/srv/sandboxes/t1/.drover/agent-task.json\0--sandbox\0/srv/sandboxes/t1\0";
+        assert_eq!(
+            executor_task_of(ours, "drover-executor", root),
+            Some("t1".into())
+        );
+        let elsewhere = b"/usr/bin/drover-executor\0run\0--sandbox\0/tmp/x/t1\0";
+        assert_eq!(executor_task_of(elsewhere, "drover-executor", root), None);
+        let cleanup = b"/usr/bin/drover-executor\0cleanup\0--sandbox\0/srv/sandboxes/t1\0";
+        assert_eq!(executor_task_of(cleanup, "drover-executor", root), None);
+        let other = b"/bin/sleep\0run\0--sandbox\0/srv/sandboxes/t1\0";
+        assert_eq!(executor_task_of(other, "drover-executor", root), None);
+    }
+
     use super::*;
 
     #[test]

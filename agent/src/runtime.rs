@@ -310,6 +310,7 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
             return;
         }
     };
+    let running = executor::find_running_executors(&shared.exe_name, shared.layout.root());
     for id in ids {
         let meta = shared.layout.read_meta(&id);
         if let Some(verdict) = shared.layout.read_final(&id) {
@@ -325,6 +326,7 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
         }
         let status = shared.layout.read_status(&id);
         let live = executor::socket_is_live(&shared.layout.socket(&id))
+            || running.contains_key(&id)
             || meta
                 .executor_pid
                 .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name));
@@ -332,7 +334,8 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
             Found::Live => {
                 tracing::info!(task_id = %id, "re-adopting running executor");
                 let rx = hold_live(shared, &id, status.map(|s| s.state), meta.exclusive);
-                set.spawn(watch_task(shared.clone(), id, None, rx));
+                let pid = running.get(&id).copied();
+                set.spawn(watch_task(shared.clone(), id, Watched::Adopted(pid), rx));
             }
             Found::Ended(s) => {
                 tracing::info!(task_id = %id, state = %s.state, "task ended while the agent was away");
@@ -395,7 +398,7 @@ async fn start_task(
     if shared.layout.drover_dir(&id).exists() {
         // A sandbox exists: the task ran or runs here. Never start a second copy.
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
-        return watch_task(shared, id, None, kill_rx).await;
+        return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
     let spawned = {
         let exec = shared.exec.clone();
@@ -405,7 +408,7 @@ async fn start_task(
     match spawned {
         Ok(child) => {
             tracing::debug!(task_id = %id, pid = ?child.id(), "executor started");
-            watch_task(shared, id, Some(child), kill_rx).await
+            watch_task(shared, id, Watched::Child(child), kill_rx).await
         }
         Err(e) => {
             tracing::error!(task_id = %id, error = %e, "could not start executor");
@@ -437,30 +440,42 @@ fn finish(shared: &Shared, update: StatusUpdate) {
     let _ = shared.updates_tx.send(update);
 }
 
+/// The executor a watcher follows.
+enum Watched {
+    /// Spawned by this agent: reaped here, its exit is known at once.
+    Child(tokio::process::Child),
+    /// Found running at start (pid from /proc when known; else from agent.json).
+    Adopted(Option<u32>),
+}
+
 /// Follows one executor: subscribes to its statuses (reconnecting when the socket
 /// drops), forwards kill requests, and when the executor is gone decides between its
 /// checkpointed terminal status and LOST.
 async fn watch_task(
     shared: Arc<Shared>,
     id: String,
-    child: Option<tokio::process::Child>,
+    watched: Watched,
     mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
 ) {
     let socket = shared.layout.socket(&id);
-    let child_exited = child.map(|mut child| {
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-            let _ = tx.send(true);
-        });
-        rx
-    });
+    let (child_exited, known_pid) = match watched {
+        Watched::Child(mut child) => {
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+                let _ = tx.send(true);
+            });
+            (Some(rx), None)
+        }
+        Watched::Adopted(pid) => (None, pid),
+    };
     let is_alive = |shared: &Shared| match &child_exited {
         Some(rx) => !*rx.borrow(),
         None => shared
             .layout
             .read_meta(&id)
             .executor_pid
+            .or(known_pid)
             .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name)),
     };
     let mut last = lock(&shared.outbox).last_seq(&id);
@@ -555,7 +570,13 @@ async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
     let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
     let known = lock(&shared.outbox).last_seq(id);
     let seq = last_seen.max(checkpoint).max(known) + 1;
-    tracing::warn!(task_id = %id, seq, "reporting task LOST: executor lost");
+    let message = match executor::last_stderr_line(&shared.layout, id) {
+        Some(line) => {
+            format!("executor lost; what remained of the task was killed (executor said: {line})")
+        }
+        None => "executor lost; what remained of the task was killed".to_string(),
+    };
+    tracing::warn!(task_id = %id, seq, message, "reporting task LOST");
     finish(
         shared,
         StatusUpdate {
@@ -563,7 +584,7 @@ async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
             seq,
             state: TaskState::Lost,
             exit_reason: Some(ExitReason::ExecutorLost),
-            message: "executor lost; what remained of the task was killed".into(),
+            message,
             timestamp_ms: now_ms(),
             processes: vec![],
         },
@@ -811,6 +832,7 @@ fn heartbeat_request(shared: &Shared, full: bool) -> HeartbeatRequest {
         let held = if full {
             t.local
                 .iter()
+                .filter(|(_, l)| !l.state.is_terminal())
                 .map(|(id, l)| (id.clone(), l.state))
                 .collect()
         } else {

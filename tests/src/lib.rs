@@ -7,6 +7,7 @@
 //! `DROVER_BIN_DIR` overrides where they are looked for.
 
 use std::fs::File;
+use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -189,21 +190,23 @@ impl Proc {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    /// SIGTERM, then SIGKILL after `grace`.
-    pub fn stop(&mut self, grace: Duration) {
+    /// SIGTERM, then SIGKILL after `grace`. Returns the exit status if it exited
+    /// on its own within `grace`, None if it had to be killed (or had exited before).
+    pub fn stop(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         if !self.is_running() {
-            return;
+            return None;
         }
         let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            if !self.is_running() {
-                return;
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        None
     }
 
     /// SIGKILL and reap.
@@ -254,6 +257,24 @@ impl ClusterConfig {
 /// Each cluster of this test process gets its own block of ports for its agents.
 static CLUSTERS: AtomicU32 = AtomicU32::new(0);
 
+/// Ports per cluster: the first is held as a lock, the rest go to the agents.
+const PORT_BLOCK: u32 = 200;
+
+/// Reserves a block of `PORT_BLOCK` ports between 10000 and 19999 (below the
+/// kernel's ephemeral range and `drover dev`'s agents) by binding its first port:
+/// concurrent test processes skip blocks another one holds.
+fn reserve_port_block() -> anyhow::Result<(TcpListener, u16)> {
+    let blocks = 10_000 / PORT_BLOCK;
+    let start = std::process::id() * 7 + CLUSTERS.fetch_add(1, Ordering::SeqCst) * 13;
+    for i in 0..blocks {
+        let port = (10_000 + ((start + i) % blocks) * PORT_BLOCK) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            return Ok((listener, port));
+        }
+    }
+    bail!("no free block of {PORT_BLOCK} ports between 10000 and 19999")
+}
+
 /// A running master and agents in a temporary directory.
 pub struct Cluster {
     dir: Option<tempfile::TempDir>,
@@ -263,6 +284,8 @@ pub struct Cluster {
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
     http: reqwest::blocking::Client,
+    /// Held for the cluster's life: the first port of its agents' port block.
+    port_lock: Option<(TcpListener, u16)>,
 }
 
 impl Cluster {
@@ -287,13 +310,18 @@ impl Cluster {
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
             http,
+            port_lock: Some(reserve_port_block()?),
         };
         cluster.start_master()?;
-        // Ports below the kernel's ephemeral range (32768+), a block per cluster.
-        let block = (std::process::id() * 7 + CLUSTERS.fetch_add(1, Ordering::SeqCst) * 13) % 110;
-        let base = 10_000 + block * 200;
+        let base = u32::from(
+            cluster
+                .port_lock
+                .as_ref()
+                .map(|(_, port)| *port)
+                .unwrap_or(10_000),
+        ) + 1;
         let n = config.agents.len() as u32;
-        let per_agent = (200 / n.max(1)).min(50);
+        let per_agent = (PORT_BLOCK - 1) / n.max(1);
         for (k, attributes) in config.agents.iter().enumerate() {
             let low = base + k as u32 * per_agent;
             cluster.start_agent(k, attributes, (low as u16, (low + per_agent - 1) as u16))?;
@@ -394,10 +422,21 @@ impl Cluster {
     }
 
     /// Stops the master (SIGTERM) and starts it again on the same address and data.
+    /// (If it does not exit within 5 s of SIGTERM it is killed: a restart after a
+    /// crash must keep every acknowledged change too.)
     pub fn restart_master(&mut self) -> anyhow::Result<()> {
-        if let Some(mut master) = self.master.take() {
-            master.stop(Duration::from_secs(20));
-        }
+        self.stop_master(Duration::from_secs(5));
+        self.start_master()
+    }
+
+    /// SIGTERMs the master; its exit status if it exited within `grace`, else None
+    /// (then it was SIGKILLed).
+    pub fn stop_master(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.master.take().and_then(|mut master| master.stop(grace))
+    }
+
+    /// Starts the master again after `stop_master`, on the same address and data.
+    pub fn start_master_again(&mut self) -> anyhow::Result<()> {
         self.start_master()
     }
 

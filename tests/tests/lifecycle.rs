@@ -256,3 +256,28 @@ fn all_tasks(cluster: &Cluster) -> anyhow::Result<BTreeMap<String, (TaskState, u
     }
     Ok(tasks)
 }
+
+#[test]
+#[ignore = "drover-master waits for open agent long-polls (up to 30 s) before exiting on SIGTERM"]
+fn master_exits_promptly_on_sigterm_with_agents_connected() {
+    if !running_as_root("master shutdown test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    cluster
+        .create_job(&command_job("sleeper", 1, true, "sleep 600"))
+        .unwrap();
+    cluster
+        .wait_for_all("www-data/test/sleeper", TaskState::Running)
+        .unwrap();
+    let status = cluster.stop_master(Duration::from_secs(5));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the master exits 0 within 5s of SIGTERM, got {status:?}\n{}",
+        cluster.diagnostics()
+    );
+    cluster.start_master_again().unwrap();
+    cluster
+        .wait_for_all("www-data/test/sleeper", TaskState::Running)
+        .unwrap();
+}

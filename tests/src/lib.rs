@@ -445,6 +445,14 @@ impl Cluster {
         self.master.as_mut()
     }
 
+    /// The sandbox directory of a task, on whichever agent ran it.
+    pub fn sandbox_of(&self, task_id: &str) -> Option<PathBuf> {
+        self.sandbox_roots
+            .iter()
+            .map(|root| root.join(task_id))
+            .find(|dir| dir.is_dir())
+    }
+
     /// Runs the `drover` CLI against this cluster.
     pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
         drover(Some(&self.url), args)
@@ -703,8 +711,9 @@ pub fn kill_processes_under(dir: &Path) {
 }
 
 /// A small HTTP service in python3 for task processes: GET /health answers `ok`,
-/// POST /quitquitquit exits 0, anything else answers `hello`. Takes the port as its
-/// argument.
+/// POST /quitquitquit exits 0, anything else answers `hello`; every POSTed path is
+/// appended to `lifecycle.log` in the working directory (the sandbox). Takes the
+/// port as its argument.
 pub const PY_SERVICE: &str = r#"import http.server, os, sys
 class H(http.server.BaseHTTPRequestHandler):
     def answer(s, body):
@@ -715,6 +724,8 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(s):
         s.answer(b"ok" if s.path == "/health" else b"hello")
     def do_POST(s):
+        with open("lifecycle.log", "a") as f:
+            f.write(s.path + "\n")
         s.answer(b"bye")
         if s.path in ("/quitquitquit", "/abortabortabort"):
             os._exit(0)

@@ -132,7 +132,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         },
         None => None,
     };
-    let (dir, _temp) = match &args.data_dir {
+    let (dir, mut temp) = match &args.data_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create --data-dir {}", dir.display()))?;
@@ -153,7 +153,21 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         std::fs::set_permissions(dir.join(sub), std::fs::Permissions::from_mode(0o755))?;
     }
     let mut signals = Signals::new()?;
-    let mut cluster = start(&bins, &dir, &args).await?;
+    let mut cluster = match start(&bins, &dir, &args).await {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            keep_for_inspection(temp.take());
+            let hint = if format!("{e:#}").contains("in use") {
+                format!(
+                    " (port {} is taken: --port picks another, 0 any free one)",
+                    args.port
+                )
+            } else {
+                String::new()
+            };
+            return Err(e.context(format!("the dev cluster did not start{hint}")));
+        }
+    };
     println!("Drover dev cluster is up");
     println!("  API:      {}", cluster.client.base());
     println!("  agents:   {}", cluster.agents.len());
@@ -190,8 +204,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
     shutdown(&mut cluster, &mut signals, followed).await;
     if args.data_dir.is_some() {
         println!("kept the data dir {}", dir.display());
+    } else if result.is_err() {
+        keep_for_inspection(temp.take());
     }
     Ok(result.unwrap_or(false))
+}
+
+/// Keeps a temporary data dir after a failure so its logs can be read.
+fn keep_for_inspection(temp: Option<tempfile::TempDir>) {
+    if let Some(temp) = temp {
+        let dir = temp.keep();
+        eprintln!(
+            "kept the data dir {} for inspection (logs in {})",
+            dir.display(),
+            dir.join("logs").display()
+        );
+    }
 }
 
 /// Starts the master, then the agents, and waits until every agent registered.

@@ -77,7 +77,9 @@ impl Daemon {
             .open(log)
             .with_context(|| format!("cannot create the log file {}", log.display()))?;
         let err = out.try_clone()?;
+        // Log files are read by people and tests: no terminal colour codes.
         command
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

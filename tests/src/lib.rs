@@ -158,6 +158,7 @@ impl Proc {
         let out = File::options().create(true).append(true).open(log)?;
         let err = out.try_clone()?;
         command
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -279,3 +279,41 @@ async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
     );
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_of_finished_unassigned_tasks_are_removed_after_retention() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["done", "kept"]);
+    master.assign(vec![
+        assignment("done", "finish"),
+        assignment("kept", "finish"),
+    ]);
+    let extra = ConfigFile {
+        sandbox_retention: Some("1s".into()),
+        ..ConfigFile::default()
+    };
+    let agent = RunningAgent::start(config(&master, &dirs, extra));
+    master.wait_for_state("done", TaskState::Finished).await;
+    master.wait_for_state("kept", TaskState::Finished).await;
+    // "kept" stays in the set (the master still shows it); "done" leaves it.
+    master.assign(vec![assignment("kept", "finish")]);
+    let removed = wait_until(Duration::from_secs(20), || {
+        (!dirs.sandboxes().join("done").exists()).then_some(())
+    })
+    .await;
+    assert!(
+        removed.is_some(),
+        "sandbox of an unassigned terminal task removed"
+    );
+    assert!(
+        dirs.sandboxes().join("kept").exists(),
+        "an assigned task's sandbox stays"
+    );
+    assert_eq!(
+        dirs.spawns("kept").len(),
+        1,
+        "a finished task is never rerun"
+    );
+    agent.stop().await;
+}

@@ -50,6 +50,7 @@ async fn real_executor_runs_is_readopted_and_killed() {
     };
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["real0", "real1", "real2", "real3", "real4"]);
     let agent = RunningAgent::start(real_config(&master, &dirs, &executor));
     let mut latencies = Vec::new();
     let mut assigned = Vec::new();
@@ -91,10 +92,7 @@ async fn real_executor_runs_is_readopted_and_killed() {
     let agent = RunningAgent::start(real_config(&master, &dirs, &executor));
 
     // Executor crash: LOST with ExecutorLost, what remained is killed.
-    let exec_pid = dirs.drover("real1").join("agent.json");
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(exec_pid).unwrap()).unwrap();
-    let pid = meta["executor_pid"].as_i64().unwrap() as i32;
+    let pid = dirs.recorded_executor("real1").unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -102,6 +100,15 @@ async fn real_executor_runs_is_readopted_and_killed() {
     .unwrap();
     let lost = master.wait_for_state("real1", TaskState::Lost).await;
     assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    // Without isolation there is no cgroup for `cleanup` to empty: the test kills
+    // what the crashed executor left behind itself.
+    for pid in task_pids(&master, "real1") {
+        // Each process leads its own session: kill the group (the shell and sleep).
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
 
     // Everything else leaves the set: killed through the socket.
     master.assign(vec![]);

@@ -261,13 +261,20 @@ impl AgentDirs {
     pub fn drover(&self, task_id: &str) -> PathBuf {
         self.sandboxes().join(task_id).join(".drover")
     }
-    /// Pids of every executor started for the task.
+    /// Pids of every executor the fake executor recorded for the task.
     pub fn spawns(&self, task_id: &str) -> Vec<i32> {
         std::fs::read_to_string(self.drover(task_id).join("spawns"))
             .unwrap_or_default()
             .lines()
             .map(|l| l.parse().unwrap())
             .collect()
+    }
+
+    /// The executor pid the agent recorded for the task.
+    pub fn recorded_executor(&self, task_id: &str) -> Option<i32> {
+        let bytes = std::fs::read(self.drover(task_id).join("agent.json")).ok()?;
+        let meta: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        meta["executor_pid"].as_i64().map(|p| p as i32)
     }
     /// Batch files still in the outbox.
     pub fn outbox_files(&self) -> usize {
@@ -345,7 +352,8 @@ pub struct KillExecutorsOnDrop<'a>(pub &'a AgentDirs, pub Vec<&'static str>);
 impl Drop for KillExecutorsOnDrop<'_> {
     fn drop(&mut self) {
         for task in &self.1 {
-            for pid in self.0.spawns(task) {
+            let recorded = self.0.recorded_executor(task);
+            for pid in self.0.spawns(task).into_iter().chain(recorded) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,

@@ -46,7 +46,8 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Where the Drover binaries are: `DROVER_BIN_DIR`, else the profile dir this test
-/// binary was built in (`target/debug/deps/..`), else `<workspace>/target/debug`.
+/// binary was built in (`target/debug/deps/..`) if it holds all four, else
+/// `<workspace>/target/debug`.
 pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("DROVER_BIN_DIR") {
         return PathBuf::from(dir);
@@ -54,7 +55,12 @@ pub fn bin_dir() -> PathBuf {
     let from_exe = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent()?.parent().map(Path::to_path_buf));
-    if let Some(dir) = from_exe.filter(|d| d.join("drover-master").is_file()) {
+    let complete = |d: &PathBuf| {
+        ["drover", "drover-master", "drover-agent", "drover-executor"]
+            .iter()
+            .all(|b| d.join(b).is_file())
+    };
+    if let Some(dir) = from_exe.filter(complete) {
         return dir;
     }
     workspace_root().join("target").join("debug")

@@ -37,6 +37,8 @@ pub struct MasterState {
     pub fail_updates: bool,
     /// Ask for the full task set on heartbeats without one.
     pub ask_full_set: bool,
+    /// When the last heartbeat was answered with success.
+    pub last_good_heartbeat: Option<std::time::Instant>,
 }
 
 /// A fake master on loopback.
@@ -66,6 +68,7 @@ impl FakeMaster {
             fail_heartbeats: false,
             fail_updates: false,
             ask_full_set: false,
+            last_good_heartbeat: None,
         };
         let master = FakeMaster {
             state: Arc::new(Mutex::new(state)),
@@ -150,6 +153,7 @@ async fn heartbeat(
         }
         let send_full_task_set = s.ask_full_set && req.tasks.is_none();
         s.heartbeats.push(req);
+        s.last_good_heartbeat = Some(std::time::Instant::now());
         Json(HeartbeatResponse {
             send_full_task_set,
             reregister: false,

@@ -133,9 +133,10 @@ impl ExecutorSettings {
             source,
         })?;
         meta.executor_pid = child.id();
-        // Best effort: the socket is the main liveness signal; the pid only covers the
-        // moment before the executor created it.
-        if let Err(e) = layout.write_meta(task_id, &meta, true) {
+        // Best effort and not fsync'd: the socket is the main liveness signal and the
+        // pid only covers the moment before the executor created it; an agent crash
+        // keeps the page cache, and a host crash ends the executor too.
+        if let Err(e) = layout.write_meta(task_id, &meta, false) {
             tracing::warn!(task_id, error = %e, "could not record executor pid");
         }
         Ok(child)

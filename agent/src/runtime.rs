@@ -491,12 +491,14 @@ async fn watch_task(
                 }
                 if is_alive(&shared) {
                     // Starting up (no socket yet) or between connections. A failed
-                    // connect is one cheap syscall, so poll tightly at first: the
-                    // first status is on the job-create-to-RUNNING path.
+                    // connect is one cheap syscall, so poll every millisecond for the
+                    // first 20 tries (the first status is on the job-create-to-RUNNING
+                    // path), then back off to 20 ms so that many executors starting
+                    // at once do not cost the host a core.
                     tokio::time::sleep(delay).await;
                     attempts += 1;
-                    if attempts > 500 {
-                        delay = (delay * 2).min(Duration::from_millis(100));
+                    if attempts > 20 {
+                        delay = (delay * 2).min(Duration::from_millis(20));
                     }
                     continue 'connect;
                 }

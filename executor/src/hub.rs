@@ -12,6 +12,10 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch};
 
+/// How many statuses are kept for replay; older ones are dropped a quarter at a
+/// time (a subscriber sees the gap in `seq`).
+pub const MAX_HISTORY: usize = 4096;
+
 /// What the socket tells the runner.
 #[derive(Debug)]
 pub enum ClientEvent {
@@ -46,6 +50,10 @@ impl Hub {
     pub fn publish(&self, status: ExecutorStatus) {
         let seq = status.seq;
         if let Ok(mut h) = self.history.lock() {
+            // A daemon restarting for months must not grow this without bound.
+            if h.len() >= MAX_HISTORY {
+                h.drain(..MAX_HISTORY / 4);
+            }
             h.push(status);
         }
         self.latest.send_replace(seq);
@@ -150,5 +158,83 @@ async fn stream_statuses(
         if changed.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::state::TaskState;
+
+    fn status(seq: u64) -> ExecutorStatus {
+        ExecutorStatus {
+            seq,
+            task_id: "t".into(),
+            state: TaskState::Running,
+            exit_reason: None,
+            message: String::new(),
+            timestamp_ms: 0,
+            executor_pid: 1,
+            processes: vec![],
+        }
+    }
+
+    #[test]
+    fn replay_gives_newer_statuses_or_else_the_current_one() {
+        let hub = Hub::default();
+        for seq in 1..=5 {
+            hub.publish(status(seq));
+        }
+        let seqs = |v: Vec<ExecutorStatus>| v.into_iter().map(|s| s.seq).collect::<Vec<_>>();
+        assert_eq!(seqs(hub.after(2, true)), vec![3, 4, 5]);
+        assert_eq!(seqs(hub.after(5, true)), vec![5]);
+        assert_eq!(seqs(hub.after(9, false)), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let hub = Hub::default();
+        for seq in 1..=(MAX_HISTORY as u64 + 10) {
+            hub.publish(status(seq));
+        }
+        let kept = hub.after(0, true);
+        assert!(kept.len() <= MAX_HISTORY);
+        assert_eq!(kept.last().map(|s| s.seq), Some(MAX_HISTORY as u64 + 10));
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_gets_the_replay_then_new_statuses_and_kills_are_forwarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let hub = Hub::default();
+        hub.publish(status(1));
+        hub.publish(status(2));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tokio::spawn(serve(listener, hub.clone(), tx));
+        let stream = UnixStream::connect(&path).await.unwrap();
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":1}\n")
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(read).lines();
+        let next = |line: Option<String>| {
+            serde_json::from_str::<ExecutorStatus>(&line.unwrap())
+                .unwrap()
+                .seq
+        };
+        assert_eq!(next(lines.next_line().await.unwrap()), 2);
+        hub.publish(status(3));
+        assert_eq!(next(lines.next_line().await.unwrap()), 3);
+        write.write_all(b"{\"op\":\"kill\"}\n").await.unwrap();
+        assert!(matches!(rx.recv().await, Some(ClientEvent::Connected)));
+        assert!(matches!(
+            rx.recv().await,
+            Some(ClientEvent::Kill(ExitReason::KilledByRequest))
+        ));
+        drop(write);
+        drop(lines);
+        assert!(matches!(rx.recv().await, Some(ClientEvent::Gone)));
     }
 }

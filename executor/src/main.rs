@@ -1,135 +1,151 @@
 //! The `drover-executor` binary: parses the command line and hands over to the
 //! library (`run` a task, or `cleanup` after a crashed executor).
+//!
+//! The parser is hand-written rather than clap: clap alone is about a quarter
+//! megabyte of code, and every host runs one executor per task.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
 use drover_common::units::{ByteSize, Duration as SpecDuration};
 
-#[derive(Parser)]
-#[command(
-    name = "drover-executor",
-    version,
-    about = "Runs one Drover task: sandbox, cgroup, processes, health checks, kill escalation."
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
+const USAGE: &str = "\
+drover-executor: runs one Drover task (sandbox, cgroup, processes, health checks, kill escalation)
+
+usage:
+  drover-executor run --task FILE --sandbox DIR [options]
+      --no-isolation            run without a cgroup and without switching users
+      --allow-root              allow a task to run as root (its spec must allow it too)
+      --recovery-timeout DUR    kill the task when no agent was connected this long [15m]
+      --cgroup-parent NAME      the task cgroup is NAME/<task_id> [drover]
+      --cgroup-root DIR         where the cgroup filesystem is mounted [/sys/fs/cgroup]
+      --pids-max N              the task cgroup's pids limit [4096]
+      --log-max-size SIZE       rotate process logs at this size [100MiB]
+      --log-max-files N         rotated log files kept per stream [5]
+      --standalone              debug without an agent: no recovery timeout, exit when
+                                the task ends, Ctrl-C starts the kill escalation
+  drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent NAME] [--cgroup-root DIR]
+      kill everything left in the task's cgroup and remove it (after an executor crash)
+";
+
+/// A command-line mistake: the message says which argument and what to do.
+struct Usage(String);
+
+fn value<T: std::str::FromStr>(
+    args: &mut impl Iterator<Item = String>,
+    flag: &str,
+    what: &str,
+) -> Result<T, Usage>
+where
+    T::Err: std::fmt::Display,
+{
+    let text = args
+        .next()
+        .ok_or_else(|| Usage(format!("{flag} needs a value: {what}")))?;
+    text.parse()
+        .map_err(|e| Usage(format!("{flag} `{text}`: {e} (expected {what})")))
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Run a task; print every status as a JSON line on stdout.
-    Run {
-        /// The task file: JSON of wire::ExecutorTask.
-        #[arg(long)]
-        task: PathBuf,
-        /// The sandbox directory (the processes' working directory).
-        #[arg(long)]
-        sandbox: PathBuf,
-        /// Run without a cgroup and as the current user (when not root or no cgroups).
-        #[arg(long)]
-        no_isolation: bool,
-        /// Allow the task to run as root if its spec's task.allow_root says so too.
-        #[arg(long)]
-        allow_root: bool,
-        /// Kill the task when no agent was connected to the socket this long.
-        #[arg(long, default_value = "15m")]
-        recovery_timeout: SpecDuration,
-        /// The cgroup under which the task's cgroup `<task_id>` is made.
-        #[arg(long, default_value = "drover")]
-        cgroup_parent: String,
-        /// Where the cgroup filesystem is mounted.
-        #[arg(long, default_value = "/sys/fs/cgroup")]
-        cgroup_root: PathBuf,
-        /// The task cgroup's pids limit (processes and threads).
-        #[arg(long, default_value_t = 4096)]
-        pids_max: u64,
-        /// Rotate a process log file at this size.
-        #[arg(long, default_value = "100MiB")]
-        log_max_size: ByteSize,
-        /// How many rotated log files to keep per stream.
-        #[arg(long, default_value_t = 5)]
-        log_max_files: u32,
-        /// Debug without an agent: no recovery timeout, exit as soon as the task ended,
-        /// stay in the caller's session (Ctrl-C starts the kill escalation).
-        #[arg(long)]
-        standalone: bool,
-    },
-    /// Kill everything left in a task's cgroup and remove it (after an executor crash).
-    Cleanup {
-        /// The task's sandbox.
-        #[arg(long)]
-        sandbox: PathBuf,
-        /// The task id; default: read from the sandbox's .drover/task.json.
-        #[arg(long)]
-        task_id: Option<String>,
-        /// As given to `run`.
-        #[arg(long, default_value = "drover")]
-        cgroup_parent: String,
-        /// As given to `run`.
-        #[arg(long, default_value = "/sys/fs/cgroup")]
-        cgroup_root: PathBuf,
-    },
+fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::Options, Usage> {
+    let mut task = None;
+    let mut sandbox = None;
+    let mut opts = drover_executor::Options {
+        task_file: PathBuf::new(),
+        sandbox: PathBuf::new(),
+        no_isolation: false,
+        allow_root: false,
+        recovery_timeout: std::time::Duration::from_secs(15 * 60),
+        cgroup_parent: "drover".into(),
+        cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+        pids_max: 4096,
+        log_max_bytes: 100 << 20,
+        log_keep: 5,
+        standalone: false,
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--task" => task = Some(value::<PathBuf>(&mut args, "--task", "a task file")?),
+            "--sandbox" => sandbox = Some(value::<PathBuf>(&mut args, "--sandbox", "a directory")?),
+            "--no-isolation" => opts.no_isolation = true,
+            "--allow-root" => opts.allow_root = true,
+            "--standalone" => opts.standalone = true,
+            "--recovery-timeout" => {
+                opts.recovery_timeout =
+                    value::<SpecDuration>(&mut args, &arg, "a duration like 15m")?.get()
+            }
+            "--cgroup-parent" => opts.cgroup_parent = value(&mut args, &arg, "a cgroup name")?,
+            "--cgroup-root" => opts.cgroup_root = value(&mut args, &arg, "a directory")?,
+            "--pids-max" => opts.pids_max = value(&mut args, &arg, "a number")?,
+            "--log-max-size" => {
+                opts.log_max_bytes =
+                    value::<ByteSize>(&mut args, &arg, "a size like 100MiB")?.bytes()
+            }
+            "--log-max-files" => opts.log_keep = value(&mut args, &arg, "a number")?,
+            other => return Err(Usage(format!("run: unknown argument `{other}`"))),
+        }
+    }
+    opts.task_file = task.ok_or_else(|| Usage("run needs --task FILE".into()))?;
+    opts.sandbox = sandbox.ok_or_else(|| Usage("run needs --sandbox DIR".into()))?;
+    if !drover_common::spec::is_valid_name(&opts.cgroup_parent) {
+        return Err(Usage(format!(
+            "--cgroup-parent `{}` must be 1-64 of [A-Za-z0-9_.-]",
+            opts.cgroup_parent
+        )));
+    }
+    Ok(opts)
+}
+
+fn cleanup(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
+    let mut sandbox: Option<PathBuf> = None;
+    let mut task_id: Option<String> = None;
+    let mut parent = "drover".to_string();
+    let mut root = PathBuf::from("/sys/fs/cgroup");
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--sandbox" => sandbox = Some(value(&mut args, &arg, "a directory")?),
+            "--task-id" => task_id = Some(value(&mut args, &arg, "a task id")?),
+            "--cgroup-parent" => parent = value(&mut args, &arg, "a cgroup name")?,
+            "--cgroup-root" => root = value(&mut args, &arg, "a directory")?,
+            other => return Err(Usage(format!("cleanup: unknown argument `{other}`"))),
+        }
+    }
+    let sandbox = sandbox.ok_or_else(|| Usage("cleanup needs --sandbox DIR".into()))?;
+    match drover_executor::cleanup::cleanup(&sandbox, task_id.as_deref(), &parent, &root) {
+        Ok(msg) => {
+            eprintln!("drover-executor cleanup: {msg}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("drover-executor cleanup: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+    let mut args = std::env::args().skip(1);
+    let result = match args.next().as_deref() {
+        Some("run") => parse_run(args)
+            .map(|opts| ExitCode::from(drover_executor::run(opts).clamp(0, 255) as u8)),
+        Some("cleanup") => cleanup(args),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
         }
+        Some("-V" | "--version") => {
+            println!("drover-executor {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(Usage(format!(
+            "unknown command `{other}`; use run or cleanup"
+        ))),
+        None => Err(Usage("no command given; use run or cleanup".into())),
     };
-    match cli.command {
-        Command::Run {
-            task,
-            sandbox,
-            no_isolation,
-            allow_root,
-            recovery_timeout,
-            cgroup_parent,
-            cgroup_root,
-            pids_max,
-            log_max_size,
-            log_max_files,
-            standalone,
-        } => {
-            let code = drover_executor::run(drover_executor::Options {
-                task_file: task,
-                sandbox,
-                no_isolation,
-                allow_root,
-                recovery_timeout: recovery_timeout.get(),
-                cgroup_parent,
-                cgroup_root,
-                pids_max,
-                log_max_bytes: log_max_size.bytes(),
-                log_keep: log_max_files,
-                standalone,
-            });
-            ExitCode::from(code as u8)
+    match result {
+        Ok(code) => code,
+        Err(Usage(msg)) => {
+            eprintln!("drover-executor: {msg}\n\n{USAGE}");
+            ExitCode::from(2)
         }
-        Command::Cleanup {
-            sandbox,
-            task_id,
-            cgroup_parent,
-            cgroup_root,
-        } => match drover_executor::cleanup::cleanup(
-            &sandbox,
-            task_id.as_deref(),
-            &cgroup_parent,
-            &cgroup_root,
-        ) {
-            Ok(msg) => {
-                eprintln!("drover-executor cleanup: {msg}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("drover-executor cleanup: {e}");
-                ExitCode::from(1)
-            }
-        },
     }
 }

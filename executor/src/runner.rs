@@ -249,6 +249,9 @@ impl Runner {
                 }
             }
         };
+        if let Some(cg) = &cgroup {
+            crate::cgroup::prewarm_migration(&opts.cgroup_root, cg.version());
+        }
         let user: TaskUser = sandbox::resolve_user(&task, task.task.allow_root, opts.allow_root)
             .map_err(|e| {
                 let _ = std::fs::create_dir_all(layout.area());
@@ -492,6 +495,9 @@ impl Runner {
                             break;
                         }
                     }
+                    // Told to stop again: the status stays in status.json for the agent.
+                    Some(_) = async { term.as_mut()?.recv().await } => break,
+                    Some(_) = async { int.as_mut()?.recv().await } => break,
                 }
             }
         }

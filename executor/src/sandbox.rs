@@ -112,7 +112,12 @@ impl Layout {
             path: self.task_file(),
             source: e.into(),
         })?;
-        write_atomic(&self.task_file(), &text).map_err(io_err(&self.task_file()))
+        // A copy for people and `cleanup`; the agent keeps the original, so no fsync
+        // on the way to the first process.
+        let tmp = self.task_file().with_extension("json.tmp");
+        fs::write(&tmp, &text)
+            .and_then(|()| fs::rename(&tmp, self.task_file()))
+            .map_err(io_err(&self.task_file()))
     }
 
     /// Checkpoints a status: write, fsync, rename.

@@ -67,10 +67,16 @@ impl MasterClient {
                 .map_err(|source| MasterError::Unreachable { url, source });
         }
         let text = resp.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<ApiErrorBody>(&text)
+        let body = serde_json::from_str::<ApiErrorBody>(&text).ok();
+        let about_agent = body
+            .as_ref()
+            .is_some_and(|b| b.error.field.as_deref() == Some("agent_id"));
+        let message = body
             .map(|b| format!("{}: {}", b.error.code, b.error.message))
             .unwrap_or(text);
-        if status == reqwest::StatusCode::NOT_FOUND {
+        // Only a 404 about the agent id means "register again"; any other 404 is an
+        // error to retry, never a reason to loop on registration.
+        if status == reqwest::StatusCode::NOT_FOUND && about_agent {
             return Err(MasterError::UnknownAgent { message });
         }
         Err(MasterError::Rejected {

@@ -317,3 +317,37 @@ async fn sandboxes_of_finished_unassigned_tasks_are_removed_after_retention() {
     );
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_forgot_the_agent_gets_it_registered_again() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1", "t2"]);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    master.with(|s| s.forgot_agent = true);
+    wait_until(Duration::from_secs(20), || {
+        master.with(|s| (s.registrations.len() >= 2 && !s.forgot_agent).then_some(()))
+    })
+    .await
+    .expect("registered again");
+    // The first heartbeat after registering carries the full task set.
+    let full = wait_until(Duration::from_secs(10), || {
+        master.with(|s| s.heartbeats.iter().rev().find_map(|h| h.tasks.clone()))
+    })
+    .await
+    .unwrap();
+    assert!(full
+        .iter()
+        .any(|t| t.task_id == "t1" && t.state == TaskState::Running));
+    // Polling resumed: a new task starts, the old one keeps running.
+    master.assign(vec![assignment("t1", "run"), assignment("t2", "run")]);
+    master.wait_for_state("t2", TaskState::Running).await;
+    assert_eq!(dirs.spawns("t1").len(), 1);
+    assert!(!master
+        .updates_for("t1")
+        .iter()
+        .any(|u| u.state.is_terminal()));
+    agent.stop().await;
+}

@@ -39,6 +39,13 @@ pub struct MasterState {
     pub ask_full_set: bool,
     /// When the last heartbeat was answered with success.
     pub last_good_heartbeat: Option<std::time::Instant>,
+    /// The master lost its state: 404 (field agent_id) until the agent registers.
+    pub forgot_agent: bool,
+}
+
+fn unknown_agent() -> Response {
+    let body = serde_json::json!({"error": {"code": "not_found", "message": "register first", "field": "agent_id"}});
+    (StatusCode::NOT_FOUND, Json(body)).into_response()
 }
 
 /// A fake master on loopback.
@@ -69,6 +76,7 @@ impl FakeMaster {
             fail_updates: false,
             ask_full_set: false,
             last_good_heartbeat: None,
+            forgot_agent: false,
         };
         let master = FakeMaster {
             state: Arc::new(Mutex::new(state)),
@@ -134,7 +142,10 @@ impl FakeMaster {
 
 async fn register(State(m): State<FakeMaster>, Json(req): Json<RegisterRequest>) -> Response {
     let id = req.agent_id.clone();
-    m.with(|s| s.registrations.push(req));
+    m.with(|s| {
+        s.registrations.push(req);
+        s.forgot_agent = false;
+    });
     Json(RegisterResponse {
         agent_id: id,
         heartbeat_interval_ms: 100,
@@ -151,6 +162,9 @@ async fn heartbeat(
         if s.fail_heartbeats {
             return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
         }
+        if s.forgot_agent {
+            return unknown_agent();
+        }
         let send_full_task_set = s.ask_full_set && req.tasks.is_none();
         s.heartbeats.push(req);
         s.last_good_heartbeat = Some(std::time::Instant::now());
@@ -166,13 +180,16 @@ async fn assignments(
     State(m): State<FakeMaster>,
     UrlPath(_id): UrlPath<String>,
     Query(q): Query<PollQuery>,
-) -> Json<AssignmentSet> {
+) -> Response {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(q.wait_ms.min(2000));
     loop {
         let notified = m.changed.notified();
-        let set = m.with(|s| s.set.clone());
+        let (set, forgot) = m.with(|s| (s.set.clone(), s.forgot_agent));
+        if forgot {
+            return unknown_agent();
+        }
         if set.version > q.after_version || tokio::time::Instant::now() >= deadline {
-            return Json(set);
+            return Json(set).into_response();
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }

@@ -530,3 +530,60 @@ fn bad_task_file_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not a valid task"), "{err}");
 }
+
+#[test]
+fn process_output_goes_to_rotated_log_files() {
+    if !can_isolate("logs") {
+        return;
+    }
+    let id = task_id("logs");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "chatty",
+            "cmdline": "for i in 1 2 3 4 5 6; do echo line-$i-$DROVER_TASK_ID; sleep 0.05; done; echo oops >&2"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(
+        &task,
+        &[
+            "--standalone",
+            "--log-max-size",
+            "60B",
+            "--log-max-files",
+            "2",
+        ],
+    );
+    assert_eq!(ex.wait_terminal(LONG).state, TaskState::Finished);
+    let logs = ex.path(".drover/logs");
+    let read = |f: &str| std::fs::read_to_string(logs.join(f)).unwrap_or_default();
+    assert_eq!(read("chatty.stderr"), "oops\n");
+    let all = format!(
+        "{}{}{}",
+        read("chatty.stdout.2"),
+        read("chatty.stdout.1"),
+        read("chatty.stdout")
+    );
+    assert!(all.contains(&format!("line-6-{id}")), "{all}");
+    assert!(
+        logs.join("chatty.stdout.1").exists(),
+        "no rotation happened"
+    );
+    assert!(!logs.join("chatty.stdout.3").exists());
+}
+
+#[test]
+fn no_isolation_runs_without_a_cgroup() {
+    let id = task_id("noiso");
+    let mut task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "echo $DROVER_INSTANCE > out"}]}),
+        json!({}),
+    );
+    task["instance"] = json!(7);
+    let mut ex = Exec::start(&task, &["--standalone", "--no-isolation"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    assert!(end.processes[0].last_exit == Some(ExitReason::ExitCode { code: 0 }));
+    assert_eq!(std::fs::read_to_string(ex.path("out")).unwrap(), "7\n");
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/pids/drover/{id}")).exists());
+}

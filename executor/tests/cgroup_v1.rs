@@ -1,0 +1,89 @@
+//! The cgroup layer against the host's real cgroups (v1 here, v2 on newer hosts):
+//! limits are applied and read back, a process started through the executor's
+//! pre_exec lands in the cgroup, and kill_all leaves nothing behind.
+
+// Test helpers panic on failure on purpose.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use drover_executor::cgroup::{FsCgroup, Limits, TaskCgroup, Version};
+use drover_executor::sandbox::TaskUser;
+use drover_executor::spawn::{command, Isolation};
+
+#[tokio::test]
+async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
+    if !support::can_isolate("real_cgroup") {
+        return;
+    }
+    let root = Path::new("/sys/fs/cgroup");
+    let version = FsCgroup::detect(root).unwrap();
+    let id = support::task_id("cgtest");
+    let cg = FsCgroup::new(version, root, "drover", &id);
+    cg.create(&Limits {
+        cpu: 0.25,
+        memory_bytes: 48 << 20,
+        pids: 32,
+    })
+    .unwrap();
+    match version {
+        Version::V1 => {
+            let read = |f: &str| {
+                std::fs::read_to_string(cg.dir(f.split('.').next().unwrap()).join(f)).unwrap()
+            };
+            assert_eq!(read("cpu.cfs_quota_us").trim(), "25000");
+            assert_eq!(
+                read("memory.limit_in_bytes").trim(),
+                (48u64 << 20).to_string()
+            );
+            assert_eq!(read("pids.max").trim(), "32");
+        }
+        Version::V2 => {
+            let read = |f: &str| std::fs::read_to_string(cg.dir("").join(f)).unwrap();
+            assert_eq!(read("pids.max").trim(), "32");
+        }
+    }
+    let me = TaskUser {
+        name: "root".into(),
+        uid: 0,
+        gid: 0,
+        groups: vec![0],
+        switch: false,
+    };
+    let iso = Isolation::new(&cg.procs_files(), &me);
+    let dir = tempfile::tempdir().unwrap();
+    // A parent that leaves a setsid'd, double-forked grandchild behind.
+    let mut child = command(
+        "setsid sh -c 'sleep 1000 &' ; exec sleep 1000",
+        dir.path(),
+        &[],
+        &iso,
+        false,
+    )
+    .spawn()
+    .unwrap();
+    let pid = child.id().unwrap() as i32;
+    support::eventually(Duration::from_secs(10), "3 processes in the cgroup", || {
+        cg.pids().unwrap().len() >= 2
+    });
+    assert!(cg.pids().unwrap().contains(&pid));
+    // The executor (this test process) is not in the task's cgroup.
+    assert!(!cg.pids().unwrap().contains(&(std::process::id() as i32)));
+    let members = cg.pids().unwrap();
+    cg.kill_all().unwrap();
+    assert!(cg.pids().unwrap().is_empty());
+    let _ = child.wait().await;
+    cg.remove().unwrap();
+    assert!(!cg.dir("pids").exists());
+    for p in members {
+        support::eventually(Duration::from_secs(5), "members to die", || {
+            !support::alive(p)
+        });
+    }
+    // Idempotent.
+    cg.kill_all().unwrap();
+    cg.remove().unwrap();
+}

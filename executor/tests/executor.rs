@@ -202,7 +202,10 @@ fn fork_bomb_hits_the_pids_limit_and_the_kill_leaves_nothing() {
     let id = task_id("bomb");
     let task = task_json(
         &id,
-        json!({"processes": [{"name": "bomb", "cmdline": "b() { b | b & }; b; sleep 1000"}]}),
+        json!({"processes": [
+            {"name": "main", "cmdline": "exec sleep 1000"},
+            {"name": "bomb", "cmdline": "b() { b | b & }; b"},
+        ]}),
         json!({}),
     );
     let mut ex = Exec::start(&task, &["--standalone", "--pids-max", "64"]);

@@ -224,6 +224,13 @@ pub async fn check_shell(
         Ok(Ok(status)) => Err(format!("health command `{shown}` exited with {status}")),
         Ok(Err(e)) => Err(format!("health command `{shown}`: {e}")),
         Err(_) => {
+            // The command runs in its own process group (see spawn): end all of it.
+            if let Some(pid) = child.id() {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
             let _ = child.start_kill();
             let _ = child.wait().await;
             Err(format!(
@@ -290,6 +297,34 @@ mod tests {
         assert_eq!(parse_response(no_length, true), None);
         assert_eq!(parse_response(no_length, false).unwrap().code, 503);
         assert_eq!(parse_response(b"garbage\r\n\r\n", false), None);
+    }
+
+    #[tokio::test]
+    async fn tcp_check_passes_on_a_listener_and_fails_on_a_closed_port() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        check_tcp(port, Duration::from_secs(5)).await.unwrap();
+        drop(listener);
+        let err = check_tcp(port, Duration::from_secs(5)).await.unwrap_err();
+        assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    }
+
+    #[tokio::test]
+    async fn shell_check_passes_on_exit_zero_and_times_out() {
+        let t = Duration::from_secs(5);
+        check_shell(tokio::process::Command::new("true"), "true", t)
+            .await
+            .unwrap();
+        let err = check_shell(tokio::process::Command::new("false"), "false", t)
+            .await
+            .unwrap_err();
+        assert!(err.contains("`false` exited"), "{err}");
+        let mut slow = tokio::process::Command::new("sleep");
+        slow.arg("10");
+        let err = check_shell(slow, "sleep 10", Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(err.contains("timed out"), "{err}");
     }
 
     #[tokio::test]

@@ -400,11 +400,9 @@ async fn start_task(
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
-    let spawned = {
-        let exec = shared.exec.clone();
-        let layout = shared.layout.clone();
-        exec.spawn(&layout, &assignment)
-    };
+    let t0 = std::time::Instant::now();
+    let spawned = shared.exec.spawn(&shared.layout, &assignment);
+    tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
     match spawned {
         Ok(child) => {
             tracing::debug!(task_id = %id, pid = ?child.id(), "executor started");

@@ -50,11 +50,16 @@ async fn real_executor_runs_is_readopted_and_killed() {
     };
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();
-    let _guard = KillExecutorsOnDrop(&dirs, vec!["real0", "real1", "real2", "real3", "real4"]);
+    let _guard = KillExecutorsOnDrop(
+        &dirs,
+        vec![
+            "real0", "real1", "real2", "real3", "real4", "real5", "real6",
+        ],
+    );
     let agent = RunningAgent::start(real_config(&master, &dirs, &executor));
     let mut latencies = Vec::new();
     let mut assigned = Vec::new();
-    for i in 0..5 {
+    for i in 0..7 {
         let id = format!("real{i}");
         let mut a = assignment(&id, "sleep 600");
         // An account every Debian host has; with --no-isolation the executor
@@ -62,9 +67,11 @@ async fn real_executor_runs_is_readopted_and_killed() {
         a.task.task.user = Some("nobody".into());
         assigned.push(a);
         let t0 = Instant::now();
+        tracing::info!(task = %id, "assigning");
         master.assign(assigned.clone());
-        master.wait_for_state(&id, TaskState::Running).await;
-        latencies.push(t0.elapsed());
+        let running = master.wait_for_state(&id, TaskState::Running).await;
+        let arrived = master.with(|s| s.arrivals[&(id.clone(), running.seq)]);
+        latencies.push(arrived - t0);
     }
     latencies.sort();
     eprintln!(
@@ -112,7 +119,7 @@ async fn real_executor_runs_is_readopted_and_killed() {
 
     // Everything else leaves the set: killed through the socket.
     master.assign(vec![]);
-    for i in [0, 2, 3, 4] {
+    for i in [0, 2, 3, 4, 5, 6] {
         master
             .wait_for_state(&format!("real{i}"), TaskState::Killed)
             .await;

@@ -41,6 +41,8 @@ pub struct MasterState {
     pub last_good_heartbeat: Option<std::time::Instant>,
     /// The master lost its state: 404 (field agent_id) until the agent registers.
     pub forgot_agent: bool,
+    /// When each (task, seq) update arrived.
+    pub arrivals: BTreeMap<(String, u64), std::time::Instant>,
 }
 
 fn unknown_agent() -> Response {
@@ -77,6 +79,7 @@ impl FakeMaster {
             ask_full_set: false,
             last_good_heartbeat: None,
             forgot_agent: false,
+            arrivals: BTreeMap::new(),
         };
         let master = FakeMaster {
             state: Arc::new(Mutex::new(state)),
@@ -213,6 +216,8 @@ async fn updates(
                 .iter()
                 .any(|x| x.task_id == u.task_id && x.seq == u.seq)
             {
+                s.arrivals
+                    .insert((u.task_id.clone(), u.seq), std::time::Instant::now());
                 s.updates.push(u);
             }
         }

@@ -443,7 +443,12 @@ impl Runner {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         let mut int =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-        let mut changed = self.tick();
+        // Start the first processes before anything else: that is what the task waits
+        // for, and the checkpoint's fsync can follow.
+        let now = self.now();
+        for idx in self.machine.to_start(now) {
+            self.start_process(idx, now);
+        }
         let isolation = match &self.cgroup {
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),
@@ -453,14 +458,16 @@ impl Runner {
             None,
             format!("sandbox {} ready, {isolation}", self.layout.root.display()),
         );
-        if self.health.is_none() && self.state == TaskState::Starting && !self.finished() {
+        if self.health.is_none() && self.machine.any_running() {
             self.emit(TaskState::Running, None, "processes started".into());
-            changed = false;
         }
-        if changed {
-            self.emit_same("processes changed".into());
-        }
-        while !self.state.is_terminal() {
+        loop {
+            if self.tick() {
+                self.emit_same("processes changed".into());
+            }
+            if self.state.is_terminal() {
+                break;
+            }
             let deadline = self.next_deadline();
             let sleep_until = self.started_at + Duration::from_millis(deadline);
             tokio::select! {
@@ -475,9 +482,6 @@ impl Runner {
             // Handle everything already queued before deciding.
             while let Ok(ev) = rx.try_recv() {
                 self.handle(ev);
-            }
-            if self.tick() {
-                self.emit_same("processes changed".into());
             }
         }
         self.cleanup_cgroup();
@@ -761,10 +765,6 @@ impl Runner {
                 eprintln!("drover-executor: {e}");
             }
         }
-    }
-
-    fn finished(&self) -> bool {
-        self.state.is_terminal()
     }
 
     /// Decides and acts on everything due now. Returns whether processes changed

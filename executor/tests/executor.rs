@@ -120,6 +120,7 @@ fn kill_escalation_stops_once_the_process_exits_on_quitquitquit() {
         !rec.iter().any(|(_, r)| r == "POST /abortabortabort"),
         "escalation went on: {rec:?}"
     );
+    assert_eq!(ex.wait_exit(LONG), 1);
 }
 
 #[test]
@@ -168,6 +169,7 @@ fn running_is_gated_on_health_and_the_snooze_file_pauses_checks() {
         }
         other => panic!("expected a health check failure, got {other:?}"),
     }
+    assert_eq!(ex.wait_exit(LONG), 1);
 }
 
 #[test]
@@ -192,6 +194,7 @@ fn failing_http_health_checks_kill_the_task_with_the_last_error() {
     assert!(recorded(&ex.path("rec"))
         .iter()
         .any(|(_, r)| r == "POST /quitquitquit"));
+    assert_eq!(ex.wait_exit(LONG), 1);
 }
 
 #[test]
@@ -250,6 +253,7 @@ fn memory_hog_ends_with_exit_reason_oom() {
     let end = ex.wait_terminal(LONG);
     assert_eq!(end.state, TaskState::Failed);
     assert_eq!(end.exit_reason, Some(ExitReason::OomKilled), "{end:?}");
+    assert_eq!(ex.wait_exit(LONG), 1);
 }
 
 #[test]
@@ -277,6 +281,7 @@ fn setsid_grandchild_is_killed_with_the_task() {
         "the setsid'd grandchild to die",
         || !alive(pid),
     );
+    assert_eq!(ex.wait_exit(LONG), 0);
 }
 
 #[test]
@@ -306,6 +311,7 @@ fn process_restarts_until_max_failures_and_no_faster_than_min_duration() {
     for w in starts.windows(2) {
         assert!(w[1] - w[0] >= 480, "restarted after {} ms", w[1] - w[0]);
     }
+    assert_eq!(ex.wait_exit(LONG), 1);
 }
 
 #[test]
@@ -363,6 +369,8 @@ fn missing_binary_fails_to_start_naming_the_path() {
         }
         other => panic!("expected FailedToStart, got {other:?}"),
     }
+    assert_eq!(ex.wait_exit(LONG), 1);
+    assert_eq!(ex.seen.len(), 2, "STARTING then FAILED: {:#?}", ex.seen);
 }
 
 #[test]
@@ -503,7 +511,7 @@ fn cleanup_after_an_executor_crash_kills_what_is_left_and_is_idempotent() {
     let running = ex.wait_state(TaskState::Running, LONG);
     let pid = running.processes[0].pid.unwrap() as i32;
     ex.signal(Signal::SIGKILL);
-    ex.wait_exit(LONG);
+    ex.wait_exit_unchecked(LONG);
     assert!(alive(pid), "the task must survive its executor");
     for _ in 0..2 {
         let status = std::process::Command::new(executor_bin())
@@ -572,6 +580,7 @@ fn process_output_goes_to_rotated_log_files() {
         "no rotation happened"
     );
     assert!(!logs.join("chatty.stdout.3").exists());
+    assert_eq!(ex.wait_exit(LONG), 0);
 }
 
 #[test]
@@ -589,4 +598,5 @@ fn no_isolation_runs_without_a_cgroup() {
     assert!(end.processes[0].last_exit == Some(ExitReason::ExitCode { code: 0 }));
     assert_eq!(std::fs::read_to_string(ex.path("out")).unwrap(), "7\n");
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/pids/drover/{id}")).exists());
+    assert_eq!(ex.wait_exit(LONG), 0);
 }

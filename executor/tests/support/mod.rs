@@ -220,11 +220,33 @@ impl Exec {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
-    /// Waits for the executor to exit; returns its exit code.
+    /// Waits for the executor to exit without checking its statuses (it was killed).
+    pub fn wait_exit_unchecked(&mut self, timeout: Duration) -> i32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "executor still running after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the executor to exit; checks the status stream is well formed;
+    /// returns its exit code.
     pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                // The stdout reader ends with the executor: collect the rest and check
+                // the whole stream.
+                while let Ok(s) = self.statuses.recv_timeout(Duration::from_secs(5)) {
+                    self.seen.push(s);
+                }
+                assert_well_formed(&self.seen);
                 return status.code().unwrap_or(-1);
             }
             assert!(
@@ -282,4 +304,22 @@ pub fn unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
+}
+
+/// Statuses count up by one from 1, the first is STARTING (or a setup failure), and
+/// exactly one terminal status comes last.
+pub fn assert_well_formed(seen: &[ExecutorStatus]) {
+    assert!(!seen.is_empty(), "no statuses at all");
+    for (i, s) in seen.iter().enumerate() {
+        assert_eq!(s.seq, i as u64 + 1, "seq gap or reorder in {seen:#?}");
+    }
+    let first = &seen[0];
+    assert!(
+        first.state == TaskState::Starting || first.state.is_terminal(),
+        "first status is {:?}",
+        first.state
+    );
+    let terminals = seen.iter().filter(|s| s.state.is_terminal()).count();
+    assert_eq!(terminals, 1, "{terminals} terminal statuses in {seen:#?}");
+    assert!(seen.last().unwrap().state.is_terminal());
 }

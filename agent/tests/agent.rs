@@ -76,11 +76,11 @@ async fn runs_assigned_tasks_relays_statuses_and_kills_errant_ones() {
         .is_some(),
         "outbox drained"
     );
+    let seen = master.with(|s| s.heartbeats.len());
     let hb_after = wait_until(Duration::from_secs(10), || {
         master.with(|s| {
-            s.heartbeats
+            s.heartbeats[seen..]
                 .iter()
-                .rev()
                 .find(|h| h.task_digest == task_set_digest(std::iter::empty::<&str>()))
                 .cloned()
         })

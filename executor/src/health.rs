@@ -304,7 +304,10 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         check_tcp(port, Duration::from_secs(5)).await.unwrap();
-        drop(listener);
+        // Bound but not listening: refused, and no other test can take the port.
+        let closed = tokio::net::TcpSocket::new_v4().unwrap();
+        closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = closed.local_addr().unwrap().port();
         let err = check_tcp(port, Duration::from_secs(5)).await.unwrap_err();
         assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     }

@@ -260,6 +260,22 @@ impl Outbox {
     pub fn forget(&mut self, task_id: &str) {
         self.acked.remove(task_id);
     }
+
+    /// Drops the ack records of tasks for which `keep` is false and nothing is
+    /// pending (e.g. sandboxes removed while the agent was down), so the record does
+    /// not grow forever. Returns how many were dropped.
+    pub fn prune_acked(&mut self, keep: impl Fn(&str) -> bool) -> usize {
+        let drop: Vec<String> = self
+            .acked
+            .keys()
+            .filter(|id| !keep(id) && !self.has_pending_for(id))
+            .cloned()
+            .collect();
+        for id in &drop {
+            self.acked.remove(id);
+        }
+        drop.len()
+    }
 }
 
 #[cfg(test)]
@@ -356,6 +372,25 @@ mod tests {
         let ob = Outbox::open(dir.path()).unwrap();
         assert_eq!(ob.len(), 1);
         assert!(!dir.path().join("outbox/00000000000000000009.tmp").exists());
+    }
+
+    #[test]
+    fn ack_records_of_vanished_tasks_are_pruned_unless_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ob = Outbox::open(dir.path()).unwrap();
+        ob.put(vec![
+            update("gone", 1),
+            update("kept", 1),
+            update("busy", 1),
+        ])
+        .unwrap();
+        ob.ack(&[("gone".into(), 1), ("kept".into(), 1), ("busy".into(), 1)])
+            .unwrap();
+        ob.put(vec![update("busy", 2)]).unwrap();
+        assert_eq!(ob.prune_acked(|id| id == "kept"), 1);
+        assert_eq!(ob.last_seq("gone"), 0);
+        assert_eq!(ob.last_seq("kept"), 1);
+        assert_eq!(ob.last_seq("busy"), 2);
     }
 
     #[test]

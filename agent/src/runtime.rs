@@ -310,6 +310,13 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
             return;
         }
     };
+    {
+        let present: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let pruned = lock(&shared.outbox).prune_acked(|id| present.contains(id));
+        if pruned > 0 {
+            tracing::debug!(pruned, "dropped ack records of tasks without a sandbox");
+        }
+    }
     let running = executor::find_running_executors(&shared.exe_name, shared.layout.root());
     for id in ids {
         let meta = shared.layout.read_meta(&id);

@@ -49,6 +49,8 @@ pub enum AgentError {
 
 /// Most updates sent in one POST.
 const RELAY_BATCH: usize = 1000;
+/// How long a stopping agent waits for its outbox to drain.
+const DRAIN: Duration = Duration::from_secs(2);
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -268,6 +270,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
 
     shutdown.await;
     tracing::info!("agent stopping; executors keep running");
+    // Drain: give the relay a moment to deliver what is pending (e.g. the KILLED of
+    // a job killed just before); whatever remains is sent after the next start.
+    if *shared.epoch.borrow() > 0 {
+        let deadline = Instant::now() + DRAIN;
+        while !lock(&shared.outbox).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let _ = stop_tx.send(true);
     tasks.shutdown().await;
     let mut spawned = std::mem::take(&mut *lock(&shared.spawned));

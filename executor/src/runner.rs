@@ -577,6 +577,10 @@ impl Runner {
                 let reason = self.exit_reason(idx, status);
                 self.machine.exited(idx, reason);
                 self.process_changed = true;
+                // Forget process groups that are gone, so that a recycled id is never
+                // signalled (they matter only without a cgroup).
+                self.pgids
+                    .retain(|&g| killpg(Pid::from_raw(g), None).is_ok());
             }
             Event::Health(result) => self.health_result(result),
             Event::Client(ClientEvent::Connected) => {

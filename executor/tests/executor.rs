@@ -206,8 +206,10 @@ fn fork_bomb_hits_the_pids_limit_and_the_kill_leaves_nothing() {
     let task = task_json(
         &id,
         json!({"processes": [
-            {"name": "main", "cmdline": "exec sleep 1000"},
-            {"name": "bomb", "cmdline": "b() { b | b & }; b"},
+            {"name": "bomb",
+                // Every level leaves a sleeper behind and forks the next level, until
+                // forks fail at the pids limit; the first process stays as a sleeper.
+                "cmdline": "b() { sleep 1000 & b & }; b; exec sleep 1000"},
         ]}),
         json!({}),
     );

@@ -141,15 +141,45 @@ fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
     }
 }
 
-/// Reads the stable agent id from `<data_dir>/agent-id`, creating it once.
-pub fn load_or_create_agent_id(data_dir: &Path, hostname: &str) -> std::io::Result<String> {
-    let path = data_dir.join("agent-id");
-    match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+fn read_id(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(id) if !id.trim().is_empty() => Ok(Some(id.trim().to_string())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
+}
+
+/// The stable agent id: `<data_dir>/agent-id`, else the copy kept in
+/// `<sandbox_root>/.agent-id` (so a lost data dir keeps the id and the master keeps
+/// the tasks), else a new `<hostname>-<12 hex>`. Both files are (re)written.
+pub fn load_or_create_agent_id(
+    data_dir: &Path,
+    sandbox_root: &Path,
+    hostname: &str,
+) -> std::io::Result<String> {
+    let path = data_dir.join("agent-id");
+    let copy = sandbox_root.join(".agent-id");
+    let id = match read_id(&path)? {
+        Some(id) => id,
+        None => match read_id(&copy)? {
+            Some(id) => {
+                tracing::warn!(agent_id = %id, "agent id missing from data_dir; recovered it from the sandbox root");
+                id
+            }
+            None => new_agent_id(hostname),
+        },
+    };
+    if read_id(&path)?.as_deref() != Some(id.as_str()) {
+        write_atomic(&path, id.as_bytes(), true)?;
+    }
+    if read_id(&copy)?.as_deref() != Some(id.as_str()) {
+        write_atomic(&copy, id.as_bytes(), true)?;
+    }
+    Ok(id)
+}
+
+fn new_agent_id(hostname: &str) -> String {
     // FNV over the kernel's random uuid (plus pid and time as a fallback).
     let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
     let seed = format!("{uuid}{}{:?}", std::process::id(), SystemTime::now());
@@ -169,9 +199,7 @@ pub fn load_or_create_agent_id(data_dir: &Path, hostname: &str) -> std::io::Resu
         })
         .take(40)
         .collect();
-    let id = format!("{host}-{:012x}", h & 0xffff_ffff_ffff);
-    write_atomic(&path, id.as_bytes(), true)?;
-    Ok(id)
+    format!("{host}-{:012x}", h & 0xffff_ffff_ffff)
 }
 
 /// Runs the agent until `shutdown` completes. Executors are left running: they
@@ -184,7 +212,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     std::fs::create_dir_all(&cfg.data_dir).map_err(dir_err("data_dir", &cfg.data_dir))?;
     std::fs::create_dir_all(&cfg.sandbox_root)
         .map_err(dir_err("sandbox_root", &cfg.sandbox_root))?;
-    let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.hostname)
+    let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.sandbox_root, &cfg.hostname)
         .map_err(dir_err("agent id in", &cfg.data_dir))?;
     let outbox = Arc::new(Mutex::new(Outbox::open(&cfg.data_dir)?));
 
@@ -1048,10 +1076,26 @@ mod tests {
     #[test]
     fn agent_id_is_created_once_and_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let a = load_or_create_agent_id(dir.path(), "host.example").unwrap();
-        let b = load_or_create_agent_id(dir.path(), "other").unwrap();
+        let (data, root) = (dir.path().join("data"), dir.path().join("root"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        let a = load_or_create_agent_id(&data, &root, "host.example").unwrap();
+        let b = load_or_create_agent_id(&data, &root, "other").unwrap();
         assert_eq!(a, b);
         assert!(a.starts_with("host-example-"), "{a}");
+    }
+
+    #[test]
+    fn a_lost_data_dir_keeps_the_agent_id_from_the_sandbox_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, root) = (dir.path().join("data"), dir.path().join("root"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        let a = load_or_create_agent_id(&data, &root, "h").unwrap();
+        std::fs::remove_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        assert_eq!(load_or_create_agent_id(&data, &root, "h").unwrap(), a);
+        assert_eq!(std::fs::read_to_string(data.join("agent-id")).unwrap(), a);
     }
 
     #[test]

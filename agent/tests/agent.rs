@@ -354,3 +354,35 @@ async fn a_master_that_forgot_the_agent_gets_it_registered_again() {
         .any(|u| u.state.is_terminal()));
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_data_dir_keeps_the_id_and_readopts_from_the_sandbox_root() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["t1"]);
+    master.assign(vec![assignment("t1", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    master.wait_for_state("t1", TaskState::Running).await;
+    agent.stop().await;
+    std::fs::remove_dir_all(dirs.data()).unwrap();
+
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    wait_until(Duration::from_secs(10), || {
+        master.with(|s| (s.registrations.len() >= 2).then_some(()))
+    })
+    .await
+    .expect("registered again");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids: Vec<String> =
+        master.with(|s| s.registrations.iter().map(|r| r.agent_id.clone()).collect());
+    assert_eq!(ids[0], ids[1], "the id survives in the sandbox root");
+    assert_eq!(dirs.spawns("t1").len(), 1, "re-adopted, not restarted");
+    assert!(!master
+        .updates_for("t1")
+        .iter()
+        .any(|u| u.state.is_terminal()));
+    // Still under control: a kill reaches it.
+    master.assign(vec![]);
+    master.wait_for_state("t1", TaskState::Killed).await;
+    agent.stop().await;
+}

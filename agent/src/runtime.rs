@@ -908,6 +908,7 @@ async fn heartbeats(shared: Arc<Shared>) {
     let _ = epoch.wait_for(|e| *e > 0).await;
     epoch.borrow_and_update();
     let mut full = true;
+    let mut failing_since: Option<Instant> = None;
     loop {
         let req = heartbeat_request(&shared, full);
         let sent_full = full;
@@ -915,6 +916,12 @@ async fn heartbeats(shared: Arc<Shared>) {
         match shared.client.heartbeat(&shared.agent_id, &req).await {
             Ok(resp) => {
                 record_contact(&shared);
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(
+                        down_ms = since.elapsed().as_millis() as u64,
+                        "master answers heartbeats again"
+                    );
+                }
                 if resp.reregister {
                     shared.reregister.notify_one();
                     let _ = epoch.changed().await;
@@ -935,7 +942,15 @@ async fn heartbeats(shared: Arc<Shared>) {
                 full = true;
                 continue;
             }
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            Err(e) => {
+                // Once per outage at warn; the lease check says when it matters.
+                if failing_since.is_none() {
+                    tracing::warn!(error = %e, "heartbeat failed; retrying every interval");
+                    failing_since = Some(Instant::now());
+                } else {
+                    tracing::debug!(error = %e, "heartbeat failed");
+                }
+            }
         }
         let interval = Duration::from_millis(shared.heartbeat_ms.load(Ordering::SeqCst));
         tokio::select! {

@@ -25,13 +25,12 @@ fn http_task(
     graceful: &str,
     shutdown: &str,
 ) -> serde_json::Value {
-    let bin = test_service_bin();
     task_json(
         id,
         json!({
             "processes": [{
                 "name": "svc",
-                "cmdline": format!("exec {} --port {{{{ports.health}}}} --record rec {service_flags}", bin.display()),
+                "cmdline": format!("exec ../{SERVICE} --port {{{{ports.health}}}} --record rec {service_flags}"),
             }],
             "resources": {"cpu": 1.0, "ram": "256MiB", "disk": "64MiB", "ports": ["health"]},
         }),

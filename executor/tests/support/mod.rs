@@ -19,6 +19,10 @@ pub fn executor_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drover-executor"))
 }
 
+/// The test service's file name; tasks run it as `../drover-test-service` (it is
+/// copied beside the sandbox).
+pub const SERVICE: &str = "drover-test-service";
+
 /// The test service binary, built on first use when missing.
 pub fn test_service_bin() -> PathBuf {
     let dir = executor_bin()
@@ -138,6 +142,13 @@ impl Exec {
 
     /// Like `start`, in a given directory.
     pub fn start_in(dir: tempfile::TempDir, task: &Value, flags: &[&str]) -> Exec {
+        if task.to_string().contains(SERVICE) {
+            // Beside the sandbox, where the task user can reach it even when the
+            // build directory is not (say under /root).
+            let copy = dir.path().join(SERVICE);
+            std::fs::copy(test_service_bin(), &copy).unwrap();
+            std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
         let task_file = dir.path().join("task.json");
         std::fs::write(&task_file, serde_json::to_vec(task).unwrap()).unwrap();
         let sandbox = dir.path().join("sandbox");

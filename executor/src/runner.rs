@@ -14,6 +14,7 @@ use drover_common::wire::{ExecutorStatus, ExecutorTask};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
+use tokio::signal::unix::Signal as SignalStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -167,6 +168,12 @@ pub fn run(opts: Options) -> i32 {
 }
 
 async fn run_async(opts: Options) -> i32 {
+    // Before anything else, so that an early SIGTERM starts the escalation instead of
+    // killing the executor outright.
+    let signals = (
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok(),
+    );
     let task = match load_task(&opts.task_file) {
         Ok(t) => t,
         Err(e) => {
@@ -204,7 +211,7 @@ async fn run_async(opts: Options) -> i32 {
             return 2;
         }
     };
-    runner.main_loop(&mut rx).await
+    runner.main_loop(&mut rx, signals).await
 }
 
 impl Runner {
@@ -438,11 +445,12 @@ impl Runner {
         self.emit(self.state, None, message);
     }
 
-    async fn main_loop(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>) -> i32 {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        let mut int =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async fn main_loop(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: (Option<SignalStream>, Option<SignalStream>),
+    ) -> i32 {
+        let (mut term, mut int) = signals;
         // Start the first processes before anything else: that is what the task waits
         // for, and the checkpoint's fsync can follow.
         let now = self.now();

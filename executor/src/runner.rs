@@ -185,6 +185,11 @@ async fn run_async(opts: Options) -> i32 {
         // Our own session: the agent's death or its terminal's hangup must not reach us.
         let _ = nix::unistd::setsid();
     }
+    let mut opts = opts;
+    // Processes see the sandbox path (cwd, DROVER_SANDBOX, {{sandbox}}): make it absolute.
+    if let Ok(abs) = std::path::absolute(&opts.sandbox) {
+        opts.sandbox = abs;
+    }
     let layout = Layout::new(&opts.sandbox);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut runner = match Runner::setup(opts, task, layout, tx) {

@@ -71,8 +71,24 @@ struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        // Ask the executor to stop its task (escalation), then make sure: the task
+        // outlives a SIGKILLed executor by design, so run cleanup too.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = Command::new(exe())
+            .args(["cleanup", "--sandbox"])
+            .arg(&self.sandbox)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

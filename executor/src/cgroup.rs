@@ -2,22 +2,43 @@
 //! (read back after writing), tell where a child writes itself before exec, count OOM
 //! kills, kill everything in it and remove it.
 //!
-//! The implementation writes the cgroup files itself instead of going through
-//! cgroups-rs: cgroups-rs hard-codes `/sys/fs/cgroup` as the v2 root (so it cannot be
-//! pointed at a fake tree in a test) and silently skips a missing v2 controller, both
-//! of which we must not do. The mount root is injected, so v1 runs for real and v2 is
-//! tested against a directory tree in a temp dir.
+//! The implementation goes through cgroups-rs ([`cgroups_rs::Cgroup`] and its cpu,
+//! memory, pids and freezer controllers) with our own [`RootedHierarchy`]: cgroups-rs's
+//! `hierarchies::V2` hard-codes `/sys/fs/cgroup` as the v2 root, so a tree at an
+//! injected root (a fake tree in a temp dir, or `--cgroup-root`) needs a hierarchy of
+//! our own. On v1, cgroups-rs's `hierarchies::V1` (from /proc/self/mountinfo) is used
+//! when its mount points are the injected root's `cpu/`, `memory/`, `pids/` and
+//! `freezer/`.
+//!
+//! cgroups-rs has traps we guard against here: it leaves a controller that is not
+//! available out of the cgroup without a word (every setter is then skipped), it
+//! creates a missing limit file instead of failing (harmless on a kernel, which refuses,
+//! but wrong on a fake tree), it ignores errors creating v1 directories and enabling v2
+//! controllers, and it takes the v2 controller list from `/sys/fs/cgroup`. So we
+//! require each controller we need, require each limit file to exist before writing
+//! it, enable our v2 controllers ourselves, check the directories exist after
+//! creating, and read every limit back.
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use cgroups_rs::cpu::CpuController;
+use cgroups_rs::error::ErrorKind;
+use cgroups_rs::freezer::FreezerController;
+use cgroups_rs::hierarchies::V1;
+use cgroups_rs::memory::MemController;
+use cgroups_rs::pid::PidController;
+use cgroups_rs::{Cgroup, Controller, Controllers, Hierarchy, MaxValue, Subsystem};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// v1 controllers we use, each its own hierarchy under the mount root.
 pub const V1_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "freezer"];
+
+/// v2 controllers we enable for the task's cgroup.
+pub const V2_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
 /// The CFS period we use for the cpu quota (100 ms).
 pub const CPU_PERIOD_US: u64 = 100_000;
@@ -54,6 +75,17 @@ pub enum CgroupError {
         wrote: String,
         read: String,
     },
+    #[error("the {controller} controller is not available under {root} (v2: not in cgroup.controllers; v1: not mounted there); enable it, point --cgroup-root at the right place, or run with --no-isolation")]
+    MissingController {
+        controller: &'static str,
+        root: PathBuf,
+    },
+    #[error("cgroups-rs could not {what} {path}: {source}")]
+    Lib {
+        what: &'static str,
+        path: PathBuf,
+        source: cgroups_rs::error::Error,
+    },
     #[error("cgroup {path} still has processes after {secs}s of SIGKILL: {pids:?}")]
     NotEmpty {
         path: PathBuf,
@@ -61,7 +93,10 @@ pub enum CgroupError {
         pids: Vec<i32>,
     },
     #[error("cannot remove cgroup {path}: {source}")]
-    Remove { path: PathBuf, source: io::Error },
+    Remove {
+        path: PathBuf,
+        source: cgroups_rs::error::Error,
+    },
 }
 
 /// The cgroup of one task (youki's `CgroupManager`, narrowed to what we need).
@@ -91,22 +126,150 @@ pub enum Version {
     V2,
 }
 
-/// A task cgroup made of plain files under an injected mount root.
+/// A cgroups-rs [`Hierarchy`] at an injected mount root.
+///
+/// v2: the controllers listed in `<root>/cgroup.controllers` among cpu, memory and
+/// pids (what `hierarchies::V2::subsystems` does for `/sys/fs/cgroup`). v1: each of
+/// cpu, memory, pids and freezer whose `<root>/<controller>` directory exists.
 #[derive(Clone, Debug)]
+pub struct RootedHierarchy {
+    version: Version,
+    root: PathBuf,
+}
+
+impl RootedHierarchy {
+    /// The hierarchy of `version` mounted at `root`.
+    pub fn new(version: Version, root: &Path) -> RootedHierarchy {
+        RootedHierarchy {
+            version,
+            root: root.to_path_buf(),
+        }
+    }
+}
+
+impl Hierarchy for RootedHierarchy {
+    fn subsystems(&self) -> Vec<Subsystem> {
+        let root = || self.root.clone();
+        match self.version {
+            Version::V2 => {
+                let listed =
+                    fs::read_to_string(self.root.join("cgroup.controllers")).unwrap_or_default();
+                listed
+                    .split_whitespace()
+                    .filter_map(|c| match c {
+                        "cpu" => Some(Subsystem::Cpu(CpuController::new(root(), true))),
+                        "memory" => Some(Subsystem::Mem(MemController::new(root(), true))),
+                        "pids" => Some(Subsystem::Pid(PidController::new(root(), true))),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            Version::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|c| (c, self.root.join(c)))
+                .filter(|(_, dir)| dir.is_dir())
+                .filter_map(|(c, dir)| match *c {
+                    "cpu" => Some(Subsystem::Cpu(CpuController::new(dir, false))),
+                    "memory" => Some(Subsystem::Mem(MemController::new(dir, false))),
+                    "pids" => Some(Subsystem::Pid(PidController::new(dir, false))),
+                    "freezer" => Some(Subsystem::Freezer(FreezerController::new(dir, false))),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.root.clone()
+    }
+
+    fn root_control_group(&self) -> Cgroup {
+        Cgroup::load(Box::new(self.clone()), "")
+    }
+
+    fn parent_control_group(&self, path: &str) -> Cgroup {
+        let parent = Path::new(path).parent().unwrap_or(Path::new(""));
+        Cgroup::load(Box::new(self.clone()), parent)
+    }
+
+    fn v2(&self) -> bool {
+        self.version == Version::V2
+    }
+}
+
+/// cgroups-rs's `hierarchies::V1` if, for each controller we use, its mount point
+/// (from /proc/self/mountinfo) is `<root>/<controller>` or, when not mounted, there is
+/// no such directory either; `None` otherwise (e.g. a test tree, or `cpu` being a
+/// symlink to `cpu,cpuacct`).
+fn system_v1_at(root: &Path) -> Option<V1> {
+    let v1 = V1::new();
+    let ours = [
+        (Controllers::Cpu, "cpu"),
+        (Controllers::Mem, "memory"),
+        (Controllers::Pids, "pids"),
+        (Controllers::Freezer, "freezer"),
+    ];
+    ours.into_iter()
+        .all(|(c, name)| match v1.get_mount_point(c) {
+            Some(mount) => mount == root.join(name),
+            None => !root.join(name).exists(),
+        })
+        .then_some(v1)
+}
+
+/// The cgroups-rs handle of `<rel>` in the hierarchy of `version` at `root`.
+fn load(version: Version, root: &Path, rel: &str) -> (Cgroup, bool) {
+    if version == Version::V1 {
+        if let Some(v1) = system_v1_at(root) {
+            let names = V1_CONTROLLERS.iter().map(|c| c.to_string()).collect();
+            return (
+                Cgroup::load_with_specified_controllers(Box::new(v1), rel, names),
+                true,
+            );
+        }
+    }
+    (
+        Cgroup::load(Box::new(RootedHierarchy::new(version, root)), rel),
+        false,
+    )
+}
+
+/// A task cgroup, managed through cgroups-rs, under an injected mount root.
+#[derive(Debug)]
 pub struct FsCgroup {
     version: Version,
     root: PathBuf,
     /// `<parent>/<task_id>`.
-    rel: PathBuf,
+    rel: String,
+    cg: Cgroup,
+    /// Whether `cg` uses cgroups-rs's own (mountinfo) v1 hierarchy.
+    system_v1: bool,
+}
+
+impl Clone for FsCgroup {
+    fn clone(&self) -> FsCgroup {
+        let (cg, system_v1) = load(self.version, &self.root, &self.rel);
+        FsCgroup {
+            version: self.version,
+            root: self.root.clone(),
+            rel: self.rel.clone(),
+            cg,
+            system_v1,
+        }
+    }
 }
 
 impl FsCgroup {
     /// The cgroup `<parent>/<task_id>` under `root` (e.g. `/sys/fs/cgroup`).
     pub fn new(version: Version, root: &Path, parent: &str, task_id: &str) -> FsCgroup {
+        let rel = format!("{}/{task_id}", parent.trim_matches('/'));
+        let (cg, system_v1) = load(version, root, &rel);
         FsCgroup {
             version,
             root: root.to_path_buf(),
-            rel: Path::new(parent).join(task_id),
+            rel,
+            cg,
+            system_v1,
         }
     }
 
@@ -128,6 +291,12 @@ impl FsCgroup {
         self.version
     }
 
+    /// Whether the v1 hierarchy is cgroups-rs's own `hierarchies::V1` (the injected
+    /// root is where /proc/self/mountinfo says the controllers are mounted).
+    pub fn uses_system_v1(&self) -> bool {
+        self.system_v1
+    }
+
     /// The directory of the cgroup in one controller (v1) or the tree (v2).
     pub fn dir(&self, controller: &str) -> PathBuf {
         match self.version {
@@ -136,21 +305,224 @@ impl FsCgroup {
         }
     }
 
+    /// The cgroup's directories: one per v1 controller present, or the v2 one.
     fn dirs(&self) -> Vec<PathBuf> {
         match self.version {
-            Version::V1 => V1_CONTROLLERS
+            Version::V1 => self
+                .cg
+                .subsystems()
                 .iter()
-                .map(|c| self.root.join(c))
-                .filter(|h| h.is_dir())
-                .map(|h| h.join(&self.rel))
+                .map(|s| s.to_controller().path().to_path_buf())
                 .collect(),
             Version::V2 => vec![self.root.join(&self.rel)],
         }
     }
 
-    fn freezer(&self) -> Option<PathBuf> {
-        let dir = self.dir("freezer");
-        (self.version == Version::V1 && dir.join("freezer.state").is_file()).then_some(dir)
+    /// The controller `T`, or an error naming it: cgroups-rs leaves an unavailable
+    /// controller out of the cgroup, and would then skip its limits silently.
+    fn require<'a, T>(&'a self, name: &'static str) -> Result<&'a T, CgroupError>
+    where
+        T: Controller + cgroups_rs::ControllIdentifier,
+        &'a T: From<&'a Subsystem>,
+    {
+        self.cg
+            .controller_of::<T>()
+            .ok_or_else(|| CgroupError::MissingController {
+                controller: name,
+                root: self.root.clone(),
+            })
+    }
+
+    fn lib(
+        &self,
+        what: &'static str,
+        path: PathBuf,
+    ) -> impl FnOnce(cgroups_rs::error::Error) -> CgroupError {
+        move |source| CgroupError::Lib { what, path, source }
+    }
+
+    /// v2 only: `+cpu +memory +pids` in `cgroup.subtree_control` of the root and of
+    /// each level above ours. Plain files: cgroups-rs enables the controllers listed in
+    /// the hard-coded `/sys/fs/cgroup/cgroup.controllers` and ignores write errors.
+    fn enable_v2_controllers(&self) -> Result<(), CgroupError> {
+        let value = V2_CONTROLLERS
+            .iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut level = self.root.clone();
+        let parts: Vec<&str> = self.rel.split('/').filter(|p| !p.is_empty()).collect();
+        for part in parts {
+            write_file(&level.join("cgroup.subtree_control"), &value)?;
+            level = level.join(part);
+        }
+        Ok(())
+    }
+
+    fn create_v1_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        if limits.cpu > 0.0 {
+            let cpu: &CpuController = self.require("cpu")?;
+            let dir = cpu.path();
+            let quota = cpu_quota_us(limits.cpu);
+            require_file(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            cpu.set_cfs_period(CPU_PERIOD_US)
+                .map_err(self.lib("set cpu.cfs_period_us in", dir.to_path_buf()))?;
+            require_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+            cpu.set_cfs_quota(quota as i64)
+                .map_err(self.lib("set cpu.cfs_quota_us in", dir.to_path_buf()))?;
+            let period = cpu
+                .cfs_period()
+                .map_err(self.lib("read cpu.cfs_period_us in", dir.to_path_buf()))?;
+            check(
+                &dir.join("cpu.cfs_period_us"),
+                CPU_PERIOD_US,
+                period,
+                period == CPU_PERIOD_US,
+            )?;
+            let read = cpu
+                .cfs_quota()
+                .map_err(self.lib("read cpu.cfs_quota_us in", dir.to_path_buf()))?;
+            check(
+                &dir.join("cpu.cfs_quota_us"),
+                quota,
+                read,
+                read == quota as i64,
+            )?;
+        }
+        if limits.memory_bytes > 0 {
+            let mem: &MemController = self.require("memory")?;
+            self.set_memory(mem, "memory.limit_in_bytes", limits.memory_bytes)?;
+        }
+        if limits.pids > 0 {
+            let pids: &PidController = self.require("pids")?;
+            self.set_pids(pids, limits.pids)?;
+        }
+        Ok(())
+    }
+
+    fn create_v2_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        if limits.cpu > 0.0 {
+            let cpu: &CpuController = self.require("cpu")?;
+            let dir = cpu.path();
+            let quota = cpu_quota_us(limits.cpu);
+            let file = dir.join("cpu.max");
+            let wrote = format!("{quota} {CPU_PERIOD_US}");
+            require_file(&file, &wrote)?;
+            cpu.set_cfs_quota_and_period(Some(quota as i64), Some(CPU_PERIOD_US))
+                .map_err(self.lib("set cpu.max in", dir.to_path_buf()))?;
+            let read_quota = cpu
+                .cfs_quota()
+                .map_err(self.lib("read cpu.max in", dir.to_path_buf()))?;
+            let read_period = cpu
+                .cfs_period()
+                .map_err(self.lib("read cpu.max in", dir.to_path_buf()))?;
+            let read = format!("{read_quota} {read_period}");
+            check(&file, wrote.clone(), read.clone(), read == wrote)?;
+        }
+        if limits.memory_bytes > 0 {
+            let mem: &MemController = self.require("memory")?;
+            self.set_memory(mem, "memory.max", limits.memory_bytes)?;
+            // Kill the whole task on OOM, not one random process of it. Plain file:
+            // cgroups-rs has no memory.oom.group knob.
+            let file = mem.path().join("memory.oom.group");
+            require_file(&file, "1")?;
+            write_file(&file, "1")?;
+            let read = read_file(&file)?;
+            check(&file, "1", read.trim(), read.trim() == "1")?;
+        }
+        if limits.pids > 0 {
+            let pids: &PidController = self.require("pids")?;
+            self.set_pids(pids, limits.pids)?;
+        }
+        Ok(())
+    }
+
+    /// `memory.limit_in_bytes` (v1) or `memory.max` (v2) through cgroups-rs, read back
+    /// from the file (cgroups-rs reads it only within `memory_stat()`, which reads a
+    /// dozen other files and, on v2, panics when one is missing).
+    fn set_memory(&self, mem: &MemController, name: &str, want: u64) -> Result<(), CgroupError> {
+        let file = mem.path().join(name);
+        require_file(&file, &want.to_string())?;
+        let limit = i64::try_from(want).map_err(|_| CgroupError::Write {
+            path: file.clone(),
+            value: want.to_string(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
+        })?;
+        mem.set_limit(limit)
+            .map_err(self.lib("set the memory limit in", mem.path().to_path_buf()))?;
+        let read = read_file(&file)?;
+        let read = read.trim();
+        // The kernel rounds down to whole pages.
+        let ok = read
+            .parse::<u64>()
+            .is_ok_and(|v| v <= want && want - v < 65536);
+        check(&file, want, read, ok)
+    }
+
+    fn set_pids(&self, pids: &PidController, want: u64) -> Result<(), CgroupError> {
+        let file = pids.path().join("pids.max");
+        require_file(&file, &want.to_string())?;
+        let value = i64::try_from(want).map_err(|_| CgroupError::Write {
+            path: file.clone(),
+            value: want.to_string(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
+        })?;
+        pids.set_pid_max(MaxValue::Value(value))
+            .map_err(self.lib("set pids.max in", pids.path().to_path_buf()))?;
+        let read = pids
+            .get_pid_max()
+            .map_err(self.lib("read pids.max in", pids.path().to_path_buf()))?;
+        let shown = match read {
+            MaxValue::Max => "max".to_string(),
+            MaxValue::Value(v) => v.to_string(),
+        };
+        check(&file, want, shown, read == MaxValue::Value(value))
+    }
+
+    /// `cgroup.procs` of the v2 cgroup when cgroups-rs has no controller to read it
+    /// through (it lists v2 processes via the first controller only).
+    fn v2_procs_fallback(&self) -> Result<Vec<i32>, CgroupError> {
+        let file = self.root.join(&self.rel).join("cgroup.procs");
+        match fs::read_to_string(&file) {
+            Ok(text) => Ok(parse_pids(&text)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(source) => Err(CgroupError::Read { path: file, source }),
+        }
+    }
+}
+
+/// Fails with `Write { NotFound }` if `path` does not exist: on a kernel a missing
+/// limit file means a missing controller, and cgroups-rs would create the file.
+fn require_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(CgroupError::Write {
+            path: path.to_path_buf(),
+            value: value.to_string(),
+            source: io::Error::new(
+                io::ErrorKind::NotFound,
+                "no such file (the controller is missing or not enabled)",
+            ),
+        })
+    }
+}
+
+/// `Ok` if `ok`, else a read-back error for `path`.
+fn check(
+    path: &Path,
+    wrote: impl ToString,
+    read: impl ToString,
+    ok: bool,
+) -> Result<(), CgroupError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(CgroupError::ReadBack {
+            path: path.to_path_buf(),
+            wrote: wrote.to_string(),
+            read: read.to_string(),
+        })
     }
 }
 
@@ -173,25 +545,6 @@ fn read_file(path: &Path) -> Result<String, CgroupError> {
     })
 }
 
-/// Writes a limit and checks that the file reads back as `expect(read)`.
-fn write_checked(
-    path: &Path,
-    value: &str,
-    matches: impl Fn(&str) -> bool,
-) -> Result<(), CgroupError> {
-    write_file(path, value)?;
-    let read = read_file(path)?;
-    if matches(read.trim()) {
-        Ok(())
-    } else {
-        Err(CgroupError::ReadBack {
-            path: path.to_path_buf(),
-            wrote: value.to_string(),
-            read: read.trim().to_string(),
-        })
-    }
-}
-
 /// The `oom_kill N` line of `memory.oom_control` (v1) or `memory.events` (v2).
 pub fn parse_oom_kills(text: &str) -> u64 {
     text.lines()
@@ -212,73 +565,24 @@ fn cpu_quota_us(cpu: f64) -> u64 {
 
 impl TaskCgroup for FsCgroup {
     fn create(&self, limits: &Limits) -> Result<(), CgroupError> {
-        if self.version == Version::V2 {
-            // Enable the controllers for the children of every level down to ours.
-            let mut level = self.root.clone();
-            for part in self.rel.iter() {
-                write_file(&level.join("cgroup.subtree_control"), "+cpu +memory +pids")?;
-                level = level.join(part);
-                if !level.is_dir() {
-                    fs::create_dir(&level).map_err(|source| CgroupError::Create {
-                        path: level.clone(),
-                        source,
-                    })?;
-                }
-            }
-        } else {
-            for dir in self.dirs() {
-                fs::create_dir_all(&dir)
-                    .map_err(|source| CgroupError::Create { path: dir, source })?;
+        self.cg.create().map_err(|source| CgroupError::Lib {
+            what: "create",
+            path: self.dir(""),
+            source,
+        })?;
+        // cgroups-rs only logs a v1 directory it could not create.
+        for dir in self.dirs() {
+            if let Err(source) = fs::metadata(&dir) {
+                return Err(CgroupError::Create { path: dir, source });
             }
         }
         match self.version {
-            Version::V1 => {
-                if limits.cpu > 0.0 {
-                    let cpu = self.dir("cpu");
-                    let period = CPU_PERIOD_US.to_string();
-                    write_checked(&cpu.join("cpu.cfs_period_us"), &period, |r| r == period)?;
-                    let quota = cpu_quota_us(limits.cpu).to_string();
-                    write_checked(&cpu.join("cpu.cfs_quota_us"), &quota, |r| r == quota)?;
-                }
-                if limits.memory_bytes > 0 {
-                    let want = limits.memory_bytes;
-                    write_checked(
-                        &self.dir("memory").join("memory.limit_in_bytes"),
-                        &want.to_string(),
-                        // The kernel rounds down to whole pages.
-                        |r| {
-                            r.parse::<u64>()
-                                .is_ok_and(|v| v <= want && want - v < 65536)
-                        },
-                    )?;
-                }
-                if limits.pids > 0 {
-                    let pids = limits.pids.to_string();
-                    write_checked(&self.dir("pids").join("pids.max"), &pids, |r| r == pids)?;
-                }
-            }
+            Version::V1 => self.create_v1_limits(limits),
             Version::V2 => {
-                let dir = self.dir("");
-                if limits.cpu > 0.0 {
-                    let value = format!("{} {}", cpu_quota_us(limits.cpu), CPU_PERIOD_US);
-                    write_checked(&dir.join("cpu.max"), &value, |r| r == value)?;
-                }
-                if limits.memory_bytes > 0 {
-                    let want = limits.memory_bytes;
-                    write_checked(&dir.join("memory.max"), &want.to_string(), |r| {
-                        r.parse::<u64>()
-                            .is_ok_and(|v| v <= want && want - v < 65536)
-                    })?;
-                    // Kill the whole task on OOM, not one random process of it.
-                    write_checked(&dir.join("memory.oom.group"), "1", |r| r == "1")?;
-                }
-                if limits.pids > 0 {
-                    let pids = limits.pids.to_string();
-                    write_checked(&dir.join("pids.max"), &pids, |r| r == pids)?;
-                }
+                self.enable_v2_controllers()?;
+                self.create_v2_limits(limits)
             }
         }
-        Ok(())
     }
 
     fn procs_files(&self) -> Vec<PathBuf> {
@@ -289,20 +593,23 @@ impl TaskCgroup for FsCgroup {
     }
 
     fn pids(&self) -> Result<Vec<i32>, CgroupError> {
-        let mut all = Vec::new();
-        for file in self.procs_files() {
-            match fs::read_to_string(&file) {
-                Ok(text) => all.extend(parse_pids(&text)),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => return Err(CgroupError::Read { path: file, source }),
-            }
+        if self.version == Version::V2 && self.cg.subsystems().is_empty() {
+            return self.v2_procs_fallback();
         }
-        all.sort_unstable();
-        all.dedup();
-        Ok(all)
+        // cgroups-rs reads `cgroup.procs` of every controller (v1) or the tree (v2),
+        // sorted and deduplicated; a missing cgroup reads as empty.
+        Ok(self
+            .cg
+            .procs()
+            .into_iter()
+            .filter_map(|p| i32::try_from(p.pid).ok())
+            .filter(|&p| p > 0)
+            .collect())
     }
 
     fn oom_kills(&self) -> Result<u64, CgroupError> {
+        // Plain files: cgroups-rs has no v2 memory.events reader, and its v1
+        // `oom_control` parser takes the counter by position.
         let file = match self.version {
             Version::V1 => self.dir("memory").join("memory.oom_control"),
             Version::V2 => self.dir("").join("memory.events"),
@@ -316,15 +623,30 @@ impl TaskCgroup for FsCgroup {
 
     fn kill_all(&self) -> Result<(), CgroupError> {
         if self.version == Version::V2 {
-            let kill_file = self.dir("").join("cgroup.kill");
-            if kill_file.exists() {
-                write_file(&kill_file, "1")?;
+            match self.cg.kill() {
+                Ok(()) => {}
+                // No cgroup.kill (kernel before 5.14, or no cgroup): the loop below.
+                Err(e) if matches!(e.kind(), ErrorKind::InvalidOperation) => {}
+                Err(source) => {
+                    return Err(CgroupError::Lib {
+                        what: "write cgroup.kill in",
+                        path: self.dir(""),
+                        source,
+                    })
+                }
             }
         }
-        // Freezing first stops a fork bomb from racing the kill loop.
-        let freezer = self.freezer();
-        if let Some(dir) = &freezer {
-            let _ = write_file(&dir.join("freezer.state"), "FROZEN");
+        // Freezing first stops a fork bomb from racing the kill loop (v1; errors are
+        // ignored: a missing freezer only makes the loop slower).
+        let freezer = match self.version {
+            Version::V1 => self
+                .cg
+                .controller_of::<FreezerController>()
+                .filter(|f| f.path().join("freezer.state").is_file()),
+            Version::V2 => None,
+        };
+        if let Some(f) = freezer {
+            let _ = f.freeze();
         }
         let started = Instant::now();
         let limit = Duration::from_secs(10);
@@ -344,43 +666,45 @@ impl TaskCgroup for FsCgroup {
                 // ESRCH: already gone, which is what we want.
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
-            if let Some(dir) = &freezer {
+            if let Some(f) = freezer {
                 // Frozen processes die only once thawed.
-                let _ = write_file(&dir.join("freezer.state"), "THAWED");
+                let _ = f.thaw();
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        if let Some(dir) = &freezer {
-            let _ = write_file(&dir.join("freezer.state"), "THAWED");
+        if let Some(f) = freezer {
+            let _ = f.thaw();
         }
         Ok(())
     }
 
     fn remove(&self) -> Result<(), CgroupError> {
-        for dir in self.dirs() {
-            let started = Instant::now();
-            loop {
-                match fs::remove_dir(&dir) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    // Exiting processes may linger a moment (EBUSY).
-                    Err(_) if started.elapsed() < Duration::from_secs(2) => {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(source) => return Err(CgroupError::Remove { path: dir, source }),
+        let started = Instant::now();
+        loop {
+            if !self.dirs().iter().any(|d| d.exists()) {
+                return Ok(());
+            }
+            // cgroups-rs removes each controller's directory (v1, with a few retries
+            // of its own) or the tree's (v2).
+            match self.cg.delete() {
+                Ok(()) => return Ok(()),
+                // Exiting processes may linger a moment (EBUSY).
+                Err(_) if started.elapsed() < Duration::from_secs(2) => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(source) => {
+                    return Err(CgroupError::Remove {
+                        path: self.dir(""),
+                        source,
+                    })
                 }
             }
         }
-        Ok(())
     }
 
     fn describe(&self) -> String {
         match self.version {
-            Version::V1 => format!(
-                "cgroup v1 {} in {}",
-                self.rel.display(),
-                V1_CONTROLLERS.join(",")
-            ),
+            Version::V1 => format!("cgroup v1 {} in {}", self.rel, V1_CONTROLLERS.join(",")),
             Version::V2 => format!("cgroup v2 {}", self.dir("").display()),
         }
     }
@@ -435,12 +759,22 @@ mod tests {
         let cg = FsCgroup::new(Version::V2, root, "drover", "t1");
         fs::create_dir_all(root.join("drover/t1")).unwrap();
         fs::write(root.join("drover/cgroup.subtree_control"), "").unwrap();
-        let mut files = vec!["cpu.max", "pids.max", "cgroup.procs", "cgroup.kill"];
+        // What a kernel shows in a new cgroup.
+        let mut files = vec![
+            ("cpu.max", "max 100000\n"),
+            ("pids.max", "max\n"),
+            ("cgroup.procs", ""),
+            ("cgroup.kill", ""),
+        ];
         if with_memory {
-            files.extend(["memory.max", "memory.oom.group", "memory.events"]);
+            files.extend([
+                ("memory.max", "max\n"),
+                ("memory.oom.group", "0\n"),
+                ("memory.events", "oom_kill 0\n"),
+            ]);
         }
-        for f in files {
-            fs::write(root.join("drover/t1").join(f), "").unwrap();
+        for (f, text) in files {
+            fs::write(root.join("drover/t1").join(f), text).unwrap();
         }
         (tmp, cg)
     }
@@ -464,7 +798,10 @@ mod tests {
             "67108864"
         );
         assert_eq!(
-            fs::read_to_string(dir.join("memory.oom.group")).unwrap(),
+            // Our plain write does not truncate (a kernel file has no length).
+            fs::read_to_string(dir.join("memory.oom.group"))
+                .unwrap()
+                .trim(),
             "1"
         );
         assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "100");
@@ -515,6 +852,126 @@ mod tests {
             7
         );
         assert_eq!(parse_oom_kills("oom_kill_disable 0\n"), 0);
+    }
+
+    #[test]
+    fn v2_controller_not_in_cgroup_controllers_is_named_in_the_error() {
+        let (tmp, _) = fake_v2(true);
+        fs::write(tmp.path().join("cgroup.controllers"), "cpu pids").unwrap();
+        let cg = FsCgroup::new(Version::V2, tmp.path(), "drover", "t1");
+        let err = cg
+            .create(&Limits {
+                cpu: 0.0,
+                memory_bytes: 1 << 20,
+                pids: 0,
+            })
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::MissingController {
+                    controller: "memory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    /// A fake v1 tree: one directory per controller with a kernel's default files.
+    fn fake_v1() -> (tempfile::TempDir, FsCgroup) {
+        let tmp = tempfile::tempdir().unwrap();
+        let files: [(&str, &[(&str, &str)]); 4] = [
+            (
+                "cpu",
+                &[
+                    ("cpu.cfs_period_us", "100000\n"),
+                    ("cpu.cfs_quota_us", "-1\n"),
+                ],
+            ),
+            (
+                "memory",
+                &[
+                    ("memory.limit_in_bytes", "9223372036854771712\n"),
+                    (
+                        "memory.oom_control",
+                        "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
+                    ),
+                ],
+            ),
+            ("pids", &[("pids.max", "max\n")]),
+            ("freezer", &[("freezer.state", "THAWED\n")]),
+        ];
+        for (controller, list) in files {
+            let dir = tmp.path().join(controller).join("drover/t1");
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("cgroup.procs"), "").unwrap();
+            for (f, text) in list {
+                fs::write(dir.join(f), text).unwrap();
+            }
+        }
+        let cg = FsCgroup::new(Version::V1, tmp.path(), "drover", "t1");
+        (tmp, cg)
+    }
+
+    #[test]
+    fn v1_limits_are_written_and_read_back_in_a_fake_tree_at_an_injected_root() {
+        let (tmp, cg) = fake_v1();
+        assert!(!cg.uses_system_v1());
+        cg.create(&Limits {
+            cpu: 1.5,
+            memory_bytes: 32 << 20,
+            pids: 64,
+        })
+        .unwrap();
+        let read = |c: &str, f: &str| {
+            fs::read_to_string(tmp.path().join(c).join("drover/t1").join(f))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000");
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "150000");
+        assert_eq!(read("memory", "memory.limit_in_bytes"), "33554432");
+        assert_eq!(read("pids", "pids.max"), "64");
+        assert_eq!(cg.procs_files().len(), 4);
+        assert_eq!(cg.oom_kills().unwrap(), 4);
+        fs::write(tmp.path().join("pids/drover/t1/cgroup.procs"), "").unwrap();
+        assert!(cg.pids().unwrap().is_empty());
+    }
+
+    #[test]
+    fn v1_missing_limit_file_is_an_error_and_is_not_created() {
+        let (tmp, cg) = fake_v1();
+        let file = tmp.path().join("pids/drover/t1/pids.max");
+        fs::remove_file(&file).unwrap();
+        let err = cg
+            .create(&Limits {
+                cpu: 0.0,
+                memory_bytes: 0,
+                pids: 10,
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("pids.max"), "{err}");
+        assert!(!file.exists());
+    }
+
+    #[test]
+    fn v1_limit_that_does_not_stick_is_a_read_back_error() {
+        let (tmp, cg) = fake_v1();
+        // Writes succeed and reads come back empty, like a limit the kernel dropped.
+        let file = tmp.path().join("memory/drover/t1/memory.limit_in_bytes");
+        fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/null", &file).unwrap();
+        let err = cg
+            .create(&Limits {
+                cpu: 0.0,
+                memory_bytes: 8 << 20,
+                pids: 0,
+            })
+            .unwrap_err();
+        assert!(matches!(err, CgroupError::ReadBack { .. }), "{err}");
+        assert!(err.to_string().contains("memory.limit_in_bytes"), "{err}");
     }
 
     #[test]

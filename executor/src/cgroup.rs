@@ -3,12 +3,10 @@
 //! kills, kill everything in it and remove it.
 //!
 //! The implementation goes through cgroups-rs ([`cgroups_rs::Cgroup`] and its cpu,
-//! memory, pids and freezer controllers) with our own [`RootedHierarchy`]: cgroups-rs's
-//! `hierarchies::V2` hard-codes `/sys/fs/cgroup` as the v2 root, so a tree at an
-//! injected root (a fake tree in a temp dir, or `--cgroup-root`) needs a hierarchy of
-//! our own. On v1, cgroups-rs's `hierarchies::V1` (from /proc/self/mountinfo) is used
-//! when its mount points are the injected root's `cpu/`, `memory/`, `pids/` and
-//! `freezer/`.
+//! memory, pids and freezer controllers) with our own [`RootedHierarchy`] at an
+//! injected mount root, for v1 and v2: cgroups-rs's `hierarchies::V2` hard-codes
+//! `/sys/fs/cgroup` as the v2 root (so no fake tree in a temp dir, no `--cgroup-root`),
+//! and its `hierarchies::V1` builds every mounted controller, hugetlb's with a regex.
 //!
 //! cgroups-rs has traps we guard against here: it leaves a controller that is not
 //! available out of the cgroup without a word (every setter is then skipped), it
@@ -16,8 +14,10 @@
 //! but wrong on a fake tree), it ignores errors creating v1 directories and enabling v2
 //! controllers, and it takes the v2 controller list from `/sys/fs/cgroup`. So we
 //! require each controller we need, require each limit file to exist before writing
-//! it, enable our v2 controllers ourselves, check the directories exist after
-//! creating, and read every limit back.
+//! it, create the v2 levels and enable our controllers ourselves, check the
+//! directories exist after creating, and read every limit back. Plain files are used
+//! only where cgroups-rs has no knob or reader (`memory.oom.group`, the OOM counters,
+//! `cgroup.subtree_control`, reading the memory limit back), each with a comment.
 
 use std::fs;
 use std::io::{self, Write};
@@ -27,10 +27,9 @@ use std::time::{Duration, Instant};
 use cgroups_rs::cpu::CpuController;
 use cgroups_rs::error::ErrorKind;
 use cgroups_rs::freezer::FreezerController;
-use cgroups_rs::hierarchies::V1;
 use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
-use cgroups_rs::{Cgroup, Controller, Controllers, Hierarchy, MaxValue, Subsystem};
+use cgroups_rs::{Cgroup, Controller, Hierarchy, MaxValue, Subsystem};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
@@ -197,41 +196,15 @@ impl Hierarchy for RootedHierarchy {
     }
 }
 
-/// cgroups-rs's `hierarchies::V1` if, for each controller we use, its mount point
-/// (from /proc/self/mountinfo) is `<root>/<controller>` or, when not mounted, there is
-/// no such directory either; `None` otherwise (e.g. a test tree, or `cpu` being a
-/// symlink to `cpu,cpuacct`).
-fn system_v1_at(root: &Path) -> Option<V1> {
-    let v1 = V1::new();
-    let ours = [
-        (Controllers::Cpu, "cpu"),
-        (Controllers::Mem, "memory"),
-        (Controllers::Pids, "pids"),
-        (Controllers::Freezer, "freezer"),
-    ];
-    ours.into_iter()
-        .all(|(c, name)| match v1.get_mount_point(c) {
-            Some(mount) => mount == root.join(name),
-            None => !root.join(name).exists(),
-        })
-        .then_some(v1)
-}
-
 /// The cgroups-rs handle of `<rel>` in the hierarchy of `version` at `root`.
-fn load(version: Version, root: &Path, rel: &str) -> (Cgroup, bool) {
-    if version == Version::V1 {
-        if let Some(v1) = system_v1_at(root) {
-            let names = V1_CONTROLLERS.iter().map(|c| c.to_string()).collect();
-            return (
-                Cgroup::load_with_specified_controllers(Box::new(v1), rel, names),
-                true,
-            );
-        }
-    }
-    (
-        Cgroup::load(Box::new(RootedHierarchy::new(version, root)), rel),
-        false,
-    )
+///
+/// Our own hierarchy on v1 too, not cgroups-rs's `hierarchies::V1`: that one builds
+/// every mounted controller from /proc/self/mountinfo, and its hugetlb controller
+/// compiles a regex on construction (+700 KiB of code and a regex build per cgroup
+/// handle), for nothing we use. With `root` the v1 mount root the two give the same
+/// directories.
+fn load(version: Version, root: &Path, rel: &str) -> Cgroup {
+    Cgroup::load(Box::new(RootedHierarchy::new(version, root)), rel)
 }
 
 /// A task cgroup, managed through cgroups-rs, under an injected mount root.
@@ -242,19 +215,15 @@ pub struct FsCgroup {
     /// `<parent>/<task_id>`.
     rel: String,
     cg: Cgroup,
-    /// Whether `cg` uses cgroups-rs's own (mountinfo) v1 hierarchy.
-    system_v1: bool,
 }
 
 impl Clone for FsCgroup {
     fn clone(&self) -> FsCgroup {
-        let (cg, system_v1) = load(self.version, &self.root, &self.rel);
         FsCgroup {
             version: self.version,
             root: self.root.clone(),
             rel: self.rel.clone(),
-            cg,
-            system_v1,
+            cg: load(self.version, &self.root, &self.rel),
         }
     }
 }
@@ -263,13 +232,11 @@ impl FsCgroup {
     /// The cgroup `<parent>/<task_id>` under `root` (e.g. `/sys/fs/cgroup`).
     pub fn new(version: Version, root: &Path, parent: &str, task_id: &str) -> FsCgroup {
         let rel = format!("{}/{task_id}", parent.trim_matches('/'));
-        let (cg, system_v1) = load(version, root, &rel);
         FsCgroup {
             version,
             root: root.to_path_buf(),
+            cg: load(version, root, &rel),
             rel,
-            cg,
-            system_v1,
         }
     }
 
@@ -291,12 +258,6 @@ impl FsCgroup {
         self.version
     }
 
-    /// Whether the v1 hierarchy is cgroups-rs's own `hierarchies::V1` (the injected
-    /// root is where /proc/self/mountinfo says the controllers are mounted).
-    pub fn uses_system_v1(&self) -> bool {
-        self.system_v1
-    }
-
     /// The directory of the cgroup in one controller (v1) or the tree (v2).
     pub fn dir(&self, controller: &str) -> PathBuf {
         match self.version {
@@ -309,24 +270,47 @@ impl FsCgroup {
     fn dirs(&self) -> Vec<PathBuf> {
         match self.version {
             Version::V1 => self
-                .cg
-                .subsystems()
+                .controllers()
                 .iter()
-                .map(|s| s.to_controller().path().to_path_buf())
+                .map(|c| c.path().to_path_buf())
                 .collect(),
             Version::V2 => vec![self.root.join(&self.rel)],
         }
     }
 
-    /// The controller `T`, or an error naming it: cgroups-rs leaves an unavailable
-    /// controller out of the cgroup, and would then skip its limits silently.
-    fn require<'a, T>(&'a self, name: &'static str) -> Result<&'a T, CgroupError>
-    where
-        T: Controller + cgroups_rs::ControllIdentifier,
-        &'a T: From<&'a Subsystem>,
-    {
+    /// Our controllers (cpu, memory, pids, freezer) among the cgroup's subsystems.
+    ///
+    /// Everything in cgroups-rs that goes through `Subsystem::to_controller`
+    /// (`Cgroup::controller_of`, `procs`, v1 `create`, `load_with_specified_controllers`)
+    /// instantiates the `dyn Controller` vtables of all fourteen controller types, which
+    /// links regex (hugetlb) and 1.2 MiB more code into the executor. So we pick the
+    /// four types we use here and call their `Controller` methods.
+    fn controllers(&self) -> Vec<&dyn Controller> {
         self.cg
-            .controller_of::<T>()
+            .subsystems()
+            .iter()
+            .filter_map(|s| match s {
+                Subsystem::Cpu(c) => Some(c as &dyn Controller),
+                Subsystem::Mem(c) => Some(c as &dyn Controller),
+                Subsystem::Pid(c) => Some(c as &dyn Controller),
+                Subsystem::Freezer(c) => Some(c as &dyn Controller),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The subsystem `pick` selects, or an error naming the controller: cgroups-rs
+    /// leaves an unavailable controller out of the cgroup, and its setters would then
+    /// be skipped without a word.
+    fn require<'a, T>(
+        &'a self,
+        name: &'static str,
+        pick: impl Fn(&'a Subsystem) -> Option<&'a T>,
+    ) -> Result<&'a T, CgroupError> {
+        self.cg
+            .subsystems()
+            .iter()
+            .find_map(pick)
             .ok_or_else(|| CgroupError::MissingController {
                 controller: name,
                 root: self.root.clone(),
@@ -341,27 +325,37 @@ impl FsCgroup {
         move |source| CgroupError::Lib { what, path, source }
     }
 
-    /// v2 only: `+cpu +memory +pids` in `cgroup.subtree_control` of the root and of
-    /// each level above ours. Plain files: cgroups-rs enables the controllers listed in
-    /// the hard-coded `/sys/fs/cgroup/cgroup.controllers` and ignores write errors.
-    fn enable_v2_controllers(&self) -> Result<(), CgroupError> {
+    /// v2 only: creates each level down to ours, after enabling `+cpu +memory +pids`
+    /// in the `cgroup.subtree_control` of the level above. Plain files, not
+    /// `Cgroup::create`: that enables the controllers listed in the hard-coded
+    /// `/sys/fs/cgroup/cgroup.controllers` and ignores write errors, and its v1 half
+    /// goes through `Subsystem::to_controller` (see `controllers`).
+    fn create_v2_dirs(&self) -> Result<(), CgroupError> {
         let value = V2_CONTROLLERS
             .iter()
             .map(|c| format!("+{c}"))
             .collect::<Vec<_>>()
             .join(" ");
         let mut level = self.root.clone();
-        let parts: Vec<&str> = self.rel.split('/').filter(|p| !p.is_empty()).collect();
-        for part in parts {
+        for part in self.rel.split('/').filter(|p| !p.is_empty()) {
             write_file(&level.join("cgroup.subtree_control"), &value)?;
             level = level.join(part);
+            if !level.is_dir() {
+                fs::create_dir(&level).map_err(|source| CgroupError::Create {
+                    path: level.clone(),
+                    source,
+                })?;
+            }
         }
         Ok(())
     }
 
     fn create_v1_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         if limits.cpu > 0.0 {
-            let cpu: &CpuController = self.require("cpu")?;
+            let cpu = self.require("cpu", |s| match s {
+                Subsystem::Cpu(c) => Some(c),
+                _ => None,
+            })?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
             require_file(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
@@ -390,11 +384,17 @@ impl FsCgroup {
             )?;
         }
         if limits.memory_bytes > 0 {
-            let mem: &MemController = self.require("memory")?;
+            let mem = self.require("memory", |s| match s {
+                Subsystem::Mem(c) => Some(c),
+                _ => None,
+            })?;
             self.set_memory(mem, "memory.limit_in_bytes", limits.memory_bytes)?;
         }
         if limits.pids > 0 {
-            let pids: &PidController = self.require("pids")?;
+            let pids = self.require("pids", |s| match s {
+                Subsystem::Pid(c) => Some(c),
+                _ => None,
+            })?;
             self.set_pids(pids, limits.pids)?;
         }
         Ok(())
@@ -402,7 +402,10 @@ impl FsCgroup {
 
     fn create_v2_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         if limits.cpu > 0.0 {
-            let cpu: &CpuController = self.require("cpu")?;
+            let cpu = self.require("cpu", |s| match s {
+                Subsystem::Cpu(c) => Some(c),
+                _ => None,
+            })?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
             let file = dir.join("cpu.max");
@@ -420,7 +423,10 @@ impl FsCgroup {
             check(&file, wrote.clone(), read.clone(), read == wrote)?;
         }
         if limits.memory_bytes > 0 {
-            let mem: &MemController = self.require("memory")?;
+            let mem = self.require("memory", |s| match s {
+                Subsystem::Mem(c) => Some(c),
+                _ => None,
+            })?;
             self.set_memory(mem, "memory.max", limits.memory_bytes)?;
             // Kill the whole task on OOM, not one random process of it. Plain file:
             // cgroups-rs has no memory.oom.group knob.
@@ -431,7 +437,10 @@ impl FsCgroup {
             check(&file, "1", read.trim(), read.trim() == "1")?;
         }
         if limits.pids > 0 {
-            let pids: &PidController = self.require("pids")?;
+            let pids = self.require("pids", |s| match s {
+                Subsystem::Pid(c) => Some(c),
+                _ => None,
+            })?;
             self.set_pids(pids, limits.pids)?;
         }
         Ok(())
@@ -565,11 +574,12 @@ fn cpu_quota_us(cpu: f64) -> u64 {
 
 impl TaskCgroup for FsCgroup {
     fn create(&self, limits: &Limits) -> Result<(), CgroupError> {
-        self.cg.create().map_err(|source| CgroupError::Lib {
-            what: "create",
-            path: self.dir(""),
-            source,
-        })?;
+        match self.version {
+            Version::V2 => self.create_v2_dirs()?,
+            // cgroups-rs creates each of our controllers' directories (not every
+            // mounted hierarchy's).
+            Version::V1 => self.controllers().iter().for_each(|c| c.create()),
+        }
         // cgroups-rs only logs a v1 directory it could not create.
         for dir in self.dirs() {
             if let Err(source) = fs::metadata(&dir) {
@@ -578,10 +588,7 @@ impl TaskCgroup for FsCgroup {
         }
         match self.version {
             Version::V1 => self.create_v1_limits(limits),
-            Version::V2 => {
-                self.enable_v2_controllers()?;
-                self.create_v2_limits(limits)
-            }
+            Version::V2 => self.create_v2_limits(limits),
         }
     }
 
@@ -593,18 +600,28 @@ impl TaskCgroup for FsCgroup {
     }
 
     fn pids(&self) -> Result<Vec<i32>, CgroupError> {
-        if self.version == Version::V2 && self.cg.subsystems().is_empty() {
+        let controllers = self.controllers();
+        if self.version == Version::V2 && controllers.is_empty() {
             return self.v2_procs_fallback();
         }
-        // cgroups-rs reads `cgroup.procs` of every controller (v1) or the tree (v2),
-        // sorted and deduplicated; a missing cgroup reads as empty.
-        Ok(self
-            .cg
-            .procs()
-            .into_iter()
+        // cgroups-rs reads `cgroup.procs` of each controller (v1) or of the tree (v2,
+        // where every controller has the same directory); a missing cgroup reads as
+        // empty.
+        let take = if self.version == Version::V2 {
+            1
+        } else {
+            controllers.len()
+        };
+        let mut all: Vec<i32> = controllers
+            .iter()
+            .take(take)
+            .flat_map(|c| c.procs())
             .filter_map(|p| i32::try_from(p.pid).ok())
             .filter(|&p| p > 0)
-            .collect())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        Ok(all)
     }
 
     fn oom_kills(&self) -> Result<u64, CgroupError> {
@@ -641,7 +658,12 @@ impl TaskCgroup for FsCgroup {
         let freezer = match self.version {
             Version::V1 => self
                 .cg
-                .controller_of::<FreezerController>()
+                .subsystems()
+                .iter()
+                .find_map(|s| match s {
+                    Subsystem::Freezer(f) => Some(f),
+                    _ => None,
+                })
                 .filter(|f| f.path().join("freezer.state").is_file()),
             Version::V2 => None,
         };
@@ -684,9 +706,13 @@ impl TaskCgroup for FsCgroup {
             if !self.dirs().iter().any(|d| d.exists()) {
                 return Ok(());
             }
-            // cgroups-rs removes each controller's directory (v1, with a few retries
-            // of its own) or the tree's (v2).
-            match self.cg.delete() {
+            // cgroups-rs removes each of our controllers' directories (v1, with a few
+            // retries of its own) or the tree's (v2).
+            let deleted = match self.version {
+                Version::V1 => self.controllers().iter().try_for_each(|c| c.delete()),
+                Version::V2 => self.cg.delete(),
+            };
+            match deleted {
                 Ok(()) => return Ok(()),
                 // Exiting processes may linger a moment (EBUSY).
                 Err(_) if started.elapsed() < Duration::from_secs(2) => {
@@ -917,7 +943,6 @@ mod tests {
     #[test]
     fn v1_limits_are_written_and_read_back_in_a_fake_tree_at_an_injected_root() {
         let (tmp, cg) = fake_v1();
-        assert!(!cg.uses_system_v1());
         cg.create(&Limits {
             cpu: 1.5,
             memory_bytes: 32 << 20,

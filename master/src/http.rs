@@ -26,6 +26,9 @@ use crate::runtime::{ApplyError, Master};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Largest accepted body on the agent API (full task sets and update batches of big
+/// agents).
+pub const MAX_AGENT_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// Deepest accepted JSON nesting.
 pub const MAX_JSON_DEPTH: usize = 64;
 /// Default and largest long-poll wait.
@@ -151,17 +154,15 @@ pub fn router(master: Shared) -> Router {
 }
 
 /// Reads a bounded body as text, rejecting deep nesting.
-async fn read_body(body: Body) -> Result<String, ApiErr> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
-        .await
-        .map_err(|_| {
-            ApiErr::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("the body is larger than {MAX_BODY_BYTES} bytes"),
-                None,
-            )
-        })?;
+async fn read_body(body: Body, limit: usize) -> Result<String, ApiErr> {
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiErr::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than {limit} bytes; send less at once"),
+            None,
+        )
+    })?;
     let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
         ApiErr::new(
             StatusCode::BAD_REQUEST,
@@ -208,7 +209,7 @@ pub fn check_depth(text: &str) -> Result<(), ApiErr> {
 }
 
 async fn read_json<T: DeserializeOwned>(body: Body) -> Result<T, ApiErr> {
-    let text = read_body(body).await?;
+    let text = read_body(body, MAX_AGENT_BODY_BYTES).await?;
     serde_json::from_str(&text).map_err(|e| {
         ApiErr::new(
             StatusCode::BAD_REQUEST,
@@ -224,7 +225,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
 }
 
 async fn create_job(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
-    let text = read_body(body).await?;
+    let text = read_body(body, MAX_BODY_BYTES).await?;
     let spec = parse_job_json(&text).map_err(|errs| {
         let first = errs.errors.first().cloned().unwrap_or(FieldError {
             field: String::new(),
@@ -280,7 +281,7 @@ async fn get_job(
 }
 
 async fn instances_from(body: Body) -> Result<Option<Vec<u32>>, ApiErr> {
-    let text = read_body(body).await?;
+    let text = read_body(body, MAX_BODY_BYTES).await?;
     if text.trim().is_empty() {
         return Ok(None);
     }

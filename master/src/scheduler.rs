@@ -231,7 +231,8 @@ fn find_agent(
             let pos = (start + step) % n;
             let idx = cands[pos];
             if misfit(&agents[idx as usize], &need, job, counts).is_none() {
-                job.cursor = pos;
+                // Spread: the next task of this job starts at the next agent.
+                job.cursor = pos + 1;
                 return Ok(idx);
             }
         }

@@ -1011,7 +1011,9 @@ impl Core {
         }
         let state = task.status.state;
         let spec = &job.spec;
-        let natural = matches!(state, TaskState::Finished | TaskState::Failed);
+        // Every ending counts towards flapping except the loss of the whole agent: a
+        // task whose host died is replaced at once, however short it ran.
+        let natural = task.status.exit_reason != Some(ExitReason::AgentLost);
         let replace = if spec.service {
             true
         } else {

@@ -980,3 +980,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_executor_lost_loop_is_throttled_but_an_agent_loss_is_replaced_at_once() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let t = w.create(spec("el", 1, true, ""));
+    w.report(&t[0], TaskState::Lost, Some(ExitReason::ExecutorLost));
+    let next = w.current("www/prod/el", 0);
+    assert_eq!(w.state(&next), TaskState::Throttled);
+
+    let t = w.create(spec("al", 1, true, ""));
+    w.run(&t[0]);
+    w.register("a2", 8.0, 16, &[]);
+    for _ in 0..10 {
+        w.advance(500);
+        w.heartbeat("a2", None);
+    }
+    assert_eq!(w.state(&t[0]), TaskState::Lost);
+    let next = w.current("www/prod/al", 0);
+    assert_eq!(
+        w.state(&next),
+        TaskState::Assigned,
+        "no penalty for a lost agent"
+    );
+}

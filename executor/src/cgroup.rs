@@ -36,9 +36,6 @@ use nix::unistd::Pid;
 /// v1 controllers we use, each its own hierarchy under the mount root.
 pub const V1_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "freezer"];
 
-/// v2 controllers we enable for the task's cgroup.
-pub const V2_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
-
 /// The CFS period we use for the cpu quota (100 ms).
 pub const CPU_PERIOD_US: u64 = 100_000;
 
@@ -325,20 +322,31 @@ impl FsCgroup {
         move |source| CgroupError::Lib { what, path, source }
     }
 
-    /// v2 only: creates each level down to ours, after enabling `+cpu +memory +pids`
-    /// in the `cgroup.subtree_control` of the level above. Plain files, not
-    /// `Cgroup::create`: that enables the controllers listed in the hard-coded
+    /// v2 only: creates each level down to ours, after enabling those of cpu, memory
+    /// and pids that the root offers (`+cpu +memory +pids`) in the
+    /// `cgroup.subtree_control` of the level above. Plain files, not `Cgroup::create`:
+    /// that enables the controllers listed in the hard-coded
     /// `/sys/fs/cgroup/cgroup.controllers` and ignores write errors, and its v1 half
-    /// goes through `Subsystem::to_controller` (see `controllers`).
+    /// goes through `Subsystem::to_controller` (see `controllers`). A controller the
+    /// root lacks is an error only when a limit needs it.
     fn create_v2_dirs(&self) -> Result<(), CgroupError> {
-        let value = V2_CONTROLLERS
+        let value = self
+            .cg
+            .subsystems()
             .iter()
-            .map(|c| format!("+{c}"))
+            .filter_map(|s| match s {
+                Subsystem::Cpu(_) => Some("+cpu"),
+                Subsystem::Mem(_) => Some("+memory"),
+                Subsystem::Pid(_) => Some("+pids"),
+                _ => None,
+            })
             .collect::<Vec<_>>()
             .join(" ");
         let mut level = self.root.clone();
         for part in self.rel.split('/').filter(|p| !p.is_empty()) {
-            write_file(&level.join("cgroup.subtree_control"), &value)?;
+            if !value.is_empty() {
+                write_file(&level.join("cgroup.subtree_control"), &value)?;
+            }
             level = level.join(part);
             if !level.is_dir() {
                 fs::create_dir(&level).map_err(|source| CgroupError::Create {

@@ -1,5 +1,5 @@
-//! The cgroup layer against the host's real cgroups (v1 here, v2 on newer hosts):
-//! limits are applied and read back, a process started through the executor's
+//! The cgroup layer against the host's real cgroups (v1, and v2 where a cgroup2 is
+//! mounted): limits are applied and read back, a process started through the executor's
 //! pre_exec lands in the cgroup, and kill_all leaves nothing behind.
 
 // Test helpers panic on failure on purpose.
@@ -84,6 +84,66 @@ async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
         });
     }
     // Idempotent.
+    cg.kill_all().unwrap();
+    cg.remove().unwrap();
+}
+
+/// The v2 code path against a real cgroup2 mount: on hosts (and CI) with v1 for the
+/// controllers, the empty cgroup2 at /sys/fs/cgroup/unified. Limits the tree cannot
+/// give are refused by name; without limits, a process joins, `cgroup.kill` empties
+/// the cgroup and it is removed.
+#[tokio::test]
+async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_removes() {
+    if !support::can_isolate("real_v2_tree") {
+        return;
+    }
+    let root = Path::new("/sys/fs/cgroup/unified");
+    let root = if FsCgroup::detect(Path::new("/sys/fs/cgroup")) == Some(Version::V2) {
+        Path::new("/sys/fs/cgroup")
+    } else if FsCgroup::detect(root) == Some(Version::V2) {
+        root
+    } else {
+        eprintln!("SKIPPED real_v2_tree: no cgroup2 mount");
+        return;
+    };
+    let listed = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap();
+    let id = support::task_id("cgv2");
+    let cg = FsCgroup::new(Version::V2, root, "drover", &id);
+    if !listed.split_whitespace().any(|c| c == "memory") {
+        let err = cg
+            .create(&Limits {
+                cpu: 0.0,
+                memory_bytes: 16 << 20,
+                pids: 0,
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("memory controller"), "{err}");
+    }
+    cg.create(&Limits {
+        cpu: 0.0,
+        memory_bytes: 0,
+        pids: 0,
+    })
+    .unwrap();
+    let me = TaskUser {
+        name: "root".into(),
+        uid: 0,
+        gid: 0,
+        groups: vec![0],
+        switch: false,
+    };
+    let iso = Isolation::new(&cg.procs_files(), &me);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = command("exec sleep 1000", dir.path(), &[], &iso, false)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(cg.pids().unwrap(), vec![pid]);
+    cg.kill_all().unwrap();
+    assert!(cg.pids().unwrap().is_empty());
+    let _ = child.wait().await;
+    cg.remove().unwrap();
+    assert!(!cg.dir("").exists());
     cg.kill_all().unwrap();
     cg.remove().unwrap();
 }

@@ -6,7 +6,6 @@
 //! fit, its identical siblings are not tried again in the same pass.
 
 use std::collections::HashMap;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use drover_common::spec::Constraint;
@@ -18,21 +17,38 @@ use crate::core::{Agent, Core, Job, Need};
 type LimitCounts = Vec<HashMap<String, u32>>;
 
 impl Core {
-    /// Places every queued PENDING task that fits; the others get a reason and wait
-    /// until capacity changes.
+    /// Places every queued PENDING task that fits; the others wait, per job, with a
+    /// reason until capacity changes.
     pub(crate) fn schedule(&mut self, now: UnixMillis) {
-        if self.take_capacity_changed() && !self.blocked.is_empty() {
-            let blocked = std::mem::take(&mut self.blocked);
-            for (_, id) in blocked {
-                self.queue.push_back(id);
-            }
-        }
-        if self.queue.is_empty() {
+        let retry = self.take_capacity_changed() && !self.blocked.is_empty();
+        if self.queue.is_empty() && !retry {
             return;
         }
         self.rebuild_index_if_dirty();
-        let mut failed: HashMap<String, Rc<str>> = HashMap::new();
         let mut limits: HashMap<String, LimitCounts> = HashMap::new();
+        if retry {
+            let jobs: Vec<String> = self.blocked.keys().cloned().collect();
+            for job in jobs {
+                while let Some(id) = self.blocked.get(&job).and_then(|q| q.front()).cloned() {
+                    let pending = self
+                        .tasks
+                        .get(&id)
+                        .is_some_and(|t| t.status.state == TaskState::Pending);
+                    if pending && !self.try_place(&job, &id, &mut limits, now) {
+                        break;
+                    }
+                    if let Some(q) = self.blocked.get_mut(&job) {
+                        q.pop_front();
+                    }
+                }
+                if self.blocked.get(&job).is_some_and(|q| q.is_empty()) {
+                    self.blocked.remove(&job);
+                    if let Some(j) = self.jobs.get_mut(&job) {
+                        j.pending_reason = None;
+                    }
+                }
+            }
+        }
         while let Some(id) = self.queue.pop_front() {
             let Some(task) = self.tasks.get(&id) else {
                 continue;
@@ -40,53 +56,67 @@ impl Core {
             if task.status.state != TaskState::Pending {
                 continue;
             }
-            let job_key = task.job.clone();
-            if let Some(reason) = failed.get(&job_key) {
-                let reason = reason.clone();
-                self.set_pending_reason(&id, &reason, now);
+            let job = task.job.clone();
+            // A job with blocked tasks blocks its newcomers too: they are identical.
+            if self.blocked.get(&job).is_some_and(|q| !q.is_empty()) {
+                if let Some(q) = self.blocked.get_mut(&job) {
+                    q.push_back(id);
+                }
                 continue;
             }
-            if !limits.contains_key(&job_key) {
-                let counts = self.limit_counts(&job_key);
-                limits.insert(job_key.clone(), counts);
+            if !self.try_place(&job, &id, &mut limits, now) {
+                self.blocked.entry(job).or_default().push_back(id);
             }
-            let Some(counts) = limits.get_mut(&job_key) else {
-                continue;
-            };
-            let Some(job) = self.jobs.get_mut(&job_key) else {
-                continue;
-            };
-            let found = find_agent(
-                &self.agents,
-                &self.attr_index,
-                &self.open_agents,
-                self.index_gen,
-                job,
-                counts,
-            );
-            match found {
-                Ok(idx) => {
-                    let need = job.need;
-                    let names = job.spec.task.resources.ports.clone();
-                    for ((attr, _), per_value) in
-                        job.constraints.limits.iter().zip(counts.iter_mut())
-                    {
-                        if let Some(v) = self.agents[idx as usize].attr(attr) {
-                            *per_value.entry(v.to_string()).or_insert(0) += 1;
-                        }
+        }
+    }
+
+    /// Places one task of `job` or records why it cannot be placed.
+    fn try_place(
+        &mut self,
+        job_key: &str,
+        id: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: UnixMillis,
+    ) -> bool {
+        if !limits.contains_key(job_key) {
+            let counts = self.limit_counts(job_key);
+            limits.insert(job_key.to_string(), counts);
+        }
+        let Some(counts) = limits.get_mut(job_key) else {
+            return false;
+        };
+        let Some(job) = self.jobs.get_mut(job_key) else {
+            return false;
+        };
+        match find_agent(
+            &self.agents,
+            &self.attr_index,
+            &self.open_agents,
+            self.index_gen,
+            job,
+            counts,
+        ) {
+            Ok(idx) => {
+                let need = job.need;
+                let names = job.spec.task.resources.ports.clone();
+                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
+                    if let Some(v) = self.agents[idx as usize].attr(attr) {
+                        *per_value.entry(v.to_string()).or_insert(0) += 1;
                     }
-                    let agent = &mut self.agents[idx as usize];
-                    agent.used_cpu_milli += need.cpu_milli;
-                    agent.used_ram += need.ram;
-                    agent.used_disk += need.disk;
-                    let ports = take_ports(agent, &names);
-                    self.place(&id, idx, ports, now);
                 }
-                Err(reason) => {
-                    let reason: Rc<str> = Rc::from(reason);
-                    self.set_pending_reason(&id, &reason, now);
-                    failed.insert(job_key, reason);
+                let agent = &mut self.agents[idx as usize];
+                agent.used_cpu_milli += need.cpu_milli;
+                agent.used_ram += need.ram;
+                agent.used_disk += need.disk;
+                let ports = take_ports(agent, &names);
+                self.place(id, idx, ports, now);
+                true
+            }
+            Err(reason) => {
+                if job.pending_reason.as_deref() != Some(reason.as_str()) {
+                    job.pending_reason = Some(reason);
                 }
+                false
             }
         }
     }

@@ -47,7 +47,6 @@ fn task(id: &str, state: TaskState) -> Task {
         failures: 1,
         flaps: 2,
         throttle_until: None,
-        pending_reason: None,
         last_report_ms: 0,
         missing_since: None,
     }

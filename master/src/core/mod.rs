@@ -108,8 +108,6 @@ pub struct Task {
     pub flaps: u32,
     #[serde(default)]
     pub throttle_until: Option<UnixMillis>,
-    #[serde(default)]
-    pub pending_reason: Option<String>,
     /// When the agent last told us about this task (status or full task set).
     #[serde(skip)]
     pub last_report_ms: UnixMillis,
@@ -267,6 +265,8 @@ pub(crate) struct Job {
     /// Candidate agents (cached for one agent index generation) and a cursor.
     pub(crate) candidates: Option<(u64, Arc<Vec<u32>>)>,
     pub(crate) cursor: usize,
+    /// Why its PENDING tasks do not fit, from the last try.
+    pub(crate) pending_reason: Option<String>,
 }
 
 /// What one task of a job needs.
@@ -376,8 +376,9 @@ pub struct Core {
     index_dirty: bool,
     /// PENDING tasks to place, in order.
     pub(crate) queue: VecDeque<String>,
-    /// PENDING tasks that did not fit; retried when capacity changes.
-    pub(crate) blocked: BTreeSet<(UnixMillis, String)>,
+    /// Per job, PENDING tasks that did not fit, oldest first; retried when capacity
+    /// changes (one failed try blocks the whole job: its tasks are identical).
+    pub(crate) blocked: BTreeMap<String, VecDeque<String>>,
     capacity_changed: bool,
     timers: BinaryHeap<Reverse<(UnixMillis, Timer)>>,
     rng: u64,
@@ -449,7 +450,7 @@ impl Core {
             index_gen: 0,
             index_dirty: true,
             queue: VecDeque::new(),
-            blocked: BTreeSet::new(),
+            blocked: BTreeMap::new(),
             capacity_changed: false,
             timers: BinaryHeap::new(),
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
@@ -494,6 +495,7 @@ impl Core {
                     need,
                     candidates: None,
                     cursor: 0,
+                    pending_reason: None,
                 },
             );
         }
@@ -710,6 +712,7 @@ impl Core {
             need,
             candidates: None,
             cursor: 0,
+            pending_reason: None,
         };
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
@@ -829,7 +832,6 @@ impl Core {
                 source,
                 message,
             );
-            task.pending_reason = None;
             self.mark(id);
             return true;
         }
@@ -968,7 +970,6 @@ impl Core {
         {
             return false;
         }
-        task.pending_reason = None;
         task.missing_since = None;
         let agent = task.agent.clone();
         let ports: Vec<u16> = task.ports.iter().map(|(_, p)| *p).collect();
@@ -1526,7 +1527,6 @@ impl Core {
         task.agent = Some(agent_id);
         task.ports = ports;
         task.assigned_version = version;
-        task.pending_reason = None;
         task.last_report_ms = now;
         self.agents[idx as usize].tasks.insert(id.to_string());
         self.mark(id);
@@ -1537,15 +1537,6 @@ impl Core {
                 state: TaskState::Assigned,
             },
         );
-    }
-
-    pub(crate) fn set_pending_reason(&mut self, id: &str, reason: &str, now: UnixMillis) {
-        if let Some(t) = self.tasks.get_mut(id) {
-            if t.pending_reason.as_deref() != Some(reason) {
-                t.pending_reason = Some(reason.to_string());
-            }
-            self.blocked.insert((t.created_ms.min(now), id.to_string()));
-        }
     }
 }
 
@@ -1586,7 +1577,6 @@ fn new_task(
         failures: 0,
         flaps: 0,
         throttle_until: None,
-        pending_reason: None,
         last_report_ms: 0,
         missing_since: None,
     }

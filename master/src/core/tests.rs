@@ -1005,3 +1005,26 @@ fn an_executor_lost_loop_is_throttled_but_an_agent_loss_is_replaced_at_once() {
         "no penalty for a lost agent"
     );
 }
+
+#[test]
+fn blocked_tasks_are_placed_once_capacity_frees_up_or_an_agent_joins() {
+    let mut w = World::new();
+    w.register("a1", 1.0, 16, &[]);
+    let t = w.create(spec("wait", 3, false, ""));
+    assert_eq!(w.state(&t[1]), TaskState::Pending);
+    assert_eq!(
+        w.core.task_view(&t[2]).unwrap().pending_reason.as_deref(),
+        Some("insufficient cpu on 1 agent")
+    );
+    w.run(&t[0]);
+    w.report(&t[0], TaskState::Finished, None);
+    assert_eq!(
+        w.state(&t[1]),
+        TaskState::Assigned,
+        "freed cpu goes to the oldest"
+    );
+    assert_eq!(w.state(&t[2]), TaskState::Pending);
+    w.register("a2", 1.0, 16, &[]);
+    assert_eq!(w.state(&t[2]), TaskState::Assigned);
+    assert_eq!(w.core.task_view(&t[2]).unwrap().pending_reason, None);
+}

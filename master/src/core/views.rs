@@ -14,7 +14,7 @@ use super::{Core, Job, Task};
 impl Core {
     /// GET /v1/tasks/{id}.
     pub fn task_view(&self, id: &str) -> Option<TaskView> {
-        self.tasks.get(id).map(task_view)
+        self.tasks.get(id).map(|t| self.task_view_of(t))
     }
 
     fn state_counts(&self, job: &Job) -> BTreeMap<TaskState, u32> {
@@ -40,13 +40,13 @@ impl Core {
                     .current
                     .as_ref()
                     .and_then(|id| self.tasks.get(id))
-                    .map(task_view),
+                    .map(|t| self.task_view_of(t)),
                 history: slot
                     .history
                     .iter()
                     .rev()
                     .filter_map(|id| self.tasks.get(id))
-                    .map(task_view)
+                    .map(|t| self.task_view_of(t))
                     .collect(),
             })
             .collect();
@@ -141,7 +141,18 @@ impl Core {
     }
 }
 
-fn task_view(t: &Task) -> TaskView {
+impl Core {
+    fn task_view_of(&self, t: &Task) -> TaskView {
+        let pending_reason = if t.status.state == TaskState::Pending {
+            self.jobs.get(&t.job).and_then(|j| j.pending_reason.clone())
+        } else {
+            None
+        };
+        task_view(t, pending_reason)
+    }
+}
+
+fn task_view(t: &Task, pending_reason: Option<String>) -> TaskView {
     TaskView {
         task_id: t.id.clone(),
         job: t.job.clone(),
@@ -151,11 +162,7 @@ fn task_view(t: &Task) -> TaskView {
         exit_reason: t.status.exit_reason.clone(),
         agent_id: t.agent.clone(),
         ports: t.ports.iter().cloned().collect(),
-        pending_reason: if t.status.state == TaskState::Pending {
-            t.pending_reason.clone()
-        } else {
-            None
-        },
+        pending_reason,
         events: t.status.events.clone(),
         processes: t.processes.clone(),
     }

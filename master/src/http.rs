@@ -413,7 +413,16 @@ async fn assignments(
         .min(MAX_WAIT_MS);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     let mut rx = m.notifier().subscribe(&id);
+    let mut stopping = m.stopping();
     loop {
+        if *stopping.borrow_and_update() {
+            return Err(ApiErr::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the master is stopping; poll again after it restarted",
+                None,
+            ));
+        }
         rx.borrow_and_update();
         let committed = m.commit_state().committed();
         let ready = m.read(|c| {
@@ -441,6 +450,7 @@ async fn assignments(
                 }
             }
             _ = tokio::time::sleep_until(deadline), if tokio::time::Instant::now() < deadline => {}
+            _ = stopping.changed() => {}
         }
     }
 }

@@ -72,6 +72,7 @@ pub struct Master {
     commit: Arc<CommitState>,
     notifier: Arc<Notifier>,
     timer: watch::Sender<Option<UnixMillis>>,
+    stopping: watch::Sender<bool>,
 }
 
 impl Master {
@@ -83,6 +84,7 @@ impl Master {
             notifier: writer.notifier.clone(),
             inner: Mutex::new(Inner { core, writer }),
             timer: watch::channel(next).0,
+            stopping: watch::channel(false).0,
         })
     }
 
@@ -100,6 +102,11 @@ impl Master {
     /// Long-poll wake-ups.
     pub fn notifier(&self) -> &Notifier {
         &self.notifier
+    }
+
+    /// Becomes true when the master starts shutting down (long polls end early).
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
     }
 
     /// Commit progress.
@@ -263,12 +270,14 @@ pub async fn serve(
             }
         }
     };
+    let stopping_master = master.clone();
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
             _ = store_failed => {}
         }
         let _ = stop_tx.send(true);
+        stopping_master.stopping.send_replace(true);
     };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(stop)

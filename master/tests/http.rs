@@ -265,3 +265,25 @@ async fn a_restarted_master_has_every_acknowledged_job_and_task() {
     assert_eq!(t["state"], "RUNNING");
     h.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn stopping_ends_long_polls_at_once_instead_of_waiting_them_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
+    agent.poll(&c, 10).await;
+    let url = format!(
+        "{}/v1/agents/agent-1/assignments?after_version={}&wait_ms=60000",
+        c.base, agent.version
+    );
+    let poll = tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    h.stop().await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stop waited for the long poll"
+    );
+    assert_eq!(poll.await.unwrap(), 503);
+}

@@ -58,6 +58,7 @@ impl Core {
             }
             let job = task.job.clone();
             // A job with blocked tasks blocks its newcomers too: they are identical.
+            self.prune_blocked_front(&job);
             if self.blocked.get(&job).is_some_and(|q| !q.is_empty()) {
                 if let Some(q) = self.blocked.get_mut(&job) {
                     q.push_back(id);
@@ -67,6 +68,27 @@ impl Core {
             if !self.try_place(&job, &id, &mut limits, now) {
                 self.blocked.entry(job).or_default().push_back(id);
             }
+        }
+    }
+
+    /// Drops tasks that are no longer PENDING (killed, replaced job) from the front
+    /// of the job's blocked list.
+    fn prune_blocked_front(&mut self, job: &str) {
+        let Some(q) = self.blocked.get_mut(job) else {
+            return;
+        };
+        while let Some(id) = q.front() {
+            if self
+                .tasks
+                .get(id)
+                .is_some_and(|t| t.status.state == TaskState::Pending && t.job == job)
+            {
+                break;
+            }
+            q.pop_front();
+        }
+        if q.is_empty() {
+            self.blocked.remove(job);
         }
     }
 

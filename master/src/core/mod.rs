@@ -741,6 +741,7 @@ impl Core {
                     self.deleted_tasks.push(id);
                 }
             }
+            self.blocked.remove(key);
             self.job_changes.push(Change::DeleteJob(key.to_string()));
         }
     }

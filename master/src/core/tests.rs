@@ -1028,3 +1028,23 @@ fn blocked_tasks_are_placed_once_capacity_frees_up_or_an_agent_joins() {
     assert_eq!(w.state(&t[2]), TaskState::Assigned);
     assert_eq!(w.core.task_view(&t[2]).unwrap().pending_reason, None);
 }
+
+#[test]
+fn killed_blocked_tasks_do_not_hold_back_a_recreated_job() {
+    let mut w = World::new();
+    w.register("a1", 1.0, 16, &[]);
+    let big = w.create(spec(
+        "first",
+        1,
+        false,
+        r#","constraints":{"zone":"nowhere"}"#,
+    ));
+    assert_eq!(w.state(&big[0]), TaskState::Pending);
+    w.handle(Event::Kill {
+        job: "www/prod/first".to_string(),
+        instances: None,
+    });
+    assert_eq!(w.state(&big[0]), TaskState::Killed);
+    let t = w.create(spec("first", 1, false, ""));
+    assert_eq!(w.state(&t[0]), TaskState::Assigned);
+}

@@ -36,11 +36,44 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long `drover dev` waits for tasks to be killed before stopping the agents.
 const KILL_TIMEOUT: Duration = Duration::from_secs(45);
 
-/// The first port of agent K's range (K from 1); each agent gets its own 200 ports so
+/// Ports each agent offers to its tasks.
+pub const PORTS_PER_AGENT: u32 = 200;
+/// Dev clusters take their agents' ports from here up to the kernel's ephemeral
+/// range (32768).
+const DEV_PORTS_START: u32 = 20_000;
+const DEV_PORTS_END: u32 = 32_768;
+
+/// Agent K's port range (K from 1) in a block that starts at `base`: the block's
+/// first port is the lock (see `reserve_port_block`), then 200 ports per agent, so
 /// that tasks on different agents of the same host never get the same number.
-pub fn agent_port_range(k: u32) -> (u16, u16) {
-    let low = 20_000 + (k - 1) * 200;
-    (low as u16, (low + 199) as u16)
+pub fn agent_port_range(base: u16, k: u32) -> (u16, u16) {
+    let low = u32::from(base) + 1 + (k - 1) * PORTS_PER_AGENT;
+    (low as u16, (low + PORTS_PER_AGENT - 1) as u16)
+}
+
+/// The candidate block starts for `agents` agents, lowest first.
+pub fn port_block_candidates(agents: u32) -> Vec<u16> {
+    let size = 1 + agents * PORTS_PER_AGENT;
+    let stride = size.div_ceil(1000) * 1000;
+    (0..)
+        .map(|i| DEV_PORTS_START + i * stride)
+        .take_while(|base| base + size <= DEV_PORTS_END)
+        .map(|base| base as u16)
+        .collect()
+}
+
+/// Finds a block of ports no other `drover dev` on this host uses, and holds it by
+/// listening on its first port for as long as the returned listener lives.
+pub fn reserve_port_block(agents: u32) -> anyhow::Result<(std::net::TcpListener, u16)> {
+    for base in port_block_candidates(agents) {
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", base)) {
+            return Ok((listener, base));
+        }
+    }
+    bail!(
+        "no free block of ports for {agents} agents between {DEV_PORTS_START} and \
+         {DEV_PORTS_END}: stop another drover dev, or use fewer --agents"
+    )
 }
 
 /// The command line of agent K (from 1).
@@ -49,9 +82,10 @@ pub fn agent_command(
     master_url: &str,
     dir: &Path,
     k: u32,
+    ports_base: u16,
     no_isolation: bool,
 ) -> Command {
-    let (low, high) = agent_port_range(k);
+    let (low, high) = agent_port_range(ports_base, k);
     let mut command = Command::new(&bins.agent);
     command
         .arg("--master")
@@ -83,6 +117,8 @@ struct Cluster {
     agents: Vec<Daemon>,
     sandbox_roots: Vec<PathBuf>,
     executor: PathBuf,
+    /// Held while the cluster runs: marks its agents' port block as taken.
+    _port_lock: std::net::TcpListener,
 }
 
 impl Cluster {
@@ -260,6 +296,7 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
     if no_isolation {
         println!("not root: agents run executors with --no-isolation (no cgroups, no user switch)");
     }
+    let (port_lock, ports_base) = reserve_port_block(args.agents)?;
     let mut agents = Vec::new();
     let mut sandbox_roots = Vec::new();
     for k in 1..=args.agents {
@@ -267,7 +304,7 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         sandbox_roots.push(root);
-        let command = agent_command(bins, &url, dir, k, no_isolation);
+        let command = agent_command(bins, &url, dir, k, ports_base, no_isolation);
         let log = dir.join(format!("logs/agent-{k}.log"));
         agents.push(Daemon::spawn(&format!("drover-agent {k}"), command, &log)?);
     }
@@ -277,6 +314,7 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         agents,
         sandbox_roots,
         executor: bins.executor.clone(),
+        _port_lock: port_lock,
     };
     let want = args.agents as usize;
     loop {
@@ -445,11 +483,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn agents_get_disjoint_port_ranges() {
-        assert_eq!(agent_port_range(1), (20_000, 20_199));
-        assert_eq!(agent_port_range(2), (20_200, 20_399));
-        let (_, last) = agent_port_range(32);
-        assert!(last < 32_768, "stay below the kernel's ephemeral ports");
+    fn agents_get_disjoint_port_ranges_after_the_lock_port() {
+        assert_eq!(agent_port_range(20_000, 1), (20_001, 20_200));
+        assert_eq!(agent_port_range(20_000, 2), (20_201, 20_400));
+    }
+
+    #[test]
+    fn port_blocks_stay_below_the_ephemeral_range() {
+        assert_eq!(port_block_candidates(1)[..3], [20_000, 21_000, 22_000]);
+        assert_eq!(port_block_candidates(1).len(), 13);
+        assert_eq!(port_block_candidates(32), vec![20_000]);
+        for agents in [1, 5, 32] {
+            for base in port_block_candidates(agents) {
+                let (_, last) = agent_port_range(base, agents);
+                assert!(u32::from(last) < DEV_PORTS_END, "{agents} agents at {base}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_taken_port_block_is_skipped() {
+        let (first, base) = reserve_port_block(1).unwrap();
+        let (_second, other) = reserve_port_block(1).unwrap();
+        assert_ne!(base, other);
+        drop(first);
     }
 
     #[test]
@@ -459,7 +516,14 @@ mod tests {
             agent: "a".into(),
             executor: "e".into(),
         };
-        let command = agent_command(&bins, "http://127.0.0.1:1", Path::new("/d"), 2, false);
+        let command = agent_command(
+            &bins,
+            "http://127.0.0.1:1",
+            Path::new("/d"),
+            2,
+            20_000,
+            false,
+        );
         let args: Vec<String> = command
             .get_args()
             .map(|a| a.to_string_lossy().to_string())

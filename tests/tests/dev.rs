@@ -64,3 +64,66 @@ fn drover_dev_names_missing_binaries_and_how_to_build_them() {
         describe(&output)
     );
 }
+
+#[test]
+fn drover_dev_stops_everything_on_ctrl_c() {
+    if !running_as_root("drover dev Ctrl-C test") {
+        return;
+    }
+    use std::io::BufRead as _;
+    let data = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin("drover").unwrap())
+        .args(["dev", "--port", "0", "--data-dir"])
+        .arg(data.path())
+        .arg("--job")
+        .arg(workspace_root().join("examples/hello_world.yaml"))
+        .env_remove("DROVER_MASTER")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("all 1 instance(s) RUNNING"))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines_rx.recv_timeout(left) {
+            Ok(line) => seen.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("hello world not RUNNING in time:\n{}", seen.join("\n"));
+            }
+        }
+    }
+    // The task's process runs in its sandbox until Ctrl-C.
+    assert!(
+        !processes_under(data.path()).is_empty(),
+        "{}",
+        seen.join("\n")
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    seen.extend(lines_rx.try_iter());
+    let text = seen.join("\n");
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(text.contains("KILLED"), "prints the task's end: {text}");
+    assert_eq!(processes_under(data.path()), Vec::<u32>::new(), "{text}");
+}

@@ -331,14 +331,20 @@ async fn restart() {
     for i in 0..20 {
         let id = format!("r{i}");
         let set: AssignmentSet = http
-            .get(format!("{base}/v1/agents/{id}/assignments?after_version=0&wait_ms=0"))
+            .get(format!(
+                "{base}/v1/agents/{id}/assignments?after_version=0&wait_ms=0"
+            ))
             .send()
             .await
             .unwrap()
             .json()
             .await
             .unwrap();
-        let ids: Vec<String> = set.assignments.iter().map(|a| a.task.task_id.clone()).collect();
+        let ids: Vec<String> = set
+            .assignments
+            .iter()
+            .map(|a| a.task.task_id.clone())
+            .collect();
         let req = wire::HeartbeatRequest {
             task_digest: wire::task_set_digest(ids.iter().map(String::as_str)),
             assignments_version: set.version,

@@ -4,9 +4,13 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
+use nix::sys::signal::{signal, SigHandler, Signal};
 
 fn main() -> ExitCode {
     let cli = drover::args::Cli::parse();
+    if !matches!(cli.command, drover::args::Command::Dev(_)) {
+        die_quietly_on_broken_pipe();
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -24,5 +28,18 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `drover job status KEY | head` must end quietly, as Unix tools do, instead of
+/// panicking in `println!` on EPIPE. Rust ignores SIGPIPE by default; the default
+/// action (terminate) is restored for every command except `dev`, which must always
+/// get to stop the cluster it started.
+#[allow(unsafe_code)]
+fn die_quietly_on_broken_pipe() {
+    // SAFETY: called at the start of main, before any thread exists; SIG_DFL installs
+    // no Rust handler, so no handler can run code that is not async-signal-safe.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        eprintln!("warning: cannot restore SIGPIPE: {e}");
     }
 }

@@ -258,7 +258,6 @@ fn all_tasks(cluster: &Cluster) -> anyhow::Result<BTreeMap<String, (TaskState, u
 }
 
 #[test]
-#[ignore = "drover-master waits for open agent long-polls (up to 30 s) before exiting on SIGTERM"]
 fn master_exits_promptly_on_sigterm_with_agents_connected() {
     if !running_as_root("master shutdown test") {
         return;

@@ -292,6 +292,39 @@ fn find_agent(
     Err(explain(agents, &cands, &need, job, counts))
 }
 
+/// Why the agents outside the job's candidate list were excluded, per constraint:
+/// "rack constraint not met on 3 agents", "dedicated to other jobs on 1 agent".
+fn explain_excluded(agents: &[Agent], cands: &[u32], job: &Job) -> Vec<String> {
+    let c = &job.constraints;
+    let mut in_cands = vec![false; agents.len()];
+    for &idx in cands {
+        in_cands[idx as usize] = true;
+    }
+    let mut tally: Vec<(String, u32)> = Vec::new();
+    for (agent, _) in agents.iter().zip(&in_cands).filter(|(_, inside)| !**inside) {
+        let why = if !c.names_dedicated && agent.rec.attributes.contains_key("dedicated") {
+            "dedicated to other jobs".to_string()
+        } else if let Some((attr, _)) = c
+            .values
+            .iter()
+            .find(|(attr, cons)| !cons.allows_value(agent.attr(attr)))
+        {
+            format!("{attr} constraint not met")
+        } else {
+            "constraints not met".to_string()
+        };
+        match tally.iter_mut().find(|(w, _)| *w == why) {
+            Some(e) => e.1 += 1,
+            None => tally.push((why, 1)),
+        }
+    }
+    tally.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    tally
+        .into_iter()
+        .map(|(why, n)| format!("{why} on {n} agent{}", if n == 1 { "" } else { "s" }))
+        .collect()
+}
+
 /// "insufficient ram on 12 agents; rack limit reached on 3".
 fn explain(
     agents: &[Agent],
@@ -330,12 +363,8 @@ fn explain(
             format!("{what} on {n} agent{}", if n == 1 { "" } else { "s" })
         })
         .collect();
-    let excluded = agents.len() - cands.len();
-    if excluded > 0 {
-        parts.push(format!(
-            "constraints not met on {excluded} agent{}",
-            if excluded == 1 { "" } else { "s" }
-        ));
+    if agents.len() > cands.len() {
+        parts.extend(explain_excluded(agents, cands, job));
     }
     if parts.is_empty() {
         "no agent fits".to_string()

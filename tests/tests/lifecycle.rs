@@ -170,10 +170,10 @@ fn unsatisfiable_constraints_stay_pending_with_a_reason() {
         assert_eq!(task.agent_id, None);
         let reason = task.pending_reason.clone().unwrap_or_default();
         assert!(!reason.is_empty(), "a PENDING task says why: {task:?}");
-        // The value constraint's reason may name the attribute or just say
-        // "constraint"; the resource's reason names the resource.
+        // The value constraint's reason names the attribute; the resource's reason
+        // names the resource.
         let wanted: &[&str] = if key.ends_with("picky") {
-            &["rack", "constraint"]
+            &["rack constraint not met"]
         } else {
             &["ram"]
         };

@@ -289,7 +289,7 @@ fn dedicated_agents_only_take_jobs_that_name_them() {
         .unwrap()
         .pending_reason
         .unwrap()
-        .contains("constraints not met on 1 agent"));
+        .contains("dedicated to other jobs on 1 agent"));
     let t = w.create(spec(
         "db",
         1,
@@ -325,6 +325,10 @@ fn value_constraints_and_rack_limits_hold() {
     let reason = w.core.task_view(&t[3]).unwrap().pending_reason.unwrap();
     assert!(
         reason.contains("rack limit reached on 3 agents"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("zone constraint not met on 1 agent"),
         "{reason}"
     );
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -48,6 +49,16 @@ pub enum ExecutorError {
     Cleanup { sandbox: PathBuf, message: String },
 }
 
+/// A started executor: the child to reap, and the read end of its readiness pipe
+/// (readable once its socket listens, or at EOF when it died before that).
+pub struct Spawned {
+    pub child: tokio::process::Child,
+    pub ready: Option<tokio::net::unix::pipe::Receiver>,
+}
+
+/// The fd number the executor's readiness pipe gets in the child.
+const READY_FD: i32 = 3;
+
 /// The status stream of one subscription. The whole stream is kept: closing our
 /// write direction would end the subscription at the executor.
 pub type StatusLines = Lines<BufReader<UnixStream>>;
@@ -80,13 +91,11 @@ impl ExecutorSettings {
     }
 
     /// Writes the task file and the agent's record into a new sandbox and starts the
-    /// executor in its own session, stdin null, stdout/stderr to files in `.drover/`.
+    /// executor in its own session, stdin null, stdout/stderr to files in `.drover/`,
+    /// with the write end of a readiness pipe as fd 3 (`--ready-fd 3`), so the agent
+    /// learns the moment the executor's socket listens instead of polling for it.
     /// The child must be reaped by the caller (`wait`).
-    pub fn spawn(
-        &self,
-        layout: &Layout,
-        assignment: &Assignment,
-    ) -> Result<tokio::process::Child, ExecutorError> {
+    pub fn spawn(&self, layout: &Layout, assignment: &Assignment) -> Result<Spawned, ExecutorError> {
         let task_id = &assignment.task.task_id;
         let sandbox = layout.sandbox(task_id);
         let drover = layout.drover_dir(task_id);
@@ -119,19 +128,35 @@ impl ExecutorSettings {
         };
         let stdout = open(&out_path)?;
         let stderr = open(&err_path)?;
+        let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| ExecutorError::Prepare {
+                path: drover.clone(),
+                source: std::io::Error::from(e),
+            })?;
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(self.run_args(&task_file, &sandbox))
+            .arg("--ready-fd")
+            .arg(READY_FD.to_string())
             .current_dir(&sandbox)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
-        detach(&mut cmd);
+        detach(&mut cmd, ready_tx.as_raw_fd());
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(false);
         let child = cmd.spawn().map_err(|source| ExecutorError::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
+        // Only the child may hold the write end, so that its death reads as EOF.
+        drop(ready_tx);
+        let ready = match tokio::net::unix::pipe::Receiver::from_owned_fd(ready_rx) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!(task_id, error = %e, "readiness pipe unusable; polling the socket instead");
+                None
+            }
+        };
         meta.executor_pid = child.id();
         // Best effort and not fsync'd: the socket is the main liveness signal and the
         // pid only covers the moment before the executor created it; an agent crash
@@ -139,7 +164,7 @@ impl ExecutorSettings {
         if let Err(e) = layout.write_meta(task_id, &meta, false) {
             tracing::warn!(task_id, error = %e, "could not record executor pid");
         }
-        Ok(child)
+        Ok(Spawned { child, ready })
     }
 
     /// Runs `drover-executor cleanup` for a task whose executor died.
@@ -177,14 +202,24 @@ impl ExecutorSettings {
 }
 
 /// Puts the child in its own session so that it outlives the agent and no signal
-/// meant for the agent's process group reaches it.
+/// meant for the agent's process group reaches it, and gives it `ready_fd` (the
+/// readiness pipe's write end, close-on-exec in the agent) as fd `READY_FD`.
 #[allow(unsafe_code)]
-fn detach(cmd: &mut std::process::Command) {
+fn detach(cmd: &mut std::process::Command, ready_fd: RawFd) {
     // SAFETY: the closure runs in the forked child before exec and only calls
-    // setsid(2), which is async-signal-safe and touches no memory of the parent.
+    // setsid(2), dup2(2) and fcntl(2), which are async-signal-safe and touch no
+    // memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             if libc::setsid() == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if ready_fd == READY_FD {
+                // dup2 onto itself keeps close-on-exec: clear it instead.
+                if libc::fcntl(READY_FD, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(ready_fd, READY_FD) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -51,6 +51,8 @@ pub enum AgentError {
 const RELAY_BATCH: usize = 1000;
 /// How long a stopping agent waits for its outbox to drain.
 const DRAIN: Duration = Duration::from_secs(2);
+/// How long a new executor's readiness pipe is waited for before polling its socket.
+const READY_WAIT: Duration = Duration::from_secs(2);
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -449,9 +451,9 @@ async fn start_task(
     let spawned = shared.exec.spawn(&shared.layout, &assignment);
     tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
     match spawned {
-        Ok(child) => {
-            tracing::debug!(task_id = %id, pid = ?child.id(), "executor started");
-            watch_task(shared, id, Watched::Child(child), kill_rx).await
+        Ok(spawned) => {
+            tracing::debug!(task_id = %id, pid = ?spawned.child.id(), "executor started");
+            watch_task(shared, id, Watched::Child(spawned), kill_rx).await
         }
         Err(e) => {
             tracing::error!(task_id = %id, error = %e, "could not start executor");
@@ -472,6 +474,20 @@ async fn start_task(
     }
 }
 
+/// Waits until the readiness pipe has a byte or is at EOF.
+async fn wait_readable(ready: &tokio::net::unix::pipe::Receiver) {
+    loop {
+        if ready.readable().await.is_err() {
+            return;
+        }
+        let mut buf = [0u8; 8];
+        match ready.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            _ => return,
+        }
+    }
+}
+
 /// Records and reports an agent-decided final status.
 fn finish(shared: &Shared, update: StatusUpdate) {
     if shared.layout.drover_dir(&update.task_id).is_dir() {
@@ -485,8 +501,9 @@ fn finish(shared: &Shared, update: StatusUpdate) {
 
 /// The executor a watcher follows.
 enum Watched {
-    /// Spawned by this agent: reaped here, its exit is known at once.
-    Child(tokio::process::Child),
+    /// Spawned by this agent: reaped here, its exit is known at once, and its
+    /// readiness pipe says when its socket listens.
+    Child(executor::Spawned),
     /// Found running at start (pid from /proc when known; else from agent.json).
     Adopted(Option<u32>),
 }
@@ -501,17 +518,24 @@ async fn watch_task(
     mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
 ) {
     let socket = shared.layout.socket(&id);
-    let (child_exited, known_pid) = match watched {
-        Watched::Child(mut child) => {
+    let (child_exited, known_pid, ready) = match watched {
+        Watched::Child(executor::Spawned { mut child, ready }) => {
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 let _ = child.wait().await;
                 let _ = tx.send(true);
             });
-            (Some(rx), None)
+            (Some(rx), None, ready)
         }
-        Watched::Adopted(pid) => (None, pid),
+        Watched::Adopted(pid) => (None, pid, None),
     };
+    if let Some(ready) = ready {
+        // One byte once the socket listens, EOF if the executor died first; either
+        // way the first connect below is the right moment. An executor that ignores
+        // the pipe holds it open: then the wait ends after READY_WAIT and the
+        // socket is polled as for an adopted executor.
+        let _ = tokio::time::timeout(READY_WAIT, wait_readable(&ready)).await;
+    }
     let is_alive = |shared: &Shared| match &child_exited {
         Some(rx) => !*rx.borrow(),
         None => shared

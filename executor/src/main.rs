@@ -22,6 +22,7 @@ usage:
       --pids-max N              the task cgroup's pids limit [4096]
       --log-max-size SIZE       rotate process logs at this size [100MiB]
       --log-max-files N         rotated log files kept per stream [5]
+      --ready-fd N              write a byte to (and close) inherited fd N once the socket listens
       --standalone              debug without an agent: no recovery timeout, exit when
                                 the task ends, Ctrl-C starts the kill escalation
   drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent NAME] [--cgroup-root DIR]
@@ -61,6 +62,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
         log_max_bytes: 100 << 20,
         log_keep: 5,
         standalone: false,
+        ready_fd: None,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -81,6 +83,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
                     value::<ByteSize>(&mut args, &arg, "a size like 100MiB")?.bytes()
             }
             "--log-max-files" => opts.log_keep = value(&mut args, &arg, "a number")?,
+            "--ready-fd" => opts.ready_fd = Some(value(&mut args, &arg, "a file descriptor number")?),
             other => return Err(Usage(format!("run: unknown argument `{other}`"))),
         }
     }

@@ -55,6 +55,9 @@ pub struct Options {
     /// Debugging without an agent: no recovery timeout, exit as soon as the task
     /// ended, stay in the caller's session.
     pub standalone: bool,
+    /// An inherited pipe's write end: one byte is written to it and it is closed as
+    /// soon as the socket listens, so the agent connects without polling.
+    pub ready_fd: Option<i32>,
 }
 
 /// Why the executor could not start the task at all (exit code 2).
@@ -139,6 +142,25 @@ fn write_stdout(status: &ExecutorStatus) {
     }
 }
 
+/// Takes ownership of the inherited readiness fd (`--ready-fd`) and marks it
+/// close-on-exec so that no task process inherits it. None if it is not open.
+#[allow(unsafe_code)]
+fn take_ready_fd(fd: i32) -> Option<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        return None;
+    }
+    // SAFETY: fcntl only inspects and sets the descriptor flags of `fd`; it fails
+    // with EBADF when `fd` is not open, and touches no memory.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return None;
+    }
+    // SAFETY: the agent handed this descriptor to us on the command line for this
+    // purpose; it is open (checked above) and nothing else in this process owns it,
+    // because it is taken once, before anything else opens files.
+    Some(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
 /// Loads the task file.
 pub fn load_task(path: &std::path::Path) -> Result<ExecutorTask, SetupError> {
     let text = std::fs::read(path).map_err(|source| SetupError::ReadTask {
@@ -192,7 +214,10 @@ async fn run_async(opts: Options) -> i32 {
     }
     let layout = Layout::new(&opts.sandbox);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut runner = match Runner::setup(opts, task, layout, tx) {
+    // Taken before setup so that every way out of setup closes it (the agent then
+    // sees EOF instead of waiting).
+    let ready = opts.ready_fd.and_then(take_ready_fd);
+    let mut runner = match Runner::setup(opts, task, layout, tx, ready) {
         Ok(r) => r,
         Err((e, layout, task_id)) => {
             eprintln!("drover-executor: {e}");
@@ -225,6 +250,7 @@ impl Runner {
         task: ExecutorTask,
         layout: Layout,
         tx: mpsc::UnboundedSender<Event>,
+        ready: Option<std::fs::File>,
     ) -> Result<Runner, (SetupError, Layout, String)> {
         let task_id = task.task_id.clone();
         let fail = |e: SetupError, layout: &Layout| (e, layout.clone(), task_id.clone());
@@ -379,6 +405,10 @@ impl Runner {
                 &layout,
             )
         })?;
+        if let Some(mut ready) = ready {
+            // The socket accepts from here on (the hub serves it once setup returns).
+            let _ = ready.write_all(b"\n");
+        }
         let (ctx_tx, mut ctx_rx) = mpsc::unbounded_channel();
         tokio::spawn(hub::serve(listener, hub.clone(), ctx_tx));
         let fwd = tx.clone();

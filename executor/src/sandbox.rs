@@ -120,10 +120,22 @@ impl Layout {
             .map_err(io_err(&self.task_file()))
     }
 
-    /// Checkpoints a status: write, fsync, rename.
+    /// Checkpoints a status: write, rename; fsync'd only for a terminal status.
+    ///
+    /// Why not every status: the checkpoint only decides anything when the executor
+    /// is gone. A non-terminal checkpoint then means LOST whether it says STARTING or
+    /// RUNNING, and after a host crash (the only case an fsync covers, since the page
+    /// cache survives the executor) the executor is gone with the host. So an fsync
+    /// buys nothing for those, and two of them sat on the create-to-RUNNING path. A
+    /// terminal status decides between FINISHED/FAILED and LOST, so it stays durable.
     pub fn write_status(&self, status: &ExecutorStatus) -> io::Result<()> {
         let text = serde_json::to_vec(status)?;
-        write_atomic(&self.status_file(), &text)
+        if status.state.is_terminal() {
+            write_atomic(&self.status_file(), &text)
+        } else {
+            let tmp = self.status_file().with_extension("json.tmp");
+            fs::write(&tmp, &text).and_then(|()| fs::rename(&tmp, self.status_file()))
+        }
     }
 
     /// Reads the checkpointed status, if any.

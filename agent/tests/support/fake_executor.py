@@ -89,6 +89,10 @@ async def main():
     if os.path.exists(sock):
         os.unlink(sock)
     server = await asyncio.start_unix_server(handle, path=sock)
+    if "--ready-fd" in args:
+        ready = int(opt("--ready-fd"))
+        os.write(ready, b"\n")
+        os.close(ready)
     emit("STARTING")
     emit("RUNNING")
     if mode == "finish":

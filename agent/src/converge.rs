@@ -71,6 +71,10 @@ pub fn converge(desired: &AssignmentSet, actual: &LocalTasks) -> Vec<Action> {
     for (task_id, a) in &wanted {
         let reason = a.kill_reason.clone().unwrap_or(ExitReason::KilledByRequest);
         match (a.desired, actual.get(*task_id)) {
+            // Started before (the master has reports on it) but not held here: its
+            // sandbox was lost. Never a second run; the master's reconciliation sees
+            // it missing from the full task set, makes it LOST and replaces it.
+            (DesiredState::Running, None) if a.started => {}
             (DesiredState::Running, None) => actions.push(Action::Start(Box::new((*a).clone()))),
             (DesiredState::Running, Some(_)) => {}
             (DesiredState::Shutdown, None) => actions.push(Action::ReportKilled {
@@ -155,6 +159,7 @@ mod tests {
                 lifecycle: None,
                 ports: Default::default(),
             },
+            started: false,
         }
     }
 
@@ -189,6 +194,14 @@ mod tests {
             let actions = converge(&set(vec![assignment("t1", DesiredState::Running)]), &actual);
             assert!(actions.is_empty(), "{state}: {actions:?}");
         }
+    }
+
+    #[test]
+    fn a_task_the_master_saw_started_is_not_started_again_when_not_held() {
+        let mut started = assignment("t1", DesiredState::Running);
+        started.started = true;
+        let actions = converge(&set(vec![started]), &LocalTasks::new());
+        assert!(actions.is_empty(), "{actions:?}");
     }
 
     #[test]

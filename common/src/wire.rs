@@ -166,6 +166,12 @@ pub struct Assignment {
     /// lease (`partition_policy.exclusive`).
     pub exclusive: bool,
     pub task: ExecutorTask,
+    /// The master has had a report on this task (it reached STARTING on some
+    /// executor). An agent that does not hold such a task (its sandbox was lost) must
+    /// not start it again: tasks are one-shot; the master's reconciliation makes it
+    /// LOST and replaces it.
+    #[serde(default)]
+    pub started: bool,
 }
 
 /// GET /v1/agents/{id}/assignments?after_version=N&wait_ms=M: the complete set of

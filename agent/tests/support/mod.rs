@@ -264,6 +264,7 @@ pub fn assignment(task_id: &str, mode: &str) -> Assignment {
             lifecycle: None,
             ports: Default::default(),
         },
+        started: false,
     }
 }
 

@@ -131,6 +131,7 @@ impl Core {
                         lifecycle: spec.lifecycle.clone(),
                         ports: t.ports.iter().cloned().collect(),
                     },
+                    started: t.last_seq.is_some(),
                 })
             })
             .collect();

@@ -1,0 +1,599 @@
+//! Fault scenarios across real network boundaries (issue 5): agents in their own
+//! network namespaces, cut off and healed with `ip link`, killed with SIGKILL, a master
+//! killed mid-burst; the invariant checker of `drover_tests::netns` after each one.
+//! Needs root, `ip` and `nsenter`; skips with a message otherwise. See docs/testing.md.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use drover_common::state::{ExitReason, TaskState};
+use drover_common::wire::TaskView;
+use drover_tests::netns::{fault_job, key, netns_available, NetCluster, FAULT_MASTER_CONFIG};
+use drover_tests::WAIT;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+/// A service process that runs until killed.
+const FOREVER: &str = "exec sleep 100000";
+
+/// Settle time for the invariant checker.
+const SETTLE: Duration = Duration::from_secs(40);
+
+fn current(cluster: &NetCluster, job: &str) -> anyhow::Result<TaskView> {
+    let view = cluster.job(job)?;
+    view.instances
+        .first()
+        .and_then(|i| i.current.clone())
+        .ok_or_else(|| anyhow::anyhow!("{job} has no current task"))
+}
+
+fn history_len(cluster: &NetCluster, job: &str) -> anyhow::Result<usize> {
+    Ok(cluster
+        .job(job)?
+        .instances
+        .first()
+        .map(|i| i.history.len())
+        .unwrap_or(0))
+}
+
+fn count_state(task: &TaskView, state: TaskState) -> usize {
+    task.events.iter().filter(|e| e.state == state).count()
+}
+
+#[test]
+fn agent_cut_off_past_the_timeout_is_replaced_and_its_errant_copies_die_on_heal() {
+    if !netns_available("agent_cut_off_past_the_timeout") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    let moved = key("moved");
+    let stays = key("stays");
+    c.create_job(&fault_job("moved", 1, true, FOREVER, json!({})))
+        .unwrap();
+    c.create_job(&fault_job(
+        "stays",
+        1,
+        true,
+        FOREVER,
+        json!({"reschedule": false}),
+    ))
+    .unwrap();
+    let old_moved = c.wait_for_state(&moved, 0, TaskState::Running).unwrap();
+    let old_stays = c.wait_for_state(&stays, 0, TaskState::Running).unwrap();
+    let agent0 = c.agent_id(0).unwrap();
+    assert_eq!(old_moved.agent_id.as_deref(), Some(agent0.as_str()));
+    assert_eq!(old_stays.agent_id.as_deref(), Some(agent0.as_str()));
+    let stays_pids = c.task_pids(&old_stays.task_id);
+    assert!(!stays_pids.is_empty());
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    let agent1 = c.agent_id(1).unwrap();
+
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    let replacement = c
+        .wait_for("moved/0 RUNNING on agent 1", WAIT, |c| {
+            let t = current(c, &moved).ok()?;
+            (t.task_id != old_moved.task_id
+                && t.state == TaskState::Running
+                && t.agent_id.as_deref() == Some(agent1.as_str()))
+            .then_some(t)
+        })
+        .unwrap();
+    let replaced_after = cut_at.elapsed();
+    println!(
+        "MEASURE agent loss -> replacement RUNNING elsewhere (agent_timeout 5s): {:.2}s",
+        replaced_after.as_secs_f64()
+    );
+    let lost = c.task(&old_moved.task_id).unwrap();
+    assert_eq!(lost.state, TaskState::Lost);
+    assert_eq!(lost.exit_reason, Some(ExitReason::AgentLost));
+    // The master keeps expecting the reschedule:false task.
+    let s = c.task(&old_stays.task_id).unwrap();
+    assert!(!s.state.is_terminal(), "stays became {}", s.state);
+    // The errant copy still runs on the partitioned agent until it hears the master.
+    assert!(!c.task_pids(&old_moved.task_id).is_empty());
+
+    c.ns(0).heal().unwrap();
+    c.wait_for("the errant copy on agent 0 to be killed", WAIT, |c| {
+        c.task_pids(&old_moved.task_id).is_empty().then_some(())
+    })
+    .unwrap();
+    c.wait_reachable(0).unwrap();
+    let s = c.wait_for_state(&stays, 0, TaskState::Running).unwrap();
+    assert_eq!(s.task_id, old_stays.task_id, "stays was replaced");
+    assert_eq!(
+        c.task_pids(&old_stays.task_id),
+        stays_pids,
+        "stays was restarted"
+    );
+    assert_eq!(history_len(&c, &stays).unwrap(), 0);
+    assert_eq!(
+        current(&c, &moved).unwrap().task_id,
+        replacement.task_id,
+        "moved was replaced twice"
+    );
+    c.check_invariants(&[moved, stays], SETTLE).unwrap();
+}
+
+#[test]
+fn agent_cut_off_shorter_than_the_timeout_loses_nothing() {
+    if !netns_available("agent_cut_off_shorter_than_the_timeout") {
+        return;
+    }
+    let mut c = NetCluster::start(2, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("blip");
+    c.create_job(&fault_job("blip", 2, true, FOREVER, json!({})))
+        .unwrap();
+    c.wait_for("both instances RUNNING", WAIT, |c| {
+        let view = c.job(&job).ok()?;
+        view.instances
+            .iter()
+            .all(|i| {
+                i.current
+                    .as_ref()
+                    .is_some_and(|t| t.state == TaskState::Running)
+            })
+            .then_some(())
+    })
+    .unwrap();
+    let before = c.job(&job).unwrap();
+    let ids: Vec<String> = before
+        .instances
+        .iter()
+        .map(|i| i.current.as_ref().unwrap().task_id.clone())
+        .collect();
+    let pids: Vec<Vec<u32>> = ids.iter().map(|id| c.task_pids(id)).collect();
+    for k in 0..2 {
+        c.ns(k).cut().unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for k in 0..2 {
+        c.ns(k).heal().unwrap();
+    }
+    // Longer than the timeout would have been, counted from the cut.
+    std::thread::sleep(Duration::from_secs(6));
+    let after = c.job(&job).unwrap();
+    for (n, instance) in after.instances.iter().enumerate() {
+        let t = instance.current.as_ref().unwrap();
+        assert_eq!(t.task_id, ids[n], "instance {n} was replaced");
+        assert_eq!(t.state, TaskState::Running);
+        assert!(instance.history.is_empty(), "instance {n} has history");
+        assert_eq!(c.task_pids(&ids[n]), pids[n], "instance {n} restarted");
+    }
+    assert!(c.agents().unwrap().iter().all(|a| a.reachable));
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn reconciliation_kills_a_task_the_master_does_not_know() {
+    if !netns_available("reconciliation_kills_a_task_the_master_does_not_know") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let known = key("known");
+    c.create_job(&fault_job("known", 1, true, FOREVER, json!({})))
+        .unwrap();
+    let known_task = c.wait_for_state(&known, 0, TaskState::Running).unwrap();
+    // Back up the master's store, then create a job the backup does not have.
+    c.stop_master(Duration::from_secs(10));
+    let master_dir = c.dir().join("master");
+    let backup = c.dir().join("backup");
+    std::fs::create_dir_all(&backup).unwrap();
+    let db_files = ["drover.db", "drover.db-wal", "drover.db-shm"];
+    for f in db_files {
+        if master_dir.join(f).exists() {
+            std::fs::copy(master_dir.join(f), backup.join(f)).unwrap();
+        }
+    }
+    c.start_master_again().unwrap();
+    let ghost = key("ghost");
+    c.create_job(&fault_job("ghost", 1, true, FOREVER, json!({})))
+        .unwrap();
+    let ghost_task = c.wait_for_state(&ghost, 0, TaskState::Running).unwrap();
+    assert!(!c.task_pids(&ghost_task.task_id).is_empty());
+    // The master comes back from the backup: it never heard of `ghost`.
+    c.stop_master(Duration::from_secs(10));
+    for f in db_files {
+        let _ = std::fs::remove_file(master_dir.join(f));
+        if backup.join(f).exists() {
+            std::fs::copy(backup.join(f), master_dir.join(f)).unwrap();
+        }
+    }
+    c.start_master_again().unwrap();
+    assert!(c
+        .get_opt::<TaskView>(&format!("/v1/tasks/{}", ghost_task.task_id))
+        .unwrap()
+        .is_none());
+    c.wait_for("the unknown task to be killed on the agent", WAIT, |c| {
+        c.task_pids(&ghost_task.task_id).is_empty().then_some(())
+    })
+    .unwrap();
+    let k = c.wait_for_state(&known, 0, TaskState::Running).unwrap();
+    assert_eq!(k.task_id, known_task.task_id, "the known task was replaced");
+    c.check_invariants(&[known], SETTLE).unwrap();
+}
+
+#[test]
+fn reconciliation_replaces_a_task_the_agent_no_longer_has() {
+    if !netns_available("reconciliation_replaces_a_task_the_agent_no_longer_has") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("vanish");
+    c.create_job(&fault_job("vanish", 1, true, FOREVER, json!({})))
+        .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    // Behind the agent's back: the agent is down, the executor, its task and its
+    // sandbox disappear; the agent starts with no trace of the task.
+    c.kill_agent(0);
+    let executor = c.executor_pid(&old.task_id).expect("executor pid");
+    let _ = kill(Pid::from_raw(executor as i32), Signal::SIGKILL);
+    for pid in c.task_pids(&old.task_id) {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+    let sandbox = c.sandbox_of(&old.task_id).unwrap();
+    std::fs::remove_dir_all(&sandbox).unwrap();
+    c.start_agent(0).unwrap();
+    let replacement = c
+        .wait_for("a replacement RUNNING", WAIT, |c| {
+            let t = current(c, &job).ok()?;
+            (t.task_id != old.task_id && t.state == TaskState::Running).then_some(t)
+        })
+        .unwrap();
+    let lost = c.task(&old.task_id).unwrap();
+    assert_eq!(lost.state, TaskState::Lost, "{lost:?}");
+    assert!(!replacement.task_id.is_empty());
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
+    if !netns_available("agent_killed_ten_times") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let steady = key("steady");
+    let short = key("short");
+    c.create_job(&fault_job("steady", 1, true, FOREVER, json!({})))
+        .unwrap();
+    c.create_job(&fault_job(
+        "short",
+        1,
+        false,
+        "echo ran >> runs.txt; sleep 4",
+        json!({}),
+    ))
+    .unwrap();
+    let steady_task = c.wait_for_state(&steady, 0, TaskState::Running).unwrap();
+    let short_task = c.wait_for_state(&short, 0, TaskState::Running).unwrap();
+    let executor = c.executor_pid(&steady_task.task_id).unwrap();
+    let pids = c.task_pids(&steady_task.task_id);
+    assert!(!pids.is_empty());
+    let short_sandbox = c.sandbox_of(&short_task.task_id).unwrap();
+    for round in 0..10 {
+        c.kill_agent(0);
+        if round == 0 {
+            // The batch task finishes while the agent is down.
+            c.wait_for("short to finish behind the agent's back", WAIT, |c| {
+                let status =
+                    std::fs::read_to_string(short_sandbox.join(".drover/status.json")).ok()?;
+                (status.contains("FINISHED") && c.task_pids(&short_task.task_id).is_empty())
+                    .then_some(())
+            })
+            .unwrap();
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        c.start_agent(0).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    c.wait_reachable(0).unwrap();
+    let s = c.wait_for_state(&short, 0, TaskState::Finished).unwrap();
+    assert_eq!(s.task_id, short_task.task_id);
+    assert_eq!(count_state(&s, TaskState::Finished), 1);
+    assert_eq!(history_len(&c, &short).unwrap(), 0, "short ran again");
+    let runs = std::fs::read_to_string(short_sandbox.join("runs.txt")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "short ran {runs:?}");
+    let t = c.wait_for_state(&steady, 0, TaskState::Running).unwrap();
+    assert_eq!(t.task_id, steady_task.task_id);
+    assert_eq!(
+        c.executor_pid(&t.task_id),
+        Some(executor),
+        "executor replaced"
+    );
+    assert_eq!(c.task_pids(&t.task_id), pids, "task restarted");
+    assert_eq!(count_state(&t, TaskState::Running), 1);
+
+    // The agent's state dir is lost: it adopts the executors from its sandbox root.
+    c.kill_agent(0);
+    std::fs::remove_dir_all(&c.agent(0).data_dir).unwrap();
+    c.start_agent(0).unwrap();
+    c.wait_reachable(0).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let t = c.wait_for_state(&steady, 0, TaskState::Running).unwrap();
+    assert_eq!(t.task_id, steady_task.task_id);
+    assert_eq!(
+        c.executor_pid(&t.task_id),
+        Some(executor),
+        "executor replaced"
+    );
+    assert_eq!(c.task_pids(&t.task_id), pids, "task restarted");
+    assert_eq!(history_len(&c, &steady).unwrap(), 0);
+    let s = c.task(&short_task.task_id).unwrap();
+    assert_eq!(count_state(&s, TaskState::Finished), 1);
+    c.check_invariants(&[steady, short], SETTLE).unwrap();
+}
+
+#[test]
+fn executor_killed_makes_its_task_lost_cleaned_and_replaced() {
+    if !netns_available("executor_killed") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("crashy");
+    // The task forks a grandchild in its own session: only the cgroup finds it.
+    c.create_job(&fault_job(
+        "crashy",
+        1,
+        true,
+        "setsid sleep 100000 & exec sleep 100000",
+        json!({}),
+    ))
+    .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.wait_for("two processes in the task cgroup", WAIT, |c| {
+        (c.task_pids(&old.task_id).len() >= 2).then_some(())
+    })
+    .unwrap();
+    let executor = c.executor_pid(&old.task_id).unwrap();
+    kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();
+    let lost = c
+        .wait_for("the task to be LOST", WAIT, |c| {
+            let t = c.task(&old.task_id).ok()?;
+            t.state.is_terminal().then_some(t)
+        })
+        .unwrap();
+    assert_eq!(lost.state, TaskState::Lost);
+    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    assert!(c.task_pids(&old.task_id).is_empty(), "processes left");
+    c.wait_for("a replacement RUNNING", WAIT, |c| {
+        let t = current(c, &job).ok()?;
+        (t.task_id != old.task_id && t.state == TaskState::Running).then_some(())
+    })
+    .unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn master_killed_during_a_burst_of_200_submissions_keeps_every_acknowledged_job() {
+    if !netns_available("master_killed_during_a_burst") {
+        return;
+    }
+    let mut c = NetCluster::start(2, FAULT_MASTER_CONFIG).unwrap();
+    let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let next = Arc::new(AtomicUsize::new(0));
+    let url = c.url.clone();
+    let mut threads = Vec::new();
+    for _ in 0..4 {
+        let (acked, next, url) = (acked.clone(), next.clone(), url.clone());
+        threads.push(std::thread::spawn(move || {
+            let http = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap();
+            loop {
+                let n = next.fetch_add(1, Ordering::SeqCst);
+                if n >= 200 {
+                    return;
+                }
+                let name = format!("burst{n}");
+                let spec = fault_job(&name, 1, false, FOREVER, json!({}));
+                let ok = http
+                    .post(format!("{url}/v1/jobs"))
+                    .json(&spec)
+                    .send()
+                    .is_ok_and(|r| r.status().is_success());
+                if ok {
+                    acked.lock().unwrap().push(key(&name));
+                }
+            }
+        }));
+    }
+    while acked.lock().unwrap().len() < 60 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.kill_master();
+    let killed_at_ms = now_ms();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    println!(
+        "{} of 200 submissions acknowledged before/around the kill",
+        acked.len()
+    );
+    let restart = Instant::now();
+    c.start_master_again().unwrap();
+    println!(
+        "MEASURE master restart (kill -9, {} jobs) -> serving: {:.2}s",
+        acked.len(),
+        restart.elapsed().as_secs_f64()
+    );
+    let keys: BTreeSet<String> = c.job_keys().unwrap().into_iter().collect();
+    for k in &acked {
+        assert!(keys.contains(k), "acknowledged {k} is missing");
+    }
+    // During the restart grace nothing is killed or replaced.
+    let mut bad = Vec::new();
+    while restart.elapsed() < Duration::from_secs(9) {
+        for k in &keys {
+            let view = c.job(k).unwrap();
+            for i in &view.instances {
+                let live = i
+                    .current
+                    .iter()
+                    .chain(i.history.iter())
+                    .filter(|t| !t.state.is_terminal())
+                    .count();
+                if live > 1 {
+                    bad.push(format!("{k}/{} has {live} live tasks", i.instance));
+                }
+                for t in i.current.iter().chain(i.history.iter()) {
+                    for e in &t.events {
+                        if e.timestamp_ms > killed_at_ms
+                            && matches!(
+                                e.state,
+                                TaskState::Lost | TaskState::Killed | TaskState::Killing
+                            )
+                        {
+                            bad.push(format!(
+                                "{} became {} after the restart",
+                                t.task_id, e.state
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if !bad.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(bad.is_empty(), "{bad:?}\n{}", c.diagnostics());
+    c.check_invariants(&acked, SETTLE).unwrap();
+}
+
+#[test]
+fn exclusive_task_never_runs_twice_across_a_partition() {
+    if !netns_available("exclusive_task_never_runs_twice") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("solo");
+    c.create_job(&fault_job(
+        "solo",
+        1,
+        true,
+        FOREVER,
+        json!({"exclusive": true}),
+    ))
+    .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    let mut old_gone: Option<Duration> = None;
+    let mut replaced: Option<Duration> = None;
+    let mut ids: BTreeSet<String> = BTreeSet::from([old.task_id.clone()]);
+    while cut_at.elapsed() < Duration::from_secs(60) && replaced.is_none() {
+        let view = c.job(&job).unwrap();
+        let mut running = 0;
+        for i in &view.instances {
+            for t in i.current.iter().chain(i.history.iter()) {
+                ids.insert(t.task_id.clone());
+                if t.state == TaskState::Running {
+                    running += 1;
+                    if t.task_id != old.task_id && replaced.is_none() {
+                        replaced = Some(cut_at.elapsed());
+                    }
+                }
+            }
+        }
+        let cgroups = c.task_cgroups();
+        let live: Vec<&String> = ids
+            .iter()
+            .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
+            .collect();
+        assert!(running <= 1, "the master shows {running} RUNNING copies");
+        assert!(live.len() <= 1, "two copies run at once: {live:?}");
+        if old_gone.is_none() && !live.contains(&&old.task_id) {
+            old_gone = Some(cut_at.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let old_gone = old_gone.expect("the partitioned agent never killed its exclusive task");
+    let replaced = replaced.expect("the exclusive task was never replaced");
+    println!(
+        "MEASURE exclusive: partitioned copy killed {:.2}s after the cut, replacement RUNNING {:.2}s after",
+        old_gone.as_secs_f64(),
+        replaced.as_secs_f64()
+    );
+    assert!(old_gone < replaced);
+    // lease 4s + kill time (finalization 1s + 5s) after the last heartbeat.
+    assert!(
+        replaced >= Duration::from_secs(9),
+        "replaced after {replaced:?}"
+    );
+    c.ns(0).heal().unwrap();
+    c.wait_reachable(0).unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn finished_update_sent_during_a_partition_arrives_exactly_once() {
+    if !netns_available("finished_update_sent_during_a_partition") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("ends");
+    c.create_job(&fault_job(
+        "ends",
+        1,
+        false,
+        "echo ran >> runs.txt; sleep 2",
+        json!({"reschedule": false}),
+    ))
+    .unwrap();
+    let task = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    let sandbox = c.sandbox_of(&task.task_id).unwrap();
+    c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
+        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        status.contains("FINISHED").then_some(())
+    })
+    .unwrap();
+    // Stay cut past the agent timeout: the update waits in the outbox.
+    while cut_at.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let during = c.task(&task.task_id).unwrap();
+    assert_eq!(during.state, TaskState::Running, "{during:?}");
+    assert!(!c.agents().unwrap()[0].reachable);
+    c.ns(0).heal().unwrap();
+    let t = c.wait_for_state(&job, 0, TaskState::Finished).unwrap();
+    assert_eq!(t.task_id, task.task_id);
+    // Give a duplicate time to arrive.
+    std::thread::sleep(Duration::from_secs(3));
+    let t = c.task(&task.task_id).unwrap();
+    assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
+    assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
+    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    assert_eq!(runs.lines().count(), 1);
+    let outbox = c.agent(0).data_dir.join("outbox");
+    c.wait_for("the outbox to drain", WAIT, |_| {
+        let pending = std::fs::read_dir(&outbox)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name() != "acked.json")
+                    .count()
+            })
+            .unwrap_or(0);
+        (pending == 0).then_some(())
+    })
+    .unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -451,8 +451,6 @@ disk = "16GiB"
 ports = "20000-20199"
 cgroup_parent = "{parent}"
 lease = "{lease}"
-poll_wait = "5s"
-max_backoff = "1s"
 
 [attributes]
 host = "agent-{k}"

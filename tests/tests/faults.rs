@@ -488,37 +488,7 @@ fn exclusive_task_never_runs_twice_across_a_partition() {
     c.wait_reachable(1).unwrap();
     let cut_at = Instant::now();
     c.ns(0).cut().unwrap();
-    let mut old_gone: Option<Duration> = None;
-    let mut replaced: Option<Duration> = None;
-    let mut ids: BTreeSet<String> = BTreeSet::from([old.task_id.clone()]);
-    while cut_at.elapsed() < Duration::from_secs(60) && replaced.is_none() {
-        let view = c.job(&job).unwrap();
-        let mut running = 0;
-        for i in &view.instances {
-            for t in i.current.iter().chain(i.history.iter()) {
-                ids.insert(t.task_id.clone());
-                if t.state == TaskState::Running {
-                    running += 1;
-                    if t.task_id != old.task_id && replaced.is_none() {
-                        replaced = Some(cut_at.elapsed());
-                    }
-                }
-            }
-        }
-        let cgroups = c.task_cgroups();
-        let live: Vec<&String> = ids
-            .iter()
-            .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
-            .collect();
-        assert!(running <= 1, "the master shows {running} RUNNING copies");
-        assert!(live.len() <= 1, "two copies run at once: {live:?}");
-        if old_gone.is_none() && !live.contains(&&old.task_id) {
-            old_gone = Some(cut_at.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let old_gone = old_gone.expect("the partitioned agent never killed its exclusive task");
-    let replaced = replaced.expect("the exclusive task was never replaced");
+    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at);
     println!(
         "MEASURE exclusive: partitioned copy killed {:.2}s after the cut, replacement RUNNING {:.2}s after",
         old_gone.as_secs_f64(),
@@ -586,6 +556,169 @@ fn finished_update_sent_during_a_partition_arrives_exactly_once() {
             })
             .unwrap_or(0);
         (pending == 0).then_some(())
+    })
+    .unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+/// Samples both sides every 100 ms from `cut_at` until the exclusive job's instance 0
+/// has a replacement RUNNING: the master never shows two RUNNING copies and the task
+/// cgroups never hold processes of two copies. Returns when the partitioned copy's
+/// processes were gone and when the replacement was RUNNING, both since `cut_at`.
+fn watch_exclusive(
+    c: &mut NetCluster,
+    job: &str,
+    old: &str,
+    cut_at: Instant,
+) -> (Duration, Duration) {
+    let mut old_gone: Option<Duration> = None;
+    let mut replaced: Option<Duration> = None;
+    let mut ids: BTreeSet<String> = BTreeSet::from([old.to_string()]);
+    while cut_at.elapsed() < Duration::from_secs(60) && replaced.is_none() {
+        let view = c.job(job).unwrap();
+        let mut running = 0;
+        for i in &view.instances {
+            for t in i.current.iter().chain(i.history.iter()) {
+                ids.insert(t.task_id.clone());
+                if t.state == TaskState::Running {
+                    running += 1;
+                    if t.task_id != old && replaced.is_none() {
+                        replaced = Some(cut_at.elapsed());
+                    }
+                }
+            }
+        }
+        let cgroups = c.task_cgroups();
+        let live: Vec<&String> = ids
+            .iter()
+            .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
+            .collect();
+        assert!(running <= 1, "the master shows {running} RUNNING copies");
+        assert!(live.len() <= 1, "two copies run at once: {live:?}");
+        if old_gone.is_none() && !live.iter().any(|id| id.as_str() == old) {
+            old_gone = Some(cut_at.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let old_gone = old_gone.expect("the partitioned agent never killed its exclusive task");
+    let replaced = replaced.unwrap_or_else(|| {
+        panic!("the exclusive task was never replaced\n{}", c.diagnostics())
+    });
+    (old_gone, replaced)
+}
+
+#[test]
+fn exclusive_lease_keeps_counting_across_an_agent_restart_during_a_partition() {
+    if !netns_available("exclusive_lease_keeps_counting_across_an_agent_restart") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("solo2");
+    c.create_job(&fault_job("solo2", 1, true, FOREVER, json!({"exclusive": true})))
+        .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Restarted while still cut off: the lease counts from the last contact it
+    // recorded, not from its own start.
+    c.kill_agent(0);
+    c.start_agent(0).unwrap();
+    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at);
+    println!(
+        "MEASURE exclusive across an agent restart: killed {:.2}s, replaced {:.2}s after the cut",
+        old_gone.as_secs_f64(),
+        replaced.as_secs_f64()
+    );
+    assert!(old_gone < Duration::from_secs(8), "killed only after {old_gone:?}");
+    assert!(old_gone < replaced);
+    c.ns(0).heal().unwrap();
+    c.wait_reachable(0).unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn finished_update_survives_an_agent_restart_during_a_partition() {
+    if !netns_available("finished_update_survives_an_agent_restart") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("ends2");
+    c.create_job(&fault_job(
+        "ends2",
+        1,
+        false,
+        "echo ran >> runs.txt; sleep 2",
+        json!({"reschedule": false}),
+    ))
+    .unwrap();
+    let task = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    let sandbox = c.sandbox_of(&task.task_id).unwrap();
+    c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
+        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        status.contains("FINISHED").then_some(())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The update sits in the outbox; the agent dies and comes back, still cut off.
+    for _ in 0..3 {
+        c.kill_agent(0);
+        c.start_agent(0).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    while cut_at.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(c.task(&task.task_id).unwrap().state, TaskState::Running);
+    c.ns(0).heal().unwrap();
+    let t = c.wait_for_state(&job, 0, TaskState::Finished).unwrap();
+    assert_eq!(t.task_id, task.task_id);
+    std::thread::sleep(Duration::from_secs(3));
+    let t = c.task(&task.task_id).unwrap();
+    assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
+    assert_eq!(t.exit_reason, Some(ExitReason::ExitCode { code: 0 }), "{t:?}");
+    assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
+    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    assert_eq!(runs.lines().count(), 1);
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn master_restarted_while_an_agent_is_cut_off_replaces_nothing_before_the_grace() {
+    if !netns_available("master_restarted_while_an_agent_is_cut_off") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("waits");
+    c.create_job(&fault_job("waits", 1, true, FOREVER, json!({})))
+        .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    c.ns(0).cut().unwrap();
+    c.kill_master();
+    c.start_master_again().unwrap();
+    let restarted = Instant::now();
+    let replacement = c
+        .wait_for("a replacement RUNNING after the grace", WAIT, |c| {
+            let t = current(c, &job).ok()?;
+            (t.task_id != old.task_id && t.state == TaskState::Running).then_some(t)
+        })
+        .unwrap();
+    let after = restarted.elapsed();
+    println!(
+        "MEASURE master restart with a cut-off agent: replaced {:.2}s after the restart (restart_grace 10s)",
+        after.as_secs_f64()
+    );
+    assert!(after >= Duration::from_millis(9500), "replaced during the grace: {after:?}");
+    assert_ne!(replacement.agent_id, old.agent_id);
+    c.ns(0).heal().unwrap();
+    c.wait_for("the errant copy to be killed", WAIT, |c| {
+        c.task_pids(&old.task_id).is_empty().then_some(())
     })
     .unwrap();
     c.check_invariants(&[job], SETTLE).unwrap();

@@ -95,7 +95,11 @@ impl ExecutorSettings {
     /// with the write end of a readiness pipe as fd 3 (`--ready-fd 3`), so the agent
     /// learns the moment the executor's socket listens instead of polling for it.
     /// The child must be reaped by the caller (`wait`).
-    pub fn spawn(&self, layout: &Layout, assignment: &Assignment) -> Result<Spawned, ExecutorError> {
+    pub fn spawn(
+        &self,
+        layout: &Layout,
+        assignment: &Assignment,
+    ) -> Result<Spawned, ExecutorError> {
         let task_id = &assignment.task.task_id;
         let sandbox = layout.sandbox(task_id);
         let drover = layout.drover_dir(task_id);
@@ -104,13 +108,6 @@ impl ExecutorSettings {
             move |source| ExecutorError::Prepare { path, source }
         };
         fs::create_dir_all(&drover).map_err(prep(&drover))?;
-        let mut meta = AgentMeta {
-            exclusive: assignment.exclusive,
-            executor_pid: None,
-        };
-        layout
-            .write_meta(task_id, &meta, false)
-            .map_err(prep(&layout.meta_file(task_id)))?;
         let task_file = layout.task_file(task_id);
         let bytes = serde_json::to_vec(&assignment.task).map_err(|e| ExecutorError::Prepare {
             path: task_file.clone(),
@@ -128,10 +125,12 @@ impl ExecutorSettings {
         };
         let stdout = open(&out_path)?;
         let stderr = open(&err_path)?;
-        let (ready_rx, ready_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| ExecutorError::Prepare {
-                path: drover.clone(),
-                source: std::io::Error::from(e),
+        let (ready_rx, ready_tx) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| {
+                ExecutorError::Prepare {
+                    path: drover.clone(),
+                    source: std::io::Error::from(e),
+                }
             })?;
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(self.run_args(&task_file, &sandbox))
@@ -157,10 +156,17 @@ impl ExecutorSettings {
                 None
             }
         };
-        meta.executor_pid = child.id();
-        // Best effort and not fsync'd: the socket is the main liveness signal and the
-        // pid only covers the moment before the executor created it; an agent crash
-        // keeps the page cache, and a host crash ends the executor too.
+        let meta = AgentMeta {
+            exclusive: assignment.exclusive,
+            executor_pid: child.id(),
+        };
+        // Written once, after the spawn (each rewrite costs a new inode, and on a
+        // journal-less ext4 every inode freed in the last seconds slows the next
+        // allocation). Best effort and not fsync'd: the socket is the main liveness
+        // signal and the /proc scan at restart finds an executor whose pid was never
+        // recorded; an agent crash keeps the page cache, and a host crash ends the
+        // executor too. An agent crash in between loses only `exclusive` until the
+        // next assignment set says it again.
         if let Err(e) = layout.write_meta(task_id, &meta, false) {
             tracing::warn!(task_id, error = %e, "could not record executor pid");
         }

@@ -1,9 +1,9 @@
 //! Where a task's files live and what the agent finds there after a restart. The
 //! sandbox root is the source of truth for which tasks this host runs:
-//! `<sandbox_root>/<task_id>/.drover/` holds the executor's `task.json`,
-//! `status.json` (its checkpoint), `executor.sock` and `logs/`, plus two agent
-//! files: `agent-task.json` (the task file given to the executor) and `agent.json`
-//! (whether the task is exclusive, the executor's pid).
+//! `<sandbox_root>/<task_id>/.drover/` holds `task.json` (the task file the agent
+//! gives the executor), the executor's `status.json` (its checkpoint),
+//! `executor.sock` and `logs/`, and the agent's `agent.json` (whether the task is
+//! exclusive, the executor's pid).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -71,9 +71,10 @@ impl Layout {
         self.drover_dir(task_id).join("executor.sock")
     }
 
-    /// The task file the agent hands the executor.
+    /// The task file the agent hands the executor. It is the executor's own
+    /// `task.json`, so the executor need not write a copy.
     pub fn task_file(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("agent-task.json")
+        self.drover_dir(task_id).join("task.json")
     }
 
     /// The agent's record beside the sandbox.

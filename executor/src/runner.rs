@@ -296,9 +296,13 @@ impl Runner {
                 fail(e.into(), &layout)
             })?;
         layout.create(&user).map_err(|e| fail(e.into(), &layout))?;
-        layout
-            .write_task(&task)
-            .map_err(|e| fail(e.into(), &layout))?;
+        // The agent hands over `.drover/task.json` itself: no copy needed (one file
+        // less to create per task).
+        if opts.task_file != layout.task_file() {
+            layout
+                .write_task(&task)
+                .map_err(|e| fail(e.into(), &layout))?;
+        }
         if let Some(cg) = &cgroup {
             let limits = Limits {
                 cpu: task.task.resources.cpu,

@@ -120,7 +120,7 @@ impl Layout {
             .map_err(io_err(&self.task_file()))
     }
 
-    /// Checkpoints a status: write, rename; fsync'd only for a terminal status.
+    /// Checkpoints a status; only a terminal one is written atomically and fsync'd.
     ///
     /// Why not every status: the checkpoint only decides anything when the executor
     /// is gone. A non-terminal checkpoint then means LOST whether it says STARTING or
@@ -129,13 +129,27 @@ impl Layout {
     /// buys nothing for those, and two of them sat on the create-to-RUNNING path. A
     /// terminal status decides between FINISHED/FAILED and LOST, so it stays durable.
     pub fn write_status(&self, status: &ExecutorStatus) -> io::Result<()> {
-        let text = serde_json::to_vec(status)?;
+        let mut text = serde_json::to_vec(status)?;
         if status.state.is_terminal() {
-            write_atomic(&self.status_file(), &text)
-        } else {
-            let tmp = self.status_file().with_extension("json.tmp");
-            fs::write(&tmp, &text).and_then(|()| fs::rename(&tmp, self.status_file()))
+            return write_atomic(&self.status_file(), &text);
         }
+        // Non-terminal: overwritten in place, padded with spaces (valid JSON
+        // whitespace) to the old length so the file never holds a shorter, truncated
+        // state. No temp file and rename: each of those costs a new inode and frees
+        // one, and on a journal-less ext4 every inode freed in the last seconds
+        // slows the next allocation on the host. A reader racing this write may see
+        // a mix; readers act on the checkpoint only once the executor is gone.
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.status_file())?;
+        let old = f.metadata()?.len() as usize;
+        if text.len() < old {
+            text.resize(old, b' ');
+        }
+        f.write_all_at(&text, 0)
     }
 
     /// Reads the checkpointed status, if any.
@@ -265,6 +279,36 @@ impl RotatingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status(seq: u64, state: drover_common::state::TaskState, message: &str) -> ExecutorStatus {
+        ExecutorStatus {
+            seq,
+            task_id: "t1".into(),
+            state,
+            exit_reason: None,
+            message: message.into(),
+            timestamp_ms: 1,
+            executor_pid: 1,
+            processes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_shorter_checkpoint_written_in_place_reads_back_whole() {
+        use drover_common::state::TaskState;
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        fs::create_dir_all(layout.area()).unwrap();
+        let long = status(1, TaskState::Starting, &"x".repeat(200));
+        layout.write_status(&long).unwrap();
+        let short = status(2, TaskState::Running, "up");
+        layout.write_status(&short).unwrap();
+        assert_eq!(layout.read_status(), Some(short));
+        let done = status(3, TaskState::Finished, "done");
+        layout.write_status(&done).unwrap();
+        assert_eq!(layout.read_status(), Some(done));
+        assert!(!layout.status_file().with_extension("json.tmp").exists());
+    }
 
     #[test]
     fn logs_rotate_and_keep_n_files() {

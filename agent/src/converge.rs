@@ -107,6 +107,27 @@ pub fn converge(desired: &AssignmentSet, actual: &LocalTasks) -> Vec<Action> {
     actions
 }
 
+/// The longest an assignment answer may have been in flight (round trip minus the
+/// time the master held the poll) for the agent to act on it: half the exclusive
+/// lease, at most 2 s. A longer flight means a partition delayed it: the master may
+/// have replaced its tasks meanwhile, and starting them would run a second copy.
+pub fn max_answer_flight(lease: Duration) -> Duration {
+    (lease / 2).min(Duration::from_secs(2))
+}
+
+/// Whether to drop an assignment set that was `in_flight` long and poll again: when
+/// the flight exceeds `limit`, unless this version was already dropped once (then the
+/// master answered it twice, so it is current; a steadily slow network never starves
+/// the agent).
+pub fn discard_stale(
+    in_flight: Duration,
+    limit: Duration,
+    version: u64,
+    discarded: Option<u64>,
+) -> bool {
+    in_flight > limit && discarded != Some(version)
+}
+
 /// Exclusive tasks to kill because the master has been unreachable for `lease`
 /// (`since_contact` is the time since the last successful heartbeat).
 pub fn lease_kills(actual: &LocalTasks, since_contact: Duration, lease: Duration) -> Vec<Action> {
@@ -202,6 +223,27 @@ mod tests {
         started.started = true;
         let actions = converge(&set(vec![started]), &LocalTasks::new());
         assert!(actions.is_empty(), "{actions:?}");
+    }
+
+    #[test]
+    fn a_late_assignment_answer_is_dropped_once_then_trusted() {
+        let limit = max_answer_flight(Duration::from_secs(10));
+        assert_eq!(limit, Duration::from_secs(2));
+        assert_eq!(
+            max_answer_flight(Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+        let late = Duration::from_secs(12);
+        assert!(!discard_stale(Duration::from_millis(5), limit, 7, None));
+        assert!(discard_stale(late, limit, 7, None));
+        assert!(
+            discard_stale(late, limit, 8, Some(7)),
+            "a newer version is checked again"
+        );
+        assert!(
+            !discard_stale(late, limit, 7, Some(7)),
+            "answered twice: current"
+        );
     }
 
     #[test]

@@ -10,6 +10,10 @@ use drover_common::wire::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+/// Response header of the assignment long poll: how many milliseconds the master
+/// held the request before answering.
+pub const HELD_HEADER: &str = "x-drover-held-ms";
+
 /// A call to the master failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
@@ -52,6 +56,18 @@ impl MasterClient {
         req: reqwest::RequestBuilder,
         url: String,
     ) -> Result<T, MasterError> {
+        let resp = self.send_ok(req, url.clone()).await?;
+        resp.json::<T>()
+            .await
+            .map_err(|source| MasterError::Unreachable { url, source })
+    }
+
+    /// Sends `req`; the response if it is a success, else the error it means.
+    async fn send_ok(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<reqwest::Response, MasterError> {
         let resp = req
             .send()
             .await
@@ -61,10 +77,7 @@ impl MasterClient {
             })?;
         let status = resp.status();
         if status.is_success() {
-            return resp
-                .json::<T>()
-                .await
-                .map_err(|source| MasterError::Unreachable { url, source });
+            return Ok(resp);
         }
         let text = resp.text().await.unwrap_or_default();
         let body = serde_json::from_str::<ApiErrorBody>(&text).ok();
@@ -114,20 +127,39 @@ impl MasterClient {
     }
 
     /// GET /v1/agents/{id}/assignments: returns at once when the master has a newer
-    /// version than `after_version`, else within about `wait`.
+    /// version than `after_version`, else within about `wait`. Also returns how long
+    /// the answer was in flight: the round trip minus the time the master held the
+    /// poll (its `x-drover-held-ms` header; without it, zero), measured with this
+    /// host's monotonic clock only. A long flight means a partition delayed the
+    /// answer and the set may be stale.
     pub async fn assignments(
         &self,
         agent_id: &str,
         after_version: u64,
         wait: Duration,
-    ) -> Result<AssignmentSet, MasterError> {
+    ) -> Result<(AssignmentSet, Duration), MasterError> {
         let url = format!(
             "{}/v1/agents/{agent_id}/assignments?after_version={after_version}&wait_ms={}",
             self.base,
             wait.as_millis()
         );
+        let sent = std::time::Instant::now();
         let req = self.http.get(&url).timeout(wait + Duration::from_secs(15));
-        self.send(req, url).await
+        let resp = self.send_ok(req, url.clone()).await?;
+        let held = resp
+            .headers()
+            .get(HELD_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        let set = resp
+            .json::<AssignmentSet>()
+            .await
+            .map_err(|source| MasterError::Unreachable { url, source })?;
+        let in_flight = match held {
+            Some(held) => sent.elapsed().saturating_sub(held),
+            None => Duration::ZERO,
+        };
+        Ok((set, in_flight))
     }
 
     /// POST /v1/agents/{id}/updates

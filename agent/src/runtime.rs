@@ -23,7 +23,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::converge::{converge, held_task_ids, lease_kills, Action, LocalTask, LocalTasks};
+use crate::converge::{
+    converge, discard_stale, held_task_ids, lease_kills, max_answer_flight, Action, LocalTask,
+    LocalTasks,
+};
 use crate::executor::{self, ExecutorSettings};
 use crate::master::{MasterClient, MasterError};
 use crate::outbox::{write_atomic, Outbox, OutboxError};
@@ -990,6 +993,8 @@ async fn poll_assignments(shared: Arc<Shared>) {
     let _ = epoch.wait_for(|e| *e > 0).await;
     epoch.borrow_and_update();
     let mut version = 0u64;
+    let mut discarded: Option<u64> = None;
+    let max_flight = max_answer_flight(shared.cfg.lease);
     let mut backoff = Backoff::new(shared.cfg.max_backoff);
     loop {
         let got = tokio::select! {
@@ -1001,7 +1006,20 @@ async fn poll_assignments(shared: Arc<Shared>) {
             }
         };
         match got {
-            Ok(set) => {
+            Ok((set, in_flight))
+                if discard_stale(in_flight, max_flight, set.version, discarded) =>
+            {
+                // Delayed by a partition: the master may have replaced these tasks
+                // since. Ask again (answered at once) before acting on it.
+                tracing::warn!(
+                    version = set.version,
+                    in_flight_ms = in_flight.as_millis() as u64,
+                    "assignment set arrived late; asking again before acting on it"
+                );
+                discarded = Some(set.version);
+            }
+            Ok((set, _)) => {
+                discarded = None;
                 tracing::debug!(
                     version = set.version,
                     tasks = set.assignments.len(),

@@ -402,6 +402,9 @@ fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, Api
     }
 }
 
+/// Response header of the assignment long poll: milliseconds the master held it.
+pub const HELD_HEADER: &str = "x-drover-held-ms";
+
 async fn assignments(
     State(m): State<Shared>,
     Path(id): Path<String>,
@@ -411,7 +414,8 @@ async fn assignments(
     let wait_ms = query_u64(&q, "wait_ms")?
         .unwrap_or(DEFAULT_WAIT_MS)
         .min(MAX_WAIT_MS);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let received = tokio::time::Instant::now();
+    let deadline = received + Duration::from_millis(wait_ms);
     let mut rx = m.notifier().subscribe(&id);
     let mut stopping = m.stopping();
     loop {
@@ -438,7 +442,14 @@ async fn assignments(
             }
         })?;
         if let Some(set) = ready {
-            return Ok(json(StatusCode::OK, &set));
+            // How long the poll was held, so the agent can tell an answer a
+            // partition delayed (seed 000) from one that waited for a change.
+            let held_ms = received.elapsed().as_millis() as u64;
+            let mut response = json(StatusCode::OK, &set);
+            response
+                .headers_mut()
+                .insert(HELD_HEADER, axum::http::HeaderValue::from(held_ms));
+            return Ok(response);
         }
         if m.commit_state().failed() {
             return Err(ApplyError::StoreFailed.into());

@@ -287,3 +287,31 @@ async fn stopping_ends_long_polls_at_once_instead_of_waiting_them_out() {
     );
     assert_eq!(poll.await.unwrap(), 503);
 }
+
+#[tokio::test]
+async fn long_poll_answers_say_how_long_the_master_held_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
+    agent.poll(&c, 10).await;
+    let held = |after: u64, wait_ms: u64| {
+        let url = format!(
+            "{}/v1/agents/agent-1/assignments?after_version={after}&wait_ms={wait_ms}",
+            c.base
+        );
+        async move {
+            let response = reqwest::get(url).await.unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            response.headers()["x-drover-held-ms"]
+                .to_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        }
+    };
+    // A changed version is answered at once; an unchanged one is held for the wait.
+    assert!(held(agent.version + 1, 5_000).await < 1_000);
+    assert!(held(agent.version, 400).await >= 400);
+    h.stop().await.unwrap();
+}

@@ -601,9 +601,8 @@ fn watch_exclusive(
         std::thread::sleep(Duration::from_millis(100));
     }
     let old_gone = old_gone.expect("the partitioned agent never killed its exclusive task");
-    let replaced = replaced.unwrap_or_else(|| {
-        panic!("the exclusive task was never replaced\n{}", c.diagnostics())
-    });
+    let replaced = replaced
+        .unwrap_or_else(|| panic!("the exclusive task was never replaced\n{}", c.diagnostics()));
     (old_gone, replaced)
 }
 
@@ -614,8 +613,14 @@ fn exclusive_lease_keeps_counting_across_an_agent_restart_during_a_partition() {
     }
     let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
     let job = key("solo2");
-    c.create_job(&fault_job("solo2", 1, true, FOREVER, json!({"exclusive": true})))
-        .unwrap();
+    c.create_job(&fault_job(
+        "solo2",
+        1,
+        true,
+        FOREVER,
+        json!({"exclusive": true}),
+    ))
+    .unwrap();
     let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
     c.start_agent(1).unwrap();
     c.wait_reachable(1).unwrap();
@@ -632,7 +637,10 @@ fn exclusive_lease_keeps_counting_across_an_agent_restart_during_a_partition() {
         old_gone.as_secs_f64(),
         replaced.as_secs_f64()
     );
-    assert!(old_gone < Duration::from_secs(8), "killed only after {old_gone:?}");
+    assert!(
+        old_gone < Duration::from_secs(8),
+        "killed only after {old_gone:?}"
+    );
     assert!(old_gone < replaced);
     c.ns(0).heal().unwrap();
     c.wait_reachable(0).unwrap();
@@ -680,7 +688,11 @@ fn finished_update_survives_an_agent_restart_during_a_partition() {
     std::thread::sleep(Duration::from_secs(3));
     let t = c.task(&task.task_id).unwrap();
     assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
-    assert_eq!(t.exit_reason, Some(ExitReason::ExitCode { code: 0 }), "{t:?}");
+    assert_eq!(
+        t.exit_reason,
+        Some(ExitReason::ExitCode { code: 0 }),
+        "{t:?}"
+    );
     assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
     let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
     assert_eq!(runs.lines().count(), 1);
@@ -714,13 +726,79 @@ fn master_restarted_while_an_agent_is_cut_off_replaces_nothing_before_the_grace(
         "MEASURE master restart with a cut-off agent: replaced {:.2}s after the restart (restart_grace 10s)",
         after.as_secs_f64()
     );
-    assert!(after >= Duration::from_millis(9500), "replaced during the grace: {after:?}");
+    assert!(
+        after >= Duration::from_millis(9500),
+        "replaced during the grace: {after:?}"
+    );
     assert_ne!(replacement.agent_id, old.agent_id);
     c.ns(0).heal().unwrap();
     c.wait_for("the errant copy to be killed", WAIT, |c| {
         c.task_pids(&old.task_id).is_empty().then_some(())
     })
     .unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn exclusive_task_placed_on_an_agent_just_cut_off_never_runs_twice_after_the_heal() {
+    if !netns_available("exclusive_task_placed_on_an_agent_just_cut_off") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    // The master still thinks agent 0 is fine: it places the task there, and the
+    // assignment set it answers agent 0's long poll with is stuck in the network.
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    let job = key("late");
+    c.create_job(&fault_job(
+        "late",
+        1,
+        true,
+        FOREVER,
+        json!({"exclusive": true}),
+    ))
+    .unwrap();
+    let first = current(&c, &job).unwrap();
+    assert_eq!(first.agent_id, Some(c.agent_id(0).unwrap()));
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    let (_, replaced) = watch_exclusive(&mut c, &job, &first.task_id, cut_at);
+    println!(
+        "MEASURE exclusive placed during a cut: replaced {:.2}s after",
+        replaced.as_secs_f64()
+    );
+    c.ns(0).heal().unwrap();
+    // After the heal, stale answers may reach agent 0: it must never run a copy.
+    let healed = Instant::now();
+    let mut ids: BTreeSet<String> = BTreeSet::new();
+    while healed.elapsed() < Duration::from_secs(15) {
+        if let Ok(view) = c.job(&job) {
+            for i in &view.instances {
+                for t in i.current.iter().chain(i.history.iter()) {
+                    ids.insert(t.task_id.clone());
+                }
+            }
+        }
+        let cgroups = c.task_cgroups();
+        let live: Vec<&String> = ids
+            .iter()
+            .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
+            .collect();
+        assert!(
+            live.len() <= 1,
+            "two copies run at once after the heal: {live:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(c.task_pids(&first.task_id).is_empty());
+    // The copy was replaced before agent 0 could hear of it: it never started it
+    // (a start creates the sandbox), not even for a moment.
+    let late_sandbox = c.agent(0).sandbox_root.join(&first.task_id);
+    assert!(
+        !late_sandbox.exists(),
+        "agent 0 started the replaced exclusive task after the heal\n{}",
+        c.diagnostics()
+    );
     c.check_invariants(&[job], SETTLE).unwrap();
 }
 

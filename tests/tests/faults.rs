@@ -488,7 +488,7 @@ fn exclusive_task_never_runs_twice_across_a_partition() {
     c.wait_reachable(1).unwrap();
     let cut_at = Instant::now();
     c.ns(0).cut().unwrap();
-    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at);
+    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at).unwrap();
     println!(
         "MEASURE exclusive: partitioned copy killed {:.2}s after the cut, replacement RUNNING {:.2}s after",
         old_gone.as_secs_f64(),
@@ -570,12 +570,12 @@ fn watch_exclusive(
     job: &str,
     old: &str,
     cut_at: Instant,
-) -> (Duration, Duration) {
+) -> anyhow::Result<(Duration, Duration)> {
     let mut old_gone: Option<Duration> = None;
     let mut replaced: Option<Duration> = None;
     let mut ids: BTreeSet<String> = BTreeSet::from([old.to_string()]);
     while cut_at.elapsed() < Duration::from_secs(60) && replaced.is_none() {
-        let view = c.job(job).unwrap();
+        let view = c.job(job)?;
         let mut running = 0;
         for i in &view.instances {
             for t in i.current.iter().chain(i.history.iter()) {
@@ -593,17 +593,20 @@ fn watch_exclusive(
             .iter()
             .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
             .collect();
-        assert!(running <= 1, "the master shows {running} RUNNING copies");
-        assert!(live.len() <= 1, "two copies run at once: {live:?}");
+        anyhow::ensure!(running <= 1, "the master shows {running} RUNNING copies");
+        anyhow::ensure!(live.len() <= 1, "two copies run at once: {live:?}");
         if old_gone.is_none() && !live.iter().any(|id| id.as_str() == old) {
             old_gone = Some(cut_at.elapsed());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let old_gone = old_gone.expect("the partitioned agent never killed its exclusive task");
-    let replaced = replaced
-        .unwrap_or_else(|| panic!("the exclusive task was never replaced\n{}", c.diagnostics()));
-    (old_gone, replaced)
+    let Some(old_gone) = old_gone else {
+        anyhow::bail!("the partitioned agent never killed its exclusive task");
+    };
+    let Some(replaced) = replaced else {
+        anyhow::bail!("the exclusive task was never replaced\n{}", c.diagnostics());
+    };
+    Ok((old_gone, replaced))
 }
 
 #[test]
@@ -631,7 +634,7 @@ fn exclusive_lease_keeps_counting_across_an_agent_restart_during_a_partition() {
     // recorded, not from its own start.
     c.kill_agent(0);
     c.start_agent(0).unwrap();
-    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at);
+    let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at).unwrap();
     println!(
         "MEASURE exclusive across an agent restart: killed {:.2}s, replaced {:.2}s after the cut",
         old_gone.as_secs_f64(),
@@ -762,7 +765,7 @@ fn exclusive_task_placed_on_an_agent_just_cut_off_never_runs_twice_after_the_hea
     assert_eq!(first.agent_id, Some(c.agent_id(0).unwrap()));
     c.start_agent(1).unwrap();
     c.wait_reachable(1).unwrap();
-    let (_, replaced) = watch_exclusive(&mut c, &job, &first.task_id, cut_at);
+    let (_, replaced) = watch_exclusive(&mut c, &job, &first.task_id, cut_at).unwrap();
     println!(
         "MEASURE exclusive placed during a cut: replaced {:.2}s after",
         replaced.as_secs_f64()

@@ -36,6 +36,8 @@ pub struct Outbox {
     batches: BTreeMap<u64, BTreeSet<(String, u64)>>,
     /// Highest acknowledged seq per task.
     acked: BTreeMap<String, u64>,
+    /// `acked` changed since `acked.json` was last written.
+    acked_dirty: bool,
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> OutboxError {
@@ -81,6 +83,7 @@ impl Outbox {
             pending: BTreeMap::new(),
             batches: BTreeMap::new(),
             acked,
+            acked_dirty: false,
         };
         let entries = fs::read_dir(&dir).map_err(io("list", &dir))?;
         for entry in entries {
@@ -211,7 +214,8 @@ impl Outbox {
     }
 
     /// Applies the master's acknowledgement: everything up to each (task, seq) is
-    /// dropped; batch files with nothing left are deleted.
+    /// dropped; batch files with nothing left are deleted. The ack record is
+    /// written by the next `flush_acked` (or when the outbox is dropped).
     pub fn ack(&mut self, acked: &[(String, u64)]) -> Result<(), OutboxError> {
         if acked.is_empty() {
             return Ok(());
@@ -220,12 +224,11 @@ impl Outbox {
             let entry = self.acked.entry(task_id.clone()).or_insert(0);
             *entry = (*entry).max(*seq);
         }
-        let record = self.dir.join("acked.json");
-        let bytes = serde_json::to_vec(&self.acked).map_err(|e| {
-            io("encode", &record)(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-        })?;
-        // Not fsync'd: losing it only means resending updates the master ignores.
-        write_atomic(&record, &bytes, false).map_err(io("write", &record))?;
+        // Recorded on disk by `flush_acked` (the agent calls it every tick), not here:
+        // the record holds every task the host still has a sandbox of, so writing
+        // it per acknowledgement cost O(tasks) per round trip. Losing its latest
+        // changes only means resending updates the master ignores.
+        self.acked_dirty = true;
         let mut emptied = Vec::new();
         for (task_id, seq) in acked {
             let keys: Vec<(String, u64)> = self
@@ -256,9 +259,26 @@ impl Outbox {
         Ok(())
     }
 
+    /// Writes the ack record (`acked.json`, not fsync'd) if it changed.
+    pub fn flush_acked(&mut self) -> Result<(), OutboxError> {
+        if !self.acked_dirty {
+            return Ok(());
+        }
+        let record = self.dir.join("acked.json");
+        let bytes = serde_json::to_vec(&self.acked).map_err(|e| {
+            io("encode", &record)(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        })?;
+        // Not fsync'd: losing it only means resending updates the master ignores.
+        write_atomic(&record, &bytes, false).map_err(io("write", &record))?;
+        self.acked_dirty = false;
+        Ok(())
+    }
+
     /// Drops the ack record of a task whose sandbox was garbage collected.
     pub fn forget(&mut self, task_id: &str) {
-        self.acked.remove(task_id);
+        if self.acked.remove(task_id).is_some() {
+            self.acked_dirty = true;
+        }
     }
 
     /// Drops the ack records of tasks for which `keep` is false and nothing is
@@ -274,7 +294,16 @@ impl Outbox {
         for id in &drop {
             self.acked.remove(id);
         }
+        self.acked_dirty |= !drop.is_empty();
         drop.len()
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush_acked() {
+            tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+        }
     }
 }
 

@@ -313,6 +313,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let _ = stop_tx.send(true);
     tasks.shutdown().await;
+    if let Err(e) = lock(&shared.outbox).flush_acked() {
+        tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+    }
     let mut spawned = std::mem::take(&mut *lock(&shared.spawned));
     spawned.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
@@ -1058,6 +1061,9 @@ async fn ticker(shared: Arc<Shared>) {
         {
             let mut spawned = lock(&shared.spawned);
             while spawned.try_join_next().is_some() {}
+        }
+        if let Err(e) = lock(&shared.outbox).flush_acked() {
+            tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
         }
         let since = lock(&shared.last_contact).elapsed();
         {

@@ -552,7 +552,10 @@ impl Runner {
                 }
             }
         }
-        let _ = std::fs::remove_file(self.layout.socket());
+        // The socket file stays: closing the listener is enough (a connect is then
+        // refused), and an unlink would free an inode per task, which a journal-less
+        // ext4 makes every later file creation on the host pay for (see
+        // `Layout::write_status`). The sandbox GC removes it with the sandbox.
         if self.state == TaskState::Finished {
             0
         } else {

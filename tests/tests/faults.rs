@@ -805,6 +805,56 @@ fn exclusive_task_placed_on_an_agent_just_cut_off_never_runs_twice_after_the_hea
     c.check_invariants(&[job], SETTLE).unwrap();
 }
 
+#[test]
+fn partition_delay_keeps_a_task_through_a_cut_that_heals_before_it_ends() {
+    if !netns_available("partition_delay_keeps_a_task") {
+        return;
+    }
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
+    let patient = key("patient");
+    let eager = key("eager");
+    c.create_job(&fault_job(
+        "patient",
+        1,
+        true,
+        FOREVER,
+        json!({"delay": "6s"}),
+    ))
+    .unwrap();
+    c.create_job(&fault_job("eager", 1, true, FOREVER, json!({})))
+        .unwrap();
+    let patient_task = c.wait_for_state(&patient, 0, TaskState::Running).unwrap();
+    let eager_task = c.wait_for_state(&eager, 0, TaskState::Running).unwrap();
+    let patient_pids = c.task_pids(&patient_task.task_id);
+    c.start_agent(1).unwrap();
+    c.wait_reachable(1).unwrap();
+    let cut_at = Instant::now();
+    c.ns(0).cut().unwrap();
+    // Past the agent timeout: the eager task is replaced, the patient one waits.
+    c.wait_for("eager to be replaced", WAIT, |c| {
+        let t = current(c, &eager).ok()?;
+        (t.task_id != eager_task.task_id && t.state == TaskState::Running).then_some(())
+    })
+    .unwrap();
+    assert!(cut_at.elapsed() < Duration::from_secs(9));
+    let p = c.task(&patient_task.task_id).unwrap();
+    assert!(!p.state.is_terminal(), "patient became {}", p.state);
+    // Heal before agent_timeout + delay (5 s + 6 s) is over.
+    while cut_at.elapsed() < Duration::from_secs(7) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.ns(0).heal().unwrap();
+    c.wait_reachable(0).unwrap();
+    while cut_at.elapsed() < Duration::from_secs(16) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let p = c.wait_for_state(&patient, 0, TaskState::Running).unwrap();
+    assert_eq!(p.task_id, patient_task.task_id, "patient was replaced");
+    assert_eq!(history_len(&c, &patient).unwrap(), 0);
+    assert_eq!(c.task_pids(&p.task_id), patient_pids, "patient restarted");
+    c.check_invariants(&[patient, eager], SETTLE).unwrap();
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -459,7 +459,7 @@ async fn start_task(
     match spawned {
         Ok(spawned) => {
             tracing::debug!(task_id = %id, pid = ?spawned.child.id(), "executor started");
-            watch_task(shared, id, Watched::Child(spawned), kill_rx).await
+            watch_task(shared, id, Watched::Child(Box::new(spawned)), kill_rx).await
         }
         Err(e) => {
             tracing::error!(task_id = %id, error = %e, "could not start executor");
@@ -509,7 +509,7 @@ fn finish(shared: &Shared, update: StatusUpdate) {
 enum Watched {
     /// Spawned by this agent: reaped here, its exit is known at once, and its
     /// readiness pipe says when its socket listens.
-    Child(executor::Spawned),
+    Child(Box<executor::Spawned>),
     /// Found running at start (pid from /proc when known; else from agent.json).
     Adopted(Option<u32>),
 }
@@ -525,7 +525,8 @@ async fn watch_task(
 ) {
     let socket = shared.layout.socket(&id);
     let (child_exited, known_pid, ready) = match watched {
-        Watched::Child(executor::Spawned { mut child, ready }) => {
+        Watched::Child(spawned) => {
+            let executor::Spawned { mut child, ready } = *spawned;
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 let _ = child.wait().await;

@@ -14,5 +14,6 @@ pub mod machine;
 pub mod runner;
 pub mod sandbox;
 pub mod spawn;
+pub mod users;
 
 pub use runner::{run, Options};

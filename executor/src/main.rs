@@ -83,7 +83,9 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
                     value::<ByteSize>(&mut args, &arg, "a size like 100MiB")?.bytes()
             }
             "--log-max-files" => opts.log_keep = value(&mut args, &arg, "a number")?,
-            "--ready-fd" => opts.ready_fd = Some(value(&mut args, &arg, "a file descriptor number")?),
+            "--ready-fd" => {
+                opts.ready_fd = Some(value(&mut args, &arg, "a file descriptor number")?)
+            }
             other => return Err(Usage(format!("run: unknown argument `{other}`"))),
         }
     }

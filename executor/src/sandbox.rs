@@ -195,6 +195,18 @@ pub fn resolve_user(
             switch: false,
         });
     }
+    if let Some(found) = crate::users::lookup(Path::new("/etc"), name) {
+        if found.uid == 0 && !(spec_allows_root && flag_allows_root) {
+            return Err(SandboxError::RootRefused(name.to_string()));
+        }
+        return Ok(TaskUser {
+            name: name.to_string(),
+            uid: found.uid,
+            gid: found.gid,
+            groups: found.groups,
+            switch: true,
+        });
+    }
     let user = User::from_name(name)
         .map_err(|source| SandboxError::Lookup {
             user: name.to_string(),

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
-use drover_common::state::TaskState;
+use drover_common::state::{DesiredState, TaskState};
 use drover_common::wire::{AgentView, JobView, TaskView};
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
@@ -835,9 +835,15 @@ rack = "r{k}"
                     .chain(instance.history.iter())
                     .filter(|t| t.state == TaskState::Running)
                     .count();
-                if running != 1 {
+                // A killed instance (desired SHUTDOWN) must have none, others one.
+                let killed = instance
+                    .current
+                    .as_ref()
+                    .is_some_and(|t| t.desired == DesiredState::Shutdown);
+                let want = usize::from(!killed);
+                if running != want {
                     return Ok(Some(format!(
-                        "{key}/{} has {running} RUNNING tasks",
+                        "{key}/{} has {running} RUNNING tasks, not {want}",
                         instance.instance
                     )));
                 }

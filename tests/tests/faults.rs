@@ -855,6 +855,81 @@ fn partition_delay_keeps_a_task_through_a_cut_that_heals_before_it_ends() {
     c.check_invariants(&[patient, eager], SETTLE).unwrap();
 }
 
+#[test]
+fn job_killed_while_its_agent_is_cut_off_is_killed_there_after_the_heal() {
+    if !netns_available("job_killed_while_its_agent_is_cut_off") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("doomed");
+    c.create_job(&fault_job(
+        "doomed",
+        1,
+        true,
+        FOREVER,
+        json!({"reschedule": false}),
+    ))
+    .unwrap();
+    c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.ns(0).cut().unwrap();
+    c.kill_job(&job).unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    // The processes run on: the agent has not heard of the kill.
+    assert!(c.task_cgroups().values().any(|p| !p.is_empty()));
+    c.ns(0).heal().unwrap();
+    c.wait_for("every task of the killed job to end", WAIT, |c| {
+        let view = c.job(&job).ok()?;
+        let all_ended = view
+            .instances
+            .iter()
+            .flat_map(|i| i.current.iter().chain(i.history.iter()))
+            .all(|t| t.state.is_terminal());
+        (all_ended && c.task_cgroups().values().all(|p| p.is_empty())).then_some(())
+    })
+    .unwrap();
+    let view = c.job(&job).unwrap();
+    for i in &view.instances {
+        assert!(i.history.is_empty(), "a killed instance was replaced");
+    }
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn task_finishing_while_the_master_is_down_is_reported_once_and_never_rerun() {
+    if !netns_available("task_finishing_while_the_master_is_down") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("alone");
+    c.create_job(&fault_job(
+        "alone",
+        1,
+        false,
+        "echo ran >> runs.txt; sleep 2",
+        json!({}),
+    ))
+    .unwrap();
+    let task = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.kill_master();
+    let sandbox = c.sandbox_of(&task.task_id).unwrap();
+    c.wait_for("the task to finish while the master is down", WAIT, |_| {
+        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        status.contains("FINISHED").then_some(())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    c.start_master_again().unwrap();
+    let t = c.wait_for_state(&job, 0, TaskState::Finished).unwrap();
+    assert_eq!(t.task_id, task.task_id);
+    std::thread::sleep(Duration::from_secs(3));
+    let t = c.task(&task.task_id).unwrap();
+    assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
+    assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
+    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    assert_eq!(runs.lines().count(), 1);
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

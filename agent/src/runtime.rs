@@ -56,6 +56,8 @@ const RELAY_BATCH: usize = 1000;
 const DRAIN: Duration = Duration::from_secs(2);
 /// How long a new executor's readiness pipe is waited for before polling its socket.
 const READY_WAIT: Duration = Duration::from_secs(2);
+/// Most executors started but not yet listening on their socket, at once.
+const MAX_STARTING: usize = 8;
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -91,6 +93,8 @@ struct Shared {
     reregister: Notify,
     /// Executor starts and watchers, aborted when the agent stops.
     spawned: Mutex<JoinSet<()>>,
+    /// Permits for executors between spawn and socket (`MAX_STARTING`).
+    starting: Arc<tokio::sync::Semaphore>,
 }
 
 /// Locks a mutex, carrying on after a panic elsewhere (the data stays consistent:
@@ -275,6 +279,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         epoch,
         reregister: Notify::new(),
         spawned: Mutex::new(JoinSet::new()),
+        starting: Arc::new(tokio::sync::Semaphore::new(MAX_STARTING)),
     });
     tracing::info!(agent_id = %shared.agent_id, listen = %bound, master = %shared.cfg.master, "agent starting");
 
@@ -336,10 +341,15 @@ fn restore_last_contact(data_dir: &Path) -> Instant {
     }
 }
 
-fn record_contact(shared: &Shared) {
-    *lock(&shared.last_contact) = Instant::now();
+/// Records a contact with the master as of `sent`, when the answered request left:
+/// the master heard the agent no earlier than that, so the exclusive lease never
+/// counts from later than the master's own clock does, even when a partition held
+/// the answer back.
+fn record_contact(shared: &Shared, sent: Instant) {
+    *lock(&shared.last_contact) = sent;
     let path = shared.cfg.data_dir.join("last-contact");
-    if let Err(e) = write_atomic(&path, now_ms().to_string().as_bytes(), false) {
+    let sent_ms = now_ms().saturating_sub(sent.elapsed().as_millis() as u64);
+    if let Err(e) = write_atomic(&path, sent_ms.to_string().as_bytes(), false) {
         tracing::warn!(error = %e, "could not record the last master contact");
     }
 }
@@ -453,12 +463,24 @@ async fn start_task(
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
+    // At most MAX_STARTING executors between spawn and socket at once: a burst of
+    // thousands of assignments otherwise starts thousands of executors together,
+    // which then compete for the CPU and finish later than in a queue.
+    let permit = shared.starting.clone().acquire_owned().await.ok();
     let t0 = std::time::Instant::now();
     let spawned = shared.exec.spawn(&shared.layout, &assignment);
     tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
     match spawned {
-        Ok(spawned) => {
+        Ok(mut spawned) => {
             tracing::debug!(task_id = %id, pid = ?spawned.child.id(), "executor started");
+            if let Some(ready) = spawned.ready.take() {
+                // One byte once the socket listens, EOF if the executor died first;
+                // either way the first connect in `watch_task` is the right moment.
+                // An executor that ignores the pipe holds it open: then the wait
+                // ends after READY_WAIT and the socket is polled.
+                let _ = tokio::time::timeout(READY_WAIT, wait_readable(&ready)).await;
+            }
+            drop(permit);
             watch_task(shared, id, Watched::Child(Box::new(spawned)), kill_rx).await
         }
         Err(e) => {
@@ -507,8 +529,8 @@ fn finish(shared: &Shared, update: StatusUpdate) {
 
 /// The executor a watcher follows.
 enum Watched {
-    /// Spawned by this agent: reaped here, its exit is known at once, and its
-    /// readiness pipe says when its socket listens.
+    /// Spawned by this agent (and waited for until its socket listened): reaped
+    /// here, its exit is known at once.
     Child(Box<executor::Spawned>),
     /// Found running at start (pid from /proc when known; else from agent.json).
     Adopted(Option<u32>),
@@ -524,25 +546,18 @@ async fn watch_task(
     mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
 ) {
     let socket = shared.layout.socket(&id);
-    let (child_exited, known_pid, ready) = match watched {
+    let (child_exited, known_pid) = match watched {
         Watched::Child(spawned) => {
-            let executor::Spawned { mut child, ready } = *spawned;
+            let mut child = spawned.child;
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 let _ = child.wait().await;
                 let _ = tx.send(true);
             });
-            (Some(rx), None, ready)
+            (Some(rx), None)
         }
-        Watched::Adopted(pid) => (None, pid, None),
+        Watched::Adopted(pid) => (None, pid),
     };
-    if let Some(ready) = ready {
-        // One byte once the socket listens, EOF if the executor died first; either
-        // way the first connect below is the right moment. An executor that ignores
-        // the pipe holds it open: then the wait ends after READY_WAIT and the
-        // socket is polled as for an adopted executor.
-        let _ = tokio::time::timeout(READY_WAIT, wait_readable(&ready)).await;
-    }
     let is_alive = |shared: &Shared| match &child_exited {
         Some(rx) => !*rx.borrow(),
         None => shared
@@ -881,10 +896,11 @@ async fn registrar(shared: Arc<Shared>) {
             },
             attributes: shared.cfg.attributes.clone(),
         };
+        let sent = Instant::now();
         match shared.client.register(&req).await {
             Ok(resp) => {
                 backoff.reset();
-                record_contact(&shared);
+                record_contact(&shared, sent);
                 shared
                     .heartbeat_ms
                     .store(resp.heartbeat_interval_ms.max(10), Ordering::SeqCst);
@@ -944,9 +960,10 @@ async fn heartbeats(shared: Arc<Shared>) {
         let req = heartbeat_request(&shared, full);
         let sent_full = full;
         full = false;
+        let sent = Instant::now();
         match shared.client.heartbeat(&shared.agent_id, &req).await {
             Ok(resp) => {
-                record_contact(&shared);
+                record_contact(&shared, sent);
                 if let Some(since) = failing_since.take() {
                     tracing::info!(
                         down_ms = since.elapsed().as_millis() as u64,

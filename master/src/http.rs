@@ -433,7 +433,13 @@ async fn assignments(
             let (version, change_seq) = c.agent_version(&id).ok_or_else(|| {
                 ApiErr::not_found(&format!("agent {id}: register first"), "agent_id")
             })?;
-            let changed = after != Some(version);
+            // Tasks the agent reported ending leave its set without waking it: a
+            // poll that has seen every other change waits (and gets them later).
+            let notified = c.agent_notified_version(&id).unwrap_or(version);
+            let changed = match after {
+                Some(a) => a < notified || a > version,
+                None => true,
+            };
             let timed_out = tokio::time::Instant::now() >= deadline;
             if change_seq <= committed && (changed || timed_out) {
                 Ok::<_, ApiErr>(c.assignment_set(&id))

@@ -295,11 +295,17 @@ pub(crate) struct Agent {
     pub(crate) want_full_set: bool,
     /// The store batch that last changed its assignment set.
     pub(crate) last_change_seq: u64,
+    /// The assignment set version of the last change the agent was woken for. A
+    /// task the agent itself reported ending leaves the set without waking the
+    /// agent's long poll (it knows already), so its version may lag `rec.version`
+    /// while its task digest still matches.
+    pub(crate) notified_version: u64,
 }
 
 impl Agent {
     fn new(rec: AgentRecord) -> Agent {
         let cpu_milli = cpu_to_milli(rec.resources.cpu);
+        let rec_version = rec.version;
         let next_port = rec.resources.port_range.0;
         Agent {
             rec,
@@ -314,6 +320,7 @@ impl Agent {
             seen: false,
             want_full_set: true,
             last_change_seq: 0,
+            notified_version: rec_version,
         }
     }
 
@@ -391,6 +398,8 @@ pub struct Core {
     deleted_tasks: Vec<String>,
     dirty_agents: BTreeSet<u32>,
     bumped_agents: BTreeSet<u32>,
+    /// Agents whose set changed in this event only by tasks they reported ending.
+    quiet_agents: BTreeSet<u32>,
     job_changes: Vec<Change>,
 }
 
@@ -462,6 +471,7 @@ impl Core {
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
             bumped_agents: BTreeSet::new(),
+            quiet_agents: BTreeSet::new(),
             job_changes: Vec::new(),
         };
         core.push_timer(now + core.sweep_interval(), Timer::AgentSweep);
@@ -585,6 +595,14 @@ impl Core {
         Some((a.rec.version, a.last_change_seq))
     }
 
+    /// The version of the agent's latest assignment set change that should wake its
+    /// long poll: a poll that has seen it waits, even if tasks the agent reported
+    /// ending have left the set since (they are served with the next answer).
+    pub fn agent_notified_version(&self, agent: &str) -> Option<u64> {
+        let idx = *self.agent_idx.get(agent)?;
+        Some(self.agents[idx as usize].notified_version)
+    }
+
     /// Number of tasks held (for metrics and tests).
     pub fn task_count(&self) -> usize {
         self.tasks.len()
@@ -660,6 +678,10 @@ impl Core {
                 agent: agent.rec.id.clone(),
             });
         }
+        // Served with the next answer the agent gets anyway, never before committed.
+        for idx in std::mem::take(&mut self.quiet_agents) {
+            self.agents[idx as usize].last_change_seq = self.seq;
+        }
         if let Some(at) = self.next_wake() {
             effects.push(Effect::WakeAt(at));
         }
@@ -669,10 +691,24 @@ impl Core {
     /// The agent's assignment set changes in this event.
     fn bump_agent(&mut self, idx: u32) -> u64 {
         if self.bumped_agents.insert(idx) {
+            if !self.quiet_agents.contains(&idx) {
+                self.agents[idx as usize].rec.version += 1;
+            }
+            self.dirty_agents.insert(idx);
+        }
+        let a = &mut self.agents[idx as usize];
+        a.notified_version = a.rec.version;
+        a.rec.version
+    }
+
+    /// The agent's assignment set changes in this event only because a task it
+    /// reported ending leaves it: a new version, but no wake-up of its long poll
+    /// (at 500 endings per second, each wake-up resent the agent's whole set).
+    fn bump_agent_quietly(&mut self, idx: u32) {
+        if !self.bumped_agents.contains(&idx) && self.quiet_agents.insert(idx) {
             self.agents[idx as usize].rec.version += 1;
             self.dirty_agents.insert(idx);
         }
-        self.agents[idx as usize].rec.version
     }
 
     fn mark(&mut self, task: &str) {
@@ -987,7 +1023,11 @@ impl Core {
                 }
                 self.capacity_changed = true;
             }
-            self.bump_agent(idx);
+            if source == EventSource::Executor {
+                self.bump_agent_quietly(idx);
+            } else {
+                self.bump_agent(idx);
+            }
         }
         true
     }
@@ -1145,7 +1185,7 @@ impl Core {
         let a = &mut self.agents[idx as usize];
         let digest = wire::task_set_digest(a.tasks.iter().map(String::as_str));
         let send = a.want_full_set
-            || (digest != req.task_digest && req.assignments_version >= a.rec.version);
+            || (digest != req.task_digest && req.assignments_version >= a.notified_version);
         Ok(Reply::Heartbeat(HeartbeatResponse {
             send_full_task_set: send,
             reregister: false,

@@ -1066,3 +1066,75 @@ fn killed_blocked_tasks_do_not_hold_back_a_recreated_job() {
     let t = w.create(spec("first", 1, false, ""));
     assert_eq!(w.state(&t[0]), TaskState::Assigned);
 }
+
+#[test]
+fn a_task_its_agent_reported_ending_leaves_the_set_without_waking_the_agent() {
+    let mut w = World::new();
+    w.register("a1", 4.0, 8, &[]);
+    let t = w.create(spec("once", 2, false, ""));
+    w.run(&t[0]);
+    w.run(&t[1]);
+    // The first heartbeat after registering carries the full set.
+    w.heartbeat("a1", Some(vec![t[0].as_str(), t[1].as_str()]));
+    let (before, _) = w.core.agent_version("a1").unwrap();
+    let notified = w.core.agent_notified_version("a1").unwrap();
+    assert_eq!(before, notified);
+    let agent = "a1".to_string();
+    let out = w.handle(Event::Updates {
+        agent: agent.clone(),
+        updates: vec![StatusUpdate {
+            task_id: t[0].clone(),
+            seq: 3,
+            state: TaskState::Finished,
+            exit_reason: None,
+            message: String::new(),
+            timestamp_ms: w.now,
+            processes: Vec::new(),
+        }],
+    });
+    assert!(!out
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { .. })));
+    let (after, seq) = w.core.agent_version("a1").unwrap();
+    assert!(after > before, "the set changed, so its version did");
+    assert_eq!(seq, w.core.seq(), "served only once committed");
+    assert_eq!(w.core.agent_notified_version("a1"), Some(notified));
+    assert_eq!(w.core.assignment_set("a1").unwrap().assignments.len(), 1);
+    // An agent still at the notified version is checked against its digest: one
+    // that agrees (it dropped the ended task too) is not asked for its full set.
+    let request = HeartbeatRequest {
+        task_digest: wire::task_set_digest([t[1].as_str()]),
+        assignments_version: notified,
+        tasks: None,
+    };
+    let Reply::Heartbeat(r) = w
+        .handle(Event::Heartbeat {
+            agent: agent.clone(),
+            request,
+        })
+        .reply
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert!(!r.send_full_task_set);
+    let request = HeartbeatRequest {
+        task_digest: wire::task_set_digest(["someone-else"]),
+        assignments_version: notified,
+        tasks: None,
+    };
+    let Reply::Heartbeat(r) = w.handle(Event::Heartbeat { agent, request }).reply.unwrap() else {
+        panic!()
+    };
+    assert!(r.send_full_task_set, "a real mismatch is still found");
+    // A kill the master decides wakes the agent as before.
+    let out = w.handle(Event::Kill {
+        job: "www/prod/once".to_string(),
+        instances: None,
+    });
+    assert!(out
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::Notify { agent } if agent == "a1")));
+}

@@ -930,6 +930,81 @@ fn task_finishing_while_the_master_is_down_is_reported_once_and_never_rerun() {
     c.check_invariants(&[job], SETTLE).unwrap();
 }
 
+#[test]
+fn flapping_network_never_runs_an_exclusive_task_twice_and_converges() {
+    if !netns_available("flapping_network") {
+        return;
+    }
+    let mut c = NetCluster::start(2, FAULT_MASTER_CONFIG).unwrap();
+    let solo = key("flapsolo");
+    let svc = key("flapsvc");
+    c.create_job(&fault_job(
+        "flapsolo",
+        1,
+        true,
+        FOREVER,
+        json!({"exclusive": true}),
+    ))
+    .unwrap();
+    c.create_job(&fault_job("flapsvc", 2, true, FOREVER, json!({})))
+        .unwrap();
+    c.wait_for_state(&solo, 0, TaskState::Running).unwrap();
+    c.wait_for_state(&svc, 1, TaskState::Running).unwrap();
+    let mut ids: BTreeSet<String> = BTreeSet::new();
+    let mut sample = |c: &NetCluster| -> anyhow::Result<()> {
+        let view = c.job(&solo)?;
+        let mut running = 0;
+        for i in &view.instances {
+            for t in i.current.iter().chain(i.history.iter()) {
+                ids.insert(t.task_id.clone());
+                running += usize::from(t.state == TaskState::Running);
+            }
+        }
+        let cgroups = c.task_cgroups();
+        let live: Vec<&String> = ids
+            .iter()
+            .filter(|id| cgroups.get(*id).is_some_and(|p| !p.is_empty()))
+            .collect();
+        anyhow::ensure!(running <= 1, "the master shows {running} RUNNING copies");
+        anyhow::ensure!(
+            live.len() <= 1,
+            "two exclusive copies run at once: {live:?}"
+        );
+        Ok(())
+    };
+    // Cuts of both agents, shorter and longer than the timeout and the lease, with
+    // short heals in between (agent 0 and 1 out of step).
+    let cuts_ms: [(u64, u64); 4] = [(2000, 6500), (6500, 1000), (1200, 7000), (7000, 3000)];
+    for (n, (cut0, cut1)) in cuts_ms.iter().enumerate() {
+        let start = Instant::now();
+        c.ns(0).cut().unwrap();
+        c.ns(1).cut().unwrap();
+        let (mut up0, mut up1) = (false, false);
+        while start.elapsed() < Duration::from_millis((*cut0).max(*cut1) + 1500) {
+            if !up0 && start.elapsed() >= Duration::from_millis(*cut0) {
+                c.ns(0).heal().unwrap();
+                up0 = true;
+            }
+            if !up1 && start.elapsed() >= Duration::from_millis(*cut1) {
+                c.ns(1).heal().unwrap();
+                up1 = true;
+            }
+            if let Err(e) = sample(&c) {
+                panic!("round {n}: {e:#}\n{}", c.diagnostics());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let settle = Instant::now();
+    while settle.elapsed() < Duration::from_secs(10) {
+        if let Err(e) = sample(&c) {
+            panic!("after the flapping: {e:#}\n{}", c.diagnostics());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.check_invariants(&[solo, svc], SETTLE).unwrap();
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

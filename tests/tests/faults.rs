@@ -716,8 +716,9 @@ fn master_restarted_while_an_agent_is_cut_off_replaces_nothing_before_the_grace(
     c.wait_reachable(1).unwrap();
     c.ns(0).cut().unwrap();
     c.kill_master();
-    c.start_master_again().unwrap();
+    // Counted from before the start, so a slow start never shortens the grace seen.
     let restarted = Instant::now();
+    c.start_master_again().unwrap();
     let replacement = c
         .wait_for("a replacement RUNNING after the grace", WAIT, |c| {
             let t = current(c, &job).ok()?;
@@ -818,7 +819,7 @@ fn partition_delay_keeps_a_task_through_a_cut_that_heals_before_it_ends() {
         1,
         true,
         FOREVER,
-        json!({"delay": "6s"}),
+        json!({"delay": "10s"}),
     ))
     .unwrap();
     c.create_job(&fault_job("eager", 1, true, FOREVER, json!({})))
@@ -830,22 +831,30 @@ fn partition_delay_keeps_a_task_through_a_cut_that_heals_before_it_ends() {
     c.wait_reachable(1).unwrap();
     let cut_at = Instant::now();
     c.ns(0).cut().unwrap();
-    // Past the agent timeout: the eager task is replaced, the patient one waits.
+    // Past the agent timeout: the eager task is LOST, the patient one waits out its
+    // delay (agent_timeout 5 s + delay 10 s).
+    c.wait_for("eager to be LOST", WAIT, |c| {
+        let t = c.task(&eager_task.task_id).ok()?;
+        (t.state == TaskState::Lost).then_some(())
+    })
+    .unwrap();
+    while cut_at.elapsed() < Duration::from_secs(7) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(14),
+        "too slow to test the delay window"
+    );
+    let p = c.task(&patient_task.task_id).unwrap();
+    assert!(!p.state.is_terminal(), "patient became {}", p.state);
+    c.ns(0).heal().unwrap();
+    c.wait_reachable(0).unwrap();
     c.wait_for("eager to be replaced", WAIT, |c| {
         let t = current(c, &eager).ok()?;
         (t.task_id != eager_task.task_id && t.state == TaskState::Running).then_some(())
     })
     .unwrap();
-    assert!(cut_at.elapsed() < Duration::from_secs(9));
-    let p = c.task(&patient_task.task_id).unwrap();
-    assert!(!p.state.is_terminal(), "patient became {}", p.state);
-    // Heal before agent_timeout + delay (5 s + 6 s) is over.
-    while cut_at.elapsed() < Duration::from_secs(7) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    c.ns(0).heal().unwrap();
-    c.wait_reachable(0).unwrap();
-    while cut_at.elapsed() < Duration::from_secs(16) {
+    while cut_at.elapsed() < Duration::from_secs(17) {
         std::thread::sleep(Duration::from_millis(200));
     }
     let p = c.wait_for_state(&patient, 0, TaskState::Running).unwrap();

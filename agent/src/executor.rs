@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -56,9 +55,6 @@ pub struct Spawned {
     pub ready: Option<tokio::net::unix::pipe::Receiver>,
 }
 
-/// The fd number the executor's readiness pipe gets in the child.
-const READY_FD: i32 = 3;
-
 /// The status stream of one subscription. The whole stream is kept: closing our
 /// write direction would end the subscription at the executor.
 pub type StatusLines = Lines<BufReader<UnixStream>>;
@@ -92,7 +88,7 @@ impl ExecutorSettings {
 
     /// Writes the task file and the agent's record into a new sandbox and starts the
     /// executor in its own session, stdin null, stdout/stderr to files in `.drover/`,
-    /// with the write end of a readiness pipe as fd 3 (`--ready-fd 3`), so the agent
+    /// with the write end of a readiness pipe (`--ready-fd N`), so the agent
     /// learns the moment the executor's socket listens instead of polling for it.
     /// The child must be reaped by the caller (`wait`).
     pub fn spawn(
@@ -135,18 +131,33 @@ impl ExecutorSettings {
         let mut cmd = std::process::Command::new(&self.binary);
         cmd.args(self.run_args(&task_file, &sandbox))
             .arg("--ready-fd")
-            .arg(READY_FD.to_string())
+            .arg(ready_tx.as_raw_fd().to_string())
             .current_dir(&sandbox)
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
-        detach(&mut cmd, ready_tx.as_raw_fd());
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(false);
-        let child = cmd.spawn().map_err(|source| ExecutorError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+        // No pre_exec hook, so std starts the executor with posix_spawn (vfork)
+        // instead of fork: forking the agent copied its page tables and then paid a
+        // copy-on-write fault for every page it touched afterwards, per task. The
+        // executor puts itself in its own session first thing (`setsid`), and the
+        // readiness pipe is inherited under its own number: it is inheritable only
+        // while SPAWN holds, so no other child of the agent gets a copy.
+        let child = {
+            let _spawning = lock_spawn();
+            set_cloexec(&ready_tx, false).map_err(|source| ExecutorError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?;
+            let child = cmd.spawn();
+            // The agent's copy is closed right after this; nothing else can fork now.
+            let _ = set_cloexec(&ready_tx, true);
+            child.map_err(|source| ExecutorError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            })?
+        };
         // Only the child may hold the write end, so that its death reads as EOF.
         drop(ready_tx);
         let ready = match tokio::net::unix::pipe::Receiver::from_owned_fd(ready_rx) {
@@ -191,7 +202,12 @@ impl ExecutorSettings {
             sandbox: sandbox.clone(),
             message,
         };
-        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        let child = {
+            let _spawning = lock_spawn();
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()
+        }
+        .map_err(|e| fail(format!("could not run {}: {e}", self.binary.display())))?;
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
             .await
             .map_err(|_| fail("did not finish within 60s".into()))?
             .map_err(|e| fail(format!("could not run {}: {e}", self.binary.display())))?;
@@ -207,30 +223,25 @@ impl ExecutorSettings {
     }
 }
 
-/// Puts the child in its own session so that it outlives the agent and no signal
-/// meant for the agent's process group reaches it, and gives it `ready_fd` (the
-/// readiness pipe's write end, close-on-exec in the agent) as fd `READY_FD`.
-#[allow(unsafe_code)]
-fn detach(cmd: &mut std::process::Command, ready_fd: RawFd) {
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // setsid(2), dup2(2) and fcntl(2), which are async-signal-safe and touch no
-    // memory of the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if ready_fd == READY_FD {
-                // dup2 onto itself keeps close-on-exec: clear it instead.
-                if libc::fcntl(READY_FD, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(ready_fd, READY_FD) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+/// Held while the agent starts a child process, so that a readiness pipe made
+/// inheritable for one executor is inherited by no other child.
+static SPAWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn lock_spawn() -> std::sync::MutexGuard<'static, ()> {
+    SPAWN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets or clears close-on-exec on `fd`.
+fn set_cloexec(fd: &OwnedFd, on: bool) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    let flags = if on {
+        FdFlag::FD_CLOEXEC
+    } else {
+        FdFlag::empty()
+    };
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(flags))
+        .map(|_| ())
+        .map_err(std::io::Error::from)
 }
 
 async fn send_line(stream: &mut UnixStream, req: &ExecutorRequest) -> std::io::Result<()> {

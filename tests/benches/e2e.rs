@@ -1,17 +1,27 @@
-//! End-to-end measurements on real binaries (not run in CI; needs root):
+//! The end-to-end benchmark of issue 4's speed targets, on real binaries (the master,
+//! agents and executors; not run in CI; needs root for task users and cgroups):
 //!
 //! 1. latency: one task, job create to RUNNING on a local agent, no health check
-//!    (a `sleep` service), and job create to FINISHED for a one-shot `true`;
-//!    measured by the client (polling the task every 1 ms) and from the master's own
-//!    event timestamps.
+//!    (a `sleep` service), and job create to FINISHED for a one-shot `true`.
+//!    Measured by the client (polling the task every 1 ms) and from the master's own
+//!    event timestamps, with the median of each phase (PENDING -> ASSIGNED ->
+//!    STARTING -> RUNNING). Run twice: back to back, and with a pause before each job
+//!    (`BENCH_LATENCY_GAP_MS`, default 200), because the first cgroup migration after
+//!    a quiet period costs a kernel RCU grace period (see docs/agent.md, "Measured").
 //! 2. throughput: N one-shot `true` tasks (default 5000, `BENCH_TASKS`) on 4 local
-//!    agents, from the first submit to all FINISHED.
+//!    agents, from the first submit to all FINISHED, submitted as batch jobs of
+//!    `BENCH_JOB_SIZE` instances (default: all in one job), with the CPU time the
+//!    master and the agents (including their reaped executors and tasks) used.
 //!
-//! Run: `cargo build --workspace --bins && cargo bench -p drover-tests --bench e2e`
-//! (for release binaries: `cargo build --release --workspace --bins` and
-//! `DROVER_BIN_DIR=target/release`). `BENCH_LATENCY_RUNS` sets the latency samples
-//! (default 30).
+//! This replaces `master/benches/real_cluster.sh`, which measured the same things
+//! with a shell script (see docs/master.md for why its numbers differed).
+//!
+//! Run: `cargo build --release --workspace --bins` then
+//! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench e2e`.
+//! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`
+//! or `BENCH_ONLY=throughput` runs one part.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -29,10 +39,20 @@ fn main() -> anyhow::Result<()> {
         bail!("the e2e bench needs root (task users, cgroups)");
     }
     println!("binaries: {}", drover_tests::bin_dir().display());
-    let runs = env_number("BENCH_LATENCY_RUNS", 30);
-    latency(runs)?;
-    let tasks = env_number("BENCH_TASKS", 5000);
-    throughput(tasks)?;
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "latency" {
+        let runs = env_number("BENCH_LATENCY_RUNS", 30);
+        let gap = env_number("BENCH_LATENCY_GAP_MS", 200) as u64;
+        latency(runs, 0)?;
+        if gap > 0 {
+            latency(runs, gap)?;
+        }
+    }
+    if only.is_empty() || only == "throughput" {
+        let tasks = env_number("BENCH_TASKS", 5000);
+        let job_size = env_number("BENCH_JOB_SIZE", tasks);
+        throughput(tasks, job_size)?;
+    }
     Ok(())
 }
 
@@ -43,9 +63,11 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// create -> RUNNING (sleep service) and create -> FINISHED (true), `runs` times each.
-fn latency(runs: usize) -> anyhow::Result<()> {
+/// create -> RUNNING (sleep service) and create -> FINISHED (true), `runs` times
+/// each, waiting `gap_ms` before each job.
+fn latency(runs: usize, gap_ms: u64) -> anyhow::Result<()> {
     let cluster = Cluster::start(ClusterConfig::agents(1))?;
+    println!("-- latency, {runs} runs, {gap_ms} ms pause before each job");
     for (kind, service, cmdline, goal) in [
         (
             "create -> RUNNING (sleep service)",
@@ -62,8 +84,11 @@ fn latency(runs: usize) -> anyhow::Result<()> {
     ] {
         let mut client_ms = Vec::new();
         let mut master_ms = Vec::new();
+        // PENDING -> ASSIGNED, ASSIGNED -> STARTING, STARTING -> goal.
+        let mut phases: [Vec<f64>; 3] = Default::default();
         for i in 0..runs {
-            let name = format!("lat-{}-{i}", if service { "svc" } else { "batch" });
+            std::thread::sleep(Duration::from_millis(gap_ms));
+            let name = format!("lat-{}-{gap_ms}-{i}", if service { "svc" } else { "batch" });
             let spec = command_job(&name, 1, service, cmdline);
             let started = Instant::now();
             let created = cluster.create_job(&spec)?;
@@ -73,32 +98,51 @@ fn latency(runs: usize) -> anyhow::Result<()> {
                 .to_string();
             let task = poll_task(&cluster, &task_id, goal, Duration::from_secs(30))?;
             client_ms.push(started.elapsed().as_secs_f64() * 1000.0);
-            if let (Some(first), Some(reached)) = (
-                task.events.first(),
-                task.events.iter().find(|e| e.state == goal),
-            ) {
-                master_ms.push(reached.timestamp_ms.saturating_sub(first.timestamp_ms) as f64);
+            let at = |state: TaskState| {
+                task.events
+                    .iter()
+                    .find(|e| e.state == state)
+                    .map(|e| e.timestamp_ms as f64)
+            };
+            if let (Some(created), Some(reached)) = (at(TaskState::Pending), at(goal)) {
+                master_ms.push(reached - created);
+            }
+            let marks = [
+                at(TaskState::Pending),
+                at(TaskState::Assigned),
+                at(TaskState::Starting),
+                at(goal),
+            ];
+            for (k, phase) in phases.iter_mut().enumerate() {
+                if let (Some(a), Some(b)) = (marks[k], marks[k + 1]) {
+                    phase.push(b - a);
+                }
             }
             if service {
                 cluster.post(&format!("/v1/jobs/www-data/test/{name}/kill"), &json!({}))?;
             }
         }
         println!(
-            "{kind}: client median {:.1} ms (p90 {:.1}, min {:.1}); master events median {:.1} ms; {runs} runs",
+            "{kind}: client median {:.1} ms (p90 {:.1}, min {:.1}); master events median {:.1} ms \
+             (phases: ASSIGNED {:.1}, STARTING {:.1}, {goal} {:.1})",
             percentile(&mut client_ms, 0.5),
             percentile(&mut client_ms, 0.9),
             percentile(&mut client_ms, 0.0),
             percentile(&mut master_ms, 0.5),
+            percentile(&mut phases[0], 0.5),
+            percentile(&mut phases[1], 0.5),
+            percentile(&mut phases[2], 0.5),
         );
     }
     Ok(())
 }
 
-/// `tasks` one-shot `true` tasks in batch jobs of 100 instances on 4 agents.
-fn throughput(tasks: usize) -> anyhow::Result<()> {
-    let cluster = Cluster::start(ClusterConfig::agents(4))?;
-    let per_job = 100.min(tasks.max(1));
+/// `tasks` one-shot `true` tasks in batch jobs of `job_size` instances on 4 agents.
+fn throughput(tasks: usize, job_size: usize) -> anyhow::Result<()> {
+    let mut cluster = Cluster::start(ClusterConfig::agents(4))?;
+    let per_job = job_size.clamp(1, tasks.max(1));
     let jobs = tasks.div_ceil(per_job);
+    let cpu_before = cluster_cpu(&mut cluster);
     let started = Instant::now();
     for j in 0..jobs {
         let instances = per_job.min(tasks - j * per_job);
@@ -113,6 +157,7 @@ fn throughput(tasks: usize) -> anyhow::Result<()> {
         let count = |state: TaskState| -> u32 {
             summaries
                 .iter()
+                .filter(|s| s.key.contains("/tp-"))
                 .filter_map(|s| s.state_counts.get(&state))
                 .sum()
         };
@@ -120,19 +165,107 @@ fn throughput(tasks: usize) -> anyhow::Result<()> {
         let failed = count(TaskState::Failed) + count(TaskState::Lost);
         if finished as usize + failed as usize >= tasks {
             let elapsed = started.elapsed().as_secs_f64();
+            // Executors are reaped by their agent after they exit, so wait for the
+            // last ones before reading the agents' children's CPU time.
+            std::thread::sleep(Duration::from_millis(500));
+            let cpu_after = cluster_cpu(&mut cluster);
             println!(
-                "{tasks} one-shot tasks on 4 agents: submitted in {:.2}s, all done in {elapsed:.2}s \
-                 = {:.0} tasks/s ({finished} FINISHED, {failed} FAILED/LOST)",
+                "{tasks} one-shot tasks on 4 agents ({jobs} job(s) of up to {per_job}): submitted in \
+                 {:.2}s, all done in {elapsed:.2}s = {:.0} tasks/s ({finished} FINISHED, {failed} \
+                 FAILED/LOST)",
                 submitted.as_secs_f64(),
                 tasks as f64 / elapsed
+            );
+            println!(
+                "CPU: master {:.2}s, agents {:.2}s, executors and tasks {:.2}s = {:.2} ms per task",
+                cpu_after.master - cpu_before.master,
+                cpu_after.agents - cpu_before.agents,
+                cpu_after.children - cpu_before.children,
+                (cpu_after.total() - cpu_before.total()) * 1000.0 / tasks as f64
             );
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!("only {finished} of {tasks} finished after 30 minutes");
         }
+        // Each poll makes the master count every task's state: not too often.
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// CPU seconds used so far (user + system).
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    master: f64,
+    agents: f64,
+    /// The agents' reaped children: executors, and through them the tasks.
+    children: f64,
+}
+
+impl Cpu {
+    fn total(&self) -> f64 {
+        self.master + self.agents + self.children
+    }
+}
+
+fn cluster_cpu(cluster: &mut Cluster) -> Cpu {
+    let mut cpu = Cpu::default();
+    if let Some(master) = cluster.master() {
+        let (own, _) = proc_cpu(master.pid());
+        cpu.master = own;
+    }
+    for pid in agent_pids(cluster.dir()) {
+        let (own, children) = proc_cpu(pid);
+        cpu.agents += own;
+        cpu.children += children;
+    }
+    cpu
+}
+
+/// (own, reaped children's) CPU seconds of a process, from /proc/PID/stat.
+fn proc_cpu(pid: u32) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return (0.0, 0.0);
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return (0.0, 0.0);
+    };
+    // After the command name: state is field 3; utime 14, stime 15, cutime 16, cstime 17.
+    let fields: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    match fields.as_slice() {
+        [u, s, cu, cs] => ((u + s) / tick, (cu + cs) / tick),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// The pids of the agents of the cluster in `dir` (their data dirs are under it).
+fn agent_pids(dir: &Path) -> Vec<u32> {
+    let needle = dir.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.split('\0')
+                    .next()
+                    .is_some_and(|a| a.ends_with("drover-agent"))
+                    && c.contains(&needle)
+            })
+        })
+        .collect()
 }
 
 /// Polls a task every millisecond until it is in `goal`.

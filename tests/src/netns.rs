@@ -165,6 +165,46 @@ fn remove_block(octet: u8) {
     }
 }
 
+/// Removes the task cgroups of clusters whose test process died without its Drop
+/// (`drover-t<pid>-<n>` with `<pid>` gone): kills what is left in them, then rmdirs.
+fn sweep_stale_cgroups() {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for controller in controllers.flatten() {
+        let Ok(parents) = std::fs::read_dir(controller.path()) else {
+            continue;
+        };
+        for parent in parents.flatten() {
+            let name = parent.file_name().to_string_lossy().to_string();
+            let Some(owner) = name
+                .strip_prefix("drover-t")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if process_alive(owner) {
+                continue;
+            }
+            if let Ok(children) = std::fs::read_dir(parent.path()) {
+                for child in children.flatten().filter(|c| c.path().is_dir()) {
+                    let procs = std::fs::read_to_string(child.path().join("cgroup.procs"))
+                        .unwrap_or_default();
+                    for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                    let deadline = Instant::now() + Duration::from_secs(2);
+                    while std::fs::remove_dir(child.path()).is_err() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(parent.path());
+        }
+    }
+}
+
 /// A claimed `10.<octet>.0.0/16`, released (claim file removed) on Drop.
 #[derive(Debug)]
 struct SubnetClaim {
@@ -178,6 +218,7 @@ impl SubnetClaim {
         let lock = File::create(Path::new(CLAIMS_DIR).join("lock"))?;
         let lock = Flock::lock(lock, FlockArg::LockExclusive)
             .map_err(|(_, e)| anyhow!("cannot lock {CLAIMS_DIR}/lock: {e}"))?;
+        sweep_stale_cgroups();
         let in_use = Command::new("ip")
             .args(["-o", "-4", "addr", "show"])
             .output()

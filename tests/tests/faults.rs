@@ -1014,6 +1014,50 @@ fn flapping_network_never_runs_an_exclusive_task_twice_and_converges() {
     c.check_invariants(&[solo, svc], SETTLE).unwrap();
 }
 
+#[test]
+fn executor_killed_while_its_agent_is_down_is_cleaned_up_and_replaced_on_restart() {
+    if !netns_available("executor_killed_while_its_agent_is_down") {
+        return;
+    }
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
+    let job = key("orphan");
+    c.create_job(&fault_job(
+        "orphan",
+        1,
+        true,
+        "setsid sleep 100000 & exec sleep 100000",
+        json!({}),
+    ))
+    .unwrap();
+    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
+    c.wait_for("two processes in the task cgroup", WAIT, |c| {
+        (c.task_pids(&old.task_id).len() >= 2).then_some(())
+    })
+    .unwrap();
+    c.kill_agent(0);
+    let executor = c.executor_pid(&old.task_id).unwrap();
+    kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The task's processes outlive their executor until the agent comes back.
+    assert!(!c.task_pids(&old.task_id).is_empty());
+    c.start_agent(0).unwrap();
+    let lost = c
+        .wait_for("the task to be LOST", WAIT, |c| {
+            let t = c.task(&old.task_id).ok()?;
+            t.state.is_terminal().then_some(t)
+        })
+        .unwrap();
+    assert_eq!(lost.state, TaskState::Lost);
+    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    assert!(c.task_pids(&old.task_id).is_empty(), "processes left");
+    c.wait_for("a replacement RUNNING", WAIT, |c| {
+        let t = current(c, &job).ok()?;
+        (t.task_id != old.task_id && t.state == TaskState::Running).then_some(())
+    })
+    .unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

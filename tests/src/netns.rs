@@ -806,13 +806,16 @@ rack = "r{k}"
         self.task_cgroups().remove(id).unwrap_or_default()
     }
 
-    /// The executor pid of a task from its sandbox (`agent.json`), if alive.
+    /// The executor pid of a task from its sandbox (the agent's `agent.json`, else
+    /// the executor's `status.json`), if that process is a live executor.
     pub fn executor_pid(&self, id: &str) -> Option<u32> {
         self.agents.iter().find_map(|a| {
-            let meta = std::fs::read(a.sandbox_root.join(id).join(".drover/agent.json")).ok()?;
-            let meta: Value = serde_json::from_slice(&meta).ok()?;
-            let pid = meta.get("executor_pid")?.as_u64()? as u32;
-            crate::is_executor(pid).then_some(pid)
+            ["agent.json", "status.json"].iter().find_map(|file| {
+                let path = a.sandbox_root.join(id).join(".drover").join(file);
+                let meta: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+                let pid = meta.get("executor_pid")?.as_u64()? as u32;
+                crate::is_executor(pid).then_some(pid)
+            })
         })
     }
 

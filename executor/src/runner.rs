@@ -491,7 +491,7 @@ impl Runner {
     ) -> i32 {
         let (mut term, mut int) = signals;
         // Start the first processes before anything else: that is what the task waits
-        // for, and the checkpoint's fsync can follow.
+        // for; the STARTING checkpoint follows.
         let now = self.now();
         for idx in self.machine.to_start(now) {
             self.start_process(idx, now);

@@ -46,7 +46,8 @@ pub struct ConfigFile {
     pub executor_recovery_timeout: Option<String>,
     /// Executor `--cgroup-parent`.
     pub cgroup_parent: Option<String>,
-    /// Exclusive tasks are killed after this long without a successful heartbeat.
+    /// Exclusive tasks are killed after this long without a successful heartbeat,
+    /// unless the master sends its own `exclusive_lease` (which wins).
     pub lease: Option<String>,
     /// Sandboxes of terminal tasks no longer assigned are removed after this long.
     pub sandbox_retention: Option<String>,
@@ -75,6 +76,7 @@ pub struct Config {
     pub allow_root: bool,
     pub executor_recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// Fallback exclusive lease for a master that does not send its own.
     pub lease: Duration,
     pub sandbox_retention: Duration,
     pub poll_wait: Duration,

@@ -53,7 +53,8 @@ struct Args {
     /// Run executors with --allow-root.
     #[arg(long)]
     allow_root: bool,
-    /// Kill exclusive tasks after this long without the master, e.g. 10s.
+    /// Kill exclusive tasks after this long without the master, e.g. 10s, unless
+    /// the master sends its own exclusive lease.
     #[arg(long)]
     lease: Option<String>,
     /// Keep sandboxes of finished tasks this long, e.g. 1h.

@@ -58,6 +58,8 @@ const DRAIN: Duration = Duration::from_secs(2);
 const READY_WAIT: Duration = Duration::from_secs(2);
 /// Most executors started but not yet listening on their socket, at once.
 const MAX_STARTING: usize = 8;
+/// File in the data dir with the master's exclusive lease in ms, as last learned.
+const MASTER_LEASE: &str = "master-lease";
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
 
@@ -88,6 +90,9 @@ struct Shared {
     applied_version: AtomicU64,
     heartbeat_ms: AtomicU64,
     last_contact: Mutex<Instant>,
+    /// The exclusive lease in ms: the master's `exclusive_lease` once learned (kept in
+    /// `<data_dir>/master-lease` across restarts), else the configured `lease`.
+    lease_ms: AtomicU64,
     /// Registration epoch: 0 until the first registration, then +1 per registration.
     epoch: watch::Sender<u64>,
     reregister: Notify,
@@ -259,6 +264,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "drover-executor".into());
     let last_contact = restore_last_contact(&cfg.data_dir);
+    let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
@@ -276,12 +282,13 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         applied_version: AtomicU64::new(0),
         heartbeat_ms: AtomicU64::new(5000),
         last_contact: Mutex::new(last_contact),
+        lease_ms: AtomicU64::new(lease.as_millis() as u64),
         epoch,
         reregister: Notify::new(),
         spawned: Mutex::new(JoinSet::new()),
         starting: Arc::new(tokio::sync::Semaphore::new(MAX_STARTING)),
     });
-    tracing::info!(agent_id = %shared.agent_id, listen = %bound, master = %shared.cfg.master, "agent starting");
+    tracing::info!(agent_id = %shared.agent_id, listen = %bound, master = %shared.cfg.master, lease_ms = lease.as_millis() as u64, "agent starting");
 
     let mut tasks = JoinSet::new();
     // Before anything else: what runs here already.
@@ -338,6 +345,44 @@ fn restore_last_contact(data_dir: &Path) -> Instant {
             now.checked_sub(ago).unwrap_or(now)
         }
         None => now,
+    }
+}
+
+/// The master's lease as last learned, if one was recorded.
+fn restore_lease(data_dir: &Path) -> Option<Duration> {
+    std::fs::read_to_string(data_dir.join(MASTER_LEASE))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+}
+
+/// The exclusive lease in force now.
+fn lease(shared: &Shared) -> Duration {
+    Duration::from_millis(shared.lease_ms.load(Ordering::SeqCst))
+}
+
+/// Adopts the lease a registration answer carries (`None`: a master that does not
+/// send one, so the configured `lease` applies) and records it for the next start,
+/// so a restarted agent that cannot reach the master still counts the master's lease.
+fn learn_lease(shared: &Shared, from_master: Option<u64>) {
+    let path = shared.cfg.data_dir.join(MASTER_LEASE);
+    let saved = match from_master.filter(|ms| *ms > 0) {
+        Some(ms) => {
+            shared.lease_ms.store(ms, Ordering::SeqCst);
+            write_atomic(&path, ms.to_string().as_bytes(), false)
+        }
+        None => {
+            let ms = shared.cfg.lease.as_millis() as u64;
+            shared.lease_ms.store(ms, Ordering::SeqCst);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = saved {
+        tracing::warn!(path = %path.display(), error = %e, "could not record the master's lease; a restart uses the configured lease until the master answers");
     }
 }
 
@@ -901,11 +946,12 @@ async fn registrar(shared: Arc<Shared>) {
             Ok(resp) => {
                 backoff.reset();
                 record_contact(&shared, sent);
+                learn_lease(&shared, resp.exclusive_lease_ms);
                 shared
                     .heartbeat_ms
                     .store(resp.heartbeat_interval_ms.max(10), Ordering::SeqCst);
                 shared.epoch.send_modify(|e| *e += 1);
-                tracing::info!(agent_id = %shared.agent_id, heartbeat_ms = resp.heartbeat_interval_ms, "registered with the master");
+                tracing::info!(agent_id = %shared.agent_id, heartbeat_ms = resp.heartbeat_interval_ms, lease_ms = lease(&shared).as_millis() as u64, "registered with the master");
                 shared.reregister.notified().await;
                 tracing::info!("registering again");
             }
@@ -1015,7 +1061,6 @@ async fn poll_assignments(shared: Arc<Shared>) {
     epoch.borrow_and_update();
     let mut version = 0u64;
     let mut discarded: Option<u64> = None;
-    let max_flight = max_answer_flight(shared.cfg.lease);
     let mut backoff = Backoff::new(shared.cfg.max_backoff);
     loop {
         let got = tokio::select! {
@@ -1026,6 +1071,7 @@ async fn poll_assignments(shared: Arc<Shared>) {
                 continue;
             }
         };
+        let max_flight = max_answer_flight(lease(&shared));
         match got {
             Ok((set, in_flight))
                 if discard_stale(in_flight, max_flight, set.version, discarded) =>
@@ -1086,7 +1132,7 @@ async fn ticker(shared: Arc<Shared>) {
         let since = lock(&shared.last_contact).elapsed();
         {
             let mut t = lock(&shared.tasks);
-            for action in lease_kills(&t.local, since, shared.cfg.lease) {
+            for action in lease_kills(&t.local, since, lease(&shared)) {
                 if let Action::Kill {
                     task_id, reason, ..
                 } = action

@@ -281,6 +281,85 @@ async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_exclusive_lease_wins_over_the_agents_own() {
+    let master = FakeMaster::start().await;
+    master.with(|s| s.exclusive_lease_ms = Some(1_000));
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["ex"]);
+    let mut ex = assignment("ex", "run");
+    ex.exclusive = true;
+    master.assign(vec![ex]);
+    // The agent's own lease is longer than wait_for_state waits: only the master's
+    // 1 s can kill the task in time.
+    let extra = ConfigFile {
+        lease: Some("10m".into()),
+        ..ConfigFile::default()
+    };
+    let agent = RunningAgent::start(config(&master, &dirs, extra));
+    master.wait_for_state("ex", TaskState::Running).await;
+    assert_eq!(
+        std::fs::read_to_string(dirs.data().join("master-lease")).unwrap(),
+        "1000"
+    );
+    master.with(|s| s.fail_heartbeats = true);
+    let last_good = master.with(|s| s.last_good_heartbeat).unwrap();
+    let killed = master.wait_for_state("ex", TaskState::Killed).await;
+    assert!(
+        last_good.elapsed() >= Duration::from_secs(1),
+        "not before the lease"
+    );
+    assert_eq!(killed.exit_reason, Some(ExitReason::AgentLost));
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_cut_off_from_the_master_keeps_the_masters_lease() {
+    let master = FakeMaster::start().await;
+    master.with(|s| s.exclusive_lease_ms = Some(1_000));
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["ex"]);
+    let mut ex = assignment("ex", "run");
+    ex.exclusive = true;
+    master.assign(vec![ex]);
+    let extra = || ConfigFile {
+        lease: Some("10m".into()),
+        ..ConfigFile::default()
+    };
+    let agent = RunningAgent::start(config(&master, &dirs, extra()));
+    master.wait_for_state("ex", TaskState::Running).await;
+    agent.stop().await;
+
+    // Back up while the master is unreachable: nothing to learn the lease from but
+    // what the last run recorded.
+    master.with(|s| {
+        s.fail_registrations = true;
+        s.fail_heartbeats = true;
+    });
+    let agent = RunningAgent::start(config(&master, &dirs, extra()));
+    let state = wait_until(Duration::from_secs(20), || {
+        dirs.executor_state("ex").filter(|s| s == "KILLED")
+    })
+    .await;
+    assert_eq!(
+        state.as_deref(),
+        Some("KILLED"),
+        "killed past the master's lease"
+    );
+    assert_eq!(
+        master.with(|s| s.registrations.len()),
+        1,
+        "cut off throughout"
+    );
+    master.with(|s| {
+        s.fail_registrations = false;
+        s.fail_heartbeats = false;
+    });
+    let killed = master.wait_for_state("ex", TaskState::Killed).await;
+    assert_eq!(killed.exit_reason, Some(ExitReason::AgentLost));
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_of_finished_unassigned_tasks_are_removed_after_retention() {
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();

@@ -124,6 +124,11 @@ pub struct RegisterResponse {
     pub agent_id: String,
     /// How often the master expects a heartbeat.
     pub heartbeat_interval_ms: u64,
+    /// How long the agent keeps `partition_policy.exclusive` tasks without reaching
+    /// the master (the master's `exclusive_lease`). Absent from older masters: the
+    /// agent then uses its own `lease` setting.
+    #[serde(default)]
+    pub exclusive_lease_ms: Option<u64>,
 }
 
 /// A task as the agent holds it, for reconciliation.

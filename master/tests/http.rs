@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{job, start, Client, FakeAgent};
-use drover_common::wire::{JobView, TaskView};
+use common::{config, job, start, Client, FakeAgent};
+use drover_common::wire::{JobView, RegisterResponse, TaskView};
 use drover_common::DesiredState;
 use drover_common::TaskState;
 use serde_json::{json, Value};
@@ -313,5 +313,28 @@ async fn long_poll_answers_say_how_long_the_master_held_them() {
     // A changed version is answered at once; an unchanged one is held for the wait.
     assert!(held(agent.version + 1, 5_000).await < 1_000);
     assert!(held(agent.version, 400).await >= 400);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn registration_tells_the_agent_the_masters_exclusive_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.core.exclusive_lease_ms = 7_500;
+    let h = drover_master::start(cfg).await.unwrap();
+    let c = Client::new(&h);
+    let (s, v) = c
+        .post(
+            "/v1/agents/register",
+            &json!({"protocol_version": drover_common::wire::PROTOCOL_VERSION,
+                    "agent_id": "a1", "hostname": "h", "address": "http://127.0.0.1:9",
+                    "resources": {"cpu": 1.0, "ram_bytes": 1, "disk_bytes": 1, "port_range": [1, 2]},
+                    "attributes": {}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let resp: RegisterResponse = serde_json::from_value(v).unwrap();
+    assert_eq!(resp.exclusive_lease_ms, Some(7_500));
+    assert_eq!(resp.heartbeat_interval_ms, 500);
     h.stop().await.unwrap();
 }

@@ -55,7 +55,8 @@ reconcile_backoff_initial = "500ms"
 reconcile_backoff_max = "4s"
 "#;
 
-/// The agents' exclusive lease; equals `exclusive_lease` in `FAULT_MASTER_CONFIG`.
+/// The agents' fallback exclusive lease; the master's `exclusive_lease` in
+/// `FAULT_MASTER_CONFIG` (the same value) is what the agents apply.
 pub const FAULT_AGENT_LEASE: &str = "4s";
 
 /// Whether network-namespace tests can run here: root, `ip` and `nsenter`. Prints why

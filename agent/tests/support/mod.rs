@@ -43,6 +43,10 @@ pub struct MasterState {
     pub forgot_agent: bool,
     /// When each (task, seq) update arrived.
     pub arrivals: BTreeMap<(String, u64), std::time::Instant>,
+    /// The `exclusive_lease_ms` registration answers carry (None: an older master).
+    pub exclusive_lease_ms: Option<u64>,
+    /// Answer 503 to registrations (a master the agent cannot reach).
+    pub fail_registrations: bool,
 }
 
 fn unknown_agent() -> Response {
@@ -80,6 +84,8 @@ impl FakeMaster {
             last_good_heartbeat: None,
             forgot_agent: false,
             arrivals: BTreeMap::new(),
+            exclusive_lease_ms: None,
+            fail_registrations: false,
         };
         let master = FakeMaster {
             state: Arc::new(Mutex::new(state)),
@@ -146,14 +152,18 @@ impl FakeMaster {
 async fn register(State(m): State<FakeMaster>, Json(req): Json<RegisterRequest>) -> Response {
     let id = req.agent_id.clone();
     m.with(|s| {
+        if s.fail_registrations {
+            return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+        }
         s.registrations.push(req);
         s.forgot_agent = false;
-    });
-    Json(RegisterResponse {
-        agent_id: id,
-        heartbeat_interval_ms: 100,
+        Json(RegisterResponse {
+            agent_id: id,
+            heartbeat_interval_ms: 100,
+            exclusive_lease_ms: s.exclusive_lease_ms,
+        })
+        .into_response()
     })
-    .into_response()
 }
 
 async fn heartbeat(
@@ -295,6 +305,13 @@ impl AgentDirs {
             .lines()
             .map(|l| l.parse().unwrap())
             .collect()
+    }
+
+    /// The state in the task's status.json, as the executor last wrote it.
+    pub fn executor_state(&self, task_id: &str) -> Option<String> {
+        let bytes = std::fs::read(self.drover(task_id).join("status.json")).ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        status["state"].as_str().map(str::to_string)
     }
 
     /// The executor pid the agent recorded for the task.

@@ -1154,6 +1154,7 @@ impl Core {
         Ok(Reply::Registered(RegisterResponse {
             agent_id: req.agent_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval_ms,
+            exclusive_lease_ms: Some(self.cfg.exclusive_lease_ms),
         }))
     }
 

@@ -241,6 +241,10 @@ constraints:
         "{e}"
     );
     assert_eq!(e.to_string().lines().count(), 5);
+    assert!(
+        e.to_string().contains("daemon"),
+        "suggests the closest name: {e}"
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Black-box checks that need no cluster: `drover job validate` on the examples and
-//! on a spec with five mistakes, the CLI's advice when no master answers, and that
+//! on an invalid spec, the CLI's advice when no master answers, and that
 //! drover-common stays free of tokio, hyper and nix.
 
 use std::process::Command;
@@ -41,8 +41,11 @@ fn every_example_validates() {
     }
 }
 
+/// Which errors a spec gets is the parser's business (common/tests/parse.rs has the
+/// spec with five mistakes); here only what the binary adds: exit status 1 and one
+/// stderr line per error, each starting with the file's path and the field.
 #[test]
-fn a_spec_with_five_mistakes_gets_five_errors_with_field_paths() {
+fn an_invalid_spec_exits_1_with_one_line_per_error_prefixed_by_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("broken.yaml");
     std::fs::write(
@@ -54,20 +57,13 @@ name: hello
 instances: 0
 task:
   processes:
-    - name: setup
-      cmdline: ./install.sh
     - name: server
-      cmdline: ./serve --port {{ports.htp}}
+      cmdline: ./serve
       daemn: true
   resources:
     cpu: 0.5
     ram: 128MiB
     disk: 1GiB
-    ports: [http]
-health_check:
-  port: admin
-constraints:
-  rack: "limit:0"
 "#,
     )
     .unwrap();
@@ -75,15 +71,9 @@ constraints:
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 5, "{}", describe(&output));
+    assert_eq!(lines.len(), 2, "{}", describe(&output));
     let prefix = format!("{}: ", path.display());
-    for field in [
-        "instances",
-        "task.processes[1].cmdline",
-        "task.processes[1].daemn",
-        "health_check.port",
-        "constraints.rack",
-    ] {
+    for field in ["instances", "task.processes[0].daemn"] {
         let wanted = format!("{prefix}{field}: ");
         assert!(
             lines.iter().any(|l| l.starts_with(&wanted)),

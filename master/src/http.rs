@@ -252,6 +252,17 @@ async fn create_job(State(m): State<Shared>, body: Body) -> Result<Response, Api
     }
 }
 
+/// 200 with the body of a reply that carries one; a reply without one is a bug.
+fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
+    match reply {
+        Reply::Action(a) => Ok(json(StatusCode::OK, &a)),
+        Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
+        Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
+        Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        other => Err(unexpected(other)),
+    }
+}
+
 fn unexpected(reply: Reply) -> ApiErr {
     ApiErr::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -313,10 +324,7 @@ async fn kill_job(
 ) -> Result<Response, ApiErr> {
     let instances = instances_from(body).await?;
     let job = key_of(&role, &env, &name);
-    match m.apply(Event::Kill { job, instances }).await? {
-        Reply::Action(a) => Ok(json(StatusCode::OK, &a)),
-        other => Err(unexpected(other)),
-    }
+    ok_reply(m.apply(Event::Kill { job, instances }).await?)
 }
 
 async fn restart_job(
@@ -326,10 +334,7 @@ async fn restart_job(
 ) -> Result<Response, ApiErr> {
     let instances = instances_from(body).await?;
     let job = key_of(&role, &env, &name);
-    match m.apply(Event::Restart { job, instances }).await? {
-        Reply::Action(a) => Ok(json(StatusCode::OK, &a)),
-        other => Err(unexpected(other)),
-    }
+    ok_reply(m.apply(Event::Restart { job, instances }).await?)
 }
 
 async fn get_task(State(m): State<Shared>, Path(id): Path<String>) -> Result<Response, ApiErr> {
@@ -352,10 +357,7 @@ async fn register(State(m): State<Shared>, body: Body) -> Result<Response, ApiEr
             Some("agent_id"),
         ));
     }
-    match m.apply(Event::Register(Box::new(req))).await? {
-        Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
-        other => Err(unexpected(other)),
-    }
+    ok_reply(m.apply(Event::Register(Box::new(req))).await?)
 }
 
 async fn heartbeat(
@@ -364,10 +366,7 @@ async fn heartbeat(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let request: HeartbeatRequest = read_json(body).await?;
-    match m.apply(Event::Heartbeat { agent: id, request }).await? {
-        Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
-        other => Err(unexpected(other)),
-    }
+    ok_reply(m.apply(Event::Heartbeat { agent: id, request }).await?)
 }
 
 async fn updates(
@@ -376,16 +375,11 @@ async fn updates(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let batch: StatusUpdateBatch = read_json(body).await?;
-    match m
-        .apply(Event::Updates {
-            agent: id,
-            updates: batch.updates,
-        })
-        .await?
-    {
-        Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
-        other => Err(unexpected(other)),
-    }
+    let event = Event::Updates {
+        agent: id,
+        updates: batch.updates,
+    };
+    ok_reply(m.apply(event).await?)
 }
 
 fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiErr> {

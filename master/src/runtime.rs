@@ -294,23 +294,28 @@ pub async fn serve(
     Ok(())
 }
 
+/// Opens the store, binds `config.listen` and writes master.addr: what `run` and
+/// `start` do before serving.
+async fn open_and_bind(
+    config: &Config,
+) -> Result<(Arc<Master>, TcpListener, SocketAddr), RunError> {
+    let master = open(config, seed())?;
+    let bind_err = |source| RunError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = TcpListener::bind(config.listen).await.map_err(bind_err)?;
+    let addr = listener.local_addr().map_err(bind_err)?;
+    write_addr_file(&config.data_dir, addr)?;
+    Ok((master, listener, addr))
+}
+
 /// Opens the store, binds, writes master.addr and serves until `shutdown`.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let master = open(&config, seed())?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| RunError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    write_addr_file(&config.data_dir, addr)?;
+    let (master, listener, addr) = open_and_bind(&config).await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
     serve(master, listener, shutdown).await
 }
@@ -348,18 +353,7 @@ impl Drop for Handle {
 
 /// Starts a master in this process (binds, writes master.addr, serves).
 pub async fn start(config: Config) -> Result<Handle, RunError> {
-    let master = open(&config, seed())?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| RunError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    write_addr_file(&config.data_dir, addr)?;
+    let (master, listener, addr) = open_and_bind(&config).await?;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let join = tokio::spawn(serve(master.clone(), listener, async move {
         let _ = rx.await;

@@ -633,8 +633,12 @@ impl Core {
     pub fn handle(&mut self, event: Event, now: UnixMillis) -> Output {
         let reply = match event {
             Event::CreateJob(spec) => self.create_job(*spec, now),
-            Event::Kill { job, instances } => self.kill(&job, instances, now),
-            Event::Restart { job, instances } => self.restart(&job, instances, now),
+            Event::Kill { job, instances } => {
+                self.stop_instances(&job, instances, TaskState::Killing, now)
+            }
+            Event::Restart { job, instances } => {
+                self.stop_instances(&job, instances, TaskState::Restarting, now)
+            }
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::Updates { agent, updates } => self.updates(&agent, updates, now),
@@ -814,34 +818,6 @@ impl Core {
             .clone()
     }
 
-    fn kill(
-        &mut self,
-        job: &str,
-        instances: Option<Vec<u32>>,
-        now: UnixMillis,
-    ) -> Result<Reply, CoreError> {
-        let instances = self.instances_of(job, instances)?;
-        let mut touched = Vec::new();
-        for i in instances {
-            let Some(id) = self.current_of(job, i) else {
-                continue;
-            };
-            if self.stop_task(
-                &id,
-                TaskState::Killing,
-                EventSource::Operator,
-                "killed by request",
-                now,
-            ) {
-                touched.push(id);
-            }
-        }
-        Ok(Reply::Action(ActionResponse {
-            job: job.to_string(),
-            tasks: touched,
-        }))
-    }
-
     /// Asks a task to stop: `via` is KILLING or RESTARTING for placed tasks; tasks not
     /// placed become KILLED at once. Returns whether anything changed.
     fn stop_task(
@@ -887,39 +863,42 @@ impl Core {
         true
     }
 
-    fn restart(
+    /// Kill (`via` KILLING) or restart (`via` RESTARTING: each stopped task gets a
+    /// replacement) the current tasks of `instances` (all when None). Answers the
+    /// tasks stopped, or for a restart the replacements created.
+    fn stop_instances(
         &mut self,
         job: &str,
         instances: Option<Vec<u32>>,
+        via: TaskState,
         now: UnixMillis,
     ) -> Result<Reply, CoreError> {
-        let instances = self.instances_of(job, instances)?;
-        let mut created = Vec::new();
-        for i in instances {
+        let restart = via == TaskState::Restarting;
+        let message = if restart {
+            "restart requested"
+        } else {
+            "killed by request"
+        };
+        let mut tasks = Vec::new();
+        // The current task is looked up as each instance comes: an instance named
+        // twice meets the task the first round left there.
+        for i in self.instances_of(job, instances)? {
             let Some(id) = self.current_of(job, i) else {
                 continue;
             };
-            let state = self.tasks.get(&id).map(|t| t.status.state);
-            let Some(state) = state else { continue };
-            if state.is_terminal() || state.is_stopping() {
+            // A task already ended or stopping is left alone (stop_task says false).
+            if !self.stop_task(&id, via, EventSource::Operator, message, now) {
                 continue;
             }
-            if !self.stop_task(
-                &id,
-                TaskState::Restarting,
-                EventSource::Operator,
-                "restart requested",
-                now,
-            ) {
-                continue;
-            }
-            if let Some(new_id) = self.create_replacement(&id, now, None, "restart") {
-                created.push(new_id);
+            if !restart {
+                tasks.push(id);
+            } else if let Some(new_id) = self.create_replacement(&id, now, None, "restart") {
+                tasks.push(new_id);
             }
         }
         Ok(Reply::Action(ActionResponse {
             job: job.to_string(),
-            tasks: created,
+            tasks,
         }))
     }
 

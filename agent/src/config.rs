@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use drover_common::units::{ByteSize, Duration as SpecDuration};
+use drover_common::units::{setting, ByteSize, Duration as SpecDuration, SettingError};
 use serde::Deserialize;
 
 /// The agent's settings as written in the TOML file or given as flags; every key is
@@ -98,6 +98,15 @@ pub enum ConfigError {
         field: &'static str,
         message: String,
     },
+}
+
+impl From<SettingError> for ConfigError {
+    fn from(e: SettingError) -> ConfigError {
+        ConfigError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
 }
 
 impl ConfigError {
@@ -214,12 +223,8 @@ impl ConfigFile {
         if !(cpu.is_finite() && cpu > 0.0) {
             return Err(invalid("cpu", format!("{cpu} must be a positive number")));
         }
-        let size = |field: &'static str, text: Option<String>, default: u64| match text {
-            None => Ok(default),
-            Some(t) => t
-                .parse::<ByteSize>()
-                .map(ByteSize::bytes)
-                .map_err(|e| invalid(field, e.to_string())),
+        let size = |field, text: Option<String>, default| {
+            setting(field, text.as_deref(), ByteSize(default)).map(ByteSize::bytes)
         };
         let ram_bytes = size(
             "ram",
@@ -243,12 +248,8 @@ impl ConfigFile {
         attributes
             .entry("host".to_string())
             .or_insert_with(|| host.hostname.clone());
-        let dur = |field: &'static str, text: Option<String>, default: Duration| match text {
-            None => Ok(default),
-            Some(t) => t
-                .parse::<SpecDuration>()
-                .map(SpecDuration::get)
-                .map_err(|e| invalid(field, e.to_string())),
+        let dur = |field, text: Option<String>, default| {
+            setting(field, text.as_deref(), SpecDuration(default)).map(SpecDuration::get)
         };
         let executor_recovery_timeout = match self.executor_recovery_timeout {
             None => None,

@@ -37,6 +37,32 @@ pub enum UnitError {
     Overflow { text: String },
 }
 
+/// A config setting (a file key or a flag) whose text did not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {message}")]
+pub struct SettingError {
+    /// The setting's name, e.g. `lease`.
+    pub field: &'static str,
+    /// What is wrong with its text and how to write it.
+    pub message: String,
+}
+
+/// Reads an optional setting written as a `Duration` or `ByteSize`: `default` when
+/// it is absent, else its text parsed; the error names `field`. Config loaders of
+/// every daemon read their durations and sizes through this.
+pub fn setting<T>(field: &'static str, text: Option<&str>, default: T) -> Result<T, SettingError>
+where
+    T: FromStr<Err = UnitError>,
+{
+    match text {
+        None => Ok(default),
+        Some(t) => t.parse().map_err(|e: UnitError| SettingError {
+            field,
+            message: e.to_string(),
+        }),
+    }
+}
+
 const DURATION_UNITS: &str = "ms, s, m, h, d";
 const SIZE_UNITS: &str = "B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB";
 
@@ -260,6 +286,25 @@ unit_serde!(ByteSize, "\"512MiB\"");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_absent_setting_is_its_default_and_a_bad_one_names_its_field() {
+        assert_eq!(
+            setting("lease", None, Duration::from_secs(10)),
+            Ok(Duration::from_secs(10))
+        );
+        assert_eq!(
+            setting("lease", Some("250ms"), Duration::from_secs(10)),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            setting("ram", Some("2KiB"), ByteSize(0)),
+            Ok(ByteSize(2048))
+        );
+        let e = setting("lease", Some("soon"), Duration::default()).unwrap_err();
+        assert_eq!(e.field, "lease");
+        assert!(e.to_string().starts_with("invalid `lease`: `soon`"), "{e}");
+    }
 
     #[test]
     fn durations_parse_and_print() {

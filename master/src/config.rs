@@ -4,10 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use clap::Parser;
-use drover_common::units::Duration;
+use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
@@ -139,15 +138,12 @@ fn duration(
     text: Option<String>,
     default_ms: u64,
 ) -> Result<u64, ConfigError> {
-    match text {
-        None => Ok(default_ms),
-        Some(t) => Duration::from_str(&t)
-            .map(|d| d.get().as_millis() as u64)
-            .map_err(|e| ConfigError::Field {
-                field,
-                message: e.to_string(),
-            }),
-    }
+    setting(field, text.as_deref(), Duration::from_millis(default_ms))
+        .map(|d| d.get().as_millis() as u64)
+        .map_err(|e| ConfigError::Field {
+            field: e.field,
+            message: e.message,
+        })
 }
 
 impl Config {

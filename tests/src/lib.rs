@@ -194,9 +194,7 @@ impl Proc {
 
     /// The end of its log.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        log_tail(&self.log)
     }
 
     /// SIGTERM, then SIGKILL after `grace`. Returns the exit status if it exited
@@ -229,6 +227,187 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The last 30 lines of a log file ("" if it cannot be read).
+pub fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// Starts `drover-master` with `<dir>/master.toml`, data dir `<dir>/master`, log
+/// `<dir>/logs/master.log`, listening on `listen`, and waits until it has written
+/// its bound address to `master.addr`; returns the process and that address.
+pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
+    let master_dir = dir.join("master");
+    let addr_file = master_dir.join("master.addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let mut command = Command::new(bin("drover-master")?);
+    command
+        .arg("--config")
+        .arg(dir.join("master.toml"))
+        .arg("--listen")
+        .arg(listen)
+        .arg("--data-dir")
+        .arg(&master_dir)
+        .env("RUST_LOG", "info");
+    let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Written with a rename: a non-empty file is complete.
+        if let Ok(text) = std::fs::read_to_string(&addr_file) {
+            if !text.trim().is_empty() {
+                return Ok((master, text.trim().to_string()));
+            }
+        }
+        if !master.is_running() || Instant::now() > deadline {
+            bail!("the master did not start; its log:\n{}", master.log_tail());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Polls `check` on `cluster` every 100 ms until it returns Some, or fails after
+/// `timeout` naming what it waited for, with `diagnostics` of the cluster.
+pub fn poll_for<C, T>(
+    cluster: &mut C,
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut(&C) -> Option<T>,
+    diagnostics: impl FnOnce(&mut C) -> String,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check(cluster) {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            return Err(anyhow!(
+                "timed out after {}s waiting for {what}\n{}",
+                timeout.as_secs(),
+                diagnostics(cluster)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The master's admin API over blocking HTTP, for both kinds of test cluster (they
+/// deref to it).
+#[derive(Debug)]
+pub struct AdminApi {
+    /// `http://host:port` of the master.
+    pub url: String,
+    http: reqwest::blocking::Client,
+}
+
+impl AdminApi {
+    /// A client with a 30 s timeout; `url` is set once the master is up.
+    pub fn new() -> anyhow::Result<AdminApi> {
+        Ok(AdminApi {
+            url: String::new(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()?,
+        })
+    }
+
+    /// Whether `/health` answers with success.
+    pub fn healthy(&self) -> bool {
+        self.http
+            .get(format!("{}/health", self.url))
+            .send()
+            .is_ok_and(|r| r.status().is_success())
+    }
+
+    /// GET a path of the admin API as T; Err on non-2xx with the body.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let (status, text) = self.get_text(path)?;
+        read_answer(path, status, text)
+    }
+
+    /// GET a path of the admin API: None on 404.
+    pub fn get_opt<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<Option<T>> {
+        let (status, text) = self.get_text(path)?;
+        if status.as_u16() == 404 {
+            return Ok(None);
+        }
+        read_answer(path, status, text).map(Some)
+    }
+
+    fn get_text(&self, path: &str) -> anyhow::Result<(reqwest::StatusCode, String)> {
+        let response = self.http.get(format!("{}{path}", self.url)).send()?;
+        let status = response.status();
+        Ok((status, response.text()?))
+    }
+
+    /// POST JSON to a path of the admin API; returns the status and the JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()?;
+        let status = response.status().as_u16();
+        let text = response.text()?;
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, value))
+    }
+
+    /// POST /v1/jobs; Err unless 201.
+    pub fn create_job(&self, spec: &Value) -> anyhow::Result<Value> {
+        let (status, body) = self.post("/v1/jobs", spec)?;
+        if status != 201 {
+            bail!("creating the job answered HTTP {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    /// POST /v1/jobs/{key}/kill.
+    pub fn kill_job(&self, key: &str) -> anyhow::Result<()> {
+        let (status, _) = self.post(&format!("/v1/jobs/{key}/kill"), &json!({}))?;
+        if !(200..300).contains(&status) {
+            bail!("killing {key}: HTTP {status}");
+        }
+        Ok(())
+    }
+
+    /// GET /v1/jobs/{key}.
+    pub fn job(&self, key: &str) -> anyhow::Result<JobView> {
+        self.get(&format!("/v1/jobs/{key}"))
+    }
+
+    /// GET /v1/tasks/{id}.
+    pub fn task(&self, task_id: &str) -> anyhow::Result<TaskView> {
+        self.get(&format!("/v1/tasks/{task_id}"))
+    }
+
+    /// GET /v1/agents.
+    pub fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
+        self.get("/v1/agents")
+    }
+
+    /// Every job key the master has.
+    pub fn job_keys(&self) -> anyhow::Result<Vec<String>> {
+        let jobs: Vec<Value> = self.get("/v1/jobs")?;
+        Ok(jobs
+            .iter()
+            .filter_map(|j| j.get("key").and_then(Value::as_str).map(str::to_string))
+            .collect())
+    }
+}
+
+/// The JSON body of a GET answer as T; Err on non-2xx with the body.
+fn read_answer<T: DeserializeOwned>(
+    path: &str,
+    status: reqwest::StatusCode,
+    text: String,
+) -> anyhow::Result<T> {
+    if !status.is_success() {
+        bail!("GET {path}: HTTP {status}: {text}");
+    }
+    serde_json::from_str(&text).with_context(|| format!("GET {path}: cannot read {text}"))
 }
 
 #[allow(unsafe_code)]
@@ -287,12 +466,12 @@ fn reserve_port_block() -> anyhow::Result<(TcpListener, u16)> {
 /// A running master and agents in a temporary directory.
 pub struct Cluster {
     dir: Option<tempfile::TempDir>,
-    pub url: String,
+    /// The admin API (`url` is the master's); the cluster derefs to it.
+    pub api: AdminApi,
     listen: String,
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
-    http: reqwest::blocking::Client,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
 }
@@ -308,17 +487,13 @@ impl Cluster {
             std::fs::create_dir_all(dir.path().join(sub))?;
             std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
         }
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()?;
         let mut cluster = Cluster {
             dir: Some(dir),
-            url: String::new(),
+            api: AdminApi::new()?,
             listen: "127.0.0.1:0".to_string(),
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
-            http,
             port_lock: Some(reserve_port_block()?),
         };
         cluster.start_master()?;
@@ -351,39 +526,14 @@ impl Cluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let master_dir = self.dir().join("master");
-        let addr_file = master_dir.join("master.addr");
-        let _ = std::fs::remove_file(&addr_file);
-        let mut command = Command::new(bin("drover-master")?);
-        command
-            .arg("--config")
-            .arg(self.dir().join("master.toml"))
-            .arg("--listen")
-            .arg(&self.listen)
-            .arg("--data-dir")
-            .arg(&master_dir)
-            .env("RUST_LOG", "info");
-        let log = self.dir().join("logs/master.log");
-        let mut master = Proc::spawn("drover-master", command, &log)?;
-        let deadline = Instant::now() + WAIT;
-        let addr = loop {
-            if let Ok(text) = std::fs::read_to_string(&addr_file) {
-                if !text.trim().is_empty() {
-                    break text.trim().trim_start_matches("http://").to_string();
-                }
-            }
-            if !master.is_running() || Instant::now() > deadline {
-                bail!("the master did not start; its log:\n{}", master.log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        self.url = format!("http://{addr}");
+        let (master, addr) = spawn_master(self.dir(), &self.listen)?;
+        let addr = addr.trim_start_matches("http://").to_string();
+        self.api.url = format!("http://{addr}");
         // A restarted master must come back on the same address for the agents.
         self.listen = addr;
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
-            let response = c.http.get(format!("{}/health", c.url)).send().ok()?;
-            response.status().is_success().then_some(())
+            c.healthy().then_some(())
         })
     }
 
@@ -399,7 +549,7 @@ impl Cluster {
         let mut command = Command::new(bin("drover-agent")?);
         command
             .arg("--master")
-            .arg(&self.url)
+            .arg(&self.api.url)
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--data-dir")
@@ -464,60 +614,12 @@ impl Cluster {
 
     /// Runs the `drover` CLI against this cluster.
     pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
-        drover(Some(&self.url), args)
+        drover(Some(&self.api.url), args)
     }
 
     /// Runs the `drover` CLI against this cluster, killing it after `timeout`.
     pub fn drover_with_timeout(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
-        drover_with_timeout(Some(&self.url), args, timeout)
-    }
-
-    /// GET a path of the admin API as T; Err on non-2xx with the body.
-    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let response = self.http.get(format!("{}{path}", self.url)).send()?;
-        let status = response.status();
-        let text = response.text()?;
-        if !status.is_success() {
-            bail!("GET {path}: HTTP {status}: {text}");
-        }
-        serde_json::from_str(&text).with_context(|| format!("GET {path}: cannot read {text}"))
-    }
-
-    /// POST JSON to a path of the admin API; returns the status and the JSON body.
-    pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .json(body)
-            .send()?;
-        let status = response.status().as_u16();
-        let text = response.text()?;
-        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok((status, value))
-    }
-
-    /// POST /v1/jobs; Err unless 201.
-    pub fn create_job(&self, spec: &Value) -> anyhow::Result<Value> {
-        let (status, body) = self.post("/v1/jobs", spec)?;
-        if status != 201 {
-            bail!("creating the job answered HTTP {status}: {body}");
-        }
-        Ok(body)
-    }
-
-    /// GET /v1/jobs/{key}.
-    pub fn job(&self, key: &str) -> anyhow::Result<JobView> {
-        self.get(&format!("/v1/jobs/{key}"))
-    }
-
-    /// GET /v1/tasks/{id}.
-    pub fn task(&self, task_id: &str) -> anyhow::Result<TaskView> {
-        self.get(&format!("/v1/tasks/{task_id}"))
-    }
-
-    /// GET /v1/agents.
-    pub fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
-        self.get("/v1/agents")
+        drover_with_timeout(Some(&self.api.url), args, timeout)
     }
 
     /// Polls `check` every 100 ms until it returns Some, or fails after `timeout`
@@ -526,22 +628,9 @@ impl Cluster {
         &mut self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut(&Cluster) -> Option<T>,
+        check: impl FnMut(&Cluster) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = check(self) {
-                return Ok(value);
-            }
-            if Instant::now() > deadline {
-                return Err(anyhow!(
-                    "timed out after {}s waiting for {what}\n{}",
-                    timeout.as_secs(),
-                    self.diagnostics()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_for(self, what, timeout, check, Cluster::diagnostics)
     }
 
     /// Waits until every instance's current task of `key` is in `state`.
@@ -637,6 +726,14 @@ impl Cluster {
         // Without cgroups nothing else finds them: kill any process whose working
         // directory is inside this cluster's directory.
         kill_processes_under(self.dir());
+    }
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = AdminApi;
+
+    fn deref(&self) -> &AdminApi {
+        &self.api
     }
 }
 

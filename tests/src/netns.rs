@@ -22,14 +22,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use drover_common::state::{DesiredState, TaskState};
-use drover_common::wire::{AgentView, JobView, TaskView};
+use drover_common::wire::TaskView;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::{bin, process_alive, Proc, WAIT};
+use crate::{bin, log_tail, poll_for, process_alive, spawn_master, AdminApi, Proc, WAIT};
 
 /// Where subnet claims live: `<a>.pid` holds the pid of the test process using
 /// `10.<a>.0.0/16`.
@@ -188,22 +187,29 @@ fn sweep_stale_cgroups() {
             if process_alive(owner) {
                 continue;
             }
-            if let Ok(children) = std::fs::read_dir(parent.path()) {
-                for child in children.flatten().filter(|c| c.path().is_dir()) {
-                    let procs = std::fs::read_to_string(child.path().join("cgroup.procs"))
-                        .unwrap_or_default();
-                    for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
-                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-                    }
-                    let deadline = Instant::now() + Duration::from_secs(2);
-                    while std::fs::remove_dir(child.path()).is_err() && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(parent.path());
+            empty_and_remove(&parent.path(), Duration::from_secs(2));
         }
     }
+}
+
+/// SIGKILLs what runs in each child cgroup of `parent`, removes the children
+/// (retrying for up to `wait` each while the kernel finishes the kills), then
+/// `parent` itself.
+fn empty_and_remove(parent: &Path, wait: Duration) {
+    if let Ok(children) = std::fs::read_dir(parent) {
+        for child in children.flatten().filter(|c| c.path().is_dir()) {
+            let procs =
+                std::fs::read_to_string(child.path().join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let deadline = Instant::now() + wait;
+            while std::fs::remove_dir(child.path()).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(parent);
 }
 
 /// A claimed `10.<octet>.0.0/16`, released (claim file removed) on Drop.
@@ -352,12 +358,12 @@ pub struct NetCluster {
     // Field order is drop order: agents and their namespaces first, the claim last.
     agents: Vec<NetAgent>,
     master: Option<Proc>,
-    /// The admin API as seen from the test (`http://127.0.0.1:PORT`).
-    pub url: String,
+    /// The admin API as seen from the test (`url` is `http://127.0.0.1:PORT`); the
+    /// cluster derefs to it.
+    pub api: AdminApi,
     port: u16,
     /// The cgroup parent of this cluster's tasks (`drover-t<pid>-<n>`).
     pub cgroup_parent: String,
-    http: reqwest::blocking::Client,
     dir: Option<tempfile::TempDir>,
     claim: SubnetClaim,
 }
@@ -390,16 +396,12 @@ impl NetCluster {
             namespaces.push(NetNs::create(octet, k)?);
         }
         drop(lock);
-        let http = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()?;
         let mut cluster = NetCluster {
             agents: Vec::new(),
             master: None,
-            url: String::new(),
+            api: AdminApi::new()?,
             port: 0,
             cgroup_parent,
-            http,
             dir: Some(dir),
             claim,
         };
@@ -432,42 +434,16 @@ impl NetCluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let master_dir = self.dir().join("master");
-        let addr_file = master_dir.join("master.addr");
-        let _ = std::fs::remove_file(&addr_file);
-        let mut command = Command::new(bin("drover-master")?);
-        command
-            .arg("--config")
-            .arg(self.dir().join("master.toml"))
-            .arg("--listen")
-            .arg(format!("0.0.0.0:{}", self.port))
-            .arg("--data-dir")
-            .arg(&master_dir)
-            .env("RUST_LOG", "info");
-        let log = self.dir().join("logs/master.log");
-        let mut master = Proc::spawn("drover-master", command, &log)?;
-        let deadline = Instant::now() + WAIT;
-        let port = loop {
-            if let Ok(text) = std::fs::read_to_string(&addr_file) {
-                if let Some(port) = text
-                    .trim()
-                    .rsplit_once(':')
-                    .and_then(|(_, p)| p.parse::<u16>().ok())
-                {
-                    break port;
-                }
-            }
-            if !master.is_running() || Instant::now() > deadline {
-                bail!("the master did not start; its log:\n{}", master.log_tail());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let (master, addr) = spawn_master(self.dir(), &format!("0.0.0.0:{}", self.port))?;
+        let port = addr
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .ok_or_else(|| anyhow!("the master wrote `{addr}` to master.addr, not host:port"))?;
         self.port = port;
-        self.url = format!("http://127.0.0.1:{port}");
+        self.api.url = format!("http://127.0.0.1:{port}");
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
-            let response = c.http.get(format!("{}/health", c.url)).send().ok()?;
-            response.status().is_success().then_some(())
+            c.healthy().then_some(())
         })
     }
 
@@ -608,106 +584,14 @@ rack = "r{k}"
         self.start_master()
     }
 
-    /// GET an admin API path as T; Err on non-2xx.
-    pub fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        let response = self.http.get(format!("{}{path}", self.url)).send()?;
-        let status = response.status();
-        let text = response.text()?;
-        if !status.is_success() {
-            bail!("GET {path}: HTTP {status}: {text}");
-        }
-        serde_json::from_str(&text).with_context(|| format!("GET {path}: cannot read {text}"))
-    }
-
-    /// GET an admin API path: None on 404.
-    pub fn get_opt<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<Option<T>> {
-        let response = self.http.get(format!("{}{path}", self.url)).send()?;
-        if response.status().as_u16() == 404 {
-            return Ok(None);
-        }
-        let status = response.status();
-        let text = response.text()?;
-        if !status.is_success() {
-            bail!("GET {path}: HTTP {status}: {text}");
-        }
-        Ok(Some(serde_json::from_str(&text)?))
-    }
-
-    /// POST /v1/jobs; Err unless 201.
-    pub fn create_job(&self, spec: &Value) -> anyhow::Result<()> {
-        let response = self
-            .http
-            .post(format!("{}/v1/jobs", self.url))
-            .json(spec)
-            .send()?;
-        let status = response.status().as_u16();
-        if status != 201 {
-            bail!(
-                "creating the job answered HTTP {status}: {}",
-                response.text()?
-            );
-        }
-        Ok(())
-    }
-
-    /// POST /v1/jobs/{key}/kill.
-    pub fn kill_job(&self, key: &str) -> anyhow::Result<()> {
-        let response = self
-            .http
-            .post(format!("{}/v1/jobs/{key}/kill", self.url))
-            .json(&serde_json::json!({}))
-            .send()?;
-        if !response.status().is_success() {
-            bail!("killing {key}: HTTP {}", response.status());
-        }
-        Ok(())
-    }
-
-    /// GET /v1/jobs/{key}.
-    pub fn job(&self, key: &str) -> anyhow::Result<JobView> {
-        self.get(&format!("/v1/jobs/{key}"))
-    }
-
-    /// GET /v1/tasks/{id}.
-    pub fn task(&self, id: &str) -> anyhow::Result<TaskView> {
-        self.get(&format!("/v1/tasks/{id}"))
-    }
-
-    /// GET /v1/agents.
-    pub fn agents(&self) -> anyhow::Result<Vec<AgentView>> {
-        self.get("/v1/agents")
-    }
-
-    /// Every job key the master has.
-    pub fn job_keys(&self) -> anyhow::Result<Vec<String>> {
-        let jobs: Vec<Value> = self.get("/v1/jobs")?;
-        Ok(jobs
-            .iter()
-            .filter_map(|j| j.get("key").and_then(Value::as_str).map(str::to_string))
-            .collect())
-    }
-
     /// Polls `check` every 100 ms until Some, or fails after `timeout` with logs.
     pub fn wait_for<T>(
         &mut self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut(&NetCluster) -> Option<T>,
+        check: impl FnMut(&NetCluster) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(value) = check(self) {
-                return Ok(value);
-            }
-            if Instant::now() > deadline {
-                return Err(anyhow!(
-                    "timed out after {}s waiting for {what}\n{}",
-                    timeout.as_secs(),
-                    self.diagnostics()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        poll_for(self, what, timeout, check, NetCluster::diagnostics)
     }
 
     /// The current task of `key`'s instance `instance` once it is in `state`.
@@ -758,12 +642,10 @@ rack = "r{k}"
             out.push_str(&format!("--- master log:\n{}\n", master.log_tail()));
         }
         for agent in &self.agents {
-            let text = std::fs::read_to_string(&agent.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
             out.push_str(&format!(
                 "--- {} log:\n{}\n",
                 agent.ns.name,
-                lines[lines.len().saturating_sub(30)..].join("\n")
+                log_tail(&agent.log)
             ));
         }
         out
@@ -933,28 +815,18 @@ rack = "r{k}"
         };
         for controller in controllers.flatten() {
             let parent = controller.path().join(&self.cgroup_parent);
-            if !parent.is_dir() {
-                continue;
+            if parent.is_dir() {
+                empty_and_remove(&parent, Duration::from_secs(5));
             }
-            if let Ok(children) = std::fs::read_dir(&parent) {
-                for child in children.flatten() {
-                    if child.path().is_dir() {
-                        let procs = std::fs::read_to_string(child.path().join("cgroup.procs"))
-                            .unwrap_or_default();
-                        for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
-                            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-                        }
-                        let deadline = Instant::now() + Duration::from_secs(5);
-                        while std::fs::remove_dir(child.path()).is_err()
-                            && Instant::now() < deadline
-                        {
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir(&parent);
         }
+    }
+}
+
+impl std::ops::Deref for NetCluster {
+    type Target = AdminApi;
+
+    fn deref(&self) -> &AdminApi {
+        &self.api
     }
 }
 

@@ -70,25 +70,8 @@ impl Daemon {
     /// its own process group (so Ctrl-C reaches only `drover dev`, which stops the
     /// daemons in order), and with SIGTERM as its parent-death signal (so nothing is
     /// left running if `drover dev` is killed).
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Daemon> {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("cannot create the log file {}", log.display()))?;
-        let err = out.try_clone()?;
-        // Log files are read by people and tests: no terminal colour codes.
-        command
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0);
-        set_parent_death_signal(&mut command);
-        let program = command.get_program().to_string_lossy().to_string();
-        let child = command
-            .spawn()
-            .with_context(|| format!("cannot start {name} ({program})"))?;
+    pub fn spawn(name: &str, command: Command, log: &Path) -> anyhow::Result<Daemon> {
+        let child = spawn_logged(name, command, log, Signal::SIGTERM)?;
         Ok(Daemon {
             name: name.to_string(),
             log: log.to_path_buf(),
@@ -141,14 +124,43 @@ impl Drop for Daemon {
     }
 }
 
+/// Starts `command` with stdin closed and stdout and stderr appended to `log` (no
+/// colour codes), in its own process group, with `death_signal` sent to it when
+/// its parent dies. `drover dev`'s daemons and the black-box tests' processes both
+/// start this way.
+pub fn spawn_logged(
+    name: &str,
+    mut command: Command,
+    log: &Path,
+    death_signal: Signal,
+) -> anyhow::Result<Child> {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("cannot create the log file {}", log.display()))?;
+    let err = out.try_clone()?;
+    // Log files are read by people and tests: no terminal colour codes.
+    command
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    set_parent_death_signal(&mut command, death_signal);
+    let program = command.get_program().to_string_lossy().to_string();
+    command
+        .spawn()
+        .with_context(|| format!("cannot start {name} ({program})"))
+}
+
 #[allow(unsafe_code)]
-fn set_parent_death_signal(command: &mut Command) {
+fn set_parent_death_signal(command: &mut Command, signal: Signal) {
     // SAFETY: the closure runs in the forked child before exec and only calls
     // prctl(PR_SET_PDEATHSIG), which is async-signal-safe; it allocates nothing.
     unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
-        });
+        command
+            .pre_exec(move || nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from));
     }
 }
 
@@ -239,7 +251,7 @@ pub fn inspect(sandbox: PathBuf) -> Option<SandboxExecutor> {
 }
 
 /// Whether `pid` runs drover-executor (guards against a reused pid).
-fn is_executor(pid: u32) -> bool {
+pub fn is_executor(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|cmdline| {
             cmdline

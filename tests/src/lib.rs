@@ -8,10 +8,8 @@
 
 pub mod netns;
 
-use std::fs::File;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -162,19 +160,8 @@ pub struct Proc {
 impl Proc {
     /// Starts `command` with its output appended to `log`, in its own process group,
     /// with SIGKILL as its parent-death signal.
-    pub fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Proc> {
-        let out = File::options().create(true).append(true).open(log)?;
-        let err = out.try_clone()?;
-        command
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0);
-        kill_with_parent(&mut command);
-        let child = command
-            .spawn()
-            .with_context(|| format!("cannot start {name}"))?;
+    pub fn spawn(name: &str, command: Command, log: &Path) -> anyhow::Result<Proc> {
+        let child = drover::procs::spawn_logged(name, command, log, Signal::SIGKILL)?;
         Ok(Proc {
             name: name.to_string(),
             log: log.to_path_buf(),
@@ -408,17 +395,6 @@ fn read_answer<T: DeserializeOwned>(
         bail!("GET {path}: HTTP {status}: {text}");
     }
     serde_json::from_str(&text).with_context(|| format!("GET {path}: cannot read {text}"))
-}
-
-#[allow(unsafe_code)]
-fn kill_with_parent(command: &mut Command) {
-    // SAFETY: runs in the forked child before exec and only calls
-    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe and allocates nothing.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
 }
 
 /// What a test cluster looks like.
@@ -773,15 +749,7 @@ fn summarize_job(view: &Value) -> String {
 }
 
 /// Whether `pid` runs drover-executor (not a reused pid).
-pub fn is_executor(pid: u32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|c| {
-            c.split(|b| *b == 0)
-                .next()
-                .is_some_and(|argv0| argv0.ends_with(b"drover-executor"))
-        })
-        .unwrap_or(false)
-}
+pub use drover::procs::is_executor;
 
 /// Whether a process exists (and is not a zombie).
 pub fn process_alive(pid: u32) -> bool {

@@ -314,6 +314,27 @@ impl FsCgroup {
             })
     }
 
+    fn cpu_controller(&self) -> Result<&CpuController, CgroupError> {
+        self.require("cpu", |s| match s {
+            Subsystem::Cpu(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    fn memory_controller(&self) -> Result<&MemController, CgroupError> {
+        self.require("memory", |s| match s {
+            Subsystem::Mem(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    fn pids_controller(&self) -> Result<&PidController, CgroupError> {
+        self.require("pids", |s| match s {
+            Subsystem::Pid(c) => Some(c),
+            _ => None,
+        })
+    }
+
     fn lib(
         &self,
         what: &'static str,
@@ -360,10 +381,7 @@ impl FsCgroup {
 
     fn create_v1_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         if limits.cpu > 0.0 {
-            let cpu = self.require("cpu", |s| match s {
-                Subsystem::Cpu(c) => Some(c),
-                _ => None,
-            })?;
+            let cpu = self.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
             require_file(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
@@ -392,17 +410,11 @@ impl FsCgroup {
             )?;
         }
         if limits.memory_bytes > 0 {
-            let mem = self.require("memory", |s| match s {
-                Subsystem::Mem(c) => Some(c),
-                _ => None,
-            })?;
+            let mem = self.memory_controller()?;
             self.set_memory(mem, "memory.limit_in_bytes", limits.memory_bytes)?;
         }
         if limits.pids > 0 {
-            let pids = self.require("pids", |s| match s {
-                Subsystem::Pid(c) => Some(c),
-                _ => None,
-            })?;
+            let pids = self.pids_controller()?;
             self.set_pids(pids, limits.pids)?;
         }
         Ok(())
@@ -410,10 +422,7 @@ impl FsCgroup {
 
     fn create_v2_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
         if limits.cpu > 0.0 {
-            let cpu = self.require("cpu", |s| match s {
-                Subsystem::Cpu(c) => Some(c),
-                _ => None,
-            })?;
+            let cpu = self.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
             let file = dir.join("cpu.max");
@@ -431,10 +440,7 @@ impl FsCgroup {
             check(&file, wrote.clone(), read.clone(), read == wrote)?;
         }
         if limits.memory_bytes > 0 {
-            let mem = self.require("memory", |s| match s {
-                Subsystem::Mem(c) => Some(c),
-                _ => None,
-            })?;
+            let mem = self.memory_controller()?;
             self.set_memory(mem, "memory.max", limits.memory_bytes)?;
             // Kill the whole task on OOM, not one random process of it. Plain file:
             // cgroups-rs has no memory.oom.group knob.
@@ -445,10 +451,7 @@ impl FsCgroup {
             check(&file, "1", read.trim(), read.trim() == "1")?;
         }
         if limits.pids > 0 {
-            let pids = self.require("pids", |s| match s {
-                Subsystem::Pid(c) => Some(c),
-                _ => None,
-            })?;
+            let pids = self.pids_controller()?;
             self.set_pids(pids, limits.pids)?;
         }
         Ok(())

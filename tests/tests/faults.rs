@@ -4,6 +4,7 @@
 //! Needs root, `ip` and `nsenter`; skips with a message otherwise. See docs/testing.md.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -505,30 +506,41 @@ fn exclusive_task_never_runs_twice_across_a_partition() {
     c.check_invariants(&[job], SETTLE).unwrap();
 }
 
+/// One agent; a batch job `name` (`reschedule: false`) that writes `runs.txt` and
+/// ends after 2 s; once it runs the agent is cut off, and this returns when the
+/// task has FINISHED there (its update still waiting in the outbox), with the job
+/// key, the task as it ran, its sandbox and when the cut began.
+fn finish_while_cut_off(
+    name: &str,
+) -> anyhow::Result<(NetCluster, String, TaskView, PathBuf, Instant)> {
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG)?;
+    let job = key(name);
+    c.create_job(&fault_job(
+        name,
+        1,
+        false,
+        "echo ran >> runs.txt; sleep 2",
+        json!({"reschedule": false}),
+    ))?;
+    let task = c.wait_for_state(&job, 0, TaskState::Running)?;
+    let cut_at = Instant::now();
+    c.ns(0).cut()?;
+    let sandbox = c
+        .sandbox_of(&task.task_id)
+        .ok_or_else(|| anyhow::anyhow!("no sandbox for {}", task.task_id))?;
+    c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
+        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        status.contains("FINISHED").then_some(())
+    })?;
+    Ok((c, job, task, sandbox, cut_at))
+}
+
 #[test]
 fn finished_update_sent_during_a_partition_arrives_exactly_once() {
     if !netns_available("finished_update_sent_during_a_partition") {
         return;
     }
-    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("ends");
-    c.create_job(&fault_job(
-        "ends",
-        1,
-        false,
-        "echo ran >> runs.txt; sleep 2",
-        json!({"reschedule": false}),
-    ))
-    .unwrap();
-    let task = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    let cut_at = Instant::now();
-    c.ns(0).cut().unwrap();
-    let sandbox = c.sandbox_of(&task.task_id).unwrap();
-    c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
-        status.contains("FINISHED").then_some(())
-    })
-    .unwrap();
+    let (mut c, job, task, sandbox, cut_at) = finish_while_cut_off("ends").unwrap();
     // Stay cut past the agent timeout: the update waits in the outbox.
     while cut_at.elapsed() < Duration::from_secs(8) {
         std::thread::sleep(Duration::from_millis(200));
@@ -655,25 +667,7 @@ fn finished_update_survives_an_agent_restart_during_a_partition() {
     if !netns_available("finished_update_survives_an_agent_restart") {
         return;
     }
-    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("ends2");
-    c.create_job(&fault_job(
-        "ends2",
-        1,
-        false,
-        "echo ran >> runs.txt; sleep 2",
-        json!({"reschedule": false}),
-    ))
-    .unwrap();
-    let task = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    let cut_at = Instant::now();
-    c.ns(0).cut().unwrap();
-    let sandbox = c.sandbox_of(&task.task_id).unwrap();
-    c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
-        status.contains("FINISHED").then_some(())
-    })
-    .unwrap();
+    let (mut c, job, task, sandbox, cut_at) = finish_while_cut_off("ends2").unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // The update sits in the outbox; the agent dies and comes back, still cut off.
     for _ in 0..3 {

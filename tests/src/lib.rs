@@ -593,6 +593,17 @@ impl Cluster {
         drover(Some(&self.api.url), args)
     }
 
+    /// Writes `spec` to `<cluster dir>/<file>` and runs `drover job create <that file>
+    /// --wait --timeout 90s` against this cluster.
+    pub fn create_with_cli(&self, file: &str, spec: &Value) -> anyhow::Result<Output> {
+        let path = self.dir().join(file);
+        std::fs::write(&path, spec.to_string())?;
+        let path = path
+            .to_str()
+            .ok_or_else(|| anyhow!("{} is not UTF-8", path.display()))?;
+        self.drover(&["job", "create", path, "--wait", "--timeout", "90s"])
+    }
+
     /// Runs the `drover` CLI against this cluster, killing it after `timeout`.
     pub fn drover_with_timeout(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
         drover_with_timeout(Some(&self.api.url), args, timeout)

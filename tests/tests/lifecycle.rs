@@ -17,18 +17,7 @@ fn batch_job_runs_every_instance_to_finished() {
     }
     let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
     let spec = command_job("batch", 3, false, "echo instance {{instance}} done");
-    let path = cluster.dir().join("batch.json");
-    std::fs::write(&path, spec.to_string()).unwrap();
-    let output = cluster
-        .drover(&[
-            "job",
-            "create",
-            path.to_str().unwrap(),
-            "--wait",
-            "--timeout",
-            "90s",
-        ])
-        .unwrap();
+    let output = cluster.create_with_cli("batch.json", &spec).unwrap();
     assert!(
         output.status.success(),
         "{}\n{}",
@@ -89,19 +78,8 @@ fn crash_looping_service_is_throttled_before_each_replacement() {
     }
     let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
     // `job create --wait` gives up on a failing service and says why.
-    let path = cluster.dir().join("crasher.json");
     let spec = command_job("crasher", 1, true, "echo crashing; exit 3");
-    std::fs::write(&path, spec.to_string()).unwrap();
-    let output = cluster
-        .drover(&[
-            "job",
-            "create",
-            path.to_str().unwrap(),
-            "--wait",
-            "--timeout",
-            "90s",
-        ])
-        .unwrap();
+    let output = cluster.create_with_cli("crasher.json", &spec).unwrap();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -23,17 +23,8 @@ fn service_runs_healthy_is_replaced_when_killed_and_is_killed_by_request() {
     let mut cluster = Cluster::start(ClusterConfig::agents(3)).unwrap();
 
     // Create through the CLI from a JSON file, waiting for RUNNING.
-    let spec_path = cluster.dir().join("web.json");
-    std::fs::write(&spec_path, service_job("web", 3).to_string()).unwrap();
     let output = cluster
-        .drover(&[
-            "job",
-            "create",
-            spec_path.to_str().unwrap(),
-            "--wait",
-            "--timeout",
-            "90s",
-        ])
+        .create_with_cli("web.json", &service_job("web", 3))
         .unwrap();
     assert!(
         output.status.success(),

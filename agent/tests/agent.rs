@@ -280,23 +280,36 @@ async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
     agent.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_masters_exclusive_lease_wins_over_the_agents_own() {
-    let master = FakeMaster::start().await;
-    master.with(|s| s.exclusive_lease_ms = Some(1_000));
-    let dirs = AgentDirs::new();
-    let _guard = KillExecutorsOnDrop(&dirs, vec!["ex"]);
-    let mut ex = assignment("ex", "run");
-    ex.exclusive = true;
-    master.assign(vec![ex]);
-    // The agent's own lease is longer than wait_for_state waits: only the master's
-    // 1 s can kill the task in time.
+/// An agent config whose own `lease` is 10m: longer than `wait_for_state` waits, so
+/// only a lease the master sends can kill a task in time.
+fn agent_config_with_a_10m_lease(master: &FakeMaster, dirs: &AgentDirs) -> drover_agent::Config {
     let extra = ConfigFile {
         lease: Some("10m".into()),
         ..ConfigFile::default()
     };
-    let agent = RunningAgent::start(config(&master, &dirs, extra));
+    config(master, dirs, extra)
+}
+
+/// Starts such an agent with one exclusive task "ex" and waits until it runs.
+async fn exclusive_task_under_a_1s_master_lease(
+    master: &FakeMaster,
+    dirs: &AgentDirs,
+) -> RunningAgent {
+    master.with(|s| s.exclusive_lease_ms = Some(1_000));
+    let mut ex = assignment("ex", "run");
+    ex.exclusive = true;
+    master.assign(vec![ex]);
+    let agent = RunningAgent::start(agent_config_with_a_10m_lease(master, dirs));
     master.wait_for_state("ex", TaskState::Running).await;
+    agent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_exclusive_lease_wins_over_the_agents_own() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["ex"]);
+    let agent = exclusive_task_under_a_1s_master_lease(&master, &dirs).await;
     assert_eq!(
         std::fs::read_to_string(dirs.data().join("master-lease")).unwrap(),
         "1000"
@@ -315,18 +328,9 @@ async fn the_masters_exclusive_lease_wins_over_the_agents_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_cut_off_from_the_master_keeps_the_masters_lease() {
     let master = FakeMaster::start().await;
-    master.with(|s| s.exclusive_lease_ms = Some(1_000));
     let dirs = AgentDirs::new();
     let _guard = KillExecutorsOnDrop(&dirs, vec!["ex"]);
-    let mut ex = assignment("ex", "run");
-    ex.exclusive = true;
-    master.assign(vec![ex]);
-    let extra = || ConfigFile {
-        lease: Some("10m".into()),
-        ..ConfigFile::default()
-    };
-    let agent = RunningAgent::start(config(&master, &dirs, extra()));
-    master.wait_for_state("ex", TaskState::Running).await;
+    let agent = exclusive_task_under_a_1s_master_lease(&master, &dirs).await;
     agent.stop().await;
 
     // Back up while the master is unreachable: nothing to learn the lease from but
@@ -335,7 +339,7 @@ async fn a_restarted_agent_cut_off_from_the_master_keeps_the_masters_lease() {
         s.fail_registrations = true;
         s.fail_heartbeats = true;
     });
-    let agent = RunningAgent::start(config(&master, &dirs, extra()));
+    let agent = RunningAgent::start(agent_config_with_a_10m_lease(&master, &dirs));
     let state = wait_until(Duration::from_secs(20), || {
         dirs.executor_state("ex").filter(|s| s == "KILLED")
     })

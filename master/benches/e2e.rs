@@ -21,6 +21,11 @@ use drover_master::core::{Core, CoreConfig, Event, Reply};
 use drover_master::Config;
 use serde_json::json;
 
+/// GET `url` and read its JSON answer as T (panics on failure: a bench aborts).
+async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: String) -> T {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 fn config(dir: &std::path::Path) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -68,16 +73,11 @@ async fn fake_agent(
     let mut version = 0;
     let mut seen = std::collections::HashSet::new();
     while stop.load(Ordering::Relaxed) == 0 {
-        let set: AssignmentSet = http
-            .get(format!(
-                "{base}/v1/agents/{id}/assignments?after_version={version}&wait_ms=200"
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let set: AssignmentSet = get_json(
+            &http,
+            format!("{base}/v1/agents/{id}/assignments?after_version={version}&wait_ms=200"),
+        )
+        .await;
         version = set.version;
         let mut updates = Vec::new();
         for a in set.assignments {
@@ -185,34 +185,13 @@ async fn throughput() {
     if std::env::var_os("E2E_DEBUG").is_some() {
         let v: serde_json::Value = r.json().await.unwrap();
         let id = v["tasks"][0].as_str().unwrap().to_string();
-        let t: serde_json::Value = http
-            .get(format!("{base}/v1/tasks/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let t: serde_json::Value = get_json(&http, format!("{base}/v1/tasks/{id}")).await;
         eprintln!("{t}");
-        let a: serde_json::Value = http
-            .get(format!("{base}/v1/agents"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let a: serde_json::Value = get_json(&http, format!("{base}/v1/agents")).await;
         eprintln!("{a}");
     }
     loop {
-        let v: serde_json::Value = http
-            .get(format!("{base}/v1/jobs"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: serde_json::Value = get_json(&http, format!("{base}/v1/jobs")).await;
         if v[0]["state_counts"]["FINISHED"] == 5_000 {
             break;
         }
@@ -330,16 +309,11 @@ async fn restart() {
     let base = format!("http://{}", h.addr);
     for i in 0..20 {
         let id = format!("r{i}");
-        let set: AssignmentSet = http
-            .get(format!(
-                "{base}/v1/agents/{id}/assignments?after_version=0&wait_ms=0"
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let set: AssignmentSet = get_json(
+            &http,
+            format!("{base}/v1/agents/{id}/assignments?after_version=0&wait_ms=0"),
+        )
+        .await;
         let ids: Vec<String> = set
             .assignments
             .iter()

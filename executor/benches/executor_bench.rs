@@ -18,10 +18,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
-
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_drover-executor"))
-}
+// The black-box tests' helpers: the executor binary, free ports, the test
+// service's request log.
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{executor_bin as exe, free_port, recorded};
 
 fn service() -> PathBuf {
     let p = exe().parent().unwrap().join("drover-test-service");
@@ -37,14 +38,6 @@ fn now_ns() -> u128 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn task(id: &str, task: Value, extra: Value) -> Value {
@@ -206,17 +199,6 @@ fn bench_memory() {
             "memory with {n} executor(s) running: PSS {pss} KiB, RSS {rss} KiB per executor ({checks} health checks seen)"
         );
     }
-}
-
-fn recorded(path: &Path) -> Vec<(u64, String)> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut p = l.splitn(2, ' ');
-            Some((p.next()?.parse().ok()?, p.next()?.to_string()))
-        })
-        .collect()
 }
 
 fn first_pid(sandbox: &Path) -> i32 {

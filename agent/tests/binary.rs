@@ -16,21 +16,19 @@ fn bad_flags_and_config_exit_64_naming_the_field() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("agent.toml");
-    std::fs::write(&file, "lease = \"soon\"\n").unwrap();
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let with_config = |text: &str| {
+        std::fs::write(&file, text).unwrap();
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let out = with_config("lease = \"soon\"\n");
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`lease`"));
 
-    std::fs::write(&file, "mastr = \"x\"\n").unwrap();
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&file)
-        .output()
-        .unwrap();
+    let out = with_config("mastr = \"x\"\n");
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("mastr"));
 }

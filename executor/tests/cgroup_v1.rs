@@ -14,6 +14,17 @@ use drover_executor::cgroup::{FsCgroup, Limits, TaskCgroup, Version};
 use drover_executor::sandbox::TaskUser;
 use drover_executor::spawn::{command, Isolation};
 
+/// The test's own user (root), without switching.
+fn root_user() -> TaskUser {
+    TaskUser {
+        name: "root".into(),
+        uid: 0,
+        gid: 0,
+        groups: vec![0],
+        switch: false,
+    }
+}
+
 #[tokio::test]
 async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
     if !support::can_isolate("real_cgroup") {
@@ -46,14 +57,7 @@ async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
             assert_eq!(read("pids.max").trim(), "32");
         }
     }
-    let me = TaskUser {
-        name: "root".into(),
-        uid: 0,
-        gid: 0,
-        groups: vec![0],
-        switch: false,
-    };
-    let iso = Isolation::new(&cg.procs_files(), &me);
+    let iso = Isolation::new(&cg.procs_files(), &root_user());
     let dir = tempfile::tempdir().unwrap();
     // A parent that leaves a setsid'd, double-forked grandchild behind.
     let mut child = command(
@@ -125,14 +129,7 @@ async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_rem
         pids: 0,
     })
     .unwrap();
-    let me = TaskUser {
-        name: "root".into(),
-        uid: 0,
-        gid: 0,
-        groups: vec![0],
-        switch: false,
-    };
-    let iso = Isolation::new(&cg.procs_files(), &me);
+    let iso = Isolation::new(&cg.procs_files(), &root_user());
     let dir = tempfile::tempdir().unwrap();
     let mut child = command("exec sleep 1000", dir.path(), &[], &iso, false)
         .spawn()

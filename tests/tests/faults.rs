@@ -329,27 +329,32 @@ fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
     c.check_invariants(&[steady, short], SETTLE).unwrap();
 }
 
+/// One agent running a one-instance service `name` whose task forks a grandchild in
+/// its own session (only the cgroup finds it); returns once both processes are in
+/// the task's cgroup, with the job key and the running task.
+fn service_with_a_grandchild(name: &str) -> anyhow::Result<(NetCluster, String, TaskView)> {
+    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG)?;
+    let job = key(name);
+    c.create_job(&fault_job(
+        name,
+        1,
+        true,
+        "setsid sleep 100000 & exec sleep 100000",
+        json!({}),
+    ))?;
+    let old = c.wait_for_state(&job, 0, TaskState::Running)?;
+    c.wait_for("two processes in the task cgroup", WAIT, |c| {
+        (c.task_pids(&old.task_id).len() >= 2).then_some(())
+    })?;
+    Ok((c, job, old))
+}
+
 #[test]
 fn executor_killed_makes_its_task_lost_cleaned_and_replaced() {
     if !netns_available("executor_killed") {
         return;
     }
-    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("crashy");
-    // The task forks a grandchild in its own session: only the cgroup finds it.
-    c.create_job(&fault_job(
-        "crashy",
-        1,
-        true,
-        "setsid sleep 100000 & exec sleep 100000",
-        json!({}),
-    ))
-    .unwrap();
-    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    c.wait_for("two processes in the task cgroup", WAIT, |c| {
-        (c.task_pids(&old.task_id).len() >= 2).then_some(())
-    })
-    .unwrap();
+    let (mut c, job, old) = service_with_a_grandchild("crashy").unwrap();
     let executor = c.executor_pid(&old.task_id).unwrap();
     kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();
     let lost = c
@@ -1013,21 +1018,7 @@ fn executor_killed_while_its_agent_is_down_is_cleaned_up_and_replaced_on_restart
     if !netns_available("executor_killed_while_its_agent_is_down") {
         return;
     }
-    let mut c = NetCluster::start(1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("orphan");
-    c.create_job(&fault_job(
-        "orphan",
-        1,
-        true,
-        "setsid sleep 100000 & exec sleep 100000",
-        json!({}),
-    ))
-    .unwrap();
-    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    c.wait_for("two processes in the task cgroup", WAIT, |c| {
-        (c.task_pids(&old.task_id).len() >= 2).then_some(())
-    })
-    .unwrap();
+    let (mut c, job, old) = service_with_a_grandchild("orphan").unwrap();
     c.kill_agent(0);
     let executor = c.executor_pid(&old.task_id).unwrap();
     kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();

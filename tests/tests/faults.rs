@@ -349,6 +349,27 @@ fn service_with_a_grandchild(name: &str) -> anyhow::Result<(NetCluster, String, 
     Ok((c, job, old))
 }
 
+/// Waits for `old` (whose executor died) to end LOST (`executor_lost`) with nothing
+/// left in its cgroup and a replacement RUNNING, then checks the invariants.
+fn lost_cleaned_and_replaced(
+    c: &mut NetCluster,
+    job: String,
+    old: &TaskView,
+) -> anyhow::Result<()> {
+    let lost = c.wait_for("the task to be LOST", WAIT, |c| {
+        let t = c.task(&old.task_id).ok()?;
+        t.state.is_terminal().then_some(t)
+    })?;
+    assert_eq!(lost.state, TaskState::Lost);
+    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    assert!(c.task_pids(&old.task_id).is_empty(), "processes left");
+    c.wait_for("a replacement RUNNING", WAIT, |c| {
+        let t = current(c, &job).ok()?;
+        (t.task_id != old.task_id && t.state == TaskState::Running).then_some(())
+    })?;
+    c.check_invariants(&[job], SETTLE)
+}
+
 #[test]
 fn executor_killed_makes_its_task_lost_cleaned_and_replaced() {
     if !netns_available("executor_killed") {
@@ -357,21 +378,7 @@ fn executor_killed_makes_its_task_lost_cleaned_and_replaced() {
     let (mut c, job, old) = service_with_a_grandchild("crashy").unwrap();
     let executor = c.executor_pid(&old.task_id).unwrap();
     kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();
-    let lost = c
-        .wait_for("the task to be LOST", WAIT, |c| {
-            let t = c.task(&old.task_id).ok()?;
-            t.state.is_terminal().then_some(t)
-        })
-        .unwrap();
-    assert_eq!(lost.state, TaskState::Lost);
-    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
-    assert!(c.task_pids(&old.task_id).is_empty(), "processes left");
-    c.wait_for("a replacement RUNNING", WAIT, |c| {
-        let t = current(c, &job).ok()?;
-        (t.task_id != old.task_id && t.state == TaskState::Running).then_some(())
-    })
-    .unwrap();
-    c.check_invariants(&[job], SETTLE).unwrap();
+    lost_cleaned_and_replaced(&mut c, job, &old).unwrap();
 }
 
 #[test]
@@ -1026,21 +1033,7 @@ fn executor_killed_while_its_agent_is_down_is_cleaned_up_and_replaced_on_restart
     // The task's processes outlive their executor until the agent comes back.
     assert!(!c.task_pids(&old.task_id).is_empty());
     c.start_agent(0).unwrap();
-    let lost = c
-        .wait_for("the task to be LOST", WAIT, |c| {
-            let t = c.task(&old.task_id).ok()?;
-            t.state.is_terminal().then_some(t)
-        })
-        .unwrap();
-    assert_eq!(lost.state, TaskState::Lost);
-    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
-    assert!(c.task_pids(&old.task_id).is_empty(), "processes left");
-    c.wait_for("a replacement RUNNING", WAIT, |c| {
-        let t = current(c, &job).ok()?;
-        (t.task_id != old.task_id && t.state == TaskState::Running).then_some(())
-    })
-    .unwrap();
-    c.check_invariants(&[job], SETTLE).unwrap();
+    lost_cleaned_and_replaced(&mut c, job, &old).unwrap();
 }
 
 fn now_ms() -> u64 {

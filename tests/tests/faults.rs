@@ -481,26 +481,35 @@ fn master_killed_during_a_burst_of_200_submissions_keeps_every_acknowledged_job(
     c.check_invariants(&acked, SETTLE).unwrap();
 }
 
+/// Two agents: an exclusive service `name` runs on agent 0 (the only one up when it
+/// is placed), agent 1 joins, then agent 0 is cut off. Returns the cluster, the job
+/// key, the task on agent 0 and when the cut began.
+fn exclusive_on_agent_0_then_cut(
+    name: &str,
+) -> anyhow::Result<(NetCluster, String, TaskView, Instant)> {
+    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG)?;
+    let job = key(name);
+    c.create_job(&fault_job(
+        name,
+        1,
+        true,
+        FOREVER,
+        json!({"exclusive": true}),
+    ))?;
+    let old = c.wait_for_state(&job, 0, TaskState::Running)?;
+    c.start_agent(1)?;
+    c.wait_reachable(1)?;
+    let cut_at = Instant::now();
+    c.ns(0).cut()?;
+    Ok((c, job, old, cut_at))
+}
+
 #[test]
 fn exclusive_task_never_runs_twice_across_a_partition() {
     if !netns_available("exclusive_task_never_runs_twice") {
         return;
     }
-    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("solo");
-    c.create_job(&fault_job(
-        "solo",
-        1,
-        true,
-        FOREVER,
-        json!({"exclusive": true}),
-    ))
-    .unwrap();
-    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    c.start_agent(1).unwrap();
-    c.wait_reachable(1).unwrap();
-    let cut_at = Instant::now();
-    c.ns(0).cut().unwrap();
+    let (mut c, job, old, cut_at) = exclusive_on_agent_0_then_cut("solo").unwrap();
     let (old_gone, replaced) = watch_exclusive(&mut c, &job, &old.task_id, cut_at).unwrap();
     println!(
         "MEASURE exclusive: partitioned copy killed {:.2}s after the cut, replacement RUNNING {:.2}s after",
@@ -638,21 +647,7 @@ fn exclusive_lease_keeps_counting_across_an_agent_restart_during_a_partition() {
     if !netns_available("exclusive_lease_keeps_counting_across_an_agent_restart") {
         return;
     }
-    let mut c = NetCluster::start_some(2, 1, FAULT_MASTER_CONFIG).unwrap();
-    let job = key("solo2");
-    c.create_job(&fault_job(
-        "solo2",
-        1,
-        true,
-        FOREVER,
-        json!({"exclusive": true}),
-    ))
-    .unwrap();
-    let old = c.wait_for_state(&job, 0, TaskState::Running).unwrap();
-    c.start_agent(1).unwrap();
-    c.wait_reachable(1).unwrap();
-    let cut_at = Instant::now();
-    c.ns(0).cut().unwrap();
+    let (mut c, job, old, cut_at) = exclusive_on_agent_0_then_cut("solo2").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     // Restarted while still cut off: the lease counts from the last contact it
     // recorded, not from its own start.

@@ -919,18 +919,20 @@ impl Runner {
     fn start_process(&mut self, idx: usize, now: Millis) {
         let name = self.machine.name(idx).to_string();
         let cmdline = self.cmdlines[idx].clone();
-        if let Err(error) = spawn::check_program(&cmdline, &self.layout.root) {
-            self.machine.failed_to_start(
-                idx,
-                ExitReason::FailedToStart {
-                    process: name,
-                    error,
-                },
-                now,
-            );
-            return;
-        }
-        let mut cmd = spawn::command(&cmdline, &self.layout.root, &self.env, &self.iso, true);
+        let mut cmd = match spawn::task_command(&cmdline, &self.layout.root, &self.env, &self.iso) {
+            Ok(cmd) => cmd,
+            Err(error) => {
+                self.machine.failed_to_start(
+                    idx,
+                    ExitReason::FailedToStart {
+                        process: name,
+                        error,
+                    },
+                    now,
+                );
+                return;
+            }
+        };
         match cmd.spawn() {
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
@@ -954,10 +956,7 @@ impl Runner {
                 idx,
                 ExitReason::FailedToStart {
                     process: name,
-                    error: format!(
-                        "/bin/sh -c `{cmdline}` in {}: {e}",
-                        self.layout.root.display()
-                    ),
+                    error: spawn::spawn_error(&cmdline, &self.layout.root, &e),
                 },
                 now,
             ),

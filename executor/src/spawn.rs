@@ -1,5 +1,6 @@
-//! Starting one process of the task: `/bin/sh -c <cmdline>` in the sandbox with the
-//! `DROVER_*` environment, stdout and stderr piped to the executor (which writes the
+//! Starting one process of the task: the cmdline's words executed directly when it has
+//! no shell syntax (see [`direct_argv`]), `/bin/sh -c <cmdline>` otherwise, in the
+//! sandbox with the `DROVER_*` environment, stdout and stderr piped to the executor (which writes the
 //! rotated log files). Between fork and exec the child joins the task's cgroup (while
 //! still root), starts its own session, drops to the task user and sets
 //! `PR_SET_NO_NEW_PRIVS`.
@@ -40,6 +41,89 @@ impl Isolation {
     }
 }
 
+/// Characters that make a cmdline need the shell: quoting, expansion, redirection,
+/// pipes and lists, globbing, grouping, comments, assignments.
+const SHELL_SYNTAX: &[char] = &[
+    '"', '\'', '$', '`', '\\', '|', '&', ';', '<', '>', '(', ')', '*', '?', '[', ']', '{', '}',
+    '~', '#', '=', '\n',
+];
+
+/// Shell builtins and reserved words that have no program of the same name to exec
+/// (or behave differently as one): a cmdline starting with one of them goes to the shell.
+const SHELL_WORDS: &[&str] = &[
+    "!", ".", ":", "alias", "bg", "break", "case", "cd", "command", "continue", "do", "done",
+    "elif", "else", "esac", "eval", "exec", "exit", "export", "fc", "fg", "fi", "for", "getopts",
+    "hash", "if", "jobs", "local", "read", "readonly", "return", "set", "shift", "source", "then",
+    "times", "trap", "type", "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+];
+
+/// The words to execute directly (program first, looked up in `PATH` when it has no
+/// `/`) when `cmdline` is plain words separated by whitespace; `None` when it needs
+/// `/bin/sh -c` (shell syntax, a builtin or reserved word first, or no words).
+pub fn direct_argv(cmdline: &str) -> Option<Vec<&str>> {
+    if cmdline.contains(SHELL_SYNTAX) {
+        return None;
+    }
+    let words: Vec<&str> = cmdline.split_whitespace().collect();
+    match words.first() {
+        Some(first) if !SHELL_WORDS.contains(first) => Some(words),
+        _ => None,
+    }
+}
+
+/// A task process: executed directly when [`direct_argv`] allows it (a program
+/// without `/` resolved in `PATH` here), else through `/bin/sh -c`; stdout and stderr
+/// piped. Fails with the failed-to-start message (the path that is missing or not
+/// executable) when the program cannot be started; see [`check_program`].
+pub fn task_command(
+    cmdline: &str,
+    cwd: &Path,
+    env: &[(String, String)],
+    isolation: &Isolation,
+) -> Result<Command, String> {
+    check_program(cmdline, cwd)?;
+    let mut cmd = match direct_argv(cmdline) {
+        Some(words) if words[0].contains('/') => {
+            let mut cmd = Command::new(words[0]);
+            cmd.args(&words[1..]);
+            cmd
+        }
+        Some(words) => {
+            let mut cmd = Command::new(find_in_path(words[0])?);
+            cmd.arg0(words[0]).args(&words[1..]);
+            cmd
+        }
+        None => {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c").arg(cmdline);
+            cmd
+        }
+    };
+    prepare(&mut cmd, cwd, env, isolation, true);
+    Ok(cmd)
+}
+
+/// The first executable regular file named `program` in [`DEFAULT_PATH`], as
+/// `execvp` would find it.
+fn find_in_path(program: &str) -> Result<PathBuf, String> {
+    let mut not_executable = None;
+    for dir in DEFAULT_PATH.split(':') {
+        let path = Path::new(dir).join(program);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(path),
+            Ok(m) if m.is_file() => not_executable = not_executable.or(Some(path)),
+            _ => {}
+        }
+    }
+    Err(match not_executable {
+        Some(path) => format!("{}: permission denied (not executable)", path.display()),
+        None => format!("`{program}`: command not found (PATH {DEFAULT_PATH})"),
+    })
+}
+
+/// The `PATH` every task process gets.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// A shell command prepared to run as a task process (or a shell health check).
 pub fn command(
     cmdline: &str,
@@ -49,11 +133,21 @@ pub fn command(
     piped: bool,
 ) -> Command {
     let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c").arg(cmdline).current_dir(cwd).env_clear();
-    cmd.env(
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    );
+    cmd.arg("-c").arg(cmdline);
+    prepare(&mut cmd, cwd, env, isolation, piped);
+    cmd
+}
+
+/// The working directory, environment, stdio and pre-exec isolation every process gets.
+fn prepare(
+    cmd: &mut Command,
+    cwd: &Path,
+    env: &[(String, String)],
+    isolation: &Isolation,
+    piped: bool,
+) {
+    cmd.current_dir(cwd).env_clear();
+    cmd.env("PATH", DEFAULT_PATH);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -61,8 +155,7 @@ pub fn command(
     if piped {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     }
-    install_pre_exec(&mut cmd, isolation.clone());
-    cmd
+    install_pre_exec(cmd, isolation.clone());
 }
 
 #[allow(unsafe_code)]
@@ -133,8 +226,12 @@ pub fn check_program(cmdline: &str, cwd: &Path) -> Result<(), String> {
 }
 
 /// What a shell's own exit code says about a failed start: 127 command not found, 126
-/// not executable.
+/// not executable. `None` for a cmdline executed directly: there the exit code is the
+/// program's own (a failed exec is reported by the spawn itself, see [`spawn_error`]).
 pub fn shell_start_error(code: i32, cmdline: &str) -> Option<String> {
+    if direct_argv(cmdline).is_some() {
+        return None;
+    }
     let program = cmdline.split_whitespace().next().unwrap_or("");
     match code {
         127 => Some(format!(
@@ -144,6 +241,14 @@ pub fn shell_start_error(code: i32, cmdline: &str) -> Option<String> {
             "`{program}`: permission denied (exit 126 from /bin/sh)"
         )),
         _ => None,
+    }
+}
+
+/// The failed-to-start message when spawning `cmdline` in `cwd` failed with `e`.
+pub fn spawn_error(cmdline: &str, cwd: &Path, e: &io::Error) -> String {
+    match direct_argv(cmdline) {
+        Some(_) => format!("`{cmdline}` in {}: {e}", cwd.display()),
+        None => format!("/bin/sh -c `{cmdline}` in {}: {e}", cwd.display()),
     }
 }
 
@@ -162,5 +267,80 @@ mod tests {
         assert!(err.contains("permission denied"), "{err}");
         assert!(check_program("sleep 10", dir.path()).is_ok());
         assert!(check_program("/bin/sh -c true", dir.path()).is_ok());
+    }
+
+    #[test]
+    fn plain_words_run_directly_and_shell_syntax_goes_to_sh() {
+        assert_eq!(direct_argv("true"), Some(vec!["true"]));
+        assert_eq!(direct_argv("  sleep\t10  "), Some(vec!["sleep", "10"]));
+        assert_eq!(
+            direct_argv("./bin/app --port 8080"),
+            Some(vec!["./bin/app", "--port", "8080"])
+        );
+        for shell in [
+            "echo $HOME",
+            "echo 'a b'",
+            "echo \"a\"",
+            "a | b",
+            "a && b",
+            "a; b",
+            "a > out",
+            "ls *.txt",
+            "FOO=1 app",
+            "app --flag=1",
+            "cd /tmp",
+            "exec ./app",
+            "while true",
+            "app # comment",
+            "a\nb",
+            "echo ~",
+            "",
+            "   ",
+        ] {
+            assert_eq!(direct_argv(shell), None, "{shell:?}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_127_and_126_are_the_programs_own_when_run_directly() {
+        assert!(shell_start_error(127, "./app --flag").is_none());
+        assert!(shell_start_error(126, "app").is_none());
+        assert!(shell_start_error(127, "app | tee log")
+            .unwrap()
+            .contains("command not found"));
+    }
+
+    #[test]
+    fn a_bare_program_is_resolved_in_path_or_named_as_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(find_in_path("sh").unwrap().is_absolute());
+        let err = find_in_path("drover-no-such-program").unwrap_err();
+        assert!(
+            err.contains("`drover-no-such-program`: command not found"),
+            "{err}"
+        );
+        let iso = Isolation {
+            procs_files: Vec::new(),
+            user: None,
+        };
+        let err = task_command("drover-no-such-program --x", dir.path(), &[], &iso).unwrap_err();
+        assert!(err.contains("command not found"), "{err}");
+        let err = task_command("./missing", dir.path(), &[], &iso).unwrap_err();
+        assert!(err.contains("missing: binary not found"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_direct_command_gets_its_words_as_arguments() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = Isolation {
+            procs_files: Vec::new(),
+            user: None,
+        };
+        let out = task_command("printf %s-%s a b", dir.path(), &[], &iso)
+            .unwrap()
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "a-b");
     }
 }

@@ -3,6 +3,7 @@
 //! checks, performs the kill escalation's steps, emits every status (stdout, the
 //! checkpoint, the socket) and waits for an agent to read the terminal one.
 
+use std::cell::Cell;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -117,6 +118,12 @@ struct Runner {
     kill_reason: Option<ExitReason>,
     health_failure: Option<ExitReason>,
     oom_seen: u64,
+    /// Processes (task processes and shell health checks) spawned into the cgroup so far.
+    spawned: usize,
+    /// `spawned` when the cgroup was last seen empty: it stays empty until the executor
+    /// spawns another process (nothing else moves processes into it), so it need not be
+    /// read again (one `cgroup.procs` per controller) on every tick of the escalation.
+    empty_at: Cell<Option<usize>>,
     pgids: Vec<i32>,
     clients: usize,
     clients_changed: Millis,
@@ -442,6 +449,8 @@ impl Runner {
             kill_reason: None,
             health_failure: None,
             oom_seen,
+            spawned: 0,
+            empty_at: Cell::new(None),
             pgids: Vec::new(),
             clients: 0,
             clients_changed: 0,
@@ -613,7 +622,14 @@ impl Runner {
 
     fn residue_alive(&self) -> bool {
         match &self.cgroup {
-            Some(cg) => cg.pids().map(|p| !p.is_empty()).unwrap_or(false),
+            Some(_) if self.known_empty() => false,
+            Some(cg) => {
+                let pids = cg.pids();
+                if pids.as_ref().is_ok_and(|p| p.is_empty()) {
+                    self.empty_at.set(Some(self.spawned));
+                }
+                pids.map(|p| !p.is_empty()).unwrap_or(false)
+            }
             None => self
                 .pgids
                 .iter()
@@ -797,8 +813,14 @@ impl Runner {
         }
     }
 
+    /// Whether the cgroup was seen empty since the last process was spawned into it.
+    fn known_empty(&self) -> bool {
+        self.empty_at.get() == Some(self.spawned)
+    }
+
     fn kill_everything(&self) {
         match &self.cgroup {
+            Some(_) if self.known_empty() => {}
             Some(cg) => {
                 if let Err(e) = cg.kill_all() {
                     eprintln!("drover-executor: {e}");
@@ -919,6 +941,7 @@ impl Runner {
     fn start_process(&mut self, idx: usize, now: Millis) {
         let name = self.machine.name(idx).to_string();
         let cmdline = self.cmdlines[idx].clone();
+        self.spawned += 1;
         let mut cmd = match spawn::task_command(&cmdline, &self.layout.root, &self.env, &self.iso) {
             Ok(cmd) => cmd,
             Err(error) => {
@@ -1003,6 +1026,7 @@ impl Runner {
             }
             HealthCheckType::Shell => {
                 let shown = h.command.clone().unwrap_or_default();
+                self.spawned += 1;
                 let cmd = spawn::command(&shown, &self.layout.root, &self.env, &self.iso, false);
                 tokio::spawn(async move {
                     let r = health::check_shell(cmd, &shown, timeout).await;

@@ -58,13 +58,19 @@ const SHELL_WORDS: &[&str] = &[
 ];
 
 /// The words to execute directly (program first, looked up in `PATH` when it has no
-/// `/`) when `cmdline` is plain words separated by whitespace; `None` when it needs
-/// `/bin/sh -c` (shell syntax, a builtin or reserved word first, or no words).
+/// `/`) when `cmdline` is plain words separated by whitespace, optionally after
+/// `exec`; `None` when it needs `/bin/sh -c` (shell syntax, a builtin or reserved word
+/// first, or no words).
 pub fn direct_argv(cmdline: &str) -> Option<Vec<&str>> {
     if cmdline.contains(SHELL_SYNTAX) {
         return None;
     }
-    let words: Vec<&str> = cmdline.split_whitespace().collect();
+    let mut words: Vec<&str> = cmdline.split_whitespace().collect();
+    // `exec prog args` is what the shell would do with `prog args` anyway (but not
+    // `exec -a name ...`, exec's own options).
+    if words.first() == Some(&"exec") && words.get(1).is_some_and(|w| !w.starts_with('-')) {
+        words.remove(0);
+    }
     match words.first() {
         Some(first) if !SHELL_WORDS.contains(first) => Some(words),
         _ => None,
@@ -289,7 +295,8 @@ mod tests {
             "FOO=1 app",
             "app --flag=1",
             "cd /tmp",
-            "exec ./app",
+            "exec -a name ./app",
+            "exec",
             "while true",
             "app # comment",
             "a\nb",

@@ -622,14 +622,7 @@ impl Runner {
 
     fn residue_alive(&self) -> bool {
         match &self.cgroup {
-            Some(_) if self.known_empty() => false,
-            Some(cg) => {
-                let pids = cg.pids();
-                if pids.as_ref().is_ok_and(|p| p.is_empty()) {
-                    self.empty_at.set(Some(self.spawned));
-                }
-                pids.map(|p| !p.is_empty()).unwrap_or(false)
-            }
+            Some(_) => self.cgroup_pids().map(|p| !p.is_empty()).unwrap_or(false),
             None => self
                 .pgids
                 .iter()
@@ -795,8 +788,8 @@ impl Runner {
                     }
                 }
                 // What the processes left behind gets the same chance to stop.
-                if let Some(cg) = &self.cgroup {
-                    for pid in cg.pids().unwrap_or_default() {
+                if self.cgroup.is_some() {
+                    for pid in self.cgroup_pids().unwrap_or_default() {
                         let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
                     }
                 } else {
@@ -811,6 +804,22 @@ impl Runner {
                 self.kill_everything();
             }
         }
+    }
+
+    /// The pids in the task's cgroup (none without one), read only when it was not
+    /// already seen empty since the last spawn.
+    fn cgroup_pids(&self) -> Result<Vec<i32>, crate::cgroup::CgroupError> {
+        let Some(cg) = &self.cgroup else {
+            return Ok(Vec::new());
+        };
+        if self.known_empty() {
+            return Ok(Vec::new());
+        }
+        let pids = cg.pids()?;
+        if pids.is_empty() {
+            self.empty_at.set(Some(self.spawned));
+        }
+        Ok(pids)
     }
 
     /// Whether the cgroup was seen empty since the last process was spawned into it.

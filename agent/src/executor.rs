@@ -256,7 +256,7 @@ pub async fn subscribe(socket: &Path, after_seq: u64) -> Result<StatusLines, Exe
         path: socket.to_path_buf(),
         source,
     };
-    let mut stream = UnixStream::connect(socket).await.map_err(err)?;
+    let mut stream = connect(socket).map_err(err)?;
     send_line(&mut stream, &ExecutorRequest::Subscribe { after_seq })
         .await
         .map_err(err)?;
@@ -274,7 +274,7 @@ pub async fn send_kill(socket: &Path, reason: ExitReason) -> Result<(), Executor
         path: socket.to_path_buf(),
         source,
     };
-    let mut stream = UnixStream::connect(socket).await.map_err(err)?;
+    let mut stream = connect(socket).map_err(err)?;
     send_line(
         &mut stream,
         &ExecutorRequest::Kill {
@@ -289,7 +289,31 @@ pub async fn send_kill(socket: &Path, reason: ExitReason) -> Result<(), Executor
 
 /// True if something accepts connections on the socket.
 pub fn socket_is_live(socket: &Path) -> bool {
-    std::os::unix::net::UnixStream::connect(socket).is_ok()
+    connect_std(socket).is_ok()
+}
+
+/// Connects to an executor's socket. A Unix connect completes at once (or fails), so
+/// the blocking std call is fine on the runtime.
+fn connect(socket: &Path) -> std::io::Result<UnixStream> {
+    let stream = connect_std(socket)?;
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
+}
+
+/// Connects, through the sandbox's `.drover` directory when the socket path is too
+/// long for a Unix socket address (see `wire::socket_path_via_dir_fd`).
+fn connect_std(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::AsRawFd;
+    let dir = match socket.parent() {
+        Some(parent) if socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX => {
+            Some(std::fs::File::open(parent)?)
+        }
+        _ => None,
+    };
+    let via_dir = dir
+        .as_ref()
+        .and_then(|d| drover_common::wire::socket_path_via_dir_fd(socket, d.as_raw_fd()));
+    std::os::unix::net::UnixStream::connect(via_dir.as_deref().unwrap_or(socket))
 }
 
 /// True if `pid` is a running (not zombie) process whose command line mentions
@@ -420,6 +444,22 @@ mod tests {
         assert!(executor_pid_is_live(me, &name));
         assert!(!executor_pid_is_live(me, "no-such-binary-name-xyz"));
         assert!(!executor_pid_is_live(u32::MAX - 1, &name));
+    }
+
+    #[test]
+    fn a_socket_path_too_long_for_sun_path_is_still_reached() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let area = dir.path().join("d".repeat(120)).join(".drover");
+        std::fs::create_dir_all(&area).unwrap();
+        let socket = area.join("executor.sock");
+        assert!(socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX);
+        assert!(!socket_is_live(&socket));
+        let fd = std::fs::File::open(&area).unwrap();
+        let via = drover_common::wire::socket_path_via_dir_fd(&socket, fd.as_raw_fd()).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(via).unwrap();
+        assert!(socket.exists());
+        assert!(socket_is_live(&socket));
     }
 
     #[test]

@@ -34,6 +34,25 @@ pub struct ExecutorTask {
     pub ports: BTreeMap<String, u16>,
 }
 
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).
+pub const SUN_PATH_MAX: usize = 107;
+
+/// An executor socket path too long for a Unix socket address is reached through the
+/// directory it is in: with `dir_fd` an open descriptor of that directory, the kernel
+/// resolves `/proc/self/fd/<dir_fd>/<name>` like the real path. Returns `None` when
+/// `path` fits as it is (or has no file name).
+pub fn socket_path_via_dir_fd(path: &std::path::Path, dir_fd: i32) -> Option<std::path::PathBuf> {
+    if path.as_os_str().len() <= SUN_PATH_MAX {
+        return None;
+    }
+    let name = path.file_name()?;
+    Some(
+        std::path::Path::new("/proc/self/fd")
+            .join(dir_fd.to_string())
+            .join(name),
+    )
+}
+
 /// One process as the executor sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -358,6 +377,17 @@ pub fn parse_instance_set(text: &str) -> Result<Vec<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_socket_paths_too_long_for_sun_path_go_through_the_directory() {
+        let short = std::path::Path::new("/var/lib/drover/sandboxes/t-0-abc/.drover/executor.sock");
+        assert_eq!(socket_path_via_dir_fd(short, 7), None);
+        let long = std::path::PathBuf::from(format!("/{}/.drover/executor.sock", "d".repeat(100)));
+        assert_eq!(
+            socket_path_via_dir_fd(&long, 7),
+            Some(std::path::PathBuf::from("/proc/self/fd/7/executor.sock"))
+        );
+    }
 
     #[test]
     fn digest_ignores_order_and_duplicates() {

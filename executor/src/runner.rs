@@ -407,7 +407,7 @@ impl Runner {
             .unwrap_or(0);
         let hub = Hub::default();
         let _ = std::fs::remove_file(layout.socket());
-        let listener = tokio::net::UnixListener::bind(layout.socket()).map_err(|e| {
+        let listener = bind_socket(&layout.socket()).map_err(|e| {
             fail(
                 SetupError::Other(format!(
                     "cannot listen on {}: {e}",
@@ -1068,5 +1068,40 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
                 }
             }
         }
+    }
+}
+
+/// Binds the executor's socket, through the sandbox's `.drover` directory when the path
+/// is too long for a Unix socket address (see `wire::socket_path_via_dir_fd`).
+fn bind_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::fd::AsRawFd;
+    let dir = match path.parent() {
+        Some(parent) if path.as_os_str().len() > drover_common::wire::SUN_PATH_MAX => {
+            Some(std::fs::File::open(parent)?)
+        }
+        _ => None,
+    };
+    let via_dir = dir
+        .as_ref()
+        .and_then(|d| drover_common::wire::socket_path_via_dir_fd(path, d.as_raw_fd()));
+    tokio::net::UnixListener::bind(via_dir.as_deref().unwrap_or(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_binds_where_it_belongs_even_past_sun_path_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = dir.path().join("d".repeat(120)).join(".drover");
+        std::fs::create_dir_all(&area).unwrap();
+        let socket = area.join("executor.sock");
+        assert!(socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX);
+        let _listener = bind_socket(&socket).unwrap();
+        assert!(socket.exists(), "the socket file is in the sandbox");
+        let short = dir.path().join("executor.sock");
+        let _short_listener = bind_socket(&short).unwrap();
+        assert!(short.exists());
     }
 }

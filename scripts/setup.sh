@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Drover's commands and tests need on a fresh Debian machine:
-# iproute2 and iptables (multi-host tests in network namespaces), procps, and the
+# iproute2 (multi-host tests in network namespaces), procps, the system python3, and the
 # Rust components named in rust-toolchain.toml. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
-command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 # Task processes run as other users (www-data), who cannot use a python3 under
 # /root; the examples call the system /usr/bin/python3.
@@ -16,7 +15,11 @@ if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "setup: installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+    # A failed install is reported, not fatal: the tests that need a missing tool
+    # say so and skip, and the rest still run.
+    if ! { apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+      echo "setup: could not install ${need[*]}; tests that need them will say so" >&2
+    fi
   else
     echo "setup: please install ${need[*]} (needs root); continuing without" >&2
   fi

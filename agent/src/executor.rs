@@ -301,19 +301,11 @@ fn connect(socket: &Path) -> std::io::Result<UnixStream> {
 }
 
 /// Connects, through the sandbox's `.drover` directory when the socket path is too
-/// long for a Unix socket address (see `wire::socket_path_via_dir_fd`).
+/// long for a Unix socket address (see `wire::socket_address`).
 fn connect_std(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
-    use std::os::fd::AsRawFd;
-    let dir = match socket.parent() {
-        Some(parent) if socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX => {
-            Some(std::fs::File::open(parent)?)
-        }
-        _ => None,
-    };
-    let via_dir = dir
-        .as_ref()
-        .and_then(|d| drover_common::wire::socket_path_via_dir_fd(socket, d.as_raw_fd()));
-    std::os::unix::net::UnixStream::connect(via_dir.as_deref().unwrap_or(socket))
+    let (address, _dir) =
+        drover_common::wire::socket_address(socket, |dir| std::fs::File::open(dir))?;
+    std::os::unix::net::UnixStream::connect(address)
 }
 
 /// True if `pid` is a running (not zombie) process whose command line mentions
@@ -448,16 +440,15 @@ mod tests {
 
     #[test]
     fn a_socket_path_too_long_for_sun_path_is_still_reached() {
-        use std::os::fd::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let area = dir.path().join("d".repeat(120)).join(".drover");
         std::fs::create_dir_all(&area).unwrap();
         let socket = area.join("executor.sock");
         assert!(socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX);
         assert!(!socket_is_live(&socket));
-        let fd = std::fs::File::open(&area).unwrap();
-        let via = drover_common::wire::socket_path_via_dir_fd(&socket, fd.as_raw_fd()).unwrap();
-        let _listener = std::os::unix::net::UnixListener::bind(via).unwrap();
+        let (address, _dir) =
+            drover_common::wire::socket_address(&socket, |dir| std::fs::File::open(dir)).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(address).unwrap();
         assert!(socket.exists());
         assert!(socket_is_live(&socket));
     }

@@ -37,20 +37,25 @@ pub struct ExecutorTask {
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).
 pub const SUN_PATH_MAX: usize = 107;
 
-/// An executor socket path too long for a Unix socket address is reached through the
-/// directory it is in: with `dir_fd` an open descriptor of that directory, the kernel
-/// resolves `/proc/self/fd/<dir_fd>/<name>` like the real path. Returns `None` when
-/// `path` fits as it is (or has no file name).
-pub fn socket_path_via_dir_fd(path: &std::path::Path, dir_fd: i32) -> Option<std::path::PathBuf> {
-    if path.as_os_str().len() <= SUN_PATH_MAX {
-        return None;
+/// Where to bind or connect the Unix socket at `path`. A path that fits in a socket
+/// address is used as it is. A longer one is reached through its directory: `open_dir`
+/// opens the directory (the caller does the I/O) and the kernel resolves
+/// `/proc/self/fd/<dir fd>/<name>` like the real path. Keep the returned directory open
+/// until the bind or connect is done.
+pub fn socket_address<D: std::os::fd::AsRawFd, E>(
+    path: &std::path::Path,
+    open_dir: impl FnOnce(&std::path::Path) -> Result<D, E>,
+) -> Result<(std::path::PathBuf, Option<D>), E> {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if path.as_os_str().len() > SUN_PATH_MAX => {
+            let dir = open_dir(dir)?;
+            let via_dir = std::path::Path::new("/proc/self/fd")
+                .join(dir.as_raw_fd().to_string())
+                .join(name);
+            Ok((via_dir, Some(dir)))
+        }
+        _ => Ok((path.to_path_buf(), None)),
     }
-    let name = path.file_name()?;
-    Some(
-        std::path::Path::new("/proc/self/fd")
-            .join(dir_fd.to_string())
-            .join(name),
-    )
 }
 
 /// One process as the executor sees it.
@@ -380,13 +385,23 @@ mod tests {
 
     #[test]
     fn only_socket_paths_too_long_for_sun_path_go_through_the_directory() {
+        struct Fd;
+        impl std::os::fd::AsRawFd for Fd {
+            fn as_raw_fd(&self) -> i32 {
+                7
+            }
+        }
+        let open = |_: &std::path::Path| Ok::<_, ()>(Fd);
         let short = std::path::Path::new("/var/lib/drover/sandboxes/t-0-abc/.drover/executor.sock");
-        assert_eq!(socket_path_via_dir_fd(short, 7), None);
+        let (addr, dir) = socket_address(short, open).unwrap();
+        assert_eq!((addr.as_path(), dir.is_none()), (short, true));
         let long = std::path::PathBuf::from(format!("/{}/.drover/executor.sock", "d".repeat(100)));
+        let (addr, dir) = socket_address(&long, open).unwrap();
         assert_eq!(
-            socket_path_via_dir_fd(&long, 7),
-            Some(std::path::PathBuf::from("/proc/self/fd/7/executor.sock"))
+            addr,
+            std::path::PathBuf::from("/proc/self/fd/7/executor.sock")
         );
+        assert!(dir.is_some());
     }
 
     #[test]

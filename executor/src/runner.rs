@@ -1072,19 +1072,11 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
 }
 
 /// Binds the executor's socket, through the sandbox's `.drover` directory when the path
-/// is too long for a Unix socket address (see `wire::socket_path_via_dir_fd`).
+/// is too long for a Unix socket address (see `wire::socket_address`).
 fn bind_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::fd::AsRawFd;
-    let dir = match path.parent() {
-        Some(parent) if path.as_os_str().len() > drover_common::wire::SUN_PATH_MAX => {
-            Some(std::fs::File::open(parent)?)
-        }
-        _ => None,
-    };
-    let via_dir = dir
-        .as_ref()
-        .and_then(|d| drover_common::wire::socket_path_via_dir_fd(path, d.as_raw_fd()));
-    tokio::net::UnixListener::bind(via_dir.as_deref().unwrap_or(path))
+    let (address, _dir) =
+        drover_common::wire::socket_address(path, |dir| std::fs::File::open(dir))?;
+    tokio::net::UnixListener::bind(address)
 }
 
 #[cfg(test)]

@@ -97,8 +97,11 @@ pub enum CgroupError {
 
 /// The cgroup of one task (youki's `CgroupManager`, narrowed to what we need).
 pub trait TaskCgroup: Send + Sync {
-    /// Creates the cgroup(s), writes the limits and reads them back.
-    fn create(&self, limits: &Limits) -> Result<(), CgroupError>;
+    /// Creates the cgroup(s), writes the limits and reads them back. A cgroup of the
+    /// same name left over (by an earlier executor of this task) is emptied and
+    /// removed first. Returns whether the cgroup is new: false when a leftover could
+    /// not be removed and is used as it is (its counters then do not start at 0).
+    fn create(&self, limits: &Limits) -> Result<bool, CgroupError>;
     /// The `cgroup.procs` files a child writes `0` into (in pre_exec) to join.
     fn procs_files(&self) -> Vec<PathBuf>;
     /// Every pid in the cgroup.
@@ -350,7 +353,7 @@ impl FsCgroup {
     /// `/sys/fs/cgroup/cgroup.controllers` and ignores write errors, and its v1 half
     /// goes through `Subsystem::to_controller` (see `controllers`). A controller the
     /// root lacks is an error only when a limit needs it.
-    fn create_v2_dirs(&self) -> Result<(), CgroupError> {
+    fn create_v2_dirs(&self) -> Result<bool, CgroupError> {
         let value = self
             .cg
             .subsystems()
@@ -364,19 +367,35 @@ impl FsCgroup {
             .collect::<Vec<_>>()
             .join(" ");
         let mut level = self.root.clone();
+        let mut existed = false;
         for part in self.rel.split('/').filter(|p| !p.is_empty()) {
             if !value.is_empty() {
                 write_file(&level.join("cgroup.subtree_control"), &value)?;
             }
             level = level.join(part);
-            if !level.is_dir() {
-                fs::create_dir(&level).map_err(|source| CgroupError::Create {
-                    path: level.clone(),
-                    source,
-                })?;
-            }
+            existed = make_dir(&level)?;
         }
-        Ok(())
+        Ok(existed)
+    }
+
+    /// v1: makes each of our controllers' directories (`mkdir`, and the parent's when
+    /// that is missing). Plain `mkdir`, not the controllers' `create`, which only logs
+    /// its errors: so no `stat` of each directory afterwards, and no `stat` nor
+    /// `cgroup.procs` read beforehand to find a leftover, which `EEXIST` tells.
+    /// Returns whether one existed already.
+    fn create_v1_dirs(&self) -> Result<bool, CgroupError> {
+        let mut existed = false;
+        for dir in self.dirs() {
+            existed |= make_dir(&dir)?;
+        }
+        Ok(existed)
+    }
+
+    fn create_dirs(&self) -> Result<bool, CgroupError> {
+        match self.version {
+            Version::V1 => self.create_v1_dirs(),
+            Version::V2 => self.create_v2_dirs(),
+        }
     }
 
     fn create_v1_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
@@ -384,12 +403,8 @@ impl FsCgroup {
             let cpu = self.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
-            require_file(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-            cpu.set_cfs_period(CPU_PERIOD_US)
-                .map_err(self.lib("set cpu.cfs_period_us in", dir.to_path_buf()))?;
-            require_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
-            cpu.set_cfs_quota(quota as i64)
-                .map_err(self.lib("set cpu.cfs_quota_us in", dir.to_path_buf()))?;
+            write_limit(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write_limit(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
             let period = cpu
                 .cfs_period()
                 .map_err(self.lib("read cpu.cfs_period_us in", dir.to_path_buf()))?;
@@ -427,9 +442,7 @@ impl FsCgroup {
             let quota = cpu_quota_us(limits.cpu);
             let file = dir.join("cpu.max");
             let wrote = format!("{quota} {CPU_PERIOD_US}");
-            require_file(&file, &wrote)?;
-            cpu.set_cfs_quota_and_period(Some(quota as i64), Some(CPU_PERIOD_US))
-                .map_err(self.lib("set cpu.max in", dir.to_path_buf()))?;
+            write_limit(&file, &wrote)?;
             let read_quota = cpu
                 .cfs_quota()
                 .map_err(self.lib("read cpu.max in", dir.to_path_buf()))?;
@@ -445,7 +458,6 @@ impl FsCgroup {
             // Kill the whole task on OOM, not one random process of it. Plain file:
             // cgroups-rs has no memory.oom.group knob.
             let file = mem.path().join("memory.oom.group");
-            require_file(&file, "1")?;
             write_file(&file, "1")?;
             let read = read_file(&file)?;
             check(&file, "1", read.trim(), read.trim() == "1")?;
@@ -457,19 +469,19 @@ impl FsCgroup {
         Ok(())
     }
 
-    /// `memory.limit_in_bytes` (v1) or `memory.max` (v2) through cgroups-rs, read back
-    /// from the file (cgroups-rs reads it only within `memory_stat()`, which reads a
+    /// `memory.limit_in_bytes` (v1) or `memory.max` (v2), written and read back as
+    /// plain files (cgroups-rs reads it only within `memory_stat()`, which reads a
     /// dozen other files and, on v2, panics when one is missing).
     fn set_memory(&self, mem: &MemController, name: &str, want: u64) -> Result<(), CgroupError> {
         let file = mem.path().join(name);
-        require_file(&file, &want.to_string())?;
-        let limit = i64::try_from(want).map_err(|_| CgroupError::Write {
-            path: file.clone(),
-            value: want.to_string(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
-        })?;
-        mem.set_limit(limit)
-            .map_err(self.lib("set the memory limit in", mem.path().to_path_buf()))?;
+        if i64::try_from(want).is_err() {
+            return Err(CgroupError::Write {
+                path: file,
+                value: want.to_string(),
+                source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
+            });
+        }
+        write_limit(&file, &want.to_string())?;
         let read = read_file(&file)?;
         let read = read.trim();
         // The kernel rounds down to whole pages.
@@ -481,14 +493,12 @@ impl FsCgroup {
 
     fn set_pids(&self, pids: &PidController, want: u64) -> Result<(), CgroupError> {
         let file = pids.path().join("pids.max");
-        require_file(&file, &want.to_string())?;
         let value = i64::try_from(want).map_err(|_| CgroupError::Write {
             path: file.clone(),
             value: want.to_string(),
             source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
         })?;
-        pids.set_pid_max(MaxValue::Value(value))
-            .map_err(self.lib("set pids.max in", pids.path().to_path_buf()))?;
+        write_limit(&file, &want.to_string())?;
         let read = pids
             .get_pid_max()
             .map_err(self.lib("read pids.max in", pids.path().to_path_buf()))?;
@@ -511,20 +521,21 @@ impl FsCgroup {
     }
 }
 
-/// Fails with `Write { NotFound }` if `path` does not exist: on a kernel a missing
-/// limit file means a missing controller, and cgroups-rs would create the file.
-fn require_file(path: &Path, value: &str) -> Result<(), CgroupError> {
-    if path.exists() {
-        Ok(())
-    } else {
-        Err(CgroupError::Write {
-            path: path.to_path_buf(),
-            value: value.to_string(),
-            source: io::Error::new(
-                io::ErrorKind::NotFound,
-                "no such file (the controller is missing or not enabled)",
-            ),
-        })
+/// `mkdir path` (and its parents when the parent is missing). Returns whether it
+/// existed already.
+fn make_dir(path: &Path) -> Result<bool, CgroupError> {
+    let err = |source| CgroupError::Create {
+        path: path.to_path_buf(),
+        source,
+    };
+    match fs::create_dir(path) {
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(path).map_err(err)?;
+            Ok(false)
+        }
+        Err(e) => Err(err(e)),
     }
 }
 
@@ -547,14 +558,38 @@ fn check(
 }
 
 /// Writes `value` to an existing file (never creates it: a missing file means a
-/// missing controller).
+/// missing controller, and the open's own `ENOENT` says so without a `stat` first).
 fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
-    let err = |source| CgroupError::Write {
+    write_opened(path, value, fs::OpenOptions::new().write(true))
+}
+
+/// A limit: like [`write_file`], truncating what a file (in a test tree) held before.
+///
+/// Plain files rather than the cgroups-rs setters: those open with `O_CREAT`, which
+/// on a test tree would create a missing limit file, so each write needed a `stat`
+/// of the file first (a path walk through cgroupfs, as costly as the write).
+fn write_limit(path: &Path, value: &str) -> Result<(), CgroupError> {
+    write_opened(
+        path,
+        value,
+        fs::OpenOptions::new().write(true).truncate(true),
+    )
+}
+
+fn write_opened(path: &Path, value: &str, how: &fs::OpenOptions) -> Result<(), CgroupError> {
+    let err = |source: io::Error| CgroupError::Write {
         path: path.to_path_buf(),
         value: value.to_string(),
-        source,
+        source: if source.kind() == io::ErrorKind::NotFound {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no such file (the controller is missing or not enabled)",
+            )
+        } else {
+            source
+        },
     };
-    let mut f = fs::OpenOptions::new().write(true).open(path).map_err(err)?;
+    let mut f = how.open(path).map_err(err)?;
     f.write_all(value.as_bytes()).map_err(err)
 }
 
@@ -584,23 +619,20 @@ fn cpu_quota_us(cpu: f64) -> u64 {
 }
 
 impl TaskCgroup for FsCgroup {
-    fn create(&self, limits: &Limits) -> Result<(), CgroupError> {
-        match self.version {
-            Version::V2 => self.create_v2_dirs()?,
-            // cgroups-rs creates each of our controllers' directories (not every
-            // mounted hierarchy's).
-            Version::V1 => self.controllers().iter().for_each(|c| c.create()),
-        }
-        // cgroups-rs only logs a v1 directory it could not create.
-        for dir in self.dirs() {
-            if let Err(source) = fs::metadata(&dir) {
-                return Err(CgroupError::Create { path: dir, source });
-            }
+    fn create(&self, limits: &Limits) -> Result<bool, CgroupError> {
+        let mut fresh = !self.create_dirs()?;
+        if !fresh {
+            // A leftover of an earlier executor of this task: empty it, remove it and
+            // start over (errors surface below if it stays).
+            let _ = self.kill_all();
+            let _ = self.remove();
+            fresh = !self.create_dirs()?;
         }
         match self.version {
-            Version::V1 => self.create_v1_limits(limits),
-            Version::V2 => self.create_v2_limits(limits),
+            Version::V1 => self.create_v1_limits(limits)?,
+            Version::V2 => self.create_v2_limits(limits)?,
         }
+        Ok(fresh)
     }
 
     fn procs_files(&self) -> Vec<PathBuf> {
@@ -720,6 +752,19 @@ impl TaskCgroup for FsCgroup {
     }
 
     fn remove(&self) -> Result<(), CgroupError> {
+        // The usual case first: one rmdir per directory, a missing one counting as
+        // removed (no `stat` before each).
+        let mut left = false;
+        for dir in self.dirs() {
+            match fs::remove_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(_) => left = true,
+            }
+        }
+        if !left {
+            return Ok(());
+        }
         let started = Instant::now();
         loop {
             if !self.dirs().iter().any(|d| d.exists()) {

@@ -92,6 +92,43 @@ async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
     cg.remove().unwrap();
 }
 
+/// An executor restarted for the same task finds the cgroup its predecessor left
+/// (with a process in it): `create` kills that, replaces the cgroup and says it is new.
+#[tokio::test]
+async fn a_leftover_cgroup_of_the_same_task_is_emptied_and_created_anew() {
+    if !support::can_isolate("leftover_cgroup") {
+        return;
+    }
+    let root = Path::new("/sys/fs/cgroup");
+    let version = FsCgroup::detect(root).unwrap();
+    let id = support::task_id("cgleft");
+    let limits = Limits {
+        cpu: 0.0,
+        memory_bytes: 0,
+        pids: 16,
+    };
+    let first = FsCgroup::new(version, root, "drover", &id);
+    assert!(first.create(&limits).unwrap(), "a new cgroup");
+    let iso = Isolation::new(&first.procs_files(), &root_user());
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = command("exec sleep 1000", dir.path(), &[], &iso, false)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(first.pids().unwrap(), vec![pid]);
+    let second = FsCgroup::new(version, root, "drover", &id);
+    assert!(
+        second.create(&Limits { pids: 8, ..limits }).unwrap(),
+        "the leftover was replaced"
+    );
+    let _ = child.wait().await;
+    assert!(second.pids().unwrap().is_empty());
+    let pids_max = std::fs::read_to_string(second.dir("pids").join("pids.max")).unwrap();
+    assert_eq!(pids_max.trim(), "8");
+    second.remove().unwrap();
+    assert!(!second.dir("pids").exists());
+}
+
 /// The v2 code path against a real cgroup2 mount: on hosts (and CI) with v1 for the
 /// controllers, the empty cgroup2 at /sys/fs/cgroup/unified. Limits the tree cannot
 /// give are refused by name; without limits, a process joins, `cgroup.kill` empties

@@ -124,12 +124,16 @@ struct Runner {
     /// spawns another process (nothing else moves processes into it), so it need not be
     /// read again (one `cgroup.procs` per controller) on every tick of the escalation.
     empty_at: Cell<Option<usize>>,
+    /// The process groups of started processes, tracked only without a cgroup.
     pgids: Vec<i32>,
     clients: usize,
     clients_changed: Millis,
     terminal_delivered: bool,
     message: String,
     process_changed: bool,
+    /// Statuses emitted in this step of the loop and not yet reported: [`Runner::flush`]
+    /// checkpoints the latest once, then reports each.
+    pending: Vec<ExecutorStatus>,
 }
 
 fn unix_ms() -> u64 {
@@ -139,14 +143,18 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn write_stdout(status: &ExecutorStatus) {
-    if let Ok(mut line) = serde_json::to_vec(status) {
-        line.push(b'\n');
-        // The agent may have gone away: a failed write must not stop the task.
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(&line);
-        let _ = out.flush();
+/// Writes statuses as JSON lines to stdout, in one write.
+fn write_stdout(statuses: &[ExecutorStatus]) {
+    let mut lines = Vec::new();
+    for status in statuses {
+        if serde_json::to_writer(&mut lines, status).is_ok() {
+            lines.push(b'\n');
+        }
     }
+    // The agent may have gone away: a failed write must not stop the task.
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&lines);
+    let _ = out.flush();
 }
 
 /// Takes ownership of the inherited readiness fd (`--ready-fd`) and marks it
@@ -241,10 +249,11 @@ async fn run_async(opts: Options) -> i32 {
                 executor_pid: std::process::id(),
                 processes: Vec::new(),
             };
-            write_stdout(&status);
+            // Checkpoint first, as for every status (`Runner::flush`).
             if layout.area().is_dir() {
                 let _ = layout.write_status(&status);
             }
+            write_stdout(std::slice::from_ref(&status));
             return 2;
         }
     };
@@ -304,22 +313,25 @@ impl Runner {
             })?;
         layout.create(&user).map_err(|e| fail(e.into(), &layout))?;
         // The agent hands over `.drover/task.json` itself: no copy needed (one file
-        // less to create per task).
-        if opts.task_file != layout.task_file() {
+        // less to create per task). Compared as absolute paths, like the sandbox's.
+        let task_file = std::path::absolute(&opts.task_file).unwrap_or(opts.task_file.clone());
+        if task_file != layout.task_file() {
             layout
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
+        // A new cgroup's OOM counter starts at 0; a leftover's is read below.
+        let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {
             let limits = Limits {
                 cpu: task.task.resources.cpu,
                 memory_bytes: task.task.resources.ram.bytes(),
                 pids: opts.pids_max,
             };
-            // A cgroup left over from an earlier executor of this task.
-            let _ = cg.kill_all();
-            let _ = cg.remove();
-            cg.create(&limits)
+            // A cgroup left over from an earlier executor of this task is emptied and
+            // removed first.
+            cgroup_is_new = cg
+                .create(&limits)
                 .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
         }
         let ctx = TemplateContext {
@@ -401,10 +413,10 @@ impl Runner {
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         let iso = Isolation::new(&procs_files, &user);
-        let oom_seen = cgroup
-            .as_ref()
-            .and_then(|c| c.oom_kills().ok())
-            .unwrap_or(0);
+        let oom_seen = match &cgroup {
+            Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
+            _ => 0,
+        };
         let hub = Hub::default();
         let _ = std::fs::remove_file(layout.socket());
         let listener = bind_socket(&layout.socket()).map_err(|e| {
@@ -457,6 +469,7 @@ impl Runner {
             terminal_delivered: false,
             message: String::new(),
             process_changed: false,
+            pending: Vec::new(),
         })
     }
 
@@ -464,6 +477,8 @@ impl Runner {
         self.started_at.elapsed().as_millis() as Millis
     }
 
+    /// Records a new status (next `seq`). It is reported by the next
+    /// [`Runner::flush`], which the loop calls before it waits for anything.
     fn emit(&mut self, state: TaskState, exit_reason: Option<ExitReason>, message: String) {
         self.seq += 1;
         self.state = state;
@@ -478,14 +493,28 @@ impl Runner {
             executor_pid: std::process::id(),
             processes: self.machine.statuses(),
         };
-        write_stdout(&status);
-        if let Err(e) = self.layout.write_status(&status) {
+        self.pending.push(status);
+    }
+
+    /// Checkpoints the latest pending status (one write, fsync and rename however
+    /// many changes this step made: e.g. STARTING and RUNNING), and only then
+    /// reports every pending status, each with its own `seq`, on stdout and the
+    /// socket. So no change is ever reported before a checkpoint holding it or a
+    /// later one is durable.
+    fn flush(&mut self) {
+        let Some(latest) = self.pending.last() else {
+            return;
+        };
+        if let Err(e) = self.layout.write_status(latest) {
             eprintln!(
                 "drover-executor: cannot checkpoint {}: {e}",
                 self.layout.status_file().display()
             );
         }
-        self.hub.publish(status);
+        write_stdout(&self.pending);
+        for status in self.pending.drain(..) {
+            self.hub.publish(status);
+        }
     }
 
     /// Emits the current state again with the current process list.
@@ -518,9 +547,13 @@ impl Runner {
             self.emit(TaskState::Running, None, "processes started".into());
         }
         loop {
+            // What the events emitted goes out before `tick` acts (its kill step may
+            // wait for the cgroup to empty).
+            self.flush();
             if self.tick() {
                 self.emit_same("processes changed".into());
             }
+            self.flush();
             if self.state.is_terminal() {
                 break;
             }
@@ -540,10 +573,12 @@ impl Runner {
                 self.handle(ev);
             }
         }
+        self.flush();
         self.cleanup_cgroup();
         if !self.opts.standalone {
             // Keep serving until an agent has read the terminal status.
             while !self.terminal_delivered {
+                self.flush();
                 let deadline = self.recovery_deadline();
                 tokio::select! {
                     ev = rx.recv() => match ev {
@@ -969,7 +1004,10 @@ impl Runner {
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
                 self.machine.started(idx, pid, now);
-                self.pgids.push(pid as i32);
+                if self.cgroup.is_none() {
+                    // Signalled and probed (one kill(2) per exit) only without a cgroup.
+                    self.pgids.push(pid as i32);
+                }
                 let logs = self.layout.logs();
                 let (max, keep) = (self.opts.log_max_bytes, self.opts.log_keep);
                 if let Some(out) = child.stdout.take() {
@@ -996,13 +1034,14 @@ impl Runner {
     }
 
     fn maybe_check_health(&mut self, now: Millis) {
+        if self.health.as_ref().is_none_or(|h| now < h.next_at) {
+            return;
+        }
+        // Looked at only when a check is due (a stat per tick otherwise).
         let snoozed = self.layout.snooze_file().exists();
         let Some(h) = self.health.as_mut() else {
             return;
         };
-        if now < h.next_at {
-            return;
-        }
         let interval = (h.spec.interval.get().as_millis() as Millis).max(1);
         // Drift-free: the next check is due one interval after this one was due.
         while h.next_at <= now {
@@ -1046,26 +1085,37 @@ impl Runner {
     }
 }
 
-/// Copies a process's output into its rotated log file.
+/// Copies a process's output into its rotated log file, which (and `logs/` with it)
+/// is created on the first byte: a process that prints nothing leaves no file, and
+/// readers treat a missing log as an empty one.
 async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: u64, keep: u32) {
-    let mut log = match RotatingLog::open(path.clone(), max, keep) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            eprintln!("drover-executor: cannot open log {}: {e}", path.display());
-            None
-        }
-    };
+    let mut log: Option<RotatingLog> = None;
+    let mut broken = false;
     let mut buf = vec![0u8; 8192];
     loop {
-        match from.read(&mut buf).await {
+        let n = match from.read(&mut buf).await {
             Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if let Some(l) = log.as_mut() {
-                    if let Err(e) = l.write(&buf[..n]) {
-                        eprintln!("drover-executor: writing log {}: {e}", path.display());
-                        log = None;
-                    }
+            Ok(n) => n,
+        };
+        // After a failure the output is still drained, so the process never blocks.
+        if broken {
+            continue;
+        }
+        if log.is_none() {
+            match RotatingLog::open(path.clone(), max, keep) {
+                Ok(l) => log = Some(l),
+                Err(e) => {
+                    eprintln!("drover-executor: cannot open log {}: {e}", path.display());
+                    broken = true;
+                    continue;
                 }
+            }
+        }
+        if let Some(l) = log.as_mut() {
+            if let Err(e) = l.write(&buf[..n]) {
+                eprintln!("drover-executor: writing log {}: {e}", path.display());
+                log = None;
+                broken = true;
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The sandbox on disk: the task's working directory (owned by the task user, mode
 //! 0700) and the executor's area `.drover/` in it (task.json, status.json written
-//! atomically, executor.sock, rotated process logs under `logs/`). Also who the task
-//! runs as.
+//! atomically, executor.sock, rotated process logs under `logs/`, created on a
+//! process's first byte of output). Also who the task runs as.
 
 use std::fs;
 use std::io::{self, Write};
@@ -83,11 +83,13 @@ impl Layout {
     }
 
     /// Creates the directories (idempotent): the root for the task user with mode
-    /// 0700, `.drover/` and `logs/` for the executor (root when root).
+    /// 0700 and `.drover/` for the executor (root when root). `logs/` is created by
+    /// the first log file ([`RotatingLog::open`]): a task whose processes print
+    /// nothing costs no log directory and no log files.
     pub fn create(&self, user: &TaskUser) -> Result<(), SandboxError> {
         let mut builder = fs::DirBuilder::new();
         builder.recursive(true).mode(0o700);
-        for dir in [&self.root, &self.area(), &self.logs()] {
+        for dir in [&self.root, &self.area()] {
             builder.create(dir).map_err(io_err(dir))?;
         }
         fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700))
@@ -201,6 +203,10 @@ pub fn resolve_user(
     })
 }
 
+fn open_append(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new().create(true).append(true).open(path)
+}
+
 /// A log file that rotates: `<name>` then `<name>.1` ... `<name>.<keep>`.
 #[derive(Debug)]
 pub struct RotatingLog {
@@ -212,12 +218,22 @@ pub struct RotatingLog {
 }
 
 impl RotatingLog {
-    /// Opens (appending to) `path`.
+    /// Opens (appending to) `path`, creating its directory (mode 0700) when that is
+    /// missing. The runner opens a log on the process's first byte of output, so a
+    /// missing log file means an empty log.
     pub fn open(path: PathBuf, max_bytes: u64, keep: u32) -> io::Result<RotatingLog> {
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)?;
+        let file = match open_append(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent() {
+                    fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(dir)?;
+                }
+                open_append(&path)?
+            }
+            other => other?,
+        };
         let size = file.metadata()?.len();
         Ok(RotatingLog {
             path,
@@ -255,10 +271,7 @@ impl RotatingLog {
             let _ = fs::rename(self.rotated(n), self.rotated(n + 1));
         }
         fs::rename(&self.path, self.rotated(1))?;
-        self.file = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)?;
+        self.file = open_append(&self.path)?;
         self.size = 0;
         Ok(())
     }
@@ -316,6 +329,17 @@ mod tests {
             "bbbbbbbb"
         );
         assert!(!dir.path().join("p.stdout.3").exists());
+    }
+
+    #[test]
+    fn a_log_creates_its_missing_directory_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join(".drover/logs");
+        let mut log = RotatingLog::open(logs.join("p.stderr"), 100, 1).unwrap();
+        log.write(b"x").unwrap();
+        assert_eq!(fs::read_to_string(logs.join("p.stderr")).unwrap(), "x");
+        let mode = fs::metadata(&logs).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
     }
 
     #[test]

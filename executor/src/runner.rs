@@ -418,7 +418,6 @@ impl Runner {
             _ => 0,
         };
         let hub = Hub::default();
-        let _ = std::fs::remove_file(layout.socket());
         let listener = bind_socket(&layout.socket()).map_err(|e| {
             fail(
                 SetupError::Other(format!(
@@ -1091,9 +1090,11 @@ impl Runner {
 async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: u64, keep: u32) {
     let mut log: Option<RotatingLog> = None;
     let mut broken = false;
-    let mut buf = vec![0u8; 8192];
+    // Read into spare capacity: nothing is zeroed (or touched) before output comes.
+    let mut buf = Vec::with_capacity(8192);
     loop {
-        let n = match from.read(&mut buf).await {
+        buf.clear();
+        let n = match from.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
@@ -1122,11 +1123,18 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
 }
 
 /// Binds the executor's socket, through the sandbox's `.drover` directory when the path
-/// is too long for a Unix socket address (see `wire::socket_address`).
+/// is too long for a Unix socket address (see `wire::socket_address`). A socket file
+/// left by an earlier executor of this task (bind says `EADDRINUSE`) is replaced.
 fn bind_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
     let (address, _dir) =
         drover_common::wire::socket_address(path, |dir| std::fs::File::open(dir))?;
-    tokio::net::UnixListener::bind(address)
+    match tokio::net::UnixListener::bind(&address) {
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            std::fs::remove_file(path)?;
+            tokio::net::UnixListener::bind(address)
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -1145,5 +1153,18 @@ mod tests {
         let short = dir.path().join("executor.sock");
         let _short_listener = bind_socket(&short).unwrap();
         assert!(short.exists());
+    }
+
+    #[tokio::test]
+    async fn a_socket_file_left_by_an_earlier_executor_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("executor.sock");
+        drop(bind_socket(&socket).unwrap());
+        assert!(
+            socket.exists(),
+            "closing leaves the file, as an exited executor does"
+        );
+        let _again = bind_socket(&socket).unwrap();
+        std::os::unix::net::UnixStream::connect(&socket).unwrap();
     }
 }

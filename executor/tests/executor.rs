@@ -552,7 +552,8 @@ fn process_output_goes_to_rotated_log_files() {
     let task = task_json(
         &id,
         json!({"processes": [{"name": "chatty",
-            "cmdline": "for i in 1 2 3 4 5 6; do echo line-$i-$DROVER_TASK_ID; sleep 0.05; done; echo oops >&2"}]}),
+            "cmdline": "for i in 1 2 3 4 5 6; do echo line-$i-$DROVER_TASK_ID; sleep 0.05; done; echo oops >&2"},
+            {"name": "quiet", "cmdline": "true"}]}),
         json!({}),
     );
     let mut ex = Exec::start(
@@ -581,7 +582,41 @@ fn process_output_goes_to_rotated_log_files() {
         "no rotation happened"
     );
     assert!(!logs.join("chatty.stdout.3").exists());
+    assert!(
+        !logs.join("quiet.stdout").exists() && !logs.join("quiet.stderr").exists(),
+        "a process that printed nothing has no log files"
+    );
     assert_eq!(ex.wait_exit(LONG), 0);
+}
+
+#[test]
+fn a_silent_task_leaves_no_log_files_and_reports_every_status() {
+    if !can_isolate("silent") {
+        return;
+    }
+    let id = task_id("silent");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "main", "cmdline": "true"}]}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    assert_eq!(ex.wait_exit(LONG), 0);
+    // STARTING and RUNNING share one checkpoint, but each is reported with its seq.
+    let states: Vec<TaskState> = ex.seen.iter().map(|s| s.state).collect();
+    assert_eq!(
+        states,
+        [TaskState::Starting, TaskState::Running, TaskState::Finished]
+    );
+    let checkpoint: ExecutorStatus =
+        serde_json::from_slice(&std::fs::read(ex.path(".drover/status.json")).unwrap()).unwrap();
+    assert_eq!(checkpoint, end);
+    assert!(
+        !ex.path(".drover/logs").exists(),
+        "logs are created on the first byte of output"
+    );
 }
 
 #[test]

@@ -9,14 +9,16 @@
 //! and its `hierarchies::V1` builds every mounted controller, hugetlb's with a regex.
 //!
 //! cgroups-rs has traps we guard against here: it leaves a controller that is not
-//! available out of the cgroup without a word (every setter is then skipped), it
-//! creates a missing limit file instead of failing (harmless on a kernel, which refuses,
-//! but wrong on a fake tree), it ignores errors creating v1 directories and enabling v2
-//! controllers, and it takes the v2 controller list from `/sys/fs/cgroup`. So we
-//! require each controller we need, require each limit file to exist before writing
-//! it, create the v2 levels and enable our controllers ourselves, check the
-//! directories exist after creating, and read every limit back. Plain files are used
-//! only where cgroups-rs has no knob or reader (`memory.oom.group`, the OOM counters,
+//! available out of the cgroup without a word (every setter is then skipped), its
+//! setters create a missing limit file instead of failing (harmless on a kernel, which
+//! refuses, but wrong on a fake tree), it ignores errors creating v1 directories and
+//! enabling v2 controllers, and it takes the v2 controller list from `/sys/fs/cgroup`.
+//! So we require each controller we need, make the directories (`mkdir`, whose
+//! `EEXIST` also reveals a leftover cgroup) and enable the v2 controllers ourselves,
+//! write each limit as a plain file opened without `O_CREAT` (a missing file is an
+//! error naming it, with no `stat` before: every path walk through cgroupfs costs
+//! about as much as the write), and read every limit back. Plain files are also used
+//! where cgroups-rs has no knob or reader (`memory.oom.group`, the OOM counters,
 //! `cgroup.subtree_control`, reading the memory limit back), each with a comment.
 
 use std::fs;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -87,7 +88,8 @@ impl ExecutorSettings {
     }
 
     /// Writes the task file and the agent's record into a new sandbox and starts the
-    /// executor in its own session, stdin null, stdout/stderr to files in `.drover/`,
+    /// executor in its own session, stdin and stdout null, stderr to
+    /// `.drover/executor.stderr`,
     /// with the write end of a readiness pipe (`--ready-fd N`), so the agent
     /// learns the moment the executor's socket listens instead of polling for it.
     /// The child must be reaped by the caller (`wait`).
@@ -109,18 +111,22 @@ impl ExecutorSettings {
             path: task_file.clone(),
             source: std::io::Error::other(e),
         })?;
-        crate::outbox::write_atomic(&task_file, &bytes, false).map_err(prep(&task_file))?;
-        let out_path = drover.join("executor.stdout");
+        // Written in place, not through a temp file + rename: the sandbox is new and
+        // no executor reads it before the spawn below, and an agent crash before the
+        // spawn leaves a sandbox without a live executor either way (LOST on restart).
+        fs::File::create_new(&task_file)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(prep(&task_file))?;
+        // The executor's stdout repeats, as JSON lines, the statuses the agent gets
+        // over the socket and `status.json` keeps: nobody reads it here, so it goes
+        // to /dev/null instead of costing a file (an inode) per task. Its stderr is
+        // kept: `last_stderr_line` explains a death with it.
         let err_path = drover.join("executor.stderr");
-        let open = |p: &Path| {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(prep(p))
-        };
-        let stdout = open(&out_path)?;
-        let stderr = open(&err_path)?;
+        let stderr = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&err_path)
+            .map_err(prep(&err_path))?;
         let (ready_rx, ready_tx) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| {
                 ExecutorError::Prepare {
@@ -134,7 +140,7 @@ impl ExecutorSettings {
             .arg(ready_tx.as_raw_fd().to_string())
             .current_dir(&sandbox)
             .stdin(Stdio::null())
-            .stdout(stdout)
+            .stdout(Stdio::null())
             .stderr(stderr);
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(false);
@@ -167,19 +173,23 @@ impl ExecutorSettings {
                 None
             }
         };
-        let meta = AgentMeta {
-            exclusive: assignment.exclusive,
-            executor_pid: child.id(),
-        };
-        // Written once, after the spawn (each rewrite costs a new inode, and on a
-        // journal-less ext4 every inode freed in the last seconds slows the next
-        // allocation). Best effort and not fsync'd: the socket is the main liveness
-        // signal and the /proc scan at restart finds an executor whose pid was never
-        // recorded; an agent crash keeps the page cache, and a host crash ends the
+        // Only an exclusive task needs `agent.json`: a restarted agent that cannot
+        // reach the master must know to kill it after the lease. For any other task
+        // the file would repeat what is known without it (not exclusive is the
+        // default; the executor's pid is in its own `status.json`, and the /proc
+        // scan at restart finds an executor that has not written one yet), and it
+        // cost an inode per task. Written once, after the spawn. Best effort and not
+        // fsync'd: an agent crash keeps the page cache, and a host crash ends the
         // executor too. An agent crash in between loses only `exclusive` until the
         // next assignment set says it again.
-        if let Err(e) = layout.write_meta(task_id, &meta, false) {
-            tracing::warn!(task_id, error = %e, "could not record executor pid");
+        if assignment.exclusive {
+            let meta = AgentMeta {
+                exclusive: true,
+                executor_pid: child.id(),
+            };
+            if let Err(e) = layout.write_meta(task_id, &meta, false) {
+                tracing::warn!(task_id, error = %e, "could not record the task as exclusive");
+            }
         }
         Ok(Spawned { child, ready })
     }

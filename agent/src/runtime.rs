@@ -62,6 +62,10 @@ const MAX_STARTING: usize = 8;
 const MASTER_LEASE: &str = "master-lease";
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
+/// How often the outbox's ack record is written when it changed. Each write is a
+/// temp file + rename (an inode created, one freed); losing the latest changes only
+/// resends updates the master ignores.
+const ACK_FLUSH: Duration = Duration::from_secs(2);
 
 /// The tasks this host holds, with what the runtime needs beside the pure view.
 #[derive(Default)]
@@ -90,6 +94,8 @@ struct Shared {
     applied_version: AtomicU64,
     heartbeat_ms: AtomicU64,
     last_contact: Mutex<Instant>,
+    /// Wall-clock ms last written to `<data_dir>/last-contact` (0: not yet).
+    contact_recorded_ms: Mutex<u64>,
     /// The exclusive lease in ms: the master's `exclusive_lease` once learned (kept in
     /// `<data_dir>/master-lease` across restarts), else the configured `lease`.
     lease_ms: AtomicU64,
@@ -282,6 +288,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         applied_version: AtomicU64::new(0),
         heartbeat_ms: AtomicU64::new(5000),
         last_contact: Mutex::new(last_contact),
+        contact_recorded_ms: Mutex::new(0),
         lease_ms: AtomicU64::new(lease.as_millis() as u64),
         epoch,
         reregister: Notify::new(),
@@ -389,14 +396,38 @@ fn learn_lease(shared: &Shared, from_master: Option<u64>) {
 /// Records a contact with the master as of `sent`, when the answered request left:
 /// the master heard the agent no earlier than that, so the exclusive lease never
 /// counts from later than the master's own clock does, even when a partition held
-/// the answer back.
+/// the answer back. The in-memory contact is exact; the file is rewritten only when
+/// `contact_needs_recording` says so (see there for why a stale file is safe).
 fn record_contact(shared: &Shared, sent: Instant) {
     *lock(&shared.last_contact) = sent;
-    let path = shared.cfg.data_dir.join("last-contact");
     let sent_ms = now_ms().saturating_sub(sent.elapsed().as_millis() as u64);
+    {
+        let mut recorded = lock(&shared.contact_recorded_ms);
+        if !contact_needs_recording(*recorded, sent_ms) {
+            return;
+        }
+        *recorded = sent_ms;
+    }
+    let path = shared.cfg.data_dir.join("last-contact");
     if let Err(e) = write_atomic(&path, sent_ms.to_string().as_bytes(), false) {
         tracing::warn!(error = %e, "could not record the last master contact");
     }
+}
+
+/// Most the recorded `last-contact` may lag behind the real last contact.
+const CONTACT_RECORD_EVERY_MS: u64 = 1000;
+
+/// Whether a contact at `sent_ms` must be written to `last-contact` when the file
+/// holds `recorded_ms` (pure). Each rewrite is a temp file + rename, which creates
+/// one inode and frees another, and answered requests come every heartbeat; so the
+/// file is rewritten only once the contact moved on by `CONTACT_RECORD_EVERY_MS`.
+/// The file is read only by a restarted agent, to keep counting the exclusive lease;
+/// a recorded time that is older than the real one makes that agent count the
+/// master as silent for longer, so it kills exclusive tasks at most that much
+/// EARLIER, never later than the master replaces them: the safe side. A contact
+/// that goes backwards (a clock step) is recorded at once, for the same reason.
+fn contact_needs_recording(recorded_ms: u64, sent_ms: u64) -> bool {
+    sent_ms < recorded_ms || sent_ms - recorded_ms >= CONTACT_RECORD_EVERY_MS
 }
 
 // ---------------------------------------------------------------- re-adoption
@@ -435,8 +466,7 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
         let status = shared.layout.read_status(&id);
         let live = executor::socket_is_live(&shared.layout.socket(&id))
             || running.contains_key(&id)
-            || meta
-                .executor_pid
+            || recorded_executor_pid(&shared.layout, &id)
                 .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name));
         match classify(live, status.clone()) {
             Found::Live => {
@@ -459,6 +489,17 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
             }
         }
     }
+}
+
+/// The executor pid recorded in the sandbox: the agent's `agent.json` (written for
+/// exclusive tasks only), else the executor's own `status.json`.
+fn recorded_executor_pid(layout: &crate::sandbox::Layout, id: &str) -> Option<u32> {
+    layout.read_meta(id).executor_pid.or_else(|| {
+        layout
+            .read_status(id)
+            .map(|s| s.executor_pid)
+            .filter(|pid| *pid > 0)
+    })
 }
 
 fn hold_live(
@@ -605,10 +646,7 @@ async fn watch_task(
     };
     let is_alive = |shared: &Shared| match &child_exited {
         Some(rx) => !*rx.borrow(),
-        None => shared
-            .layout
-            .read_meta(&id)
-            .executor_pid
+        None => recorded_executor_pid(&shared.layout, &id)
             .or(known_pid)
             .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name)),
     };
@@ -1118,6 +1156,7 @@ async fn ticker(shared: Arc<Shared>) {
     let gc_every =
         (shared.cfg.sandbox_retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut next_gc = Instant::now() + gc_every;
+    let mut next_ack_flush = Instant::now() + ACK_FLUSH;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -1126,8 +1165,11 @@ async fn ticker(shared: Arc<Shared>) {
             let mut spawned = lock(&shared.spawned);
             while spawned.try_join_next().is_some() {}
         }
-        if let Err(e) = lock(&shared.outbox).flush_acked() {
-            tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+        if Instant::now() >= next_ack_flush {
+            next_ack_flush = Instant::now() + ACK_FLUSH;
+            if let Err(e) = lock(&shared.outbox).flush_acked() {
+                tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+            }
         }
         let since = lock(&shared.last_contact).elapsed();
         {
@@ -1223,6 +1265,15 @@ mod tests {
         std::fs::create_dir_all(&data).unwrap();
         assert_eq!(load_or_create_agent_id(&data, &root, "h").unwrap(), a);
         assert_eq!(std::fs::read_to_string(data.join("agent-id")).unwrap(), a);
+    }
+
+    #[test]
+    fn last_contact_is_rewritten_only_once_it_moved_on_or_went_back() {
+        assert!(contact_needs_recording(0, 5_000));
+        assert!(!contact_needs_recording(5_000, 5_000));
+        assert!(!contact_needs_recording(5_000, 5_999));
+        assert!(contact_needs_recording(5_000, 6_000));
+        assert!(contact_needs_recording(5_000, 4_999), "a clock step back");
     }
 
     #[test]

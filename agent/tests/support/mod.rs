@@ -314,20 +314,25 @@ impl AgentDirs {
         status["state"].as_str().map(str::to_string)
     }
 
-    /// The executor pid the agent recorded for the task.
+    /// The executor pid recorded in the task's sandbox: the agent's `agent.json`
+    /// (exclusive tasks only), else the executor's `status.json`.
     pub fn recorded_executor(&self, task_id: &str) -> Option<i32> {
-        let bytes = std::fs::read(self.drover(task_id).join("agent.json")).ok()?;
-        let meta: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        meta["executor_pid"].as_i64().map(|p| p as i32)
+        ["agent.json", "status.json"].iter().find_map(|file| {
+            let bytes = std::fs::read(self.drover(task_id).join(file)).ok()?;
+            let meta: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+            meta["executor_pid"].as_i64().map(|p| p as i32)
+        })
     }
-    /// Batch files still in the outbox.
+    /// Outbox segments (and old-style batch files) that still hold updates: an
+    /// empty segment is one whose updates were all acknowledged.
     pub fn outbox_files(&self) -> usize {
         std::fs::read_dir(self.data().join("outbox"))
             .map(|d| {
                 d.filter(|e| {
-                    let name = e.as_ref().unwrap().file_name();
-                    let name = name.to_string_lossy().into_owned();
-                    name.ends_with(".json") && name != "acked.json"
+                    let e = e.as_ref().unwrap();
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    (name.ends_with(".log") || (name.ends_with(".json") && name != "acked.json"))
+                        && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
                 })
                 .count()
             })

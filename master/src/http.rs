@@ -396,6 +396,47 @@ fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, Api
     }
 }
 
+/// What an assignment long poll does next.
+#[derive(Debug, PartialEq, Eq)]
+enum PollStep {
+    /// Answer with the current set.
+    Answer,
+    /// Wait for the agent's wake-up (or the deadline); with `on_commit`, also for
+    /// the store's next commit.
+    Wait { on_commit: bool },
+}
+
+/// Decides a long poll's next step (pure). `after` is the agent's version (None:
+/// answer at once), `version`/`change_seq` the set's current version and the batch
+/// that last changed it, `notified` the version of its latest change that wakes the
+/// agent (tasks the agent reported ending leave the set without waking it: a poll
+/// that has seen every other change waits and gets them later). Nothing is served
+/// before it is committed. A change to answer that is not committed yet may never
+/// wake the poll: only commits of changes that notify the agent do, and a later
+/// non-notifying change may have moved `change_seq` past the notifying one; so the
+/// poll then also waits for commit progress (without that it slept until `wait_ms`,
+/// 30 s stalls at the end of a burst of tasks).
+fn poll_step(
+    after: Option<u64>,
+    version: u64,
+    notified: u64,
+    change_seq: u64,
+    committed: u64,
+    timed_out: bool,
+) -> PollStep {
+    let changed = match after {
+        Some(a) => a < notified || a > version,
+        None => true,
+    };
+    if !(changed || timed_out) {
+        PollStep::Wait { on_commit: false }
+    } else if change_seq <= committed {
+        PollStep::Answer
+    } else {
+        PollStep::Wait { on_commit: true }
+    }
+}
+
 /// Response header of the assignment long poll: milliseconds the master held it.
 pub const HELD_HEADER: &str = "x-drover-held-ms";
 
@@ -411,6 +452,7 @@ async fn assignments(
     let received = tokio::time::Instant::now();
     let deadline = received + Duration::from_millis(wait_ms);
     let mut rx = m.notifier().subscribe(&id);
+    let mut commits = m.commit_state().subscribe();
     let mut stopping = m.stopping();
     loop {
         if *stopping.borrow_and_update() {
@@ -422,23 +464,21 @@ async fn assignments(
             ));
         }
         rx.borrow_and_update();
+        commits.borrow_and_update();
         let committed = m.commit_state().committed();
+        let mut awaits_commit = false;
         let ready = m.read(|c| {
             let (version, change_seq) = c.agent_version(&id).ok_or_else(|| {
                 ApiErr::not_found(&format!("agent {id}: register first"), "agent_id")
             })?;
-            // Tasks the agent reported ending leave its set without waking it: a
-            // poll that has seen every other change waits (and gets them later).
             let notified = c.agent_notified_version(&id).unwrap_or(version);
-            let changed = match after {
-                Some(a) => a < notified || a > version,
-                None => true,
-            };
             let timed_out = tokio::time::Instant::now() >= deadline;
-            if change_seq <= committed && (changed || timed_out) {
-                Ok::<_, ApiErr>(c.assignment_set(&id))
-            } else {
-                Ok(None)
+            match poll_step(after, version, notified, change_seq, committed, timed_out) {
+                PollStep::Answer => Ok::<_, ApiErr>(c.assignment_set(&id)),
+                PollStep::Wait { on_commit } => {
+                    awaits_commit = on_commit;
+                    Ok(None)
+                }
             }
         })?;
         if let Some(set) = ready {
@@ -456,6 +496,11 @@ async fn assignments(
         }
         tokio::select! {
             r = rx.changed() => {
+                if r.is_err() {
+                    return Err(ApplyError::StoreFailed.into());
+                }
+            }
+            r = commits.changed(), if awaits_commit => {
                 if r.is_err() {
                     return Err(ApplyError::StoreFailed.into());
                 }
@@ -516,6 +561,29 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poll_with_an_uncommitted_change_to_answer_waits_for_the_commit() {
+        // The agent is at version 5; version 6 (batch 10) wakes it, then a task it
+        // reported ending made version 7 (batch 11) without waking it.
+        let step = |committed, timed_out| poll_step(Some(5), 7, 6, 11, committed, timed_out);
+        assert_eq!(step(10, false), PollStep::Wait { on_commit: true });
+        assert_eq!(step(11, false), PollStep::Answer);
+        assert_eq!(step(10, true), PollStep::Wait { on_commit: true });
+    }
+
+    #[test]
+    fn a_poll_that_saw_every_waking_change_waits_for_the_next_or_its_deadline() {
+        // At the notified version; only an ending left the set since.
+        assert_eq!(
+            poll_step(Some(6), 7, 6, 11, 11, false),
+            PollStep::Wait { on_commit: false }
+        );
+        assert_eq!(poll_step(Some(6), 7, 6, 11, 11, true), PollStep::Answer);
+        assert_eq!(poll_step(None, 7, 6, 11, 11, false), PollStep::Answer);
+        // A version from the future (a restarted master) is answered at once.
+        assert_eq!(poll_step(Some(9), 7, 6, 11, 11, false), PollStep::Answer);
+    }
 
     #[test]
     fn nesting_beyond_the_limit_is_rejected_but_brackets_in_strings_are_not() {

@@ -400,6 +400,33 @@ impl Outbox {
         Ok(())
     }
 
+    /// Closes and removes the open segment when nothing in it waits for an
+    /// acknowledgement, so that a drained outbox holds no segment (the agent calls
+    /// this every 2 s: at most one segment created and removed per call, instead of
+    /// a file per batch). Returns whether one was removed.
+    pub fn close_idle_segment(&mut self) -> Result<bool, OutboxError> {
+        let Some(segment) = self.active.as_ref().map(|a| a.segment) else {
+            return Ok(false);
+        };
+        if self
+            .segments
+            .get(&segment)
+            .is_some_and(|live| !live.is_empty())
+        {
+            return Ok(false);
+        }
+        self.active = None;
+        self.segments.remove(&segment);
+        if let Some(path) = self.files.remove(&segment) {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &path)(e)),
+            }
+        }
+        Ok(true)
+    }
+
     /// Drops the ack record of a task whose sandbox was garbage collected.
     pub fn forget(&mut self, task_id: &str) {
         if self.acked.remove(task_id).is_some() {
@@ -576,9 +603,17 @@ mod tests {
         assert_eq!(segment_sizes(dir.path()), vec![0], "kept, emptied");
         ob.put(vec![update("a", 6)]).unwrap();
         assert_eq!(segment_sizes(dir.path()).len(), 1);
+        assert!(!ob.close_idle_segment().unwrap(), "a6 still waits");
         drop(ob);
-        let ob = Outbox::open(dir.path()).unwrap();
+        let mut ob = Outbox::open(dir.path()).unwrap();
         assert_eq!(ob.pending(10), vec![update("a", 6)]);
+        ob.put(vec![update("a", 7)]).unwrap();
+        ob.ack(&[("a".into(), 7)]).unwrap();
+        assert_eq!(segment_sizes(dir.path()).len(), 1, "a6's segment is gone");
+        assert!(ob.close_idle_segment().unwrap());
+        assert!(segment_sizes(dir.path()).is_empty(), "a drained outbox");
+        ob.put(vec![update("a", 8)]).unwrap();
+        assert_eq!(ob.pending(10), vec![update("a", 8)]);
     }
 
     #[test]

@@ -332,8 +332,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let _ = stop_tx.send(true);
     tasks.shutdown().await;
-    if let Err(e) = lock(&shared.outbox).flush_acked() {
-        tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+    {
+        let mut outbox = lock(&shared.outbox);
+        if let Err(e) = outbox.flush_acked() {
+            tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+        }
+        if let Err(e) = outbox.close_idle_segment() {
+            tracing::warn!(error = %e, "could not remove the drained outbox segment");
+        }
     }
     let mut spawned = std::mem::take(&mut *lock(&shared.spawned));
     spawned.shutdown().await;
@@ -1167,8 +1173,12 @@ async fn ticker(shared: Arc<Shared>) {
         }
         if Instant::now() >= next_ack_flush {
             next_ack_flush = Instant::now() + ACK_FLUSH;
-            if let Err(e) = lock(&shared.outbox).flush_acked() {
+            let mut outbox = lock(&shared.outbox);
+            if let Err(e) = outbox.flush_acked() {
                 tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+            }
+            if let Err(e) = outbox.close_idle_segment() {
+                tracing::warn!(error = %e, "could not remove the drained outbox segment");
             }
         }
         let since = lock(&shared.last_contact).elapsed();

@@ -122,10 +122,11 @@ impl Layout {
             .map_err(io_err(&self.task_file()))
     }
 
-    /// Checkpoints a status atomically: write a temp file, fsync, rename over
-    /// `status.json`. Every change is checkpointed this way, so an agent reading the
-    /// file after an executor crash, or after a host crash, sees one whole status,
-    /// never a torn one. Measured on this class of disk: 0.4 ms per checkpoint.
+    /// Checkpoints a status atomically ([`write_atomic`]: write a spare file, fsync,
+    /// rename it over `status.json`). Every change is checkpointed this way, so an
+    /// agent reading the file after an executor crash, or after a host crash, sees one
+    /// whole status, never a torn one. Measured on this class of disk: 0.4 ms per
+    /// checkpoint.
     pub fn write_status(&self, status: &ExecutorStatus) -> io::Result<()> {
         write_atomic(&self.status_file(), &serde_json::to_vec(status)?)
     }
@@ -137,13 +138,27 @@ impl Layout {
     }
 }
 
-/// Write to `<path>.tmp`, fsync, rename over `path`.
+/// Writes `data` to the spare file `<path>.prev`, fsyncs it, and renames it over
+/// `path` by exchanging the two names (`renameat2(RENAME_EXCHANGE)`), so readers of
+/// `path` see the old content or the new, never a mix. The exchange leaves the
+/// previous checkpoint in `<path>.prev`, which the next write truncates and reuses:
+/// a task's checkpoints use two inodes in all instead of creating one and freeing
+/// one per change (on journal-less ext4 every inode freed in the last ~30 s is
+/// skipped, with a disk block lookup, by every later allocation in its group). The
+/// first write, and a filesystem without the exchange, use a plain rename.
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let mut f = fs::File::create(&tmp)?;
+    use nix::errno::Errno;
+    use nix::fcntl::{renameat2, RenameFlags};
+    let spare = path.with_extension("json.prev");
+    let mut f = fs::File::create(&spare)?;
     f.write_all(data)?;
     f.sync_data()?;
-    fs::rename(&tmp, path)
+    match renameat2(None, &spare, None, path, RenameFlags::RENAME_EXCHANGE) {
+        Ok(()) => Ok(()),
+        // ENOENT: no checkpoint yet to exchange with; EINVAL: no exchange here.
+        Err(Errno::ENOENT | Errno::EINVAL) => fs::rename(&spare, path),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Finds the task user: `task.user`, else the role. As root the executor switches to
@@ -304,11 +319,23 @@ mod tests {
         layout.write_status(&long).unwrap();
         let short = status(2, TaskState::Running, "up");
         layout.write_status(&short).unwrap();
-        assert_eq!(layout.read_status(), Some(short));
+        assert_eq!(layout.read_status(), Some(short.clone()));
+        let spare = layout.status_file().with_extension("json.prev");
+        let inodes = || {
+            use std::os::unix::fs::MetadataExt;
+            let mut v = [&layout.status_file(), &spare].map(|p| fs::metadata(p).unwrap().ino());
+            v.sort();
+            v
+        };
+        let before = inodes();
         let done = status(3, TaskState::Finished, "done");
         layout.write_status(&done).unwrap();
         assert_eq!(layout.read_status(), Some(done));
-        assert!(!layout.status_file().with_extension("json.tmp").exists());
+        assert_eq!(inodes(), before, "the two files trade names, no new inode");
+        // The spare holds the checkpoint before last, whole.
+        let prev = fs::read(&spare).unwrap();
+        let prev: ExecutorStatus = serde_json::from_slice(&prev).unwrap();
+        assert_eq!(prev, short);
     }
 
     #[test]

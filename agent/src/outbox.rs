@@ -373,13 +373,19 @@ impl Outbox {
                 }
                 continue;
             }
-            self.segments.remove(&segment);
-            if let Some(path) = self.files.remove(&segment) {
-                match fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io("remove", &path)(e)),
-                }
+            self.remove_segment(segment)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets a segment and removes its file (already gone is fine).
+    fn remove_segment(&mut self, segment: u64) -> Result<(), OutboxError> {
+        self.segments.remove(&segment);
+        if let Some(path) = self.files.remove(&segment) {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &path)(e)),
             }
         }
         Ok(())
@@ -416,14 +422,7 @@ impl Outbox {
             return Ok(false);
         }
         self.active = None;
-        self.segments.remove(&segment);
-        if let Some(path) = self.files.remove(&segment) {
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("remove", &path)(e)),
-            }
-        }
+        self.remove_segment(segment)?;
         Ok(true)
     }
 

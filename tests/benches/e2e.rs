@@ -21,7 +21,6 @@
 //! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`
 //! or `BENCH_ONLY=throughput` runs one part.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -214,7 +213,7 @@ fn cluster_cpu(cluster: &mut Cluster) -> Cpu {
         let (own, _) = proc_cpu(master.pid());
         cpu.master = own;
     }
-    for pid in agent_pids(cluster.dir()) {
+    for pid in cluster.agent_pids() {
         let (own, children) = proc_cpu(pid);
         cpu.agents += own;
         cpu.children += children;
@@ -245,27 +244,6 @@ fn proc_cpu(pid: u32) -> (f64, f64) {
         [u, s, cu, cs] => ((u + s) / tick, (cu + cs) / tick),
         _ => (0.0, 0.0),
     }
-}
-
-/// The pids of the agents of the cluster in `dir` (their data dirs are under it).
-fn agent_pids(dir: &Path) -> Vec<u32> {
-    let needle = dir.display().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                let c = String::from_utf8_lossy(&c);
-                c.split('\0')
-                    .next()
-                    .is_some_and(|a| a.ends_with("drover-agent"))
-                    && c.contains(&needle)
-            })
-        })
-        .collect()
 }
 
 /// Polls a task every millisecond until it is in `goal`.

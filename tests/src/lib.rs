@@ -495,10 +495,7 @@ impl Cluster {
 
     /// The cluster's directory: master and agent data, logs, sandboxes.
     pub fn dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map(|d| d.path())
-            .unwrap_or(Path::new("/nonexistent"))
+        temp_dir_path(&self.dir)
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
@@ -578,6 +575,11 @@ impl Cluster {
     /// The master's process, e.g. to check it is still running.
     pub fn master(&mut self) -> Option<&mut Proc> {
         self.master.as_mut()
+    }
+
+    /// The pids of the cluster's agents.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        self.agents.iter().map(Proc::pid).collect()
     }
 
     /// The sandbox directory of a task, on whichever agent ran it.
@@ -733,10 +735,23 @@ impl Drop for Cluster {
         if let Some(master) = self.master.as_mut() {
             master.kill();
         }
-        if std::env::var_os("DROVER_KEEP_TEST_DIRS").is_some() {
-            if let Some(kept) = self.dir.take() {
-                eprintln!("kept {}", kept.keep().display());
-            }
+        keep_temp_dir_if_asked(&mut self.dir);
+    }
+}
+
+/// The path of a cluster's temporary directory (`/nonexistent` once it was kept).
+fn temp_dir_path(dir: &Option<tempfile::TempDir>) -> &Path {
+    dir.as_ref()
+        .map(|d| d.path())
+        .unwrap_or(Path::new("/nonexistent"))
+}
+
+/// With `DROVER_KEEP_TEST_DIRS` set, keeps a cluster's temporary directory (and says
+/// where) instead of letting it be removed on drop.
+fn keep_temp_dir_if_asked(dir: &mut Option<tempfile::TempDir>) {
+    if std::env::var_os("DROVER_KEEP_TEST_DIRS").is_some() {
+        if let Some(kept) = dir.take() {
+            eprintln!("kept {}", kept.keep().display());
         }
     }
 }

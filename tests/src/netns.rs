@@ -28,7 +28,10 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::{bin, log_tail, poll_for, process_alive, spawn_master, AdminApi, Proc, WAIT};
+use crate::{
+    bin, keep_temp_dir_if_asked, log_tail, poll_for, process_alive, spawn_master, temp_dir_path,
+    AdminApi, Proc, WAIT,
+};
 
 /// Where subnet claims live: `<a>.pid` holds the pid of the test process using
 /// `10.<a>.0.0/16`.
@@ -365,7 +368,8 @@ pub struct NetCluster {
     /// The cgroup parent of this cluster's tasks (`drover-t<pid>-<n>`).
     pub cgroup_parent: String,
     dir: Option<tempfile::TempDir>,
-    claim: SubnetClaim,
+    /// Held for its Drop: releases the subnet block.
+    _claim: SubnetClaim,
 }
 
 impl NetCluster {
@@ -403,7 +407,7 @@ impl NetCluster {
             port: 0,
             cgroup_parent,
             dir: Some(dir),
-            claim,
+            _claim: claim,
         };
         cluster.start_master()?;
         for (k, ns) in namespaces.into_iter().enumerate() {
@@ -422,15 +426,7 @@ impl NetCluster {
 
     /// The cluster's temporary directory.
     pub fn dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map(|d| d.path())
-            .unwrap_or(Path::new("/nonexistent"))
-    }
-
-    /// The subnet block `10.<octet>.0.0/16` of this cluster.
-    pub fn octet(&self) -> u8 {
-        self.claim.octet
+        temp_dir_path(&self.dir)
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
@@ -545,12 +541,6 @@ rack = "r{k}"
         &self.agents[k]
     }
 
-    /// Agent k's pid, if it runs.
-    pub fn agent_pid(&mut self, k: usize) -> Option<u32> {
-        let proc = self.agents.get_mut(k)?.proc.as_mut()?;
-        proc.is_running().then(|| proc.pid())
-    }
-
     /// Agent k's id (from its data dir, else its sandbox root).
     pub fn agent_id(&self, k: usize) -> anyhow::Result<String> {
         let agent = &self.agents[k];
@@ -558,11 +548,6 @@ rack = "r{k}"
             .or_else(|_| std::fs::read_to_string(agent.sandbox_root.join(".agent-id")))
             .map(|s| s.trim().to_string())
             .with_context(|| format!("agent {k} has no id yet"))
-    }
-
-    /// Which agent index an agent id belongs to.
-    pub fn agent_index(&self, agent_id: &str) -> Option<usize> {
-        (0..self.agents.len()).find(|k| self.agent_id(*k).ok().as_deref() == Some(agent_id))
     }
 
     /// `kill -9` of the master.
@@ -842,11 +827,7 @@ impl Drop for NetCluster {
             master.kill();
         }
         self.remove_cgroups();
-        if std::env::var_os("DROVER_KEEP_TEST_DIRS").is_some() {
-            if let Some(kept) = self.dir.take() {
-                eprintln!("kept {}", kept.keep().display());
-            }
-        }
+        keep_temp_dir_if_asked(&mut self.dir);
     }
 }
 
@@ -881,11 +862,6 @@ pub fn check_history(task: &TaskView) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads a file of the sandbox as text ("" if missing).
-pub fn read_text(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 /// Builds a job spec (role www-data, env test) running `cmdline` with tiny resources,
 /// a 1 s finalization wait and `partition_policy` as given.
 pub fn fault_job(
@@ -913,15 +889,4 @@ pub fn fault_job(
 /// The job key of `fault_job(name, ..)`.
 pub fn key(name: &str) -> String {
     format!("www-data/test/{name}")
-}
-
-/// Sleeps while sampling `f` every `every`; returns the samples.
-pub fn sample_for<T>(total: Duration, every: Duration, mut f: impl FnMut() -> T) -> Vec<T> {
-    let deadline = Instant::now() + total;
-    let mut out = Vec::new();
-    while Instant::now() < deadline {
-        out.push(f());
-        std::thread::sleep(every);
-    }
-    out
 }

@@ -180,7 +180,8 @@ pub fn load_or_create_agent_id(
 ) -> std::io::Result<String> {
     let path = data_dir.join("agent-id");
     let copy = sandbox_root.join(".agent-id");
-    let id = match read_id(&path)? {
+    let saved = read_id(&path)?;
+    let id = match saved.clone() {
         Some(id) => id,
         None => match read_id(&copy)? {
             Some(id) => {
@@ -190,7 +191,7 @@ pub fn load_or_create_agent_id(
             None => new_agent_id(hostname),
         },
     };
-    if read_id(&path)?.as_deref() != Some(id.as_str()) {
+    if saved.as_deref() != Some(id.as_str()) {
         write_atomic(&path, id.as_bytes(), true)?;
     }
     if read_id(&copy)?.as_deref() != Some(id.as_str()) {
@@ -332,15 +333,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let _ = stop_tx.send(true);
     tasks.shutdown().await;
-    {
-        let mut outbox = lock(&shared.outbox);
-        if let Err(e) = outbox.flush_acked() {
-            tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
-        }
-        if let Err(e) = outbox.close_idle_segment() {
-            tracing::warn!(error = %e, "could not remove the drained outbox segment");
-        }
-    }
+    flush_outbox(&shared);
     let mut spawned = std::mem::take(&mut *lock(&shared.spawned));
     spawned.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
@@ -358,6 +351,18 @@ fn restore_last_contact(data_dir: &Path) -> Instant {
             now.checked_sub(ago).unwrap_or(now)
         }
         None => now,
+    }
+}
+
+/// Records the acknowledgements kept in memory and removes the outbox segment once
+/// nothing in it waits (every [`ACK_FLUSH`] and at shutdown); failures are logged.
+fn flush_outbox(shared: &Shared) {
+    let mut outbox = lock(&shared.outbox);
+    if let Err(e) = outbox.flush_acked() {
+        tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
+    }
+    if let Err(e) = outbox.close_idle_segment() {
+        tracing::warn!(error = %e, "could not remove the drained outbox segment");
     }
 }
 
@@ -1173,13 +1178,7 @@ async fn ticker(shared: Arc<Shared>) {
         }
         if Instant::now() >= next_ack_flush {
             next_ack_flush = Instant::now() + ACK_FLUSH;
-            let mut outbox = lock(&shared.outbox);
-            if let Err(e) = outbox.flush_acked() {
-                tracing::warn!(error = %e, "could not record acknowledgements; updates may be resent");
-            }
-            if let Err(e) = outbox.close_idle_segment() {
-                tracing::warn!(error = %e, "could not remove the drained outbox segment");
-            }
+            flush_outbox(&shared);
         }
         let since = lock(&shared.last_contact).elapsed();
         {
@@ -1252,12 +1251,19 @@ async fn collect_sandboxes(shared: &Arc<Shared>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn agent_id_is_created_once_and_kept() {
+    /// A fresh temp dir (dropped with the first element) with empty `data` and
+    /// `root` directories: a data dir and a sandbox root.
+    fn data_and_sandbox_root() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let (data, root) = (dir.path().join("data"), dir.path().join("root"));
         std::fs::create_dir_all(&data).unwrap();
         std::fs::create_dir_all(&root).unwrap();
+        (dir, data, root)
+    }
+
+    #[test]
+    fn agent_id_is_created_once_and_kept() {
+        let (_dir, data, root) = data_and_sandbox_root();
         let a = load_or_create_agent_id(&data, &root, "host.example").unwrap();
         let b = load_or_create_agent_id(&data, &root, "other").unwrap();
         assert_eq!(a, b);
@@ -1266,10 +1272,7 @@ mod tests {
 
     #[test]
     fn a_lost_data_dir_keeps_the_agent_id_from_the_sandbox_root() {
-        let dir = tempfile::tempdir().unwrap();
-        let (data, root) = (dir.path().join("data"), dir.path().join("root"));
-        std::fs::create_dir_all(&data).unwrap();
-        std::fs::create_dir_all(&root).unwrap();
+        let (_dir, data, root) = data_and_sandbox_root();
         let a = load_or_create_agent_id(&data, &root, "h").unwrap();
         std::fs::remove_dir_all(&data).unwrap();
         std::fs::create_dir_all(&data).unwrap();

@@ -29,22 +29,20 @@ impl Core {
         if retry {
             let jobs: Vec<String> = self.blocked.keys().cloned().collect();
             for job in jobs {
-                while let Some(id) = self.blocked.get(&job).and_then(|q| q.front()).cloned() {
-                    let pending = self
-                        .tasks
-                        .get(&id)
-                        .is_some_and(|t| t.status.state == TaskState::Pending);
-                    if pending && !self.try_place(&job, &id, &mut limits, now) {
+                loop {
+                    self.prune_blocked_front(&job);
+                    let Some(id) = self.blocked.get(&job).and_then(|q| q.front()).cloned() else {
+                        // Every blocked task of the job is placed or gone.
+                        if let Some(j) = self.jobs.get_mut(&job) {
+                            j.pending_reason = None;
+                        }
+                        break;
+                    };
+                    if !self.try_place(&job, &id, &mut limits, now) {
                         break;
                     }
                     if let Some(q) = self.blocked.get_mut(&job) {
                         q.pop_front();
-                    }
-                }
-                if self.blocked.get(&job).is_some_and(|q| q.is_empty()) {
-                    self.blocked.remove(&job);
-                    if let Some(j) = self.jobs.get_mut(&job) {
-                        j.pending_reason = None;
                     }
                 }
             }
@@ -59,10 +57,8 @@ impl Core {
             let job = task.job.clone();
             // A job with blocked tasks blocks its newcomers too: they are identical.
             self.prune_blocked_front(&job);
-            if self.blocked.get(&job).is_some_and(|q| !q.is_empty()) {
-                if let Some(q) = self.blocked.get_mut(&job) {
-                    q.push_back(id);
-                }
+            if let Some(q) = self.blocked.get_mut(&job).filter(|q| !q.is_empty()) {
+                q.push_back(id);
                 continue;
             }
             if !self.try_place(&job, &id, &mut limits, now) {
@@ -135,9 +131,7 @@ impl Core {
                 true
             }
             Err(reason) => {
-                if job.pending_reason.as_deref() != Some(reason.as_str()) {
-                    job.pending_reason = Some(reason);
-                }
+                job.pending_reason = Some(reason);
                 false
             }
         }

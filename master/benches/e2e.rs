@@ -26,6 +26,22 @@ async fn get_json<T: serde::de::DeserializeOwned>(http: &reqwest::Client, url: S
     http.get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// POSTs a job spec to `base` and checks it was created (201).
+async fn create_job(
+    http: &reqwest::Client,
+    base: &str,
+    spec: &serde_json::Value,
+) -> reqwest::Response {
+    let r = http
+        .post(format!("{base}/v1/jobs"))
+        .json(spec)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    r
+}
+
 fn config(dir: &std::path::Path) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -133,13 +149,7 @@ async fn latency() {
     for i in 0..200 {
         let t0 = Instant::now();
         let before = done.load(Ordering::SeqCst);
-        let r = http
-            .post(format!("{base}/v1/jobs"))
-            .json(&job(&format!("lat{i}"), 1))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
+        let _response = create_job(&http, &base, &job(&format!("lat{i}"), 1)).await;
         while done.load(Ordering::SeqCst) == before {
             tokio::task::yield_now().await;
         }
@@ -175,13 +185,7 @@ async fn throughput() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t0 = Instant::now();
     let http = reqwest::Client::new();
-    let r = http
-        .post(format!("{base}/v1/jobs"))
-        .json(&job("oneshot", 5_000))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let r = create_job(&http, &base, &job("oneshot", 5_000)).await;
     if std::env::var_os("E2E_DEBUG").is_some() {
         let v: serde_json::Value = r.json().await.unwrap();
         let id = v["tasks"][0].as_str().unwrap().to_string();
@@ -283,13 +287,7 @@ async fn restart() {
             .unwrap();
     }
     for j in 0..10 {
-        let r = http
-            .post(format!("{base}/v1/jobs"))
-            .json(&job(&format!("restart{j}"), 1_000))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 201);
+        let _response = create_job(&http, &base, &job(&format!("restart{j}"), 1_000)).await;
     }
     h.stop().await.unwrap();
     let t0 = Instant::now();

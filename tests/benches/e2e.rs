@@ -103,15 +103,15 @@ fn latency(runs: usize, gap_ms: u64) -> anyhow::Result<()> {
                     .find(|e| e.state == state)
                     .map(|e| e.timestamp_ms as f64)
             };
-            if let (Some(created), Some(reached)) = (at(TaskState::Pending), at(goal)) {
-                master_ms.push(reached - created);
-            }
             let marks = [
                 at(TaskState::Pending),
                 at(TaskState::Assigned),
                 at(TaskState::Starting),
                 at(goal),
             ];
+            if let (Some(created), Some(reached)) = (marks[0], marks[3]) {
+                master_ms.push(reached - created);
+            }
             for (k, phase) in phases.iter_mut().enumerate() {
                 if let (Some(a), Some(b)) = (marks[k], marks[k + 1]) {
                     phase.push(b - a);

@@ -405,26 +405,18 @@ impl FsCgroup {
             let cpu = self.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
-            write_limit(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-            write_limit(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+            let period_file = dir.join("cpu.cfs_period_us");
+            let quota_file = dir.join("cpu.cfs_quota_us");
+            write_limit(&period_file, &CPU_PERIOD_US.to_string())?;
+            write_limit(&quota_file, &quota.to_string())?;
             let period = cpu
                 .cfs_period()
                 .map_err(self.lib("read cpu.cfs_period_us in", dir.to_path_buf()))?;
-            check(
-                &dir.join("cpu.cfs_period_us"),
-                CPU_PERIOD_US,
-                period,
-                period == CPU_PERIOD_US,
-            )?;
+            check(&period_file, CPU_PERIOD_US, period, period == CPU_PERIOD_US)?;
             let read = cpu
                 .cfs_quota()
                 .map_err(self.lib("read cpu.cfs_quota_us in", dir.to_path_buf()))?;
-            check(
-                &dir.join("cpu.cfs_quota_us"),
-                quota,
-                read,
-                read == quota as i64,
-            )?;
+            check(&quota_file, quota, read, read == quota as i64)?;
         }
         if limits.memory_bytes > 0 {
             let mem = self.memory_controller()?;
@@ -477,11 +469,7 @@ impl FsCgroup {
     fn set_memory(&self, mem: &MemController, name: &str, want: u64) -> Result<(), CgroupError> {
         let file = mem.path().join(name);
         if i64::try_from(want).is_err() {
-            return Err(CgroupError::Write {
-                path: file,
-                value: want.to_string(),
-                source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
-            });
+            return Err(above_i64_max(file, want));
         }
         write_limit(&file, &want.to_string())?;
         let read = read_file(&file)?;
@@ -495,11 +483,7 @@ impl FsCgroup {
 
     fn set_pids(&self, pids: &PidController, want: u64) -> Result<(), CgroupError> {
         let file = pids.path().join("pids.max");
-        let value = i64::try_from(want).map_err(|_| CgroupError::Write {
-            path: file.clone(),
-            value: want.to_string(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
-        })?;
+        let value = i64::try_from(want).map_err(|_| above_i64_max(file.clone(), want))?;
         write_limit(&file, &want.to_string())?;
         let read = pids
             .get_pid_max()
@@ -538,6 +522,15 @@ fn make_dir(path: &Path) -> Result<bool, CgroupError> {
             Ok(false)
         }
         Err(e) => Err(err(e)),
+    }
+}
+
+/// The write error for a limit the cgroup files cannot hold (they are signed 64-bit).
+fn above_i64_max(path: PathBuf, want: u64) -> CgroupError {
+    CgroupError::Write {
+        path,
+        value: want.to_string(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, "above i64::MAX"),
     }
 }
 

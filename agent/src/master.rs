@@ -5,14 +5,10 @@ use std::time::Duration;
 
 use drover_common::wire::{
     ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdateBatch,
+    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-
-/// Response header of the assignment long poll: how many milliseconds the master
-/// held the request before answering.
-pub const HELD_HEADER: &str = "x-drover-held-ms";
 
 /// A call to the master failed.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +144,7 @@ impl MasterClient {
         let resp = self.send_ok(req, url.clone()).await?;
         let held = resp
             .headers()
-            .get(HELD_HEADER)
+            .get(ASSIGNMENTS_HELD_MS_HEADER)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .map(Duration::from_millis);
         let set = resp

@@ -212,6 +212,11 @@ pub struct AssignmentSet {
     pub assignments: Vec<Assignment>,
 }
 
+/// Response header of the assignments long poll: how many milliseconds the master
+/// held the request before answering (the agent subtracts it to get the answer's
+/// time in flight).
+pub const ASSIGNMENTS_HELD_MS_HEADER: &str = "x-drover-held-ms";
+
 /// A status change relayed from an executor (or decided by the agent, e.g. executor
 /// lost). `seq` increases per task; the master ignores what it has already applied.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

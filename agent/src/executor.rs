@@ -152,18 +152,17 @@ impl ExecutorSettings {
         // while SPAWN holds, so no other child of the agent gets a copy.
         let child = {
             let _spawning = lock_spawn();
-            set_cloexec(&ready_tx, false).map_err(|source| ExecutorError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
-            let child = cmd.spawn();
-            // The agent's copy is closed right after this; nothing else can fork now.
-            let _ = set_cloexec(&ready_tx, true);
-            child.map_err(|source| ExecutorError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?
-        };
+            set_cloexec(&ready_tx, false).and_then(|()| {
+                let child = cmd.spawn();
+                // The agent's copy is closed right after this; nothing else can fork now.
+                let _ = set_cloexec(&ready_tx, true);
+                child
+            })
+        }
+        .map_err(|source| ExecutorError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
         // Only the child may hold the write end, so that its death reads as EOF.
         drop(ready_tx);
         let ready = match tokio::net::unix::pipe::Receiver::from_owned_fd(ready_rx) {

@@ -277,9 +277,7 @@ impl Outbox {
             let (path, segment) = (active.path.clone(), active.segment);
             self.active = None;
             if self.segments.get(&segment).is_some_and(BTreeSet::is_empty) {
-                self.segments.remove(&segment);
-                self.files.remove(&segment);
-                let _ = fs::remove_file(&path);
+                let _ = self.remove_segment(segment);
             }
             return Err(io("write", &path)(e));
         }

@@ -8,6 +8,18 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_drover-agent");
 
+/// The agent under test, killed if the test fails before it stops.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[test]
 fn bad_flags_and_config_exit_64_naming_the_field() {
     let out = Command::new(BIN).args(["--ram", "lots"]).output().unwrap();
@@ -38,7 +50,7 @@ fn listening_on_port_0_writes_the_bound_address_and_sigterm_stops_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     // Nothing listens on port 9 of 127.0.0.1: the agent keeps retrying to register.
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args(["--master", "http://127.0.0.1:9", "--listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(&data)
@@ -48,6 +60,8 @@ fn listening_on_port_0_writes_the_bound_address_and_sigterm_stops_it() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let mut child = KillOnDrop(child);
+    let child = &mut child.0;
     let deadline = Instant::now() + Duration::from_secs(30);
     let addr = loop {
         if let Ok(a) = std::fs::read_to_string(data.join("agent.addr")) {

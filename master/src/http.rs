@@ -437,9 +437,6 @@ fn poll_step(
     }
 }
 
-/// Response header of the assignment long poll: milliseconds the master held it.
-pub const HELD_HEADER: &str = "x-drover-held-ms";
-
 async fn assignments(
     State(m): State<Shared>,
     Path(id): Path<String>,
@@ -486,9 +483,10 @@ async fn assignments(
             // partition delayed (seed 000) from one that waited for a change.
             let held_ms = received.elapsed().as_millis() as u64;
             let mut response = json(StatusCode::OK, &set);
-            response
-                .headers_mut()
-                .insert(HELD_HEADER, axum::http::HeaderValue::from(held_ms));
+            response.headers_mut().insert(
+                wire::ASSIGNMENTS_HELD_MS_HEADER,
+                axum::http::HeaderValue::from(held_ms),
+            );
             return Ok(response);
         }
         if m.commit_state().failed() {

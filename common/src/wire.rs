@@ -117,6 +117,29 @@ pub enum ExecutorRequest {
     },
 }
 
+/// Agent -> fork server (`drover-executor zygote --socket-fd N`): start one executor.
+/// One SOCK_SEQPACKET message of JSON, carrying two descriptors by SCM_RIGHTS in this
+/// order: the readiness pipe's write end (the child's `--ready-fd`) and the file the
+/// executor's stderr goes to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZygoteRequest {
+    /// The `drover-executor` arguments after the program name, starting with `run`,
+    /// without `--ready-fd` (the zygote passes the descriptor it received).
+    pub args: Vec<String>,
+}
+
+/// Fork server -> agent, one SOCK_SEQPACKET message of JSON each.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ZygoteReply {
+    /// Sent once when the zygote starts serving.
+    Ready { pid: u32, version: String },
+    /// The executor was forked; its pidfd comes along by SCM_RIGHTS.
+    Started { pid: u32 },
+    /// Nothing was forked; `error` says why.
+    Failed { error: String },
+}
+
 // ---------------------------------------------------------------- agent <-> master
 
 /// What an agent offers.

@@ -15,5 +15,6 @@ pub mod runner;
 pub mod sandbox;
 pub mod spawn;
 pub mod users;
+pub mod zygote;
 
 pub use runner::{run, Options};

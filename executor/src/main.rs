@@ -1,5 +1,6 @@
 //! The `drover-executor` binary: parses the command line and hands over to the
-//! library (`run` a task, or `cleanup` after a crashed executor).
+//! library (`run` a task, `zygote` to serve an agent's fork requests, or `cleanup`
+//! after a crashed executor).
 //!
 //! The parser is hand-written rather than clap: clap alone is about a quarter
 //! megabyte of code, and every host runs one executor per task.
@@ -25,6 +26,9 @@ usage:
       --ready-fd N              write a byte to (and close) inherited fd N once the socket listens
       --standalone              debug without an agent: no recovery timeout, exit when
                                 the task ends, Ctrl-C starts the kill escalation
+  drover-executor zygote --socket-fd N
+      fork server for an agent: on the inherited SOCK_SEQPACKET socket N, forks one
+      `run` executor per request (see docs/executor.md); exits when the agent's end closes
   drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent NAME] [--cgroup-root DIR]
       kill everything left in the task's cgroup and remove it (after an executor crash)
 ";
@@ -100,6 +104,25 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
     Ok(opts)
 }
 
+fn zygote(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
+    let mut socket_fd: Option<i32> = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--socket-fd" => socket_fd = Some(value(&mut args, &arg, "a file descriptor number")?),
+            other => return Err(Usage(format!("zygote: unknown argument `{other}`"))),
+        }
+    }
+    let socket_fd = socket_fd.ok_or_else(|| Usage("zygote needs --socket-fd N".into()))?;
+    let parse = |args: &[String]| parse_run(args.iter().cloned()).map_err(|Usage(msg)| msg);
+    match drover_executor::zygote::serve(socket_fd, parse) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("drover-executor zygote: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 fn cleanup(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
     let mut sandbox: Option<PathBuf> = None;
     let mut task_id: Option<String> = None;
@@ -132,6 +155,7 @@ fn main() -> ExitCode {
     let result = match args.next().as_deref() {
         Some("run") => parse_run(args)
             .map(|opts| ExitCode::from(drover_executor::run(opts).clamp(0, 255) as u8)),
+        Some("zygote") => zygote(args),
         Some("cleanup") => cleanup(args),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
@@ -142,7 +166,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Some(other) => Err(Usage(format!(
-            "unknown command `{other}`; use run or cleanup"
+            "unknown command `{other}`; use run, zygote or cleanup"
         ))),
         None => Err(Usage("no command given; use run or cleanup".into())),
     };

@@ -1,0 +1,441 @@
+//! The executor fork server (`drover-executor zygote --socket-fd N`): one resident,
+//! single-threaded executor process per agent that forks (without exec) one child per
+//! task, so that a task does not pay the executor's exec, dynamic linking and start-up
+//! again (Android's zygote, Python's forkserver).
+//!
+//! Protocol (`wire::ZygoteRequest` / `wire::ZygoteReply`) on the inherited
+//! SOCK_SEQPACKET socket: the zygote says `ready` once; then per request (the `run`
+//! arguments, with the readiness pipe's write end and the stderr file attached by
+//! SCM_RIGHTS) it forks, and answers `started` with the child's pidfd attached, or
+//! `failed` when nothing was forked. It exits when the agent's end closes; executors
+//! already forked keep running (each leads its own session), as after an agent crash.
+//!
+//! This process never builds a tokio runtime (its epoll instance and threads would be
+//! inherited by every child): only the child, which becomes an ordinary `run`
+//! executor, does. SIGCHLD stays blocked except inside `ppoll`, so a child exits into
+//! the main loop's reaping and is never reaped between `fork` and `pidfd_open` (its
+//! pid cannot be reused before the pidfd holds it).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+use drover_common::wire::{ZygoteReply, ZygoteRequest};
+use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::runner::Options;
+
+/// Largest request accepted (a run command line is a few hundred bytes).
+const MAX_MESSAGE: usize = 64 * 1024;
+/// Descriptors a request carries: the readiness pipe's write end, the stderr file.
+const REQUEST_FDS: usize = 2;
+
+/// Why the fork server stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ZygoteError {
+    #[error("--socket-fd {fd} is not an open descriptor: {source}; the agent passes it")]
+    Socket { fd: RawFd, source: io::Error },
+    #[error("zygote setup ({what}): {source}")]
+    Setup {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("zygote socket ({what}): {source}")]
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+}
+
+/// Serves fork requests on the inherited socket `socket_fd` until the agent closes its
+/// end. `parse` turns the arguments after `run` into executor options (it must not do
+/// I/O; a mistake is answered as `failed`). Returns in the zygote only; a forked child
+/// runs the task and exits with `run`'s code.
+pub fn serve(
+    socket_fd: RawFd,
+    parse: impl Fn(&[String]) -> Result<Options, String>,
+) -> Result<(), ZygoteError> {
+    let socket = adopt_fd(socket_fd).map_err(|source| ZygoteError::Socket {
+        fd: socket_fd,
+        source,
+    })?;
+    let setup = |what| move |source| ZygoteError::Setup { what, source };
+    let null = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(setup("opening /dev/null"))?;
+    install_sigchld_handler().map_err(setup("SIGCHLD handler"))?;
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), None).map_err(|e| ZygoteError::Setup {
+        what: "blocking SIGCHLD",
+        source: e.into(),
+    })?;
+    let ready = ZygoteReply::Ready {
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    if !reply(&socket, &ready, None)? {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        reap_children();
+        match wait_readable(socket.as_fd()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(ZygoteError::Io {
+                    what: "ppoll",
+                    source,
+                })
+            }
+        }
+        let (len, fds) = match recv_with_fds(socket.as_fd(), &mut buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                let answer = ZygoteReply::Failed {
+                    error: e.to_string(),
+                };
+                if !reply(&socket, &answer, None)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::WouldBlock =>
+            {
+                continue
+            }
+            Err(source) => {
+                return Err(ZygoteError::Io {
+                    what: "recvmsg",
+                    source,
+                })
+            }
+        };
+        if len == 0 && fds.is_empty() {
+            // The agent's end closed: the agent stopped or restarts its zygote.
+            return Ok(());
+        }
+        let (answer, pidfd) = match start(&buf[..len], fds, &socket, &null, &parse) {
+            Ok((pid, pidfd)) => (ZygoteReply::Started { pid }, pidfd),
+            Err(error) => (ZygoteReply::Failed { error }, None),
+        };
+        if !reply(&socket, &answer, pidfd.as_ref().map(|f| f.as_fd()))? {
+            return Ok(());
+        }
+    }
+}
+
+/// Decodes one request and forks its executor: (pid, pidfd), or why nothing was
+/// forked. The pidfd is None only when the kernel cannot make one (before 5.3).
+fn start(
+    message: &[u8],
+    fds: Vec<OwnedFd>,
+    socket: &OwnedFd,
+    null: &File,
+    parse: &impl Fn(&[String]) -> Result<Options, String>,
+) -> Result<(u32, Option<OwnedFd>), String> {
+    let request: ZygoteRequest =
+        serde_json::from_slice(message).map_err(|e| format!("unreadable request: {e}"))?;
+    let Ok::<[OwnedFd; REQUEST_FDS], _>([ready, stderr]) = fds.try_into() else {
+        return Err(format!(
+            "a request carries {REQUEST_FDS} descriptors (readiness pipe, stderr)"
+        ));
+    };
+    let args = match request.args.split_first() {
+        Some((cmd, rest)) if cmd == "run" => rest,
+        _ => return Err("the arguments must start with `run`".into()),
+    };
+    let mut opts = parse(args)?;
+    // Opened here so that a missing sandbox is answered instead of failing in the child.
+    let sandbox = File::open(&opts.sandbox)
+        .map_err(|e| format!("sandbox {}: {e}", opts.sandbox.display()))?;
+    match fork_process().map_err(|e| format!("fork: {e}"))? {
+        Some(pid) => {
+            // The child is not reaped before this (SIGCHLD is blocked and only the
+            // main loop reaps), so `pid` is still the child.
+            let pidfd = match pidfd_open(pid) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    eprintln!("drover-executor zygote: pidfd_open({pid}): {e}");
+                    None
+                }
+            };
+            Ok((pid as u32, pidfd))
+        }
+        None => {
+            let code = match become_executor(socket, null, &stderr, &sandbox) {
+                Ok(()) => {
+                    drop((stderr, sandbox));
+                    opts.ready_fd = Some(ready.into_raw_fd());
+                    crate::runner::run(opts)
+                }
+                Err(e) => {
+                    eprintln!("drover-executor: setting up the forked executor: {e}");
+                    2
+                }
+            };
+            std::process::exit(code)
+        }
+    }
+}
+
+/// In a freshly forked child: undo what the zygote changed (its socket, SIGCHLD's
+/// handler and mask: tasks exec'd later would inherit a blocked mask), then take the
+/// shape an exec'd executor has: own session, stdin and stdout null, stderr to the
+/// given file, working directory the sandbox.
+fn become_executor(
+    socket: &OwnedFd,
+    null: &File,
+    stderr: &OwnedFd,
+    sandbox: &File,
+) -> io::Result<()> {
+    // Closed so that the agent sees the zygote's death as EOF (no child holds its end).
+    nix::unistd::close(socket.as_raw_fd())?;
+    reset_sigchld()?;
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    nix::unistd::setsid()?;
+    nix::unistd::dup2(null.as_raw_fd(), 0)?;
+    nix::unistd::dup2(null.as_raw_fd(), 1)?;
+    nix::unistd::dup2(stderr.as_raw_fd(), 2)?;
+    nix::unistd::fchdir(sandbox.as_raw_fd())?;
+    Ok(())
+}
+
+/// Sends one reply; false when the agent is gone (EPIPE), which ends the zygote.
+fn reply(
+    socket: &OwnedFd,
+    reply: &ZygoteReply,
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<bool, ZygoteError> {
+    let bytes = serde_json::to_vec(reply).map_err(|e| ZygoteError::Io {
+        what: "encoding a reply",
+        source: io::Error::other(e),
+    })?;
+    loop {
+        return match send_with_fds(socket.as_fd(), &bytes, fd.as_slice()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE) | Some(libc::ECONNRESET)) => {
+                Ok(false)
+            }
+            Err(source) => Err(ZygoteError::Io {
+                what: "sendmsg",
+                source,
+            }),
+        };
+    }
+}
+
+/// Reaps every exited child without blocking.
+fn reap_children() {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Takes ownership of the inherited descriptor `fd`, close-on-exec.
+#[allow(unsafe_code)]
+fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl only sets the descriptor flags of `fd` (EBADF when not open).
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open (checked above) and was handed to this process on the
+    // command line for this purpose; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+extern "C" fn on_sigchld(_: libc::c_int) {}
+
+/// Installs a do-nothing SIGCHLD handler without SA_RESTART: its only job is to make
+/// `ppoll` return EINTR when a child exits (the default disposition discards it).
+#[allow(unsafe_code)]
+fn install_sigchld_handler() -> io::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let action = SigAction::new(
+        SigHandler::Handler(on_sigchld),
+        SaFlags::SA_NOCLDSTOP,
+        SigSet::empty(),
+    );
+    // SAFETY: the handler does nothing, so it is async-signal-safe, and no other
+    // handler for SIGCHLD is replaced (this process installs none elsewhere).
+    unsafe { sigaction(Signal::SIGCHLD, &action) }?;
+    Ok(())
+}
+
+/// Back to SIGCHLD's default disposition, in a forked child.
+#[allow(unsafe_code)]
+fn reset_sigchld() -> io::Result<()> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    // SAFETY: restoring the default disposition installs no handler.
+    unsafe { sigaction(Signal::SIGCHLD, &action) }?;
+    Ok(())
+}
+
+/// Waits until `fd` is readable (or hung up), with SIGCHLD unblocked only while
+/// waiting: a child's exit interrupts the wait (EINTR) and is never missed between
+/// reaping and waiting.
+#[allow(unsafe_code)]
+fn wait_readable(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let unblocked = SigSet::empty();
+    // SAFETY: `pfd` is one valid pollfd for the call's duration, a null timeout means
+    // no timeout, and the mask is a valid sigset_t owned by `unblocked`.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, std::ptr::null(), unblocked.as_ref()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one message and the descriptors attached to it (close-on-exec), without
+/// blocking (WouldBlock when none is queued). A message or descriptor list too long
+/// for `buf` is InvalidData. (0, []) means the peer closed. Public for tests that play
+/// the agent.
+#[allow(unsafe_code)]
+pub fn recv_with_fds(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    // u64s keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty header; the pointers set below
+    // point at `iov`, `buf` and `control`, which outlive the recvmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: `msg` describes buffers valid for writing, see above.
+    let n = unsafe {
+        libc::recvmsg(
+            fd.as_raw_fd(),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled, within
+    // the `msg_controllen` it set; each SCM_RIGHTS payload is an array of ints that the
+    // kernel installed as new descriptors in this process, owned by nobody else.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    fds.push(OwnedFd::from_raw_fd(raw));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "request or its descriptors truncated",
+        ));
+    }
+    Ok((n as usize, fds))
+}
+
+/// Sends one message on a SOCK_SEQPACKET socket with `attach` (at most 4 descriptors)
+/// passed by SCM_RIGHTS. A gone peer is EPIPE, never SIGPIPE. Public for tests that
+/// play the agent.
+#[allow(unsafe_code)]
+pub fn send_with_fds(
+    fd: BorrowedFd<'_>,
+    bytes: &[u8],
+    attach: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    if attach.len() > 4 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "at most 4 descriptors per message",
+        ));
+    }
+    let mut control = [0u64; 6];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty header; the pointers set below
+    // point at `iov`, `bytes` and `control`, which outlive the sendmsg call, and the
+    // kernel only reads through them.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !attach.is_empty() {
+        let payload = std::mem::size_of_val(attach) as u32;
+        // SAFETY: CMSG_SPACE of at most 4 ints (32 bytes) fits the 48-byte `control`;
+        // the header and payload are written inside it.
+        unsafe {
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(payload) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
+            let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+            for (i, fd) in attach.iter().enumerate() {
+                std::ptr::write_unaligned(data.add(i), fd.as_raw_fd());
+            }
+        }
+    }
+    // SAFETY: `msg` describes readable buffers, see above; MSG_NOSIGNAL turns a gone
+    // peer into EPIPE instead of a signal.
+    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// fork(): Some(child pid) in the parent, None in the child.
+#[allow(unsafe_code)]
+fn fork_process() -> io::Result<Option<libc::pid_t>> {
+    // SAFETY: this process is single-threaded (the zygote never starts a thread or a
+    // runtime), so the child inherits no lock held by another thread and may run
+    // ordinary Rust code, including the allocator.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(pid)),
+    }
+}
+
+/// pidfd_open(2): a descriptor that refers to `pid` and becomes readable when it exits.
+#[allow(unsafe_code)]
+fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just created this descriptor for us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}

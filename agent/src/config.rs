@@ -46,6 +46,9 @@ pub struct ConfigFile {
     pub executor_recovery_timeout: Option<String>,
     /// Executor `--cgroup-parent`.
     pub cgroup_parent: Option<String>,
+    /// Fork executors from one resident `drover-executor zygote` instead of exec'ing
+    /// the binary per task (default true).
+    pub executor_fork_server: Option<bool>,
     /// Exclusive tasks are killed after this long without a successful heartbeat,
     /// unless the master sends its own `exclusive_lease` (which wins).
     pub lease: Option<String>,
@@ -76,6 +79,8 @@ pub struct Config {
     pub allow_root: bool,
     pub executor_recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// Fork executors from a resident fork server (else exec each).
+    pub executor_fork_server: bool,
     /// Fallback exclusive lease for a master that does not send its own.
     pub lease: Duration,
     pub sandbox_retention: Duration,
@@ -169,6 +174,7 @@ impl ConfigFile {
             allow_root,
             executor_recovery_timeout,
             cgroup_parent,
+            executor_fork_server,
             lease,
             sandbox_retention,
             poll_wait,
@@ -305,6 +311,7 @@ impl ConfigFile {
             allow_root: self.allow_root.unwrap_or(false),
             executor_recovery_timeout,
             cgroup_parent: self.cgroup_parent,
+            executor_fork_server: self.executor_fork_server.unwrap_or(true),
             lease,
             sandbox_retention,
             poll_wait,
@@ -408,6 +415,9 @@ mod tests {
         assert_eq!(c.attributes.get("host").unwrap(), "h1");
         assert_eq!(c.executor, PathBuf::from("/x/drover-executor"));
         assert_eq!(c.lease, Duration::from_secs(10));
+        assert!(c.executor_fork_server, "executors are forked by default");
+        let off: ConfigFile = toml::from_str("executor_fork_server = false").unwrap();
+        assert!(!off.resolve(&host()).unwrap().executor_fork_server);
     }
 
     #[test]

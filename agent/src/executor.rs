@@ -1,17 +1,21 @@
-//! Talking to executors: spawning one detached per task, the Unix socket protocol
-//! (subscribe, kill), telling whether one is still alive, and running
-//! `drover-executor cleanup` after one died.
+//! Talking to executors: spawning one detached per task (forked by the resident fork
+//! server, `drover-executor zygote`, or exec'd), the Unix socket protocol (subscribe,
+//! kill), telling whether one is still alive, and running `drover-executor cleanup`
+//! after one died.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use drover_common::state::ExitReason;
-use drover_common::wire::{Assignment, ExecutorRequest, ExecutorStatus};
+use drover_common::wire::{
+    Assignment, ExecutorRequest, ExecutorStatus, ZygoteReply, ZygoteRequest,
+};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 
@@ -49,11 +53,405 @@ pub enum ExecutorError {
     Cleanup { sandbox: PathBuf, message: String },
 }
 
-/// A started executor: the child to reap, and the read end of its readiness pipe
+/// A started executor: its process, and the read end of its readiness pipe
 /// (readable once its socket listens, or at EOF when it died before that).
 pub struct Spawned {
-    pub child: tokio::process::Child,
+    pub child: ExecutorProcess,
     pub ready: Option<tokio::net::unix::pipe::Receiver>,
+}
+
+/// How the agent learns that an executor it started has exited.
+pub enum ExecutorProcess {
+    /// Exec'd by the agent: its child, reaped here.
+    Child(tokio::process::Child),
+    /// Forked by the fork server (which reaps it): its pidfd reads as ready once it
+    /// has exited.
+    Forked { pid: u32, pidfd: AsyncFd<OwnedFd> },
+    /// Forked by a fork server that died before saying which pid (or could not make
+    /// a pidfd): followed like an executor adopted at start, through its checkpoint.
+    Unknown,
+}
+
+/// How long one request to the fork server may take before it counts as dead.
+const ZYGOTE_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a fork server failed to start, how long executors are exec'd before the
+/// next start is tried.
+const ZYGOTE_RETRY: Duration = Duration::from_secs(30);
+/// Largest fork server reply read.
+const ZYGOTE_REPLY_MAX: usize = 4096;
+
+/// The resident fork server (`drover-executor zygote`): one per agent, started at
+/// agent start, asked to fork each executor instead of exec'ing the binary again.
+/// Requests are serialized (one in flight) and bounded by a timeout. When it is gone
+/// or misbehaves it is restarted once and the request retried; otherwise that
+/// executor is exec'd: a task never fails because of the fork server.
+///
+/// It keeps running the executor binary it started with until it is restarted (the
+/// agent's restart): replacing the binary on disk does not reach it.
+pub struct ForkServer {
+    binary: PathBuf,
+    inner: std::sync::Mutex<ForkInner>,
+}
+
+struct ForkInner {
+    zygote: Option<Zygote>,
+    /// No start is tried before this (after a failed one).
+    retry_at: Option<std::time::Instant>,
+}
+
+/// One running fork server: our end of its socket, and the process to reap.
+struct Zygote {
+    socket: OwnedFd,
+    process: std::process::Child,
+}
+
+/// Why a request to the fork server got no `started`.
+enum ZygoteFailure {
+    /// It said no: nothing was forked; exec explains the problem better.
+    Refused(String),
+    /// The request never reached it: nothing was forked.
+    NotSent(std::io::Error),
+    /// Sent, but no readable answer: a child may or may not have been forked.
+    Lost(String),
+}
+
+/// The readiness pipe of one executor start.
+struct ReadyPipe {
+    rx: OwnedFd,
+    tx: Option<OwnedFd>,
+}
+
+impl ReadyPipe {
+    fn new() -> std::io::Result<ReadyPipe> {
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok(ReadyPipe { rx, tx: Some(tx) })
+    }
+
+    /// Whether some process other than us may still hold the write end, or already
+    /// wrote to it: checked with our own write end closed.
+    fn has_writer(&mut self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        self.tx = None;
+        let mut fds = [PollFd::new(self.rx.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => true,
+            Ok(_) => fds[0]
+                .revents()
+                .is_some_and(|r| r.contains(PollFlags::POLLIN)),
+            Err(_) => true,
+        }
+    }
+}
+
+impl ExecutorProcess {
+    /// The executor's pid, when known.
+    pub fn id(&self) -> Option<u32> {
+        match self {
+            ExecutorProcess::Child(c) => c.id(),
+            ExecutorProcess::Forked { pid, .. } => Some(*pid),
+            ExecutorProcess::Unknown => None,
+        }
+    }
+
+    /// Waits until the executor has exited. Never returns for `Unknown`, which has
+    /// nothing to wait on.
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        match self {
+            ExecutorProcess::Child(c) => c.wait().await.map(|_| ()),
+            ExecutorProcess::Forked { pidfd, .. } => {
+                // A pidfd stays readable once the process exited.
+                pidfd.readable().await?.retain_ready();
+                Ok(())
+            }
+            ExecutorProcess::Unknown => std::future::pending().await,
+        }
+    }
+}
+
+impl ForkServer {
+    /// A fork server for `binary`, started right away (a failure is logged and the
+    /// next executor start tries again after `ZYGOTE_RETRY`; until then executors are
+    /// exec'd).
+    pub fn start(binary: &Path) -> ForkServer {
+        let server = ForkServer {
+            binary: binary.to_path_buf(),
+            inner: std::sync::Mutex::new(ForkInner {
+                zygote: None,
+                retry_at: None,
+            }),
+        };
+        server.lock().running(&server.binary);
+        server
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ForkInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The fork server's pid, if one runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().zygote.as_ref().map(|z| z.process.id())
+    }
+
+    /// Closes our end (the fork server exits; executors it forked keep running) and
+    /// reaps it.
+    pub fn stop(&self) {
+        if let Some(z) = self.lock().zygote.take() {
+            z.stop(false);
+        }
+    }
+
+    /// Asks the fork server to start an executor with `args` (`run ...`). None: it
+    /// could not, and the caller execs the executor with `ready` (which may have been
+    /// replaced by a fresh pipe).
+    fn fork(
+        &self,
+        task_id: &str,
+        args: &[String],
+        stderr: &fs::File,
+        ready: &mut ReadyPipe,
+    ) -> Option<ExecutorProcess> {
+        let mut inner = self.lock();
+        for attempt in 0..2 {
+            let tx = ready.tx.as_ref()?;
+            let zygote = inner.running(&self.binary)?;
+            let failure = match zygote.request(args, tx.as_fd(), stderr.as_fd()) {
+                Ok((pid, Some(pidfd))) => match watch_pidfd(pidfd) {
+                    Ok(pidfd) => return Some(ExecutorProcess::Forked { pid, pidfd }),
+                    Err(e) => {
+                        tracing::warn!(task_id, pid, error = %e, "cannot watch the forked executor's pidfd; following it through its checkpoint");
+                        return Some(ExecutorProcess::Unknown);
+                    }
+                },
+                Ok((pid, None)) => {
+                    tracing::warn!(
+                        task_id,
+                        pid,
+                        "forked executor without a pidfd; following it through its checkpoint"
+                    );
+                    return Some(ExecutorProcess::Unknown);
+                }
+                Err(f) => f,
+            };
+            match failure {
+                ZygoteFailure::Refused(error) => {
+                    tracing::warn!(
+                        task_id,
+                        error,
+                        "the executor fork server refused; exec'ing the executor"
+                    );
+                    return None;
+                }
+                ZygoteFailure::NotSent(e) => {
+                    tracing::warn!(task_id, attempt, error = %e, "the executor fork server is gone; restarting it");
+                    if let Some(z) = inner.zygote.take() {
+                        z.stop(true);
+                    }
+                }
+                ZygoteFailure::Lost(error) => {
+                    tracing::warn!(
+                        task_id,
+                        attempt,
+                        error,
+                        "no answer from the executor fork server; restarting it"
+                    );
+                    if let Some(z) = inner.zygote.take() {
+                        z.stop(true);
+                    }
+                    // With the fork server dead, only a child it forked can hold the
+                    // write end: then that child is the task's executor.
+                    if ready.has_writer() {
+                        return Some(ExecutorProcess::Unknown);
+                    }
+                    *ready = ReadyPipe::new().ok()?;
+                }
+            }
+        }
+        None
+    }
+}
+
+impl ForkInner {
+    /// The running fork server, started when there is none (unless a start failed
+    /// less than `ZYGOTE_RETRY` ago).
+    fn running(&mut self, binary: &Path) -> Option<&Zygote> {
+        if self.zygote.is_none() {
+            if self
+                .retry_at
+                .is_some_and(|at| std::time::Instant::now() < at)
+            {
+                return None;
+            }
+            match Zygote::start(binary) {
+                Ok(z) => {
+                    tracing::info!(pid = z.process.id(), binary = %binary.display(), "executor fork server started");
+                    self.retry_at = None;
+                    self.zygote = Some(z);
+                }
+                Err(e) => {
+                    tracing::warn!(binary = %binary.display(), error = %e, "could not start the executor fork server; exec'ing executors, retrying in {}s", ZYGOTE_RETRY.as_secs());
+                    self.retry_at = Some(std::time::Instant::now() + ZYGOTE_RETRY);
+                    return None;
+                }
+            }
+        }
+        self.zygote.as_ref()
+    }
+}
+
+impl Zygote {
+    /// Starts `binary zygote --socket-fd N` on a new socketpair and waits for its
+    /// `ready`.
+    fn start(binary: &Path) -> std::io::Result<Zygote> {
+        use nix::sys::socket::{
+            setsockopt, socketpair, sockopt, AddressFamily, SockFlag, SockType,
+        };
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let timeout = nix::sys::time::TimeVal::new(ZYGOTE_TIMEOUT.as_secs() as i64, 0);
+        setsockopt(&ours, sockopt::ReceiveTimeout, &timeout)?;
+        setsockopt(&ours, sockopt::SendTimeout, &timeout)?;
+        let mut cmd = std::process::Command::new(binary);
+        cmd.arg("zygote")
+            .arg("--socket-fd")
+            .arg(theirs.as_raw_fd().to_string())
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        // Inheritable only while SPAWN holds, like an executor's readiness pipe.
+        let process = {
+            let _spawning = lock_spawn();
+            set_cloexec(&theirs, false).and_then(|()| {
+                let child = cmd.spawn();
+                let _ = set_cloexec(&theirs, true);
+                child
+            })
+        }?;
+        drop(theirs);
+        let zygote = Zygote {
+            socket: ours,
+            process,
+        };
+        match zygote.recv() {
+            Ok((ZygoteReply::Ready { .. }, _)) => Ok(zygote),
+            Ok((other, _)) => {
+                zygote.stop(true);
+                Err(std::io::Error::other(format!(
+                    "expected `ready`, got {other:?}"
+                )))
+            }
+            Err(e) => {
+                zygote.stop(true);
+                Err(std::io::Error::other(format!(
+                    "{e}; is `{}` a drover-executor with the `zygote` command?",
+                    binary.display()
+                )))
+            }
+        }
+    }
+
+    /// One request: (pid, pidfd) of the forked executor.
+    fn request(
+        &self,
+        args: &[String],
+        ready_tx: BorrowedFd<'_>,
+        stderr: BorrowedFd<'_>,
+    ) -> Result<(u32, Option<OwnedFd>), ZygoteFailure> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+        let body = serde_json::to_vec(&ZygoteRequest {
+            args: args.to_vec(),
+        })
+        .map_err(|e| ZygoteFailure::Refused(e.to_string()))?;
+        let fds = [ready_tx.as_raw_fd(), stderr.as_raw_fd()];
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        let iov = [std::io::IoSlice::new(&body)];
+        loop {
+            match sendmsg::<UnixAddr>(
+                self.socket.as_raw_fd(),
+                &iov,
+                &cmsg,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(ZygoteFailure::NotSent(e.into())),
+            }
+        }
+        match self.recv() {
+            Ok((ZygoteReply::Started { pid }, mut fds)) => Ok((pid, fds.pop())),
+            Ok((ZygoteReply::Failed { error }, _)) => Err(ZygoteFailure::Refused(error)),
+            Ok((other, _)) => Err(ZygoteFailure::Lost(format!("unexpected reply {other:?}"))),
+            Err(e) => Err(ZygoteFailure::Lost(e.to_string())),
+        }
+    }
+
+    /// Receives one reply (blocking up to `ZYGOTE_TIMEOUT`) and its descriptors.
+    fn recv(&self) -> std::io::Result<(ZygoteReply, Vec<OwnedFd>)> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+        let mut buf = [0u8; ZYGOTE_REPLY_MAX];
+        let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+        let (len, fds) = loop {
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            match recvmsg::<UnixAddr>(
+                self.socket.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(msg) => {
+                    let mut fds = Vec::new();
+                    for c in msg.cmsgs().into_iter().flatten() {
+                        if let ControlMessageOwned::ScmRights(raw) = c {
+                            fds.extend(received_fds(raw));
+                        }
+                    }
+                    break (msg.bytes, fds);
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no answer within {}s", ZYGOTE_TIMEOUT.as_secs()),
+                    ))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if len == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the fork server exited",
+            ));
+        }
+        let reply = serde_json::from_slice(&buf[..len]).map_err(std::io::Error::other)?;
+        Ok((reply, fds))
+    }
+
+    /// Closes our end and reaps the process: at once when `kill`, else after it
+    /// noticed the closed socket (a second at most).
+    fn stop(self, kill: bool) {
+        let Zygote {
+            socket,
+            mut process,
+        } = self;
+        drop(socket);
+        if !kill {
+            let deadline = std::time::Instant::now() + Duration::from_secs(1);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = process.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = process.kill();
+        let _ = process.wait();
+    }
 }
 
 /// The status stream of one subscription. The whole stream is kept: closing our
@@ -92,11 +490,14 @@ impl ExecutorSettings {
     /// `.drover/executor.stderr`,
     /// with the write end of a readiness pipe (`--ready-fd N`), so the agent
     /// learns the moment the executor's socket listens instead of polling for it.
-    /// The child must be reaped by the caller (`wait`).
+    /// With a fork server the executor is forked by it (same arguments, same
+    /// descriptors); without one, or when it cannot, the binary is exec'd.
+    /// The caller waits for the process (`ExecutorProcess::wait`).
     pub fn spawn(
         &self,
         layout: &Layout,
         assignment: &Assignment,
+        fork_server: Option<&ForkServer>,
     ) -> Result<Spawned, ExecutorError> {
         let task_id = &assignment.task.task_id;
         let sandbox = layout.sandbox(task_id);
@@ -127,44 +528,25 @@ impl ExecutorSettings {
             .append(true)
             .open(&err_path)
             .map_err(prep(&err_path))?;
-        let (ready_rx, ready_tx) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| {
-                ExecutorError::Prepare {
-                    path: drover.clone(),
-                    source: std::io::Error::from(e),
+        let pipe_err = |e: std::io::Error| ExecutorError::Prepare {
+            path: drover.clone(),
+            source: e,
+        };
+        let mut ready = ReadyPipe::new().map_err(pipe_err)?;
+        let args = self.run_args(&task_file, &sandbox);
+        let forked = fork_server.and_then(|f| f.fork(task_id, &args, &stderr, &mut ready));
+        let child = match forked {
+            Some(child) => child,
+            None => {
+                if ready.tx.is_none() {
+                    ready = ReadyPipe::new().map_err(pipe_err)?;
                 }
-            })?;
-        let mut cmd = std::process::Command::new(&self.binary);
-        cmd.args(self.run_args(&task_file, &sandbox))
-            .arg("--ready-fd")
-            .arg(ready_tx.as_raw_fd().to_string())
-            .current_dir(&sandbox)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr);
-        let mut cmd = tokio::process::Command::from(cmd);
-        cmd.kill_on_drop(false);
-        // No pre_exec hook, so std starts the executor with posix_spawn (vfork)
-        // instead of fork: forking the agent copied its page tables and then paid a
-        // copy-on-write fault for every page it touched afterwards, per task. The
-        // executor puts itself in its own session first thing (`setsid`), and the
-        // readiness pipe is inherited under its own number: it is inheritable only
-        // while SPAWN holds, so no other child of the agent gets a copy.
-        let child = {
-            let _spawning = lock_spawn();
-            set_cloexec(&ready_tx, false).and_then(|()| {
-                let child = cmd.spawn();
-                // The agent's copy is closed right after this; nothing else can fork now.
-                let _ = set_cloexec(&ready_tx, true);
-                child
-            })
-        }
-        .map_err(|source| ExecutorError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
+                self.exec(&args, &sandbox, stderr, &mut ready)?
+            }
+        };
         // Only the child may hold the write end, so that its death reads as EOF.
-        drop(ready_tx);
+        let ReadyPipe { rx: ready_rx, tx } = ready;
+        drop(tx);
         let ready = match tokio::net::unix::pipe::Receiver::from_owned_fd(ready_rx) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -191,6 +573,52 @@ impl ExecutorSettings {
             }
         }
         Ok(Spawned { child, ready })
+    }
+
+    /// Execs the executor binary with `args` in its sandbox, the readiness pipe's
+    /// write end as `--ready-fd`.
+    fn exec(
+        &self,
+        args: &[String],
+        sandbox: &Path,
+        stderr: fs::File,
+        ready: &mut ReadyPipe,
+    ) -> Result<ExecutorProcess, ExecutorError> {
+        let spawn_err = |source| ExecutorError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        };
+        let ready_tx = ready
+            .tx
+            .take()
+            .ok_or_else(|| spawn_err(std::io::Error::other("readiness pipe closed")))?;
+        let mut cmd = std::process::Command::new(&self.binary);
+        cmd.args(args)
+            .arg("--ready-fd")
+            .arg(ready_tx.as_raw_fd().to_string())
+            .current_dir(sandbox)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(false);
+        // No pre_exec hook, so std starts the executor with posix_spawn (vfork)
+        // instead of fork: forking the agent copied its page tables and then paid a
+        // copy-on-write fault for every page it touched afterwards, per task. The
+        // executor puts itself in its own session first thing (`setsid`), and the
+        // readiness pipe is inherited under its own number: it is inheritable only
+        // while SPAWN holds, so no other child of the agent gets a copy.
+        let child = {
+            let _spawning = lock_spawn();
+            set_cloexec(&ready_tx, false).and_then(|()| {
+                let child = cmd.spawn();
+                // The agent's copy is closed right after this; nothing else can fork now.
+                let _ = set_cloexec(&ready_tx, true);
+                child
+            })
+        }
+        .map_err(spawn_err)?;
+        Ok(ExecutorProcess::Child(child))
     }
 
     /// Runs `drover-executor cleanup` for a task whose executor died.
@@ -230,6 +658,25 @@ impl ExecutorSettings {
             )))
         }
     }
+}
+
+/// Takes ownership of descriptors received by SCM_RIGHTS.
+#[allow(unsafe_code)]
+fn received_fds(raw: Vec<std::os::fd::RawFd>) -> impl Iterator<Item = OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the kernel just installed these descriptors in this process for the
+    // message we received; nothing else owns them.
+    raw.into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Registers a pidfd with the runtime, to learn when its process exits (readable).
+#[allow(unsafe_code)]
+fn watch_pidfd(pidfd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is open for as long as it lives and always returns the same
+    // descriptor, and the AsyncFd owns it from here on.
+    unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
 }
 
 /// Held while the agent starts a child process, so that a readiness pipe made
@@ -338,8 +785,10 @@ pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
 }
 
 /// Finds running executors of sandboxes below `sandbox_root` by their command line
-/// (`<binary_name> run ... --sandbox <root>/<task_id>`): task id -> pid. Covers an
-/// executor whose pid the agent never recorded (a crash right after the spawn).
+/// (`<binary_name> run ... --sandbox <root>/<task_id>`), or for one forked by the fork
+/// server (whose command line is the zygote's) by its working directory, the
+/// sandbox: task id -> pid. Covers an executor whose pid the agent never recorded
+/// (a crash right after the spawn).
 pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap<String, u32> {
     let mut found = HashMap::new();
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -356,7 +805,9 @@ pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap
         let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
             continue;
         };
-        if let Some(task_id) = executor_task_of(&cmdline, binary_name, sandbox_root) {
+        let cwd = fs::read_link(format!("/proc/{pid}/cwd")).ok();
+        if let Some(task_id) = executor_task_of(&cmdline, cwd.as_deref(), binary_name, sandbox_root)
+        {
             if executor_pid_is_live(pid, binary_name) {
                 found.insert(task_id, pid);
             }
@@ -365,17 +816,31 @@ pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap
     found
 }
 
-/// The task id an executor command line runs, if it is one of ours (pure).
-pub fn executor_task_of(cmdline: &[u8], binary_name: &str, sandbox_root: &Path) -> Option<String> {
+/// The task id an executor runs, if it is one of ours, from its command line and
+/// working directory (pure). An executor forked by the fork server has the zygote's
+/// command line (`<binary_name> zygote ...`) and its sandbox as working directory; the
+/// fork server itself works in `/`.
+pub fn executor_task_of(
+    cmdline: &[u8],
+    cwd: Option<&Path>,
+    binary_name: &str,
+    sandbox_root: &Path,
+) -> Option<String> {
     let args: Vec<String> = cmdline
         .split(|b| *b == 0)
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
-    if !args.iter().take(2).any(|a| a.contains(binary_name)) || !args.iter().any(|a| a == "run") {
+    if !args.iter().take(2).any(|a| a.contains(binary_name)) {
         return None;
     }
-    let pos = args.iter().position(|a| a == "--sandbox")?;
-    let sandbox = Path::new(args.get(pos + 1)?);
+    let sandbox = if args.get(1).is_some_and(|a| a == "zygote") {
+        cwd?
+    } else if args.iter().any(|a| a == "run") {
+        let pos = args.iter().position(|a| a == "--sandbox")?;
+        Path::new(args.get(pos + 1)?)
+    } else {
+        return None;
+    };
     if sandbox.parent()? != sandbox_root {
         return None;
     }
@@ -396,16 +861,22 @@ mod tests {
     fn executor_command_lines_name_their_task() {
         let root = Path::new("/srv/sandboxes");
         let ours = b"/usr/bin/drover-executor\0run\0--task\0/srv/sandboxes/t1/.drover/agent-task.json\0--sandbox\0/srv/sandboxes/t1\0";
-        assert_eq!(
-            executor_task_of(ours, "drover-executor", root),
-            Some("t1".into())
-        );
+        let cwd = Some(Path::new("/"));
+        let of = |cmdline: &[u8], cwd| executor_task_of(cmdline, cwd, "drover-executor", root);
+        assert_eq!(of(ours, cwd), Some("t1".into()));
         let elsewhere = b"/usr/bin/drover-executor\0run\0--sandbox\0/tmp/x/t1\0";
-        assert_eq!(executor_task_of(elsewhere, "drover-executor", root), None);
+        assert_eq!(of(elsewhere, cwd), None);
         let cleanup = b"/usr/bin/drover-executor\0cleanup\0--sandbox\0/srv/sandboxes/t1\0";
-        assert_eq!(executor_task_of(cleanup, "drover-executor", root), None);
+        assert_eq!(of(cleanup, cwd), None);
         let other = b"/bin/sleep\0run\0--sandbox\0/srv/sandboxes/t1\0";
-        assert_eq!(executor_task_of(other, "drover-executor", root), None);
+        assert_eq!(of(other, cwd), None);
+        // Forked by the fork server: the zygote's command line, the sandbox as cwd.
+        let forked = b"/usr/bin/drover-executor\0zygote\0--socket-fd\x005\0";
+        let sandbox = Path::new("/srv/sandboxes/t2");
+        assert_eq!(of(forked, Some(sandbox)), Some("t2".into()));
+        assert_eq!(of(forked, cwd), None, "the fork server itself");
+        assert_eq!(of(forked, None), None);
+        assert_eq!(of(forked, Some(Path::new("/tmp/t2"))), None);
     }
 
     use super::*;

@@ -27,7 +27,7 @@ use crate::converge::{
     converge, discard_stale, held_task_ids, lease_kills, max_answer_flight, Action, LocalTask,
     LocalTasks,
 };
-use crate::executor::{self, ExecutorSettings};
+use crate::executor::{self, ExecutorProcess, ExecutorSettings, ForkServer};
 use crate::master::{MasterClient, MasterError};
 use crate::outbox::{write_atomic, Outbox, OutboxError};
 use crate::sandbox::{classify, Found, Layout};
@@ -83,6 +83,8 @@ struct Shared {
     cfg: Config,
     layout: Layout,
     exec: ExecutorSettings,
+    /// The executor fork server (`executor_fork_server`), when on.
+    fork: Option<ForkServer>,
     exe_name: String,
     client: MasterClient,
     agent_id: String,
@@ -270,6 +272,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "drover-executor".into());
+    // Before any executor starts; blocks for the few milliseconds the fork server
+    // takes to say it is ready.
+    let fork = cfg
+        .executor_fork_server
+        .then(|| ForkServer::start(&cfg.executor));
     let last_contact = restore_last_contact(&cfg.data_dir);
     let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
@@ -279,6 +286,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         client: MasterClient::new(&cfg.master),
         cfg,
         exec,
+        fork,
         exe_name,
         agent_id,
         address,
@@ -336,6 +344,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     flush_outbox(&shared);
     let mut spawned = std::mem::take(&mut *lock(&shared.spawned));
     spawned.shutdown().await;
+    if let Some(fork) = &shared.fork {
+        // Executors it forked keep running, like those exec'd.
+        fork.stop();
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(())
 }
@@ -565,7 +577,9 @@ async fn start_task(
     // which then compete for the CPU and finish later than in a queue.
     let permit = shared.starting.clone().acquire_owned().await.ok();
     let t0 = std::time::Instant::now();
-    let spawned = shared.exec.spawn(&shared.layout, &assignment);
+    let spawned = shared
+        .exec
+        .spawn(&shared.layout, &assignment, shared.fork.as_ref());
     tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
     match spawned {
         Ok(mut spawned) => {
@@ -578,7 +592,11 @@ async fn start_task(
                 let _ = tokio::time::timeout(READY_WAIT, wait_readable(&ready)).await;
             }
             drop(permit);
-            watch_task(shared, id, Watched::Child(Box::new(spawned)), kill_rx).await
+            let watched = match spawned.child {
+                ExecutorProcess::Unknown => Watched::Adopted(None),
+                _ => Watched::Child(Box::new(spawned)),
+            };
+            watch_task(shared, id, watched, kill_rx).await
         }
         Err(e) => {
             tracing::error!(task_id = %id, error = %e, "could not start executor");

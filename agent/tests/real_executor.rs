@@ -25,6 +25,7 @@ fn real_config(master: &FakeMaster, dirs: &AgentDirs, executor: &Path) -> drover
     let extra = ConfigFile {
         executor: Some(executor.to_path_buf()),
         no_isolation: Some(true),
+        executor_fork_server: Some(true),
         ..ConfigFile::default()
     };
     config(master, dirs, extra)

@@ -356,6 +356,8 @@ pub fn config(master: &FakeMaster, dirs: &AgentDirs, extra: ConfigFile) -> Confi
         data_dir: Some(dirs.data()),
         sandbox_root: Some(dirs.sandboxes()),
         executor: Some(fake_executor()),
+        // The fake executor has no `zygote` command.
+        executor_fork_server: Some(false),
         max_backoff: Some("200ms".into()),
         ..ConfigFile::default()
     };

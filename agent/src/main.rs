@@ -60,6 +60,10 @@ struct Args {
     /// Keep sandboxes of finished tasks this long, e.g. 1h.
     #[arg(long)]
     sandbox_retention: Option<String>,
+    /// Fork executors from a resident `drover-executor zygote` (true, the default)
+    /// or exec each one (false).
+    #[arg(long, value_name = "BOOL", env = "DROVER_EXECUTOR_FORK_SERVER")]
+    executor_fork_server: Option<bool>,
 }
 
 impl Args {
@@ -81,6 +85,7 @@ impl Args {
             allow_root: self.allow_root.then_some(true),
             lease: self.lease,
             sandbox_retention: self.sandbox_retention,
+            executor_fork_server: self.executor_fork_server,
             ..ConfigFile::default()
         };
         (self.config, over)

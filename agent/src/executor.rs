@@ -67,9 +67,10 @@ pub enum ExecutorProcess {
     /// Forked by the fork server (which reaps it): its pidfd reads as ready once it
     /// has exited.
     Forked { pid: u32, pidfd: AsyncFd<OwnedFd> },
-    /// Forked by a fork server that died before saying which pid (or could not make
-    /// a pidfd): followed like an executor adopted at start, through its checkpoint.
-    Unknown,
+    /// Forked by the fork server but not watchable by pidfd (it died before saying
+    /// which pid, or no pidfd could be made): followed like an executor adopted at
+    /// start, through its pid (when known) and its checkpoint.
+    Untracked { pid: Option<u32> },
 }
 
 /// How long one request to the fork server may take before it counts as dead.
@@ -149,11 +150,11 @@ impl ExecutorProcess {
         match self {
             ExecutorProcess::Child(c) => c.id(),
             ExecutorProcess::Forked { pid, .. } => Some(*pid),
-            ExecutorProcess::Unknown => None,
+            ExecutorProcess::Untracked { pid } => *pid,
         }
     }
 
-    /// Waits until the executor has exited. Never returns for `Unknown`, which has
+    /// Waits until the executor has exited. Never returns for `Untracked`, which has
     /// nothing to wait on.
     pub async fn wait(&mut self) -> std::io::Result<()> {
         match self {
@@ -163,7 +164,7 @@ impl ExecutorProcess {
                 pidfd.readable().await?.retain_ready();
                 Ok(())
             }
-            ExecutorProcess::Unknown => std::future::pending().await,
+            ExecutorProcess::Untracked { .. } => std::future::pending().await,
         }
     }
 }
@@ -186,11 +187,6 @@ impl ForkServer {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ForkInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The fork server's pid, if one runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.lock().zygote.as_ref().map(|z| z.process.id())
     }
 
     /// Closes our end (the fork server exits; executors it forked keep running) and
@@ -220,7 +216,7 @@ impl ForkServer {
                     Ok(pidfd) => return Some(ExecutorProcess::Forked { pid, pidfd }),
                     Err(e) => {
                         tracing::warn!(task_id, pid, error = %e, "cannot watch the forked executor's pidfd; following it through its checkpoint");
-                        return Some(ExecutorProcess::Unknown);
+                        return Some(ExecutorProcess::Untracked { pid: Some(pid) });
                     }
                 },
                 Ok((pid, None)) => {
@@ -229,7 +225,7 @@ impl ForkServer {
                         pid,
                         "forked executor without a pidfd; following it through its checkpoint"
                     );
-                    return Some(ExecutorProcess::Unknown);
+                    return Some(ExecutorProcess::Untracked { pid: Some(pid) });
                 }
                 Err(f) => f,
             };
@@ -261,7 +257,7 @@ impl ForkServer {
                     // With the fork server dead, only a child it forked can hold the
                     // write end: then that child is the task's executor.
                     if ready.has_writer() {
-                        return Some(ExecutorProcess::Unknown);
+                        return Some(ExecutorProcess::Untracked { pid: None });
                     }
                     *ready = ReadyPipe::new().ok()?;
                 }

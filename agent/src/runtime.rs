@@ -593,7 +593,7 @@ async fn start_task(
             }
             drop(permit);
             let watched = match spawned.child {
-                ExecutorProcess::Unknown => Watched::Adopted(None),
+                ExecutorProcess::Untracked { pid } => Watched::Adopted(pid),
                 _ => Watched::Child(Box::new(spawned)),
             };
             watch_task(shared, id, watched, kill_rx).await

@@ -16,7 +16,7 @@
 //! This replaces `master/benches/real_cluster.sh`, which measured the same things
 //! with a shell script (see docs/master.md for why its numbers differed).
 //!
-//! Run: `cargo build --release --workspace --bins` then
+//! Run: `scripts/release.sh` (release binaries, the executor linked on its own) then
 //! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench e2e`.
 //! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`
 //! or `BENCH_ONLY=throughput` runs one part.

@@ -126,7 +126,11 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
-    match rt.block_on(drover_agent::run(cfg, shutdown_signal())) {
+    let shutdown = {
+        let _runtime = rt.enter();
+        shutdown_signal()
+    };
+    match rt.block_on(drover_agent::run(cfg, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("drover-agent: {e}");
@@ -135,17 +139,26 @@ fn main() -> ExitCode {
     }
 }
 
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Resolves on SIGTERM or SIGINT. The handlers are installed here, in the runtime's
+/// context, not when the future is first polled: a signal that arrives while the agent
+/// is still starting (its log server may already answer) stops it cleanly instead of
+/// killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate()).ok();
+    let int = signal(SignalKind::interrupt()).ok();
+    async move {
+        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = wait(term) => {}
+            _ = wait(int) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }

@@ -197,7 +197,8 @@ fn throughput(tasks: usize, job_size: usize) -> anyhow::Result<()> {
 struct Cpu {
     master: f64,
     agents: f64,
-    /// The agents' reaped children: executors, and through them the tasks.
+    /// The agents' children: executors (reaped by the agent, or forked by its fork
+    /// server, which reaps them), and through them the tasks.
     children: f64,
 }
 
@@ -217,8 +218,31 @@ fn cluster_cpu(cluster: &mut Cluster) -> Cpu {
         let (own, children) = proc_cpu(pid);
         cpu.agents += own;
         cpu.children += children;
+        // Live children: the fork server, whose reaped children are the executors it
+        // forked, and any executor still running.
+        for child in live_children(pid) {
+            let (own, children) = proc_cpu(child);
+            cpu.children += own + children;
+        }
     }
     cpu
+}
+
+/// The pids of a process's children that have not exited, from
+/// /proc/PID/task/*/children.
+fn live_children(pid: u32) -> Vec<u32> {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    threads
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// (own, reaped children's) CPU seconds of a process, from /proc/PID/stat.

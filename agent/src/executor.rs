@@ -319,14 +319,7 @@ impl Zygote {
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         // Inheritable only while SPAWN holds, like an executor's readiness pipe.
-        let process = {
-            let _spawning = lock_spawn();
-            set_cloexec(&theirs, false).and_then(|()| {
-                let child = cmd.spawn();
-                let _ = set_cloexec(&theirs, true);
-                child
-            })
-        }?;
+        let process = spawn_inheriting(&theirs, || cmd.spawn())?;
         drop(theirs);
         let zygote = Zygote {
             socket: ours,
@@ -604,16 +597,7 @@ impl ExecutorSettings {
         // executor puts itself in its own session first thing (`setsid`), and the
         // readiness pipe is inherited under its own number: it is inheritable only
         // while SPAWN holds, so no other child of the agent gets a copy.
-        let child = {
-            let _spawning = lock_spawn();
-            set_cloexec(&ready_tx, false).and_then(|()| {
-                let child = cmd.spawn();
-                // The agent's copy is closed right after this; nothing else can fork now.
-                let _ = set_cloexec(&ready_tx, true);
-                child
-            })
-        }
-        .map_err(spawn_err)?;
+        let child = spawn_inheriting(&ready_tx, || cmd.spawn()).map_err(spawn_err)?;
         Ok(ExecutorProcess::Child(child))
     }
 
@@ -681,6 +665,20 @@ static SPAWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn lock_spawn() -> std::sync::MutexGuard<'static, ()> {
     SPAWN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `spawn` with `fd` inheritable, under its own number, by the child it starts:
+/// close-on-exec is cleared only while SPAWN is held, so no other child of the agent
+/// gets a copy (our copy is closed by the caller right after).
+fn spawn_inheriting<C>(
+    fd: &OwnedFd,
+    spawn: impl FnOnce() -> std::io::Result<C>,
+) -> std::io::Result<C> {
+    let _spawning = lock_spawn();
+    set_cloexec(fd, false)?;
+    let child = spawn();
+    let _ = set_cloexec(fd, true);
+    child
 }
 
 /// Sets or clears close-on-exec on `fd`.

@@ -6,7 +6,9 @@ Every function of the binary gets a uprobe (exact counts, native speed: valgrind
 sampling miss code that only runs natively or rarely); then typical tasks run:
 a service with an HTTP health check stopped by SIGTERM, one-shot tasks that finish
 and fail, a task restarted after failures, and an agent-style run over the socket
-(subscribe, kill). Functions hit at least once are "hot". Root only (tracefs).
+(subscribe, kill). Functions hit at least once are "hot", those hit before the
+service is stopped first; `extra.txt` adds functions that page-fault tracing showed
+running natively but the probes did not count. Root only (tracefs).
 
 usage: executor/layout/profile.py [--bin target/release/drover-executor]
        [--service target/release/drover-test-service] [--out executor/layout/hot.ld]
@@ -18,7 +20,7 @@ GROUP = "droverhot"
 
 
 def symbols(binary):
-    """(name, file offset) of every function in the binary's executable segment."""
+    """(names, file offset) of every function in the binary's executable segment."""
     seg = None
     for line in subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True, check=True).stdout.splitlines():
         p = line.split()
@@ -218,8 +220,8 @@ def main():
     then = sorted({glob(n) for n in hot} - set(first))
     with open(a.out, "w") as f:
         f.write(linker_script(first, then))
-    total = sum(sizes.get(names[0], 0) for names, _ in syms)
-    print(f"{len(hot)} of {sum(len(n) for n, _ in syms)} function names ran, "
+    total = sum(sizes.get(aliases[0], 0) for aliases, _ in syms)
+    print(f"{len(hot)} of {sum(len(aliases) for aliases, _ in syms)} function names ran, "
           f"{sum(sizes.get(n, 0) for n in set(hot))} of {total} bytes; wrote {a.out}")
 
 

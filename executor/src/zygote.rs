@@ -310,108 +310,62 @@ fn wait_readable(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// blocking (WouldBlock when none is queued). A message or descriptor list too long
 /// for `buf` is InvalidData. (0, []) means the peer closed. Public for tests that play
 /// the agent.
-#[allow(unsafe_code)]
 pub fn recv_with_fds(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    // u64s keep the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 16];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty header; the pointers set below
-    // point at `iov`, `buf` and `control`, which outlive the recvmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control);
-    // SAFETY: `msg` describes buffers valid for writing, see above.
-    let n = unsafe {
-        libc::recvmsg(
-            fd.as_raw_fd(),
-            &mut msg,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+    // Room for more descriptors than a request carries, so that a request with too
+    // many is answered by name (`start`) instead of as truncated.
+    let mut cmsg = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = recvmsg::<UnixAddr>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )?;
     let mut fds = Vec::new();
-    // SAFETY: the CMSG_* macros walk the control buffer the kernel just filled, within
-    // the `msg_controllen` it set; each SCM_RIGHTS payload is an array of ints that the
-    // kernel installed as new descriptors in this process, owned by nobody else.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
-                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
-                    let raw = std::ptr::read_unaligned(data.add(i));
-                    fds.push(OwnedFd::from_raw_fd(raw));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+    for c in msg.cmsgs().into_iter().flatten() {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            fds.extend(raw.into_iter().map(owned_received_fd));
         }
     }
-    if msg.msg_flags & (libc::MSG_CTRUNC | libc::MSG_TRUNC) != 0 {
+    if msg
+        .flags
+        .intersects(MsgFlags::MSG_CTRUNC | MsgFlags::MSG_TRUNC)
+    {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "request or its descriptors truncated",
         ));
     }
-    Ok((n as usize, fds))
+    Ok((msg.bytes, fds))
 }
 
-/// Sends one message on a SOCK_SEQPACKET socket with `attach` (at most 4 descriptors)
-/// passed by SCM_RIGHTS. A gone peer is EPIPE, never SIGPIPE. Public for tests that
-/// play the agent.
+/// Ownership of a descriptor that arrived by SCM_RIGHTS.
 #[allow(unsafe_code)]
+fn owned_received_fd(raw: RawFd) -> OwnedFd {
+    // SAFETY: the kernel just installed this descriptor in this process for the
+    // message we received; nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(raw) }
+}
+
+/// Sends one message on a SOCK_SEQPACKET socket with `attach` passed by SCM_RIGHTS.
+/// A gone peer is EPIPE, never SIGPIPE. Public for tests that play the agent.
 pub fn send_with_fds(
     fd: BorrowedFd<'_>,
     bytes: &[u8],
     attach: &[BorrowedFd<'_>],
 ) -> io::Result<()> {
-    if attach.len() > 4 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "at most 4 descriptors per message",
-        ));
-    }
-    let mut control = [0u64; 6];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty header; the pointers set below
-    // point at `iov`, `bytes` and `control`, which outlive the sendmsg call, and the
-    // kernel only reads through them.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !attach.is_empty() {
-        let payload = std::mem::size_of_val(attach) as u32;
-        // SAFETY: CMSG_SPACE of at most 4 ints (32 bytes) fits the 48-byte `control`;
-        // the header and payload are written inside it.
-        unsafe {
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(payload) as usize;
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(payload) as usize;
-            let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
-            for (i, fd) in attach.iter().enumerate() {
-                std::ptr::write_unaligned(data.add(i), fd.as_raw_fd());
-            }
-        }
-    }
-    // SAFETY: `msg` describes readable buffers, see above; MSG_NOSIGNAL turns a gone
-    // peer into EPIPE instead of a signal.
-    let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+    let raw: Vec<RawFd> = attach.iter().map(|f| f.as_raw_fd()).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &rights };
+    sendmsg::<UnixAddr>(
+        fd.as_raw_fd(),
+        &[io::IoSlice::new(bytes)],
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?;
     Ok(())
 }
 

@@ -67,6 +67,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
         log_keep: 5,
         standalone: false,
         ready_fd: None,
+        migration_warm: false,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {

@@ -59,6 +59,10 @@ pub struct Options {
     /// An inherited pipe's write end: one byte is written to it and it is closed as
     /// soon as the socket listens, so the agent connects without polling.
     pub ready_fd: Option<i32>,
+    /// Another task joined its cgroup moments ago (the fork server forked an executor
+    /// < [`crate::zygote::WARM`] before this one), so the kernel's migration lock is
+    /// warm and the prewarm thread ([`crate::cgroup::prewarm_migration`]) is skipped.
+    pub migration_warm: bool,
 }
 
 /// Why the executor could not start the task at all (exit code 2).
@@ -334,7 +338,7 @@ impl Runner {
                 }
             }
         };
-        if let Some(cg) = &cgroup {
+        if let Some(cg) = cgroup.as_ref().filter(|_| !opts.migration_warm) {
             crate::cgroup::prewarm_migration(&opts.cgroup_root, cg.version());
         }
         let user: TaskUser = sandbox::resolve_user(&task, task.task.allow_root, opts.allow_root)

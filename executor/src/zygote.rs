@@ -31,6 +31,11 @@ use crate::runner::Options;
 const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors a request carries: the readiness pipe's write end, the stderr file.
 const REQUEST_FDS: usize = 2;
+/// An executor forked within this of the previous one skips the cgroup prewarm
+/// thread ([`Options::migration_warm`]): the previous task's cgroup join keeps the
+/// kernel's migration lock warm for about this long (an RCU grace period after the
+/// last migration; ~100 ms measured on a quiet host, docs/agent.md "Host tuning").
+pub const WARM: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Why the fork server stopped serving.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +87,7 @@ pub fn serve(
         return Ok(());
     }
     let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut last_fork: Option<std::time::Instant> = None;
     loop {
         reap_children();
         match wait_readable(socket.as_fd()) {
@@ -122,8 +128,12 @@ pub fn serve(
             // The agent's end closed: the agent stopped or restarts its zygote.
             return Ok(());
         }
-        let (answer, pidfd) = match start(&buf[..len], fds, &socket, &null, &parse) {
-            Ok((pid, pidfd)) => (ZygoteReply::Started { pid }, pidfd),
+        let warm = last_fork.is_some_and(|at| at.elapsed() < WARM);
+        let (answer, pidfd) = match start(&buf[..len], fds, &socket, &null, &parse, warm) {
+            Ok((pid, pidfd)) => {
+                last_fork = Some(std::time::Instant::now());
+                (ZygoteReply::Started { pid }, pidfd)
+            }
             Err(error) => (ZygoteReply::Failed { error }, None),
         };
         if !reply(&socket, &answer, pidfd.as_ref().map(|f| f.as_fd()))? {
@@ -140,6 +150,7 @@ fn start(
     socket: &OwnedFd,
     null: &File,
     parse: &impl Fn(&[String]) -> Result<Options, String>,
+    migration_warm: bool,
 ) -> Result<(u32, Option<OwnedFd>), String> {
     let request: ZygoteRequest =
         serde_json::from_slice(message).map_err(|e| format!("unreadable request: {e}"))?;
@@ -153,6 +164,7 @@ fn start(
         _ => return Err("the arguments must start with `run`".into()),
     };
     let mut opts = parse(args)?;
+    opts.migration_warm = migration_warm;
     // Opened here so that a missing sandbox is answered instead of failing in the child.
     let sandbox = File::open(&opts.sandbox)
         .map_err(|e| format!("sandbox {}: {e}", opts.sandbox.display()))?;

@@ -6,9 +6,13 @@ Every function of the binary gets a uprobe (exact counts, native speed: valgrind
 sampling miss code that only runs natively or rarely); then typical tasks run:
 a service with an HTTP health check stopped by SIGTERM, one-shot tasks that finish
 and fail, a task restarted after failures, and an agent-style run over the socket
-(subscribe, kill). Functions hit at least once are "hot", those hit before the
-service is stopped first; `extra.txt` adds functions that page-fault tracing showed
-running natively but the probes did not count. Root only (tracefs).
+(subscribe, kill). Functions hit at least once are "hot". They are laid out in
+three groups: first what the settled service runs (hit while its health checks go
+on, after the executor released its startup pages), then what it ran before, then
+what only stopping or other kinds of task run. `extra.txt` adds functions that
+page-fault tracing showed running natively but the probes did not count. The
+executors run with DROVER_EXECUTOR_RELEASE_STARTUP=0: unmapping the startup pages
+would drop the probes' breakpoints with them. Root only (tracefs).
 
 usage: executor/layout/profile.py [--bin target/release/drover-executor]
        [--service target/release/drover-test-service] [--out executor/layout/hot.ld]
@@ -70,26 +74,39 @@ def task(task_id, processes, port=None, health=False, extra=None):
     return t
 
 
-def hit_probes(names):
-    """The functions whose probes were hit so far."""
-    hot = []
+def probe_counts():
+    """Hits so far of each probe."""
+    counts = {}
     for line in open(f"{TRACE}/uprobe_profile"):
         p = line.split()
-        if len(p) >= 3 and p[1] in names and int(p[2]) > 0:
-            hot.extend(names[p[1]])
-    return hot
+        if len(p) >= 3:
+            counts[p[1]] = int(p[2])
+    return counts
 
 
-def run_standalone(binary, work, spec, stop_after=None, timeout=30, before_stop=None):
+def hit_since(names, before):
+    """The functions hit since the counts `before` were taken."""
+    return [n for probe, count in probe_counts().items() if probe in names and count > before.get(probe, 0)
+            for n in names[probe]]
+
+
+def run_standalone(binary, work, spec, stop_after=None, timeout=30, settled=None):
     d = tempfile.mkdtemp(dir=work)
     path = os.path.join(d, "task.json")
     write(path, json.dumps(spec))
     p = subprocess.Popen([binary, "run", "--standalone", "--task", path, "--sandbox", os.path.join(d, "sb")],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if stop_after is not None:
-        time.sleep(stop_after)
-        if before_stop:
-            before_stop()
+        if settled:
+            # RUNNING after the first check (1 s), settled 2 s later: then watch
+            # three more checks.
+            time.sleep(3.5)
+            settled.counts = probe_counts()
+            time.sleep(stop_after - 3.5)
+            settled.steady = hit_since(settled.names, settled.counts)
+            settled.started = hit_since(settled.names, {})
+        else:
+            time.sleep(stop_after)
         p.send_signal(signal.SIGTERM)
     p.wait(timeout=timeout)
 
@@ -125,11 +142,11 @@ def run_agent_style(binary, work, spec):
     p.wait(timeout=30)
 
 
-def scenarios(binary, service, work, before_stop):
+def scenarios(binary, service, work, settled):
     port = 30000 + os.getpid() % 20000
     svc = [{"name": "svc", "cmdline": f"exec {service} --port {port} --record rec"}]
-    run_standalone(binary, work, task("prof-svc", svc, port, health=True), stop_after=4.5,
-                   before_stop=before_stop)
+    run_standalone(binary, work, task("prof-svc", svc, port, health=True), stop_after=6.8,
+                   settled=settled)
     run_standalone(binary, work, task("prof-true", [{"name": "main", "cmdline": "true"}]))
     run_standalone(binary, work, task("prof-fail", [{"name": "main", "cmdline": "echo out; echo err >&2; exit 3"}]))
     run_standalone(binary, work, task("prof-retry", [{"name": "main", "cmdline": "exit 1", "max_failures": 3}]))
@@ -158,7 +175,7 @@ def extra_names(here):
     return [line.strip() for line in open(path) if line.strip()]
 
 
-def linker_script(first, then):
+def linker_script(steady, starting, then):
     """An INSERT script (lld and GNU ld): `.init` and the hot functions as the first
     executable sections, ahead of `.text`. LLVM puts #[cold] functions in
     `.text.unlikely.NAME`, so both spellings of each name are matched."""
@@ -174,7 +191,10 @@ def linker_script(first, then):
         "    *crti.o(.text .text.*)",
         "    *crtbegin*.o(.text .text.*)",
     ]
-    lines += [f"    *(.text.{g} .text.unlikely.{g})" for g in first]
+    lines += ["    /* What a settled service's executor runs. */"]
+    lines += [f"    *(.text.{g} .text.unlikely.{g})" for g in steady]
+    lines += ["    /* Starting a service (unmapped again once it settled). */"]
+    lines += [f"    *(.text.{g} .text.unlikely.{g})" for g in starting]
     lines += ["    /* Only when stopping, or for other kinds of task. */"]
     lines += [f"    *(.text.{g} .text.unlikely.{g})" for g in then]
     lines += ["  }", "} INSERT BEFORE .text;", ""]
@@ -190,6 +210,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(here, "hot.ld"))
     a = ap.parse_args()
     binary = os.path.realpath(a.bin)
+    os.environ["DROVER_EXECUTOR_RELEASE_STARTUP"] = "0"
     syms = symbols(binary)
     clear_probes()
     names = {}
@@ -203,11 +224,10 @@ def main():
     os.close(fd)
     try:
         write(f"{TRACE}/events/{GROUP}/enable", "1")
-        steady = []
+        service = argparse.Namespace(names=names)  # filled in by run_standalone
         with tempfile.TemporaryDirectory(prefix="drover-layout-") as work:
-            scenarios(binary, os.path.realpath(a.service), work,
-                      lambda: steady.extend(hit_probes(names)))
-        hot = hit_probes(names)
+            scenarios(binary, os.path.realpath(a.service), work, service)
+        hot = hit_since(names, {})
     finally:
         clear_probes()
     sizes = {}
@@ -215,16 +235,19 @@ def main():
         p = line.split()
         if len(p) == 4:
             sizes[p[3]] = int(p[1], 16)
-    # What a running service's executor needs comes first, and what only stopping
-    # or other kinds of task need after it: a service that runs for days then never
-    # touches the end of the hot area.
-    first = sorted({glob(n) for n in steady} | {glob(n) for n in extra_names(here)})
-    then = sorted({glob(n) for n in hot} - set(first))
+    # What a settled service's executor needs comes first, then what starting it
+    # needed, then what only stopping or other kinds of task need: a service that
+    # runs for days then touches only the head of the hot area once its executor
+    # has unmapped the startup pages.
+    steady = sorted({glob(n) for n in service.steady} | {glob(n) for n in extra_names(here)})
+    starting = sorted({glob(n) for n in service.started} - set(steady))
+    then = sorted({glob(n) for n in hot} - set(steady) - set(starting))
     with open(a.out, "w") as f:
-        f.write(linker_script(first, then))
+        f.write(linker_script(steady, starting, then))
     total = sum(sizes.get(aliases[0], 0) for aliases, _ in syms)
     print(f"{len(hot)} of {sum(len(aliases) for aliases, _ in syms)} function names ran, "
-          f"{sum(sizes.get(n, 0) for n in set(hot))} of {total} bytes; wrote {a.out}")
+          f"{sum(sizes.get(n, 0) for n in set(hot))} of {total} bytes, "
+          f"{sum(sizes.get(n, 0) for n in set(service.steady))} bytes once settled; wrote {a.out}")
 
 
 if __name__ == "__main__":

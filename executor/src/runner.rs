@@ -23,6 +23,7 @@ use crate::cgroup::{FsCgroup, Limits, TaskCgroup};
 use crate::health::{self, HealthTracker, Verdict};
 use crate::hub::{self, ClientEvent, Hub};
 use crate::machine::{Escalation, Machine, Millis, Phase, Step};
+use crate::resident;
 use crate::sandbox::{self, Layout, RotatingLog, TaskUser};
 use crate::spawn::{self, Isolation};
 
@@ -138,7 +139,13 @@ struct Runner {
     /// Statuses emitted in this step of the loop and not yet reported: [`Runner::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
+    /// When the task has been RUNNING for [`SETTLE`]: then the pages only starting
+    /// needed are released ([`resident::release_startup_pages`]).
+    release_at: Option<Millis>,
 }
+
+/// How long a task stays RUNNING before its executor counts as settled.
+const SETTLE: Millis = 2_000;
 
 fn unix_ms() -> u64 {
     SystemTime::now()
@@ -195,7 +202,7 @@ pub fn load_task(path: &std::path::Path) -> Result<ExecutorTask, SetupError> {
 /// Runs the task to its end. Returns the process exit code: 0 FINISHED, 1 otherwise,
 /// 2 when the task could not be set up.
 pub fn run(opts: Options) -> i32 {
-    single_malloc_arena();
+    resident::single_malloc_arena();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // One executor waits on a handful of descriptors: the default buffer is
@@ -210,28 +217,6 @@ pub fn run(opts: Options) -> i32 {
         }
     };
     rt.block_on(run_async(opts))
-}
-
-/// One malloc arena for the whole executor (docs/executor.md, "Memory"): it is one
-/// thread but for the moment the cgroup prewarm thread runs, and glibc would give
-/// that thread an arena of its own (64 MiB reserved, about 20 KiB touched, kept).
-#[allow(unsafe_code)]
-fn single_malloc_arena() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets a malloc parameter; no thread exists yet.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-/// Returns the heap's free pages to the kernel (glibc keeps them otherwise).
-#[allow(unsafe_code)]
-fn release_free_heap() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only releases memory that malloc considers free.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 async fn run_async(opts: Options) -> i32 {
@@ -266,7 +251,7 @@ async fn run_async(opts: Options) -> i32 {
         Ok(r) => {
             // Setup's garbage (the task file, its parse, the sandbox paths) is freed
             // by now; give those pages back instead of keeping them for the task's life.
-            release_free_heap();
+            resident::release_free_heap();
             r
         }
         Err((e, layout, task_id)) => {
@@ -504,6 +489,7 @@ impl Runner {
             message: String::new(),
             process_changed: false,
             pending: Vec::new(),
+            release_at: None,
         })
     }
 
@@ -515,6 +501,9 @@ impl Runner {
     /// [`Runner::flush`], which the loop calls before it waits for anything.
     fn emit(&mut self, state: TaskState, exit_reason: Option<ExitReason>, message: String) {
         self.seq += 1;
+        if state != self.state {
+            self.release_at = (state == TaskState::Running).then(|| self.now() + SETTLE);
+        }
         self.state = state;
         self.message = message.clone();
         let status = ExecutorStatus {
@@ -673,6 +662,9 @@ impl Runner {
         }
         if !self.opts.standalone {
             next = next.min(self.recovery_deadline());
+        }
+        if let Some(at) = self.release_at {
+            next = next.min(at);
         }
         next
     }
@@ -929,6 +921,10 @@ impl Runner {
             return false;
         }
         let now = self.now();
+        if self.release_at.is_some_and(|at| now >= at) {
+            self.release_at = None;
+            resident::release_startup_pages();
+        }
         if !self.opts.standalone && self.clients == 0 && now >= self.recovery_deadline() {
             let after = self.opts.recovery_timeout;
             self.request_kill(

@@ -1,7 +1,7 @@
 //! What the executor keeps resident while it supervises a task (docs/executor.md,
-//! "Memory"): one malloc arena, the heap's free pages handed back after setup, and,
-//! once the task has settled, the pages of the executor's own binary that only
-//! starting needed unmapped again.
+//! "Memory"): one malloc arena and, once the task has settled, the heap's free pages
+//! handed back and the pages of the executor's own binary that only starting needed
+//! unmapped again.
 //!
 //! An executor lives as long as its task, often months, while most of its code runs
 //! once: parsing the task, building the sandbox and the cgroup, starting processes.
@@ -31,7 +31,7 @@ pub fn single_malloc_arena() {
 
 /// Returns the heap's free pages to the kernel (glibc keeps them otherwise).
 #[allow(unsafe_code)]
-pub fn release_free_heap() {
+fn release_free_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases memory that malloc considers free.
     unsafe {

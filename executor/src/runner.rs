@@ -248,12 +248,11 @@ async fn run_async(opts: Options) -> i32 {
     // sees EOF instead of waiting).
     let ready = opts.ready_fd.and_then(take_ready_fd);
     let mut runner = match Runner::setup(opts, task, layout, tx, ready) {
-        Ok(r) => {
-            // Setup's garbage (the task file, its parse, the sandbox paths) is freed
-            // by now; give those pages back instead of keeping them for the task's life.
-            resident::release_free_heap();
-            r
-        }
+        // Setup's garbage (the task file, its parse, the sandbox paths) is freed by now,
+        // but the heap is trimmed only once the task settles
+        // (`resident::release_startup_pages`): a task that ends within seconds, as
+        // most batch tasks do, never pays for it.
+        Ok(r) => r,
         Err((e, layout, task_id)) => {
             eprintln!("drover-executor: {e}");
             // Leave a status behind if the sandbox exists, so the agent can tell why.

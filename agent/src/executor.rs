@@ -53,11 +53,14 @@ pub enum ExecutorError {
     Cleanup { sandbox: PathBuf, message: String },
 }
 
-/// A started executor: its process, and the read end of its readiness pipe
-/// (readable once its socket listens, or at EOF when it died before that).
+/// A started executor: its process, the read end of its readiness pipe (readable
+/// once its socket listens, or at EOF when it died before that) and, for one the
+/// fork server forked, the agent's end of a connection to it (then the executor
+/// binds no socket while that connection lasts; see [`subscribe_on`]).
 pub struct Spawned {
     pub child: ExecutorProcess,
     pub ready: Option<tokio::net::unix::pipe::Receiver>,
+    pub connection: Option<UnixStream>,
 }
 
 /// How the agent learns that an executor it started has exited.
@@ -206,12 +209,13 @@ impl ForkServer {
         args: &[String],
         stderr: &fs::File,
         ready: &mut ReadyPipe,
+        connection: BorrowedFd<'_>,
     ) -> Option<ExecutorProcess> {
         let mut inner = self.lock();
         for attempt in 0..2 {
             let tx = ready.tx.as_ref()?;
             let zygote = inner.running(&self.binary)?;
-            let failure = match zygote.request(args, tx.as_fd(), stderr.as_fd()) {
+            let failure = match zygote.request(args, tx.as_fd(), stderr.as_fd(), connection) {
                 Ok((pid, Some(pidfd))) => match watch_pidfd(pidfd) {
                     Ok(pidfd) => return Some(ExecutorProcess::Forked { pid, pidfd }),
                     Err(e) => {
@@ -349,13 +353,18 @@ impl Zygote {
         args: &[String],
         ready_tx: BorrowedFd<'_>,
         stderr: BorrowedFd<'_>,
+        connection: BorrowedFd<'_>,
     ) -> Result<(u32, Option<OwnedFd>), ZygoteFailure> {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
         let body = serde_json::to_vec(&ZygoteRequest {
             args: args.to_vec(),
         })
         .map_err(|e| ZygoteFailure::Refused(e.to_string()))?;
-        let fds = [ready_tx.as_raw_fd(), stderr.as_raw_fd()];
+        let fds = [
+            ready_tx.as_raw_fd(),
+            stderr.as_raw_fd(),
+            connection.as_raw_fd(),
+        ];
         let cmsg = [ControlMessage::ScmRights(&fds)];
         let iov = [std::io::IoSlice::new(&body)];
         loop {
@@ -523,7 +532,21 @@ impl ExecutorSettings {
         };
         let mut ready = ReadyPipe::new().map_err(pipe_err)?;
         let args = self.run_args(&task_file, &sandbox);
-        let forked = fork_server.and_then(|f| f.fork(task_id, &args, &stderr, &mut ready));
+        // A forked executor gets one end of a connected pair: the agent follows it on
+        // the other, and the executor binds no socket (no inode) while it lasts.
+        let mut connection = None;
+        let forked = fork_server.and_then(|f| {
+            let (ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
+            let child = f.fork(task_id, &args, &stderr, &mut ready, theirs.as_fd())?;
+            connection = Some(ours);
+            Some(child)
+        });
+        // Registered with the runtime here; should that fail, the connection is
+        // dropped, the executor then binds its socket, and the agent connects to it.
+        let connection = connection.and_then(|c| {
+            c.set_nonblocking(true).ok()?;
+            UnixStream::from_std(c).ok()
+        });
         let child = match forked {
             Some(child) => child,
             None => {
@@ -561,7 +584,11 @@ impl ExecutorSettings {
                 tracing::warn!(task_id, error = %e, "could not record the task as exclusive");
             }
         }
-        Ok(Spawned { child, ready })
+        Ok(Spawned {
+            child,
+            ready,
+            connection,
+        })
     }
 
     /// Execs the executor binary with `args` in its sandbox, the readiness pipe's
@@ -706,11 +733,28 @@ pub async fn subscribe(socket: &Path, after_seq: u64) -> Result<StatusLines, Exe
         path: socket.to_path_buf(),
         source,
     };
-    let mut stream = connect(socket).map_err(err)?;
-    send_line(&mut stream, &ExecutorRequest::Subscribe { after_seq })
-        .await
-        .map_err(err)?;
+    let stream = connect(socket).map_err(err)?;
+    subscribe_on(stream, after_seq).await.map_err(err)
+}
+
+/// Subscribes to every status after `after_seq` on a connected stream: one from
+/// [`subscribe`], or the connection a forked executor was started with
+/// ([`Spawned::connection`]).
+pub async fn subscribe_on(mut stream: UnixStream, after_seq: u64) -> std::io::Result<StatusLines> {
+    send_line(&mut stream, &ExecutorRequest::Subscribe { after_seq }).await?;
     Ok(BufReader::new(stream).lines())
+}
+
+/// Asks an executor to start its kill escalation on a subscribed connection (the
+/// executor takes requests on any connection).
+pub async fn send_kill_on(lines: &mut StatusLines, reason: ExitReason) -> std::io::Result<()> {
+    send_line(
+        lines.get_mut().get_mut(),
+        &ExecutorRequest::Kill {
+            reason: Some(reason),
+        },
+    )
+    .await
 }
 
 /// Parses one status line.

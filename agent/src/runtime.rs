@@ -661,8 +661,10 @@ async fn watch_task(
     mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
 ) {
     let socket = shared.layout.socket(&id);
+    let mut connection = None;
     let (child_exited, known_pid) = match watched {
         Watched::Child(spawned) => {
+            connection = spawned.connection;
             let mut child = spawned.child;
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
@@ -684,7 +686,18 @@ async fn watch_task(
     let mut delay = Duration::from_millis(1);
     let mut attempts = 0u32;
     'connect: loop {
-        let mut lines = match executor::subscribe(&socket, last).await {
+        // The connection the executor was forked with first (it binds its socket only
+        // once that closes), then the socket.
+        let subscribed = match connection.take() {
+            Some(stream) => executor::subscribe_on(stream, last)
+                .await
+                .map_err(|source| executor::ExecutorError::Socket {
+                    path: socket.clone(),
+                    source,
+                }),
+            None => executor::subscribe(&socket, last).await,
+        };
+        let mut lines = match subscribed {
             Ok(lines) => lines,
             Err(e) => {
                 while let Ok(r) = kill_rx.try_recv() {
@@ -709,7 +722,7 @@ async fn watch_task(
         };
         tracing::debug!(task_id = %id, after_seq = last, "subscribed to executor");
         if let Some(reason) = pending_kill.take() {
-            if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
+            if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                 tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                 pending_kill = Some(reason);
             }
@@ -744,7 +757,7 @@ async fn watch_task(
                     }
                 },
                 Some(reason) = kill_rx.recv() => {
-                    if let Err(e) = executor::send_kill(&socket, reason.clone()).await {
+                    if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                         tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                         pending_kill = Some(reason);
                         continue 'connect;

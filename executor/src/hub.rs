@@ -89,6 +89,58 @@ pub async fn serve(listener: UnixListener, hub: Hub, events: mpsc::UnboundedSend
     }
 }
 
+/// Where the executor's clients come from.
+#[derive(Debug)]
+pub enum Clients {
+    /// The socket, bound: clients connect to it.
+    Listening(UnixListener),
+    /// A connection the agent handed over at the start (a socketpair end passed
+    /// through the fork server): served as a client; once it closes (the agent
+    /// stopped, crashed or dropped it) the socket is bound and clients are accepted on
+    /// it, so that a restarted agent can connect. Until then no socket file exists.
+    Agent(UnixStream),
+}
+
+/// Serves `clients` until the runtime ends; `bind` binds the socket when the agent's
+/// connection closes ([`Clients::Agent`]).
+pub async fn serve_clients(
+    clients: Clients,
+    bind: impl FnOnce() -> std::io::Result<UnixListener>,
+    hub: Hub,
+    events: mpsc::UnboundedSender<ClientEvent>,
+) {
+    let agent = match clients {
+        Clients::Listening(listener) => return serve(listener, hub, events).await,
+        Clients::Agent(agent) => agent,
+    };
+    serve_client(agent, hub.clone(), events.clone()).await;
+    match bind() {
+        Ok(listener) => serve(listener, hub, events).await,
+        Err(e) => eprintln!(
+            "drover-executor: the agent's connection closed and the socket cannot be bound ({e}); no agent can reach this executor, which ends the task at the recovery timeout"
+        ),
+    }
+}
+
+/// Takes ownership of an inherited connected stream socket `fd` (close-on-exec,
+/// non-blocking) for [`Clients::Agent`]. None if it is not an open socket.
+#[allow(unsafe_code)]
+pub fn adopt_stream(fd: i32) -> Option<UnixStream> {
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        return None;
+    }
+    // SAFETY: fcntl only sets the descriptor flags of `fd` (EBADF when not open).
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return None;
+    }
+    // SAFETY: `fd` is open (checked above) and was handed to this process for this
+    // purpose; it is taken once and nothing else in this process owns it.
+    let stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    stream.set_nonblocking(true).ok()?;
+    UnixStream::from_std(stream).ok()
+}
+
 async fn serve_client(stream: UnixStream, hub: Hub, events: mpsc::UnboundedSender<ClientEvent>) {
     let _ = events.send(ClientEvent::Connected);
     let (read, write) = stream.into_split();
@@ -236,5 +288,57 @@ mod tests {
         drop(write);
         drop(lines);
         assert!(matches!(rx.recv().await, Some(ClientEvent::Gone)));
+    }
+
+    #[tokio::test]
+    async fn the_agents_connection_is_served_and_the_socket_bound_only_once_it_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let hub = Hub::default();
+        hub.publish(status(1));
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let bind_path = path.clone();
+        tokio::spawn(serve_clients(
+            Clients::Agent(theirs),
+            move || UnixListener::bind(bind_path),
+            hub.clone(),
+            tx,
+        ));
+        let (read, mut write) = ours.into_split();
+        write
+            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":0}\n")
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(read).lines();
+        let seq = |line: Option<String>| {
+            serde_json::from_str::<ExecutorStatus>(&line.unwrap())
+                .unwrap()
+                .seq
+        };
+        assert_eq!(seq(lines.next_line().await.unwrap()), 1);
+        assert!(matches!(rx.recv().await, Some(ClientEvent::Connected)));
+        assert!(
+            !path.exists(),
+            "no socket file while the agent is connected"
+        );
+        drop(write);
+        drop(lines);
+        assert!(matches!(rx.recv().await, Some(ClientEvent::Gone)));
+        // A new agent connects by path and gets what it missed.
+        hub.publish(status(2));
+        let stream = loop {
+            match UnixStream::connect(&path).await {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        };
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":1}\n")
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(read).lines();
+        assert_eq!(seq(lines.next_line().await.unwrap()), 2);
     }
 }

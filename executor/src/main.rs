@@ -68,6 +68,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
         standalone: false,
         ready_fd: None,
         migration_warm: false,
+        agent_fd: None,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {

@@ -64,6 +64,10 @@ pub struct Options {
     /// < [`crate::zygote::WARM`] before this one), so the kernel's migration lock is
     /// warm and the prewarm thread ([`crate::cgroup::prewarm_migration`]) is skipped.
     pub migration_warm: bool,
+    /// A connected stream socket to the agent (the fork server passes it): served as a
+    /// client at once, and the socket is bound only once it closes
+    /// ([`hub::Clients::Agent`]), which saves the socket's inode per task.
+    pub agent_fd: Option<i32>,
 }
 
 /// Why the executor could not start the task at all (exit code 2).
@@ -437,21 +441,26 @@ impl Runner {
             _ => 0,
         };
         let hub = Hub::default();
-        let listener = bind_socket(&layout.socket()).map_err(|e| {
-            fail(
-                SetupError::Other(format!(
-                    "cannot listen on {}: {e}",
-                    layout.socket().display()
-                )),
-                &layout,
-            )
-        })?;
+        let clients = match opts.agent_fd.and_then(hub::adopt_stream) {
+            Some(agent) => hub::Clients::Agent(agent),
+            None => hub::Clients::Listening(bind_socket(&layout.socket()).map_err(|e| {
+                fail(
+                    SetupError::Other(format!(
+                        "cannot listen on {}: {e}",
+                        layout.socket().display()
+                    )),
+                    &layout,
+                )
+            })?),
+        };
         if let Some(mut ready) = ready {
             // The socket accepts from here on (the hub serves it once setup returns).
             let _ = ready.write_all(b"\n");
         }
         let (ctx_tx, mut ctx_rx) = mpsc::unbounded_channel();
-        tokio::spawn(hub::serve(listener, hub.clone(), ctx_tx));
+        let path = layout.socket();
+        let bind = move || bind_socket(&path);
+        tokio::spawn(hub::serve_clients(clients, bind, hub.clone(), ctx_tx));
         let fwd = tx.clone();
         tokio::spawn(async move {
             while let Some(ev) = ctx_rx.recv().await {

@@ -29,7 +29,9 @@ use crate::runner::Options;
 
 /// Largest request accepted (a run command line is a few hundred bytes).
 const MAX_MESSAGE: usize = 64 * 1024;
-/// Descriptors a request carries: the readiness pipe's write end, the stderr file.
+/// Descriptors a request carries: the readiness pipe's write end, the stderr file;
+/// optionally one more, the agent's connection to the executor (a connected stream
+/// socket, `Options::agent_fd`).
 const REQUEST_FDS: usize = 2;
 /// An executor forked within this of the previous one skips the cgroup prewarm
 /// thread ([`Options::migration_warm`]): the previous task's cgroup join keeps the
@@ -154,9 +156,12 @@ fn start(
 ) -> Result<(u32, Option<OwnedFd>), String> {
     let request: ZygoteRequest =
         serde_json::from_slice(message).map_err(|e| format!("unreadable request: {e}"))?;
-    let Ok::<[OwnedFd; REQUEST_FDS], _>([ready, stderr]) = fds.try_into() else {
+    let mut fds = fds.into_iter();
+    let (Some(ready), Some(stderr), agent, None) = (fds.next(), fds.next(), fds.next(), fds.next())
+    else {
         return Err(format!(
-            "a request carries {REQUEST_FDS} descriptors (readiness pipe, stderr)"
+            "a request carries {REQUEST_FDS} or {} descriptors (readiness pipe, stderr, optionally the agent's connection)",
+            REQUEST_FDS + 1
         ));
     };
     let args = match request.args.split_first() {
@@ -186,6 +191,7 @@ fn start(
                 Ok(()) => {
                     drop((stderr, sandbox));
                     opts.ready_fd = Some(ready.into_raw_fd());
+                    opts.agent_fd = agent.map(IntoRawFd::into_raw_fd);
                     crate::runner::run(opts)
                 }
                 Err(e) => {

@@ -92,6 +92,17 @@ struct Started {
 }
 
 fn run_task(ours: &OwnedFd, dir: &Path, name: &str, cmdline: &str) -> Started {
+    run_task_with(ours, dir, name, cmdline, None)
+}
+
+/// `run_task`, handing the executor `connection` (the agent's connection) too.
+fn run_task_with(
+    ours: &OwnedFd,
+    dir: &Path,
+    name: &str,
+    cmdline: &str,
+    connection: Option<&UnixStream>,
+) -> Started {
     let id = task_id(name);
     let task = task_json(
         &id,
@@ -116,12 +127,9 @@ fn run_task(ours: &OwnedFd, dir: &Path, name: &str, cmdline: &str) -> Started {
             "60s".into(),
         ],
     };
-    send_with_fds(
-        ours.as_fd(),
-        &serde_json::to_vec(&request).unwrap(),
-        &[ready_tx.as_fd(), stderr.as_fd()],
-    )
-    .unwrap();
+    let mut fds = vec![ready_tx.as_fd(), stderr.as_fd()];
+    fds.extend(connection.map(|c| c.as_fd()));
+    send_with_fds(ours.as_fd(), &serde_json::to_vec(&request).unwrap(), &fds).unwrap();
     drop(ready_tx);
     let (answer, mut fds) = reply(ours);
     let ZygoteReply::Started { pid } = answer else {
@@ -262,4 +270,64 @@ fn zygote_forks_executors_reaps_them_and_exits_with_the_agent_leaving_them_runni
     };
     assert_eq!(end.state, TaskState::Killed);
     eventually(LONG, "the orphaned executor exits", || long.exited());
+}
+
+#[test]
+fn an_executor_given_the_agents_connection_binds_its_socket_only_once_it_closes() {
+    let dir = open_tempdir();
+    let (ours, theirs) = seqpacket_pair();
+    let mut zygote = start_zygote(&theirs);
+    drop(theirs);
+    let _ = reply(&ours);
+    let (agent, executor_end) = UnixStream::pair().unwrap();
+    let mut task = run_task_with(
+        &ours,
+        dir.path(),
+        "paired",
+        "exec sleep 1000",
+        Some(&executor_end),
+    );
+    drop(executor_end);
+    let mut byte = [0u8; 1];
+    assert_eq!(task.ready.read(&mut byte).unwrap(), 1, "readiness byte");
+    let mut s = agent;
+    writeln!(s, "{}", json!({"op": "subscribe", "after_seq": 0})).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let running = until(&mut r, TaskState::Running);
+    let socket = task.sandbox.join(".drover/executor.sock");
+    assert!(
+        !socket.exists(),
+        "no socket while the agent's connection lasts"
+    );
+    // The agent goes away: the executor binds its socket for the next one, which
+    // gets what it missed and can kill the task.
+    drop((s, r));
+    eventually(LONG, "the socket is bound", || {
+        UnixStream::connect(&socket).is_ok()
+    });
+    let mut s = UnixStream::connect(&socket).unwrap();
+    writeln!(
+        s,
+        "{}",
+        json!({"op": "subscribe", "after_seq": running.seq - 1})
+    )
+    .unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    assert_eq!(next_status(&mut r).seq, running.seq);
+    writeln!(s, "{}", json!({"op": "kill"})).unwrap();
+    assert_eq!(until_terminal(&mut r).state, TaskState::Killed);
+    eventually(LONG, "the executor exits", || task.exited());
+    drop(ours);
+    assert!(zygote.wait().unwrap().success());
+}
+
+fn until_terminal(r: &mut BufReader<UnixStream>) -> ExecutorStatus {
+    loop {
+        let st = next_status(r);
+        if st.state.is_terminal() {
+            return st;
+        }
+    }
 }

@@ -519,13 +519,18 @@ impl ExecutorSettings {
         // The executor's stdout repeats, as JSON lines, the statuses the agent gets
         // over the socket and `status.json` keeps: nobody reads it here, so it goes
         // to /dev/null instead of costing a file (an inode) per task. Its stderr is
-        // kept: `last_stderr_line` explains a death with it.
+        // kept: `last_stderr_line` explains a death with it. A forked executor is
+        // handed `.drover/` instead of the file and creates `executor.stderr` there on
+        // its first line (most never write one: an inode less per task); an exec'd
+        // one gets the file.
         let err_path = drover.join("executor.stderr");
-        let stderr = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&err_path)
-            .map_err(prep(&err_path))?;
+        let open_stderr = || {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&err_path)
+                .map_err(prep(&err_path))
+        };
         let pipe_err = |e: std::io::Error| ExecutorError::Prepare {
             path: drover.clone(),
             source: e,
@@ -536,8 +541,9 @@ impl ExecutorSettings {
         // the other, and the executor binds no socket (no inode) while it lasts.
         let mut connection = None;
         let forked = fork_server.and_then(|f| {
+            let area = fs::File::open(&drover).ok()?;
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
-            let child = f.fork(task_id, &args, &stderr, &mut ready, theirs.as_fd())?;
+            let child = f.fork(task_id, &args, &area, &mut ready, theirs.as_fd())?;
             connection = Some(ours);
             Some(child)
         });
@@ -553,7 +559,7 @@ impl ExecutorSettings {
                 if ready.tx.is_none() {
                     ready = ReadyPipe::new().map_err(pipe_err)?;
                 }
-                self.exec(&args, &sandbox, stderr, &mut ready)?
+                self.exec(&args, &sandbox, open_stderr()?, &mut ready)?
             }
         };
         // Only the child may hold the write end, so that its death reads as EOF.

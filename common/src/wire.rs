@@ -120,7 +120,8 @@ pub enum ExecutorRequest {
 /// Agent -> fork server (`drover-executor zygote --socket-fd N`): start one executor.
 /// One SOCK_SEQPACKET message of JSON, carrying two descriptors by SCM_RIGHTS in this
 /// order: the readiness pipe's write end (the child's `--ready-fd`) and the file the
-/// executor's stderr goes to. An optional third descriptor is the agent's connection
+/// executor's stderr goes to (or the sandbox's `.drover/` directory, in which the
+/// executor then creates `executor.stderr` on its first line). An optional third descriptor is the agent's connection
 /// to the executor (one end of a connected stream socket pair): the executor serves it
 /// as a socket client and binds its socket only once it closes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -82,7 +82,7 @@ pub async fn serve(listener: UnixListener, hub: Hub, events: mpsc::UnboundedSend
                 tokio::spawn(serve_client(stream, hub.clone(), events.clone()));
             }
             Err(e) => {
-                eprintln!("drover-executor: accepting a socket client failed: {e}");
+                crate::diag!("drover-executor: accepting a socket client failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         }
@@ -116,7 +116,7 @@ pub async fn serve_clients(
     serve_client(agent, hub.clone(), events.clone()).await;
     match bind() {
         Ok(listener) => serve(listener, hub, events).await,
-        Err(e) => eprintln!(
+        Err(e) => crate::diag!(
             "drover-executor: the agent's connection closed and the socket cannot be bound ({e}); no agent can reach this executor, which ends the task at the recovery timeout"
         ),
     }
@@ -168,7 +168,7 @@ async fn serve_client(stream: UnixStream, hub: Hub, events: mpsc::UnboundedSende
                 ));
             }
             Err(e) => {
-                eprintln!("drover-executor: ignoring a bad socket request ({e}): {line}");
+                crate::diag!("drover-executor: ignoring a bad socket request ({e}): {line}");
                 if let Some(w) = write.as_mut() {
                     let msg = serde_json::json!({ "error": format!("bad request: {e}") });
                     let _ = w.write_all(format!("{msg}\n").as_bytes()).await;

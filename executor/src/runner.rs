@@ -216,7 +216,7 @@ pub fn run(opts: Options) -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("drover-executor: cannot build the runtime: {e}");
+            crate::diag!("drover-executor: cannot build the runtime: {e}");
             return 2;
         }
     };
@@ -233,7 +233,7 @@ async fn run_async(opts: Options) -> i32 {
     let task = match load_task(&opts.task_file) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("drover-executor: {e}");
+            crate::diag!("drover-executor: {e}");
             return 2;
         }
     };
@@ -258,7 +258,7 @@ async fn run_async(opts: Options) -> i32 {
         // most batch tasks do, never pays for it.
         Ok(r) => r,
         Err((e, layout, task_id)) => {
-            eprintln!("drover-executor: {e}");
+            crate::diag!("drover-executor: {e}");
             // Leave a status behind if the sandbox exists, so the agent can tell why.
             let status = ExecutorStatus {
                 seq: 1,
@@ -537,7 +537,7 @@ impl Runner {
             return;
         };
         if let Err(e) = self.layout.write_status(latest) {
-            eprintln!(
+            crate::diag!(
                 "drover-executor: cannot checkpoint {}: {e}",
                 self.layout.status_file().display()
             );
@@ -901,7 +901,7 @@ impl Runner {
             Some(_) if self.known_empty() => {}
             Some(cg) => {
                 if let Err(e) = cg.kill_all() {
-                    eprintln!("drover-executor: {e}");
+                    crate::diag!("drover-executor: {e}");
                 }
             }
             None => {
@@ -916,7 +916,7 @@ impl Runner {
         self.kill_everything();
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.remove() {
-                eprintln!("drover-executor: {e}");
+                crate::diag!("drover-executor: {e}");
             }
         }
     }
@@ -1145,7 +1145,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
             match RotatingLog::open(path.clone(), max, keep) {
                 Ok(l) => log = Some(l),
                 Err(e) => {
-                    eprintln!("drover-executor: cannot open log {}: {e}", path.display());
+                    crate::diag!("drover-executor: cannot open log {}: {e}", path.display());
                     broken = true;
                     continue;
                 }
@@ -1153,7 +1153,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
         }
         if let Some(l) = log.as_mut() {
             if let Err(e) = l.write(&buf[..n]) {
-                eprintln!("drover-executor: writing log {}: {e}", path.display());
+                crate::diag!("drover-executor: writing log {}: {e}", path.display());
                 log = None;
                 broken = true;
             }

@@ -5,11 +5,72 @@
 
 use std::fs;
 use std::io::{self, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use drover_common::wire::{ExecutorStatus, ExecutorTask};
 use nix::unistd::{Gid, Uid, User};
+
+/// `.drover/` of a forked executor whose `executor.stderr` is created on its first
+/// line ([`defer_stderr`]).
+static DEFERRED_STDERR: OnceLock<OwnedFd> = OnceLock::new();
+/// Whether [`open_deferred_stderr`] ran.
+static STDERR_OPENED: AtomicBool = AtomicBool::new(false);
+
+/// Makes this process create `executor.stderr` in the directory `dir` (the sandbox's
+/// `.drover/`) only when it first writes to stderr ([`diag!`](crate::diag), a panic),
+/// and put it on descriptor 2 then; until then descriptor 2 is whatever the caller
+/// left there (/dev/null). An executor that has nothing to say costs no file.
+pub fn defer_stderr(dir: OwnedFd) {
+    if DEFERRED_STDERR.set(dir).is_ok() {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            open_deferred_stderr();
+            previous(info)
+        }));
+    }
+}
+
+/// Opens the deferred `executor.stderr` onto descriptor 2, once (see
+/// [`defer_stderr`]); nothing when stderr is not deferred. Errors leave stderr as it
+/// was: there is nowhere to report them.
+#[allow(unsafe_code)]
+pub fn open_deferred_stderr() {
+    let Some(dir) = DEFERRED_STDERR.get() else {
+        return;
+    };
+    if STDERR_OPENED.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    // SAFETY: openat reads a NUL-terminated name and opens a new descriptor relative
+    // to `dir`, which is open while the static lives; dup2 and close only touch
+    // descriptors: the new one (ours) and 2.
+    unsafe {
+        let fd = libc::openat(
+            dir.as_raw_fd(),
+            c"executor.stderr".as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+            0o644 as libc::c_uint,
+        );
+        if fd >= 0 {
+            libc::dup2(fd, 2);
+            libc::close(fd);
+        }
+    }
+}
+
+/// `eprintln!` for the executor: creates a deferred `executor.stderr` first
+/// ([`sandbox::defer_stderr`](crate::sandbox::defer_stderr)).
+#[macro_export]
+macro_rules! diag {
+    ($($arg:tt)*) => {{
+        $crate::sandbox::open_deferred_stderr();
+        eprintln!($($arg)*);
+    }};
+}
 
 /// The sandbox's paths.
 #[derive(Clone, Debug)]

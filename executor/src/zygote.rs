@@ -5,7 +5,8 @@
 //!
 //! Protocol (`wire::ZygoteRequest` / `wire::ZygoteReply`) on the inherited
 //! SOCK_SEQPACKET socket: the zygote says `ready` once; then per request (the `run`
-//! arguments, with the readiness pipe's write end and the stderr file attached by
+//! arguments, with the readiness pipe's write end and the stderr file (or `.drover/`,
+//! where the executor then creates `executor.stderr` on its first line) attached by
 //! SCM_RIGHTS) it forks, and answers `started` with the child's pidfd attached, or
 //! `failed` when nothing was forked. It exits when the agent's end closes; executors
 //! already forked keep running (each leads its own session), as after an agent crash.
@@ -29,7 +30,8 @@ use crate::runner::Options;
 
 /// Largest request accepted (a run command line is a few hundred bytes).
 const MAX_MESSAGE: usize = 64 * 1024;
-/// Descriptors a request carries: the readiness pipe's write end, the stderr file;
+/// Descriptors a request carries: the readiness pipe's write end, the stderr file (or
+/// the sandbox's `.drover/` directory: stderr deferred, see `sandbox::defer_stderr`);
 /// optionally one more, the agent's connection to the executor (a connected stream
 /// socket, `Options::agent_fd`).
 const REQUEST_FDS: usize = 2;
@@ -187,9 +189,23 @@ fn start(
             Ok((pid as u32, pidfd))
         }
         None => {
-            let code = match become_executor(socket, null, &stderr, &sandbox) {
+            // A directory instead of a file: `.drover/`, where `executor.stderr` is
+            // created on the executor's first line (until then stderr is /dev/null).
+            let deferred = nix::sys::stat::fstat(stderr.as_raw_fd())
+                .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+            let target = if deferred {
+                null.as_fd()
+            } else {
+                stderr.as_fd()
+            };
+            let code = match become_executor(socket, null, target, &sandbox) {
                 Ok(()) => {
-                    drop((stderr, sandbox));
+                    drop(sandbox);
+                    if deferred {
+                        crate::sandbox::defer_stderr(stderr);
+                    } else {
+                        drop(stderr);
+                    }
                     opts.ready_fd = Some(ready.into_raw_fd());
                     opts.agent_fd = agent.map(IntoRawFd::into_raw_fd);
                     crate::runner::run(opts)
@@ -211,7 +227,7 @@ fn start(
 fn become_executor(
     socket: &OwnedFd,
     null: &File,
-    stderr: &OwnedFd,
+    stderr: BorrowedFd<'_>,
     sandbox: &File,
 ) -> io::Result<()> {
     // Closed so that the agent sees the zygote's death as EOF (no child holds its end).

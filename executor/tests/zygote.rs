@@ -92,16 +92,18 @@ struct Started {
 }
 
 fn run_task(ours: &OwnedFd, dir: &Path, name: &str, cmdline: &str) -> Started {
-    run_task_with(ours, dir, name, cmdline, None)
+    run_task_with(ours, dir, name, cmdline, None, false)
 }
 
-/// `run_task`, handing the executor `connection` (the agent's connection) too.
+/// `run_task`, handing the executor `connection` (the agent's connection) too, and
+/// with `deferred_stderr` `.drover/` instead of the stderr file.
 fn run_task_with(
     ours: &OwnedFd,
     dir: &Path,
     name: &str,
     cmdline: &str,
     connection: Option<&UnixStream>,
+    deferred_stderr: bool,
 ) -> Started {
     let id = task_id(name);
     let task = task_json(
@@ -113,7 +115,11 @@ fn run_task_with(
     std::fs::create_dir_all(sandbox.join(".drover")).unwrap();
     let task_file = dir.join(format!("{name}.json"));
     std::fs::write(&task_file, serde_json::to_vec(&task).unwrap()).unwrap();
-    let stderr = std::fs::File::create(sandbox.join(".drover/executor.stderr")).unwrap();
+    let stderr = if deferred_stderr {
+        std::fs::File::open(sandbox.join(".drover")).unwrap()
+    } else {
+        std::fs::File::create(sandbox.join(".drover/executor.stderr")).unwrap()
+    };
     let (ready_rx, ready_tx) = nix::unistd::pipe().unwrap();
     let request = ZygoteRequest {
         args: vec![
@@ -286,6 +292,7 @@ fn an_executor_given_the_agents_connection_binds_its_socket_only_once_it_closes(
         "paired",
         "exec sleep 1000",
         Some(&executor_end),
+        true,
     );
     drop(executor_end);
     let mut byte = [0u8; 1];
@@ -300,6 +307,18 @@ fn an_executor_given_the_agents_connection_binds_its_socket_only_once_it_closes(
         !socket.exists(),
         "no socket while the agent's connection lasts"
     );
+    // Handed `.drover/` for its stderr, the executor creates `executor.stderr` only
+    // when it has something to say.
+    let stderr_file = task.sandbox.join(".drover/executor.stderr");
+    assert!(
+        !stderr_file.exists(),
+        "no stderr file before the first line"
+    );
+    writeln!(s, "not a request").unwrap();
+    eventually(LONG, "the executor's complaint in executor.stderr", || {
+        std::fs::read_to_string(&stderr_file)
+            .is_ok_and(|t| t.contains("ignoring a bad socket request"))
+    });
     // The agent goes away: the executor binds its socket for the next one, which
     // gets what it missed and can kill the task.
     drop((s, r));

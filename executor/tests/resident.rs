@@ -26,7 +26,10 @@ fn resident_binary_kib(pid: u32) -> u64 {
     let mut kib = 0;
     for line in smaps.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.first().is_some_and(|f| f.contains('-') && !f.ends_with(':')) {
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
             // A mapping's header: range, perms, offset, dev, inode, path.
             ours = fields.len() >= 6
                 && !fields[1].contains('w')

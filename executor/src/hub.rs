@@ -254,6 +254,27 @@ mod tests {
         assert_eq!(kept.last().map(|s| s.seq), Some(MAX_HISTORY as u64 + 10));
     }
 
+    /// Subscribes on `stream` after `after_seq`: its status lines and its write half.
+    async fn subscribe(
+        stream: UnixStream,
+        after_seq: u64,
+    ) -> (
+        tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+        tokio::net::unix::OwnedWriteHalf,
+    ) {
+        let (read, mut write) = stream.into_split();
+        let op = format!("{{\"op\":\"subscribe\",\"after_seq\":{after_seq}}}\n");
+        write.write_all(op.as_bytes()).await.unwrap();
+        (BufReader::new(read).lines(), write)
+    }
+
+    /// The `seq` of a status line.
+    fn seq(line: Option<String>) -> u64 {
+        serde_json::from_str::<ExecutorStatus>(&line.unwrap())
+            .unwrap()
+            .seq
+    }
+
     #[tokio::test]
     async fn a_subscriber_gets_the_replay_then_new_statuses_and_kills_are_forwarded() {
         let dir = tempfile::tempdir().unwrap();
@@ -265,20 +286,10 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         tokio::spawn(serve(listener, hub.clone(), tx));
         let stream = UnixStream::connect(&path).await.unwrap();
-        let (read, mut write) = stream.into_split();
-        write
-            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":1}\n")
-            .await
-            .unwrap();
-        let mut lines = BufReader::new(read).lines();
-        let next = |line: Option<String>| {
-            serde_json::from_str::<ExecutorStatus>(&line.unwrap())
-                .unwrap()
-                .seq
-        };
-        assert_eq!(next(lines.next_line().await.unwrap()), 2);
+        let (mut lines, mut write) = subscribe(stream, 1).await;
+        assert_eq!(seq(lines.next_line().await.unwrap()), 2);
         hub.publish(status(3));
-        assert_eq!(next(lines.next_line().await.unwrap()), 3);
+        assert_eq!(seq(lines.next_line().await.unwrap()), 3);
         write.write_all(b"{\"op\":\"kill\"}\n").await.unwrap();
         assert!(matches!(rx.recv().await, Some(ClientEvent::Connected)));
         assert!(matches!(
@@ -305,17 +316,7 @@ mod tests {
             hub.clone(),
             tx,
         ));
-        let (read, mut write) = ours.into_split();
-        write
-            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":0}\n")
-            .await
-            .unwrap();
-        let mut lines = BufReader::new(read).lines();
-        let seq = |line: Option<String>| {
-            serde_json::from_str::<ExecutorStatus>(&line.unwrap())
-                .unwrap()
-                .seq
-        };
+        let (mut lines, write) = subscribe(ours, 0).await;
         assert_eq!(seq(lines.next_line().await.unwrap()), 1);
         assert!(matches!(rx.recv().await, Some(ClientEvent::Connected)));
         assert!(
@@ -333,12 +334,7 @@ mod tests {
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
             }
         };
-        let (read, mut write) = stream.into_split();
-        write
-            .write_all(b"{\"op\":\"subscribe\",\"after_seq\":1}\n")
-            .await
-            .unwrap();
-        let mut lines = BufReader::new(read).lines();
+        let (mut lines, _write) = subscribe(stream, 1).await;
         assert_eq!(seq(lines.next_line().await.unwrap()), 2);
     }
 }

@@ -636,3 +636,78 @@ fn no_isolation_runs_without_a_cgroup() {
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/pids/drover/{id}")).exists());
     assert_eq!(ex.wait_exit(LONG), 0);
 }
+
+// The executor once its task settled: it unmaps the startup pages of its binary
+// (docs/executor.md, "Memory") and goes on supervising with code mapped again from
+// the file.
+
+/// KiB resident in the read-only mappings (code, read-only data) of `pid`'s program
+/// file, which is the executor binary.
+fn resident_binary_kib(pid: u32) -> u64 {
+    let binary = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let mut ours = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            // A mapping's header: range, perms, offset, dev, inode, path.
+            ours = fields.len() >= 6
+                && !fields[1].contains('w')
+                && std::path::Path::new(fields[5]) == binary;
+        } else if ours && fields.first() == Some(&"Rss:") {
+            kib += fields[1].parse::<u64>().unwrap();
+        }
+    }
+    kib
+}
+
+fn health_checks(ex: &Exec) -> usize {
+    recorded(&ex.path("rec"))
+        .iter()
+        .filter(|(_, r)| r == "GET /health")
+        .count()
+}
+
+#[test]
+fn a_settled_executor_unmaps_its_startup_pages_and_still_checks_and_stops_its_task() {
+    if !can_isolate("settled_executor_unmaps_startup_pages") {
+        return;
+    }
+    let id = task_id("settle");
+    // An HTTP lifecycle, so that stopping also runs the health checker's client.
+    let mut ex = Exec::start(
+        &http_task(&id, free_port(), "--exit-on-quit", "5s", "5s"),
+        &["--standalone"],
+    );
+    let running = ex.wait_state(TaskState::Running, LONG);
+    let pid = running.executor_pid;
+    let started = resident_binary_kib(pid);
+    // Settled 2 s after RUNNING.
+    eventually(
+        Duration::from_secs(10),
+        "the executor's startup pages unmapped",
+        || resident_binary_kib(pid) < started - 512,
+    );
+    let settled = resident_binary_kib(pid);
+    let checks = health_checks(&ex);
+    eventually(
+        Duration::from_secs(10),
+        "health checks going on after the release",
+        || health_checks(&ex) >= checks + 5,
+    );
+    ex.signal(Signal::SIGTERM);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Killed);
+    assert_eq!(end.exit_reason, Some(ExitReason::KilledByRequest));
+    let rec = recorded(&ex.path("rec"));
+    assert!(
+        rec.iter().any(|(_, r)| r == "POST /quitquitquit"),
+        "{rec:?}"
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+    eprintln!("binary resident at RUNNING {started} KiB, settled {settled} KiB");
+}

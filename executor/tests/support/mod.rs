@@ -137,11 +137,21 @@ impl Exec {
     /// Starts `drover-executor run` on `task` with extra flags.
     pub fn start(task: &Value, flags: &[&str]) -> Exec {
         let dir = open_tempdir();
-        Self::start_in(dir, task, flags)
+        Self::start_in(dir, task, flags, &[])
     }
 
-    /// Like `start`, in a given directory.
-    pub fn start_in(dir: tempfile::TempDir, task: &Value, flags: &[&str]) -> Exec {
+    /// Like `start`, with extra environment variables.
+    pub fn start_with_env(task: &Value, flags: &[&str], env: &[(&str, &str)]) -> Exec {
+        Self::start_in(open_tempdir(), task, flags, env)
+    }
+
+    /// Like `start`, in a given directory, with extra environment variables.
+    pub fn start_in(
+        dir: tempfile::TempDir,
+        task: &Value,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> Exec {
         if task.to_string().contains(SERVICE) {
             // Beside the sandbox, where the task user can reach it even when the
             // build directory is not (say under /root).
@@ -159,6 +169,7 @@ impl Exec {
             .arg("--sandbox")
             .arg(&sandbox)
             .args(flags)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()

@@ -198,20 +198,22 @@ fn start(
             } else {
                 stderr.as_fd()
             };
-            let code = match become_executor(socket, null, target, &sandbox) {
+            let setup = become_executor(socket, null, target, &sandbox);
+            drop(sandbox);
+            if deferred {
+                crate::sandbox::defer_stderr(stderr);
+            } else {
+                drop(stderr);
+            }
+            let code = match setup {
                 Ok(()) => {
-                    drop(sandbox);
-                    if deferred {
-                        crate::sandbox::defer_stderr(stderr);
-                    } else {
-                        drop(stderr);
-                    }
                     opts.ready_fd = Some(ready.into_raw_fd());
                     opts.agent_fd = agent.map(IntoRawFd::into_raw_fd);
                     crate::runner::run(opts)
                 }
                 Err(e) => {
-                    eprintln!("drover-executor: setting up the forked executor: {e}");
+                    // Through `diag!`: with deferred stderr, fd 2 may be /dev/null by now.
+                    crate::diag!("drover-executor: setting up the forked executor: {e}");
                     2
                 }
             };

@@ -205,37 +205,48 @@ pub async fn check_tcp(port: u16, timeout: Duration) -> Result<(), String> {
     }
 }
 
-/// A shell health check: the prepared command must exit 0 within `timeout`.
+/// A shell health check: the prepared command ([`crate::spawn::check_command`]) must
+/// exit 0 within `timeout`. It leads its own process group, which a timeout (or the
+/// check being dropped, as when the executor ends) kills whole.
 pub async fn check_shell(
-    mut command: tokio::process::Command,
+    mut command: crate::spawn::TaskCommand,
     shown: &str,
     timeout: Duration,
 ) -> Result<(), String> {
-    command
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true);
     let mut child = command
         .spawn()
         .map_err(|e| format!("cannot run health command `{shown}`: {e}"))?;
+    let mut group = KillGroupOnDrop(child.id());
     match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) if status.success() => Ok(()),
-        Ok(Ok(status)) => Err(format!("health command `{shown}` exited with {status}")),
-        Ok(Err(e)) => Err(format!("health command `{shown}`: {e}")),
-        Err(_) => {
-            // The command runs in its own process group (see spawn): end all of it.
-            if let Some(pid) = child.id() {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+        Ok(waited) => {
+            // Exited and reaped: its pid is no group's to kill any more.
+            group.0 = None;
+            match waited {
+                Ok(status) if status.success() => Ok(()),
+                Ok(status) => Err(format!("health command `{shown}` exited with {status}")),
+                Err(e) => Err(format!("health command `{shown}`: {e}")),
             }
-            let _ = child.start_kill();
+        }
+        Err(_) => {
+            drop(group);
             let _ = child.wait().await;
             Err(format!(
                 "health command `{shown}` timed out after {timeout:?}"
             ))
+        }
+    }
+}
+
+/// SIGKILLs the process group led by the pid when dropped.
+struct KillGroupOnDrop(Option<u32>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
 }
@@ -315,16 +326,16 @@ mod tests {
     #[tokio::test]
     async fn shell_check_passes_on_exit_zero_and_times_out() {
         let t = Duration::from_secs(5);
-        check_shell(tokio::process::Command::new("true"), "true", t)
-            .await
-            .unwrap();
-        let err = check_shell(tokio::process::Command::new("false"), "false", t)
-            .await
-            .unwrap_err();
+        let dir = tempfile::tempdir().unwrap();
+        let iso = crate::spawn::Isolation {
+            procs_files: Vec::new(),
+            user: None,
+        };
+        let cmd = |line: &str| crate::spawn::check_command(line, dir.path(), &[], &iso);
+        check_shell(cmd("true"), "true", t).await.unwrap();
+        let err = check_shell(cmd("false"), "false", t).await.unwrap_err();
         assert!(err.contains("`false` exited"), "{err}");
-        let mut slow = tokio::process::Command::new("sleep");
-        slow.arg("10");
-        let err = check_shell(slow, "sleep 10", Duration::from_millis(100))
+        let err = check_shell(cmd("sleep 10"), "sleep 10", Duration::from_millis(100))
             .await
             .unwrap_err();
         assert!(err.contains("timed out"), "{err}");

@@ -122,21 +122,10 @@ pub async fn serve_clients(
     }
 }
 
-/// Takes ownership of an inherited connected stream socket `fd` (close-on-exec,
-/// non-blocking) for [`Clients::Agent`]. None if it is not an open socket.
-#[allow(unsafe_code)]
-pub fn adopt_stream(fd: i32) -> Option<UnixStream> {
-    use std::os::fd::FromRawFd;
-    if fd < 3 {
-        return None;
-    }
-    // SAFETY: fcntl only sets the descriptor flags of `fd` (EBADF when not open).
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-        return None;
-    }
-    // SAFETY: `fd` is open (checked above) and was handed to this process for this
-    // purpose; it is taken once and nothing else in this process owns it.
-    let stream = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+/// The runtime's stream for an inherited connected Unix stream socket (non-blocking
+/// from here on), for [`Clients::Agent`]. None if `fd` is not such a socket.
+pub fn adopt_stream(fd: std::os::fd::OwnedFd) -> Option<UnixStream> {
+    let stream = std::os::unix::net::UnixStream::from(fd);
     stream.set_nonblocking(true).ok()?;
     UnixStream::from_std(stream).ok()
 }

@@ -172,10 +172,11 @@ fn write_stdout(statuses: &[ExecutorStatus]) {
     let _ = out.flush();
 }
 
-/// Takes ownership of the inherited readiness fd (`--ready-fd`) and marks it
-/// close-on-exec so that no task process inherits it. None if it is not open.
+/// Takes ownership of a descriptor the caller handed over (`--ready-fd`, the fork
+/// server's agent connection) and marks it close-on-exec so that no task process
+/// inherits it. None if it is not open.
 #[allow(unsafe_code)]
-fn take_ready_fd(fd: i32) -> Option<std::fs::File> {
+fn take_inherited_fd(fd: i32) -> Option<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     if fd < 3 {
         return None;
@@ -185,10 +186,10 @@ fn take_ready_fd(fd: i32) -> Option<std::fs::File> {
     if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
         return None;
     }
-    // SAFETY: the agent handed this descriptor to us on the command line for this
-    // purpose; it is open (checked above) and nothing else in this process owns it,
-    // because it is taken once, before anything else opens files.
-    Some(unsafe { std::fs::File::from_raw_fd(fd) })
+    // SAFETY: the caller handed this descriptor to us for this purpose; it is open
+    // (checked above) and nothing else in this process owns it, because each is taken
+    // once, before anything else opens files.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// Loads the task file.
@@ -250,7 +251,10 @@ async fn run_async(opts: Options) -> i32 {
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Taken before setup so that every way out of setup closes it (the agent then
     // sees EOF instead of waiting).
-    let ready = opts.ready_fd.and_then(take_ready_fd);
+    let ready = opts
+        .ready_fd
+        .and_then(take_inherited_fd)
+        .map(std::fs::File::from);
     let mut runner = match Runner::setup(opts, task, layout, tx, ready) {
         // Setup's garbage (the task file, its parse, the sandbox paths) is freed by now,
         // but the heap is trimmed only once the task settles
@@ -441,7 +445,11 @@ impl Runner {
             _ => 0,
         };
         let hub = Hub::default();
-        let clients = match opts.agent_fd.and_then(hub::adopt_stream) {
+        let clients = match opts
+            .agent_fd
+            .and_then(take_inherited_fd)
+            .and_then(hub::adopt_stream)
+        {
             Some(agent) => hub::Clients::Agent(agent),
             None => hub::Clients::Listening(bind_socket(&layout.socket()).map_err(|e| {
                 fail(
@@ -1113,7 +1121,7 @@ impl Runner {
             HealthCheckType::Shell => {
                 let shown = h.command.clone().unwrap_or_default();
                 self.spawned += 1;
-                let cmd = spawn::command(&shown, &self.layout.root, &self.env, &self.iso, false);
+                let cmd = spawn::check_command(&shown, &self.layout.root, &self.env, &self.iso);
                 tokio::spawn(async move {
                     let r = health::check_shell(cmd, &shown, timeout).await;
                     let _ = tx.send(Event::Health(r));

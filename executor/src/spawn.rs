@@ -1,9 +1,10 @@
 //! Starting one process of the task: the cmdline's words executed directly when it has
 //! no shell syntax (see [`direct_argv`]), `/bin/sh -c <cmdline>` otherwise, in the
-//! sandbox with the `DROVER_*` environment, stdout and stderr piped to the executor (which writes the
-//! rotated log files). Between fork and exec the child joins the task's cgroup (while
-//! still root), starts its own session, drops to the task user and sets
-//! `PR_SET_NO_NEW_PRIVS`.
+//! sandbox with the `DROVER_*` environment, stdout and stderr piped to the executor
+//! (which writes the rotated log files). Shell health checks start the same way
+//! ([`check_command`]), output discarded. Between clone and exec the child joins the
+//! task's cgroup (while still root), starts its own session, drops to the task user and
+//! sets `PR_SET_NO_NEW_PRIVS`.
 
 use std::ffi::CString;
 use std::io;
@@ -11,9 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
-
-use tokio::process::Command;
+use std::process::ExitStatus;
 
 use crate::sandbox::TaskUser;
 
@@ -104,19 +103,19 @@ pub fn task_command(
             vec!["/bin/sh".to_string(), "-c".to_string(), cmdline.to_string()],
         ),
     };
-    // As `Command::env` does: a later value of a name replaces an earlier one.
-    let mut vars = std::collections::BTreeMap::new();
-    vars.insert("PATH", DEFAULT_PATH);
-    for (k, v) in env {
-        vars.insert(k.as_str(), v.as_str());
-    }
-    Ok(TaskCommand {
-        program,
-        argv,
-        env: vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        cwd: cwd.to_path_buf(),
-        isolation: isolation.clone(),
-    })
+    Ok(TaskCommand::new(program, argv, cwd, env, isolation, true))
+}
+
+/// A shell health check's command: `/bin/sh -c <cmdline>` started like a task process
+/// (same sandbox, environment and [`Isolation`]), its output discarded.
+pub fn check_command(
+    cmdline: &str,
+    cwd: &Path,
+    env: &[(String, String)],
+    isolation: &Isolation,
+) -> TaskCommand {
+    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), cmdline.to_string()];
+    TaskCommand::new(PathBuf::from("/bin/sh"), argv, cwd, env, isolation, false)
 }
 
 /// A task process ready to start: what [`task_command`] prepared.
@@ -129,6 +128,8 @@ pub struct TaskCommand {
     env: Vec<String>,
     cwd: PathBuf,
     isolation: Isolation,
+    /// stdout and stderr piped to the executor; else /dev/null.
+    piped: bool,
 }
 
 /// A started task process: its pid, its output pipes and a pidfd to wait on.
@@ -194,7 +195,32 @@ fn reap_exited(pid: u32) {
 }
 
 impl TaskCommand {
-    /// Starts the process: stdin /dev/null, stdout and stderr piped, the working
+    fn new(
+        program: PathBuf,
+        argv: Vec<String>,
+        cwd: &Path,
+        env: &[(String, String)],
+        isolation: &Isolation,
+        piped: bool,
+    ) -> TaskCommand {
+        // As `Command::env` does: a later value of a name replaces an earlier one.
+        let mut vars = std::collections::BTreeMap::new();
+        vars.insert("PATH", DEFAULT_PATH);
+        for (k, v) in env {
+            vars.insert(k.as_str(), v.as_str());
+        }
+        TaskCommand {
+            program,
+            argv,
+            env: vars.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            cwd: cwd.to_path_buf(),
+            isolation: isolation.clone(),
+            piped,
+        }
+    }
+
+    /// Starts the process: stdin /dev/null, stdout and stderr piped (or /dev/null for
+    /// a health check, [`check_command`]), the working
     /// directory, exactly the prepared environment, and [`Isolation`] applied between
     /// the clone and the exec (join the cgroup, `setsid`, drop to the task user,
     /// `PR_SET_NO_NEW_PRIVS`).
@@ -234,9 +260,9 @@ impl TaskCommand {
             .iter()
             .map(|p| p.as_ptr())
             .collect::<Vec<_>>();
-        let stdin = dev_null()?;
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
+        let null = dev_null()?;
+        let (out_r, out_w) = self.pipe()?;
+        let (err_r, err_w) = self.pipe()?;
         let plan = ChildPlan {
             program: program.as_ptr(),
             argv: argv_ptrs.as_ptr(),
@@ -244,7 +270,11 @@ impl TaskCommand {
             sh_argv: sh_argv.as_ptr(),
             envp: envp.as_ptr(),
             cwd: cwd.as_ptr(),
-            stdio: [stdin.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            stdio: [
+                null.as_raw_fd(),
+                out_w.as_ref().map_or(null.as_raw_fd(), |w| w.as_raw_fd()),
+                err_w.as_ref().map_or(null.as_raw_fd(), |w| w.as_raw_fd()),
+            ],
             procs: &procs,
             user: self
                 .isolation
@@ -264,13 +294,18 @@ impl TaskCommand {
             reap_exited(pid);
             return Err(io::Error::from_raw_os_error(error));
         }
-        let watched =
-            (|| Ok::<_, io::Error>((receiver(out_r)?, receiver(err_r)?, watch(pidfd)?)))();
+        let watched = (|| {
+            Ok::<_, io::Error>((
+                out_r.map(receiver).transpose()?,
+                err_r.map(receiver).transpose()?,
+                watch(pidfd)?,
+            ))
+        })();
         match watched {
             Ok((stdout, stderr, pidfd)) => Ok(TaskChild {
                 pid,
-                stdout: Some(stdout),
-                stderr: Some(stderr),
+                stdout,
+                stderr,
                 pidfd: Some(pidfd),
             }),
             Err(e) => {
@@ -284,6 +319,18 @@ impl TaskCommand {
                 Err(e)
             }
         }
+    }
+}
+
+impl TaskCommand {
+    /// A pipe for one output stream when piped: (read end, write end).
+    #[allow(clippy::type_complexity)]
+    fn pipe(&self) -> io::Result<(Option<OwnedFd>, Option<OwnedFd>)> {
+        if !self.piped {
+            return Ok((None, None));
+        }
+        let (r, w) = pipe()?;
+        Ok((Some(r), Some(w)))
     }
 }
 
@@ -317,13 +364,16 @@ fn null_terminated<'a>(
         .collect()
 }
 
-/// /dev/null for reading, opened once per executor.
+/// /dev/null for reading and writing, opened once per executor.
 fn dev_null() -> io::Result<BorrowedFd<'static>> {
     static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
     if let Some(fd) = NULL.get() {
         return Ok(fd.as_fd());
     }
-    let file = std::fs::File::open("/dev/null")?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     Ok(NULL.get_or_init(|| file.into()).as_fd())
 }
 
@@ -545,80 +595,6 @@ fn find_in_path(program: &str) -> Result<PathBuf, String> {
 
 /// The `PATH` every task process gets.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// A shell command prepared to run as a task process (or a shell health check).
-pub fn command(
-    cmdline: &str,
-    cwd: &Path,
-    env: &[(String, String)],
-    isolation: &Isolation,
-    piped: bool,
-) -> Command {
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c").arg(cmdline);
-    prepare(&mut cmd, cwd, env, isolation, piped);
-    cmd
-}
-
-/// The working directory, environment, stdio and pre-exec isolation every process gets.
-fn prepare(
-    cmd: &mut Command,
-    cwd: &Path,
-    env: &[(String, String)],
-    isolation: &Isolation,
-    piped: bool,
-) {
-    cmd.current_dir(cwd).env_clear();
-    cmd.env("PATH", DEFAULT_PATH);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.stdin(Stdio::null());
-    if piped {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    }
-    install_pre_exec(cmd, isolation.clone());
-}
-
-#[allow(unsafe_code)]
-fn install_pre_exec(cmd: &mut Command, iso: Isolation) {
-    // SAFETY: the closure runs in the forked child before exec. It only makes
-    // async-signal-safe system calls (open, write, close, setsid, setgroups, setgid,
-    // setuid, prctl) on data prepared before the fork, and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Join the cgroup first: after dropping root we could not.
-            for path in &iso.procs_files {
-                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-                let err = io::Error::last_os_error();
-                libc::close(fd);
-                if n != 1 {
-                    return Err(err);
-                }
-            }
-            // Own session and process group: signals to the group reach its children.
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some((uid, gid, groups)) = &iso.user {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
-                    || libc::setgid(*gid) != 0
-                    || libc::setuid(*uid) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
 
 /// Checks the program a cmdline runs before starting it, so that "not found" and
 /// "permission denied" name the path instead of surfacing as exit code 127/126.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use drover_executor::cgroup::{FsCgroup, Limits, TaskCgroup, Version};
 use drover_executor::sandbox::TaskUser;
-use drover_executor::spawn::{command, Isolation};
+use drover_executor::spawn::{check_command, Isolation};
 
 /// The test's own user (root), without switching.
 fn root_user() -> TaskUser {
@@ -60,12 +60,11 @@ async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
     let iso = Isolation::new(&cg.procs_files(), &root_user());
     let dir = tempfile::tempdir().unwrap();
     // A parent that leaves a setsid'd, double-forked grandchild behind.
-    let mut child = command(
+    let mut child = check_command(
         "setsid sh -c 'sleep 1000 &' ; exec sleep 1000",
         dir.path(),
         &[],
         &iso,
-        false,
     )
     .spawn()
     .unwrap();
@@ -111,7 +110,7 @@ async fn a_leftover_cgroup_of_the_same_task_is_emptied_and_created_anew() {
     assert!(first.create(&limits).unwrap(), "a new cgroup");
     let iso = Isolation::new(&first.procs_files(), &root_user());
     let dir = tempfile::tempdir().unwrap();
-    let mut child = command("exec sleep 1000", dir.path(), &[], &iso, false)
+    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
         .spawn()
         .unwrap();
     let pid = child.id().unwrap() as i32;
@@ -168,7 +167,7 @@ async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_rem
     .unwrap();
     let iso = Isolation::new(&cg.procs_files(), &root_user());
     let dir = tempfile::tempdir().unwrap();
-    let mut child = command("exec sleep 1000", dir.path(), &[], &iso, false)
+    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
         .spawn()
         .unwrap();
     let pid = child.id().unwrap() as i32;

@@ -768,25 +768,6 @@ pub fn parse_status(line: &str) -> Option<ExecutorStatus> {
     serde_json::from_str(line).ok()
 }
 
-/// Asks an executor to start its kill escalation.
-pub async fn send_kill(socket: &Path, reason: ExitReason) -> Result<(), ExecutorError> {
-    let err = |source| ExecutorError::Socket {
-        path: socket.to_path_buf(),
-        source,
-    };
-    let mut stream = connect(socket).map_err(err)?;
-    send_line(
-        &mut stream,
-        &ExecutorRequest::Kill {
-            reason: Some(reason),
-        },
-    )
-    .await
-    .map_err(err)?;
-    stream.shutdown().await.map_err(err)?;
-    Ok(())
-}
-
 /// True if something accepts connections on the socket.
 pub fn socket_is_live(socket: &Path) -> bool {
     connect_std(socket).is_ok()

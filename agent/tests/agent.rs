@@ -155,7 +155,8 @@ async fn a_task_that_ended_while_the_agent_was_down_is_reported_once_not_rerun()
 
     // While the agent is away the task is stopped and its executor exits.
     let sock = dirs.drover("t1").join("executor.sock");
-    drover_agent::executor::send_kill(&sock, ExitReason::KilledByRequest)
+    let mut lines = drover_agent::executor::subscribe(&sock, 0).await.unwrap();
+    drover_agent::executor::send_kill_on(&mut lines, ExitReason::KilledByRequest)
         .await
         .unwrap();
     let pid = dirs.spawns("t1")[0];

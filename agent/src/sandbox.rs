@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use drover_common::spec::is_valid_name;
-use drover_common::wire::{ExecutorStatus, StatusUpdate};
+use drover_common::wire::{checkpointed_status, ExecutorStatus, StatusUpdate};
 use serde::{Deserialize, Serialize};
 
 /// Paths inside the sandbox root.
@@ -108,10 +108,9 @@ impl Layout {
         Ok(ids)
     }
 
-    /// The executor's latest checkpoint, if readable.
+    /// The executor's latest checkpoint, if readable ([`checkpointed_status`]).
     pub fn read_status(&self, task_id: &str) -> Option<ExecutorStatus> {
-        let bytes = fs::read(self.status_file(task_id)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        checkpointed_status(&fs::read(self.status_file(task_id)).ok()?)
     }
 
     /// The agent's record, or the default when missing.

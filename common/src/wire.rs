@@ -103,6 +103,17 @@ pub struct ExecutorStatus {
     pub processes: Vec<ProcessStatus>,
 }
 
+/// The current status in an executor's checkpoint file (`.drover/status.json`): one
+/// [`ExecutorStatus`] per line, appended, so the last line that parses is the current
+/// one (a crash can tear only the line being appended, and a torn line never parses).
+/// A file of one status without a newline (older executors) reads the same.
+pub fn checkpointed_status(bytes: &[u8]) -> Option<ExecutorStatus> {
+    bytes
+        .split(|b| *b == b'\n')
+        .rev()
+        .find_map(|line| serde_json::from_slice(line).ok())
+}
+
 /// Agent -> executor on the sandbox's Unix socket, one JSON object per line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -442,6 +453,34 @@ mod tests {
             task_set_digest(["b", "a", "a"])
         );
         assert_ne!(task_set_digest(["ab"]), task_set_digest(["a", "b"]));
+    }
+
+    #[test]
+    fn the_last_whole_line_of_a_checkpoint_is_current() {
+        let status = |seq: u64, state: TaskState| ExecutorStatus {
+            seq,
+            task_id: "t".into(),
+            state,
+            exit_reason: None,
+            message: String::new(),
+            timestamp_ms: 1,
+            executor_pid: 2,
+            processes: Vec::new(),
+        };
+        let line = |s: &ExecutorStatus| serde_json::to_string(s).unwrap() + "\n";
+        let (starting, running) = (
+            status(1, TaskState::Starting),
+            status(2, TaskState::Running),
+        );
+        let log = line(&starting) + &line(&running);
+        assert_eq!(checkpointed_status(log.as_bytes()), Some(running.clone()));
+        // A crash tore the line being appended: the one before it is current.
+        let torn = log.clone() + &line(&status(3, TaskState::Finished))[..40];
+        assert_eq!(checkpointed_status(torn.as_bytes()), Some(running.clone()));
+        // An older executor's file: one status, no newline.
+        let old = serde_json::to_vec(&starting).unwrap();
+        assert_eq!(checkpointed_status(&old), Some(starting));
+        assert_eq!(checkpointed_status(b""), None);
     }
 
     #[test]

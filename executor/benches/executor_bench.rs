@@ -206,8 +206,9 @@ fn first_pid(sandbox: &Path) -> i32 {
         &sandbox.join(".drover/status.json"),
         Duration::from_secs(10),
     );
-    let v: Value = serde_json::from_str(&text).unwrap();
-    v["processes"][0]["pid"].as_i64().unwrap() as i32
+    let status = drover_common::wire::checkpointed_status(text.as_bytes())
+        .expect("a whole status in the checkpoint");
+    status.processes[0].pid.expect("the first process's pid") as i32
 }
 
 fn dead(pid: i32) -> bool {

@@ -3,7 +3,7 @@
 //! kills, kill everything in it and remove it.
 //!
 //! The implementation goes through cgroups-rs ([`cgroups_rs::Cgroup`] and its cpu,
-//! memory, pids and freezer controllers) with our own [`RootedHierarchy`] at an
+//! memory and pids controllers) with our own [`RootedHierarchy`] at an
 //! injected mount root, for v1 and v2: cgroups-rs's `hierarchies::V2` hard-codes
 //! `/sys/fs/cgroup` as the v2 root (so no fake tree in a temp dir, no `--cgroup-root`),
 //! and its `hierarchies::V1` builds every mounted controller, hugetlb's with a regex.
@@ -17,9 +17,13 @@
 //! `EEXIST` also reveals a leftover cgroup) and enable the v2 controllers ourselves,
 //! write each limit as a plain file opened without `O_CREAT` (a missing file is an
 //! error naming it, with no `stat` before: every path walk through cgroupfs costs
-//! about as much as the write), and read every limit back. Plain files are also used
-//! where cgroups-rs has no knob or reader (`memory.oom.group`, the OOM counters,
-//! `cgroup.subtree_control`, reading the memory limit back), each with a comment.
+//! about as much as the write), and read every limit back through the descriptor
+//! that wrote it. Plain files are also used where cgroups-rs has no knob or reader
+//! (`memory.oom.group`, the OOM counters, `cgroup.subtree_control`), each with a
+//! comment.
+//!
+//! No freezer: on v1 a kill stops forks with `pids.max` 0 instead (see `kill_all`),
+//! so a task costs three v1 cgroups, not four.
 
 use std::fs;
 use std::io::{self, Write};
@@ -28,15 +32,14 @@ use std::time::{Duration, Instant};
 
 use cgroups_rs::cpu::CpuController;
 use cgroups_rs::error::ErrorKind;
-use cgroups_rs::freezer::FreezerController;
 use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
-use cgroups_rs::{Cgroup, Controller, Hierarchy, MaxValue, Subsystem};
+use cgroups_rs::{Cgroup, Controller, Hierarchy, Subsystem};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// v1 controllers we use, each its own hierarchy under the mount root.
-pub const V1_CONTROLLERS: [&str; 4] = ["cpu", "memory", "pids", "freezer"];
+pub const V1_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
 /// The CFS period we use for the cpu quota (100 ms).
 pub const CPU_PERIOD_US: u64 = 100_000;
@@ -108,6 +111,8 @@ pub trait TaskCgroup: Send + Sync {
     fn procs_files(&self) -> Vec<PathBuf>;
     /// Every pid in the cgroup.
     fn pids(&self) -> Result<Vec<i32>, CgroupError>;
+    /// Whether the cgroup holds no process (cheaper than `pids` on v1).
+    fn is_empty(&self) -> Result<bool, CgroupError>;
     /// How many times the kernel OOM-killed a process in the cgroup.
     fn oom_kills(&self) -> Result<u64, CgroupError>;
     /// SIGKILLs everything in the cgroup until it is empty.
@@ -131,7 +136,7 @@ pub enum Version {
 ///
 /// v2: the controllers listed in `<root>/cgroup.controllers` among cpu, memory and
 /// pids (what `hierarchies::V2::subsystems` does for `/sys/fs/cgroup`). v1: each of
-/// cpu, memory, pids and freezer whose `<root>/<controller>` directory exists.
+/// cpu, memory and pids whose `<root>/<controller>` directory exists.
 #[derive(Clone, Debug)]
 pub struct RootedHierarchy {
     version: Version,
@@ -173,7 +178,6 @@ impl Hierarchy for RootedHierarchy {
                     "cpu" => Some(Subsystem::Cpu(CpuController::new(dir, false))),
                     "memory" => Some(Subsystem::Mem(MemController::new(dir, false))),
                     "pids" => Some(Subsystem::Pid(PidController::new(dir, false))),
-                    "freezer" => Some(Subsystem::Freezer(FreezerController::new(dir, false))),
                     _ => None,
                 })
                 .collect(),
@@ -280,7 +284,7 @@ impl FsCgroup {
         }
     }
 
-    /// Our controllers (cpu, memory, pids, freezer) among the cgroup's subsystems.
+    /// Our controllers (cpu, memory, pids) among the cgroup's subsystems.
     ///
     /// Everything in cgroups-rs that goes through `Subsystem::to_controller`
     /// (`Cgroup::controller_of`, `procs`, v1 `create`, `load_with_specified_controllers`)
@@ -295,7 +299,6 @@ impl FsCgroup {
                 Subsystem::Cpu(c) => Some(c as &dyn Controller),
                 Subsystem::Mem(c) => Some(c as &dyn Controller),
                 Subsystem::Pid(c) => Some(c as &dyn Controller),
-                Subsystem::Freezer(c) => Some(c as &dyn Controller),
                 _ => None,
             })
             .collect()
@@ -338,14 +341,6 @@ impl FsCgroup {
             Subsystem::Pid(c) => Some(c),
             _ => None,
         })
-    }
-
-    fn lib(
-        &self,
-        what: &'static str,
-        path: PathBuf,
-    ) -> impl FnOnce(cgroups_rs::error::Error) -> CgroupError {
-        move |source| CgroupError::Lib { what, path, source }
     }
 
     /// v2 only: creates each level down to ours, after enabling those of cpu, memory
@@ -405,18 +400,14 @@ impl FsCgroup {
             let cpu = self.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
-            let period_file = dir.join("cpu.cfs_period_us");
-            let quota_file = dir.join("cpu.cfs_quota_us");
-            write_limit(&period_file, &CPU_PERIOD_US.to_string())?;
-            write_limit(&quota_file, &quota.to_string())?;
-            let period = cpu
-                .cfs_period()
-                .map_err(self.lib("read cpu.cfs_period_us in", dir.to_path_buf()))?;
-            check(&period_file, CPU_PERIOD_US, period, period == CPU_PERIOD_US)?;
-            let read = cpu
-                .cfs_quota()
-                .map_err(self.lib("read cpu.cfs_quota_us in", dir.to_path_buf()))?;
-            check(&quota_file, quota, read, read == quota as i64)?;
+            for (name, want) in [
+                ("cpu.cfs_period_us", CPU_PERIOD_US),
+                ("cpu.cfs_quota_us", quota),
+            ] {
+                let file = dir.join(name);
+                let read = write_limit(&file, &want.to_string())?;
+                check(&file, want, &read, read == want.to_string())?;
+            }
         }
         if limits.memory_bytes > 0 {
             let mem = self.memory_controller()?;
@@ -436,15 +427,8 @@ impl FsCgroup {
             let quota = cpu_quota_us(limits.cpu);
             let file = dir.join("cpu.max");
             let wrote = format!("{quota} {CPU_PERIOD_US}");
-            write_limit(&file, &wrote)?;
-            let read_quota = cpu
-                .cfs_quota()
-                .map_err(self.lib("read cpu.max in", dir.to_path_buf()))?;
-            let read_period = cpu
-                .cfs_period()
-                .map_err(self.lib("read cpu.max in", dir.to_path_buf()))?;
-            let read = format!("{read_quota} {read_period}");
-            check(&file, wrote.clone(), read.clone(), read == wrote)?;
+            let read = write_limit(&file, &wrote)?;
+            check(&file, &wrote, &read, read == wrote)?;
         }
         if limits.memory_bytes > 0 {
             let mem = self.memory_controller()?;
@@ -452,9 +436,8 @@ impl FsCgroup {
             // Kill the whole task on OOM, not one random process of it. Plain file:
             // cgroups-rs has no memory.oom.group knob.
             let file = mem.path().join("memory.oom.group");
-            write_file(&file, "1")?;
-            let read = read_file(&file)?;
-            check(&file, "1", read.trim(), read.trim() == "1")?;
+            let read = write_limit(&file, "1")?;
+            check(&file, "1", &read, read == "1")?;
         }
         if limits.pids > 0 {
             let pids = self.pids_controller()?;
@@ -471,9 +454,7 @@ impl FsCgroup {
         if i64::try_from(want).is_err() {
             return Err(above_i64_max(file, want));
         }
-        write_limit(&file, &want.to_string())?;
-        let read = read_file(&file)?;
-        let read = read.trim();
+        let read = write_limit(&file, &want.to_string())?;
         // The kernel rounds down to whole pages.
         let ok = read
             .parse::<u64>()
@@ -483,16 +464,18 @@ impl FsCgroup {
 
     fn set_pids(&self, pids: &PidController, want: u64) -> Result<(), CgroupError> {
         let file = pids.path().join("pids.max");
-        let value = i64::try_from(want).map_err(|_| above_i64_max(file.clone(), want))?;
-        write_limit(&file, &want.to_string())?;
-        let read = pids
-            .get_pid_max()
-            .map_err(self.lib("read pids.max in", pids.path().to_path_buf()))?;
-        let shown = match read {
-            MaxValue::Max => "max".to_string(),
-            MaxValue::Value(v) => v.to_string(),
-        };
-        check(&file, want, shown, read == MaxValue::Value(value))
+        i64::try_from(want).map_err(|_| above_i64_max(file.clone(), want))?;
+        let read = write_limit(&file, &want.to_string())?;
+        check(&file, want, &read, read == want.to_string())
+    }
+
+    /// Sets the cgroup's `pids.max` to 0, so no process in it can fork, and returns the
+    /// file and the limit it held, to restore. None without a pids controller.
+    fn fence_forks(&self) -> Option<(PathBuf, String)> {
+        let file = self.pids_controller().ok()?.path().join("pids.max");
+        let limit = fs::read_to_string(&file).ok()?.trim().to_string();
+        write_file(&file, "0").ok()?;
+        Some((file, limit))
     }
 
     /// `cgroup.procs` of the v2 cgroup when cgroups-rs has no controller to read it
@@ -555,23 +538,33 @@ fn check(
 /// Writes `value` to an existing file (never creates it: a missing file means a
 /// missing controller, and the open's own `ENOENT` says so without a `stat` first).
 fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
-    write_opened(path, value, fs::OpenOptions::new().write(true))
+    write_opened(path, value, fs::OpenOptions::new().write(true)).map(drop)
 }
 
-/// A limit: like [`write_file`], truncating what a file (in a test tree) held before.
+/// Writes a limit like [`write_file`] (truncating what a file in a test tree held
+/// before) and reads it back, trimmed, through the same descriptor: one open of the
+/// cgroupfs file, not two. A cgroup file read at offset 0 shows the current value.
 ///
-/// Plain files rather than the cgroups-rs setters: those open with `O_CREAT`, which
-/// on a test tree would create a missing limit file, so each write needed a `stat`
-/// of the file first (a path walk through cgroupfs, as costly as the write).
-fn write_limit(path: &Path, value: &str) -> Result<(), CgroupError> {
-    write_opened(
+/// Plain files rather than the cgroups-rs setters and getters: those open with
+/// `O_CREAT`, which on a test tree would create a missing limit file, so each write
+/// needed a `stat` of the file first (a path walk through cgroupfs, as costly as the
+/// write), and they open the file again to read it.
+fn write_limit(path: &Path, value: &str) -> Result<String, CgroupError> {
+    use std::os::unix::fs::FileExt;
+    let f = write_opened(
         path,
         value,
-        fs::OpenOptions::new().write(true).truncate(true),
-    )
+        fs::OpenOptions::new().read(true).write(true).truncate(true),
+    )?;
+    let mut buf = [0u8; 64];
+    let n = f.read_at(&mut buf, 0).map_err(|source| CgroupError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
 }
 
-fn write_opened(path: &Path, value: &str, how: &fs::OpenOptions) -> Result<(), CgroupError> {
+fn write_opened(path: &Path, value: &str, how: &fs::OpenOptions) -> Result<fs::File, CgroupError> {
     let err = |source: io::Error| CgroupError::Write {
         path: path.to_path_buf(),
         value: value.to_string(),
@@ -585,14 +578,8 @@ fn write_opened(path: &Path, value: &str, how: &fs::OpenOptions) -> Result<(), C
         },
     };
     let mut f = how.open(path).map_err(err)?;
-    f.write_all(value.as_bytes()).map_err(err)
-}
-
-fn read_file(path: &Path) -> Result<String, CgroupError> {
-    fs::read_to_string(path).map_err(|source| CgroupError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
+    f.write_all(value.as_bytes()).map_err(err)?;
+    Ok(f)
 }
 
 /// The `oom_kill N` line of `memory.oom_control` (v1) or `memory.events` (v2).
@@ -676,12 +663,21 @@ impl TaskCgroup for FsCgroup {
         }
     }
 
+    fn is_empty(&self) -> Result<bool, CgroupError> {
+        match (self.version, self.pids_controller()) {
+            // One hierarchy is enough: the task's processes are in all of ours, and
+            // only root can move a process out of one (`cgroup.procs` is root's).
+            // Should a task allowed to run as root have done so, `remove` finds the
+            // process (rmdir fails busy) and kills it then.
+            (Version::V1, Ok(pids)) => Ok(pids.procs().is_empty()),
+            _ => Ok(self.pids()?.is_empty()),
+        }
+    }
+
     fn kill_all(&self) -> Result<(), CgroupError> {
-        // Nothing left (the usual case once a task ended): nothing to freeze or kill.
+        // Nothing left (the usual case once a task ended): nothing to fence or kill.
         // An empty cgroup cannot gain a process but by a migration, which only this
-        // executor does. Worth checking: a v1 freeze and thaw flip a kernel static
-        // key each, which patches kernel text with an IPI to every CPU (4% of an
-        // executor's CPU for a one-shot task).
+        // executor does.
         if self.pids()?.is_empty() {
             return Ok(());
         }
@@ -699,32 +695,20 @@ impl TaskCgroup for FsCgroup {
                 }
             }
         }
-        // Freezing first stops a fork bomb from racing the kill loop (v1; errors are
-        // ignored: a missing freezer only makes the loop slower).
-        let freezer = match self.version {
-            Version::V1 => self
-                .cg
-                .subsystems()
-                .iter()
-                .find_map(|s| match s {
-                    Subsystem::Freezer(f) => Some(f),
-                    _ => None,
-                })
-                .filter(|f| f.path().join("freezer.state").is_file()),
-            Version::V2 => None,
-        };
-        if let Some(f) = freezer {
-            let _ = f.freeze();
-        }
+        // No process in the cgroup can fork while the loop kills, so a fork bomb
+        // cannot race it (v1 has no cgroup.kill). This needs no freezer hierarchy:
+        // a freeze and thaw also flip a kernel static key each, which patches kernel
+        // text with an IPI to every CPU.
+        let fence = self.fence_forks();
         let started = Instant::now();
         let limit = Duration::from_secs(10);
-        loop {
+        let result = loop {
             let pids = self.pids()?;
             if pids.is_empty() {
-                break;
+                break Ok(());
             }
             if started.elapsed() > limit {
-                return Err(CgroupError::NotEmpty {
+                break Err(CgroupError::NotEmpty {
                     path: self.dir("pids"),
                     secs: limit.as_secs(),
                     pids,
@@ -734,16 +718,13 @@ impl TaskCgroup for FsCgroup {
                 // ESRCH: already gone, which is what we want.
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
-            if let Some(f) = freezer {
-                // Frozen processes die only once thawed.
-                let _ = f.thaw();
-            }
             std::thread::sleep(Duration::from_millis(2));
+        };
+        // The cgroup may be used again (final processes after a kill step).
+        if let Some((file, limit)) = fence {
+            let _ = write_file(&file, &limit);
         }
-        if let Some(f) = freezer {
-            let _ = f.thaw();
-        }
-        Ok(())
+        result
     }
 
     fn remove(&self) -> Result<(), CgroupError> {
@@ -760,6 +741,8 @@ impl TaskCgroup for FsCgroup {
         if !left {
             return Ok(());
         }
+        // Busy: a process is left that the emptiness check did not see (`is_empty`).
+        let _ = self.kill_all();
         let started = Instant::now();
         loop {
             if !self.dirs().iter().any(|d| d.exists()) {
@@ -966,7 +949,7 @@ mod tests {
     /// A fake v1 tree: one directory per controller with a kernel's default files.
     fn fake_v1() -> (tempfile::TempDir, FsCgroup) {
         let tmp = tempfile::tempdir().unwrap();
-        let files: [(&str, &[(&str, &str)]); 4] = [
+        let files: [(&str, &[(&str, &str)]); 3] = [
             (
                 "cpu",
                 &[
@@ -985,7 +968,6 @@ mod tests {
                 ],
             ),
             ("pids", &[("pids.max", "max\n")]),
-            ("freezer", &[("freezer.state", "THAWED\n")]),
         ];
         for (controller, list) in files {
             let dir = tmp.path().join(controller).join("drover/t1");
@@ -1018,10 +1000,22 @@ mod tests {
         assert_eq!(read("cpu", "cpu.cfs_quota_us"), "150000");
         assert_eq!(read("memory", "memory.limit_in_bytes"), "33554432");
         assert_eq!(read("pids", "pids.max"), "64");
-        assert_eq!(cg.procs_files().len(), 4);
+        assert_eq!(cg.procs_files().len(), 3);
         assert_eq!(cg.oom_kills().unwrap(), 4);
         fs::write(tmp.path().join("pids/drover/t1/cgroup.procs"), "").unwrap();
         assert!(cg.pids().unwrap().is_empty());
+        assert!(cg.is_empty().unwrap());
+    }
+
+    #[test]
+    fn v1_emptiness_is_read_from_the_pids_hierarchy_alone() {
+        let (tmp, cg) = fake_v1();
+        let procs = |c: &str| tmp.path().join(c).join("drover/t1/cgroup.procs");
+        fs::write(procs("memory"), "4242\n").unwrap();
+        assert!(cg.is_empty().unwrap(), "only the pids hierarchy is read");
+        assert_eq!(cg.pids().unwrap(), vec![4242], "pids reads every hierarchy");
+        fs::write(procs("pids"), "4242\n").unwrap();
+        assert!(!cg.is_empty().unwrap());
     }
 
     #[test]

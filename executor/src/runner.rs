@@ -24,7 +24,7 @@ use crate::health::{self, HealthTracker, Verdict};
 use crate::hub::{self, ClientEvent, Hub};
 use crate::machine::{Escalation, Machine, Millis, Phase, Step};
 use crate::resident;
-use crate::sandbox::{self, Layout, RotatingLog, TaskUser};
+use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
 use crate::spawn::{self, Isolation};
 
 /// How often the runner looks for processes that outlived their parent while it
@@ -112,6 +112,8 @@ struct Runner {
     opts: Options,
     task: ExecutorTask,
     layout: Layout,
+    /// `.drover/status.json`, appended to by [`Runner::flush`].
+    checkpoint: Checkpoint,
     machine: Machine,
     cgroup: Option<FsCgroup>,
     iso: Isolation,
@@ -276,9 +278,11 @@ async fn run_async(opts: Options) -> i32 {
                 executor_pid: std::process::id(),
                 processes: Vec::new(),
             };
-            // Checkpoint first, as for every status (`Runner::flush`).
+            // Checkpoint first, as for every status (`Runner::flush`), synced: no agent
+            // has taken it (`Runner::sync_untaken_terminal`).
             if layout.area().is_dir() {
-                let _ = layout.write_status(&status);
+                let mut checkpoint = Checkpoint::new(layout.status_file());
+                let _ = checkpoint.append(&status).and_then(|()| checkpoint.sync());
             }
             write_stdout(std::slice::from_ref(&status));
             return 2;
@@ -480,6 +484,7 @@ impl Runner {
         Ok(Runner {
             opts,
             task,
+            checkpoint: Checkpoint::new(layout.status_file()),
             layout,
             machine,
             cgroup,
@@ -535,24 +540,45 @@ impl Runner {
         self.pending.push(status);
     }
 
-    /// Checkpoints the latest pending status (one write, fsync and rename however
-    /// many changes this step made: e.g. STARTING and RUNNING), and only then
-    /// reports every pending status, each with its own `seq`, on stdout and the
-    /// socket. So no change is ever reported before a checkpoint holding it or a
-    /// later one is durable.
+    /// Checkpoints the latest pending status (one appended line however many changes
+    /// this step made: e.g. STARTING and RUNNING), and only then reports every pending
+    /// status, each with its own `seq`, on stdout and the socket. So no change is ever
+    /// reported before a checkpoint holding it or a later one. A terminal status no
+    /// agent has taken is synced to the disk first ([`Runner::sync_untaken_terminal`]).
     fn flush(&mut self) {
         let Some(latest) = self.pending.last() else {
             return;
         };
-        if let Err(e) = self.layout.write_status(latest) {
+        if let Err(e) = self.checkpoint.append(latest) {
             crate::diag!(
                 "drover-executor: cannot checkpoint {}: {e}",
                 self.layout.status_file().display()
             );
         }
+        self.sync_untaken_terminal();
         write_stdout(&self.pending);
         for status in self.pending.drain(..) {
             self.hub.publish(status);
+        }
+    }
+
+    /// Syncs the checkpoint (`fdatasync`) when it holds a terminal status and no agent
+    /// is connected to take it: the executor may then wait for one for the recovery
+    /// timeout, and the status must outlive a power loss in that time, or a finished
+    /// task would be reported LOST and rerun. Called again when the last agent goes
+    /// before it read the status. Other checkpoints are not synced: after a host crash
+    /// every task that had not ended is LOST whatever its checkpoint says, and a status
+    /// an agent takes is in the agent's outbox, fsync'd before it is relayed, within
+    /// about a millisecond (so a power loss in that window reports the task LOST, as
+    /// for one still running).
+    fn sync_untaken_terminal(&mut self) {
+        if self.state.is_terminal() && self.clients == 0 && !self.terminal_delivered {
+            if let Err(e) = self.checkpoint.sync() {
+                crate::diag!(
+                    "drover-executor: cannot sync {}: {e}",
+                    self.layout.status_file().display()
+                );
+            }
         }
     }
 
@@ -618,6 +644,7 @@ impl Runner {
             // Keep serving until an agent has read the terminal status.
             while !self.terminal_delivered {
                 self.flush();
+                self.sync_untaken_terminal();
                 let deadline = self.recovery_deadline();
                 tokio::select! {
                     ev = rx.recv() => match ev {
@@ -638,7 +665,7 @@ impl Runner {
         // The socket file stays: closing the listener is enough (a connect is then
         // refused), and an unlink would free an inode per task, which a journal-less
         // ext4 makes every later file creation on the host pay for (see
-        // `Layout::write_status`). The sandbox GC removes it with the sandbox.
+        // `Checkpoint`). The sandbox GC removes it with the sandbox.
         if self.state == TaskState::Finished {
             0
         } else {
@@ -699,7 +726,17 @@ impl Runner {
 
     fn residue_alive(&self) -> bool {
         match &self.cgroup {
-            Some(_) => self.cgroup_pids().map(|p| !p.is_empty()).unwrap_or(false),
+            Some(_) if self.known_empty() => false,
+            // One `cgroup.procs` on v1, not one per hierarchy (`TaskCgroup::is_empty`).
+            Some(cg) => match cg.is_empty() {
+                Ok(true) => {
+                    self.mark_empty();
+                    false
+                }
+                Ok(false) => true,
+                // Unreadable: not waited for; the kill step and the removal still run.
+                Err(_) => false,
+            },
             None => self
                 .pgids
                 .iter()
@@ -894,9 +931,14 @@ impl Runner {
         }
         let pids = cg.pids()?;
         if pids.is_empty() {
-            self.empty_at.set(Some(self.spawned));
+            self.mark_empty();
         }
         Ok(pids)
+    }
+
+    /// Records that the cgroup was seen empty ([`Runner::known_empty`]).
+    fn mark_empty(&self) {
+        self.empty_at.set(Some(self.spawned));
     }
 
     /// Whether the cgroup was seen empty since the last process was spawned into it.

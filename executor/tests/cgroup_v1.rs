@@ -180,3 +180,76 @@ async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_rem
     cg.kill_all().unwrap();
     cg.remove().unwrap();
 }
+
+/// A v1 cgroup on this host, with the given pids limit, or None (skipped) elsewhere.
+fn real_v1(name: &str, pids: u64) -> Option<FsCgroup> {
+    if !support::can_isolate(name) {
+        return None;
+    }
+    let root = Path::new("/sys/fs/cgroup");
+    if FsCgroup::detect(root) != Some(Version::V1) {
+        eprintln!("SKIPPED {name}: the host's cgroups are not v1");
+        return None;
+    }
+    let cg = FsCgroup::new(Version::V1, root, "drover", &support::task_id(name));
+    cg.create(&Limits {
+        cpu: 0.0,
+        memory_bytes: 0,
+        pids,
+    })
+    .unwrap();
+    Some(cg)
+}
+
+/// Without a freezer, a kill stops forks with `pids.max` 0: a fork loop cannot outrun
+/// it, and the task's limit is back afterwards.
+#[tokio::test]
+async fn a_fork_loop_is_killed_without_a_freezer_and_the_pids_limit_comes_back() {
+    let Some(cg) = real_v1("fork_loop", 64) else {
+        return;
+    };
+    let iso = Isolation::new(&cg.procs_files(), &root_user());
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = check_command("while :; do sleep 1000 & done", dir.path(), &[], &iso)
+        .spawn()
+        .unwrap();
+    support::eventually(
+        Duration::from_secs(10),
+        "the loop to fill the cgroup",
+        || cg.pids().unwrap().len() >= 32,
+    );
+    cg.kill_all().unwrap();
+    assert!(cg.pids().unwrap().is_empty());
+    assert!(cg.is_empty().unwrap());
+    let pids_max = std::fs::read_to_string(cg.dir("pids").join("pids.max")).unwrap();
+    assert_eq!(pids_max.trim(), "64");
+    let _ = child.wait().await;
+    cg.remove().unwrap();
+    assert!(!cg.dir("memory").exists());
+}
+
+/// A process that left the pids hierarchy (only root can) escapes the emptiness check,
+/// which reads that hierarchy alone; `remove` finds it (rmdir fails busy), kills it and
+/// removes every directory.
+#[tokio::test]
+async fn remove_kills_a_process_that_left_the_pids_hierarchy() {
+    let Some(cg) = real_v1("left_pids", 16) else {
+        return;
+    };
+    let iso = Isolation::new(&cg.procs_files(), &root_user());
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    let parent_procs = cg.dir("pids").parent().unwrap().join("cgroup.procs");
+    std::fs::write(&parent_procs, pid.to_string()).unwrap();
+    assert!(cg.is_empty().unwrap(), "not in the pids hierarchy any more");
+    assert_eq!(cg.pids().unwrap(), vec![pid], "still in cpu and memory");
+    cg.remove().unwrap();
+    let _ = child.wait().await;
+    assert!(!support::alive(pid));
+    for c in ["cpu", "memory", "pids"] {
+        assert!(!cg.dir(c).exists(), "{c}");
+    }
+}

@@ -692,12 +692,8 @@ impl Cluster {
                 let sandbox = entry.path();
                 let status = std::fs::read(sandbox.join(".drover/status.json"))
                     .ok()
-                    .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-                if let Some(pid) = status
-                    .as_ref()
-                    .and_then(|s| s.get("executor_pid"))
-                    .and_then(Value::as_u64)
-                {
+                    .and_then(|b| drover_common::wire::checkpointed_status(&b));
+                if let Some(pid) = status.map(|s| s.executor_pid) {
                     if is_executor(pid as u32) {
                         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                     }

@@ -678,12 +678,19 @@ rack = "r{k}"
     /// the executor's `status.json`), if that process is a live executor.
     pub fn executor_pid(&self, id: &str) -> Option<u32> {
         self.agents.iter().find_map(|a| {
-            ["agent.json", "status.json"].iter().find_map(|file| {
-                let path = a.sandbox_root.join(id).join(".drover").join(file);
-                let meta: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-                let pid = meta.get("executor_pid")?.as_u64()? as u32;
-                crate::is_executor(pid).then_some(pid)
-            })
+            let drover = a.sandbox_root.join(id).join(".drover");
+            let from_meta = || {
+                let meta: Value =
+                    serde_json::from_slice(&std::fs::read(drover.join("agent.json")).ok()?).ok()?;
+                Some(meta.get("executor_pid")?.as_u64()? as u32)
+            };
+            let from_checkpoint = || {
+                let bytes = std::fs::read(drover.join("status.json")).ok()?;
+                Some(drover_common::wire::checkpointed_status(&bytes)?.executor_pid)
+            };
+            from_meta()
+                .or_else(from_checkpoint)
+                .filter(|&pid| crate::is_executor(pid))
         })
     }
 

@@ -310,17 +310,23 @@ impl AgentDirs {
     /// The state in the task's status.json, as the executor last wrote it.
     pub fn executor_state(&self, task_id: &str) -> Option<String> {
         let bytes = std::fs::read(self.drover(task_id).join("status.json")).ok()?;
-        let status: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        status["state"].as_str().map(str::to_string)
+        let status = drover_common::wire::checkpointed_status(&bytes)?;
+        Some(status.state.to_string())
     }
 
     /// The executor pid recorded in the task's sandbox: the agent's `agent.json`
     /// (exclusive tasks only), else the executor's `status.json`.
     pub fn recorded_executor(&self, task_id: &str) -> Option<i32> {
-        ["agent.json", "status.json"].iter().find_map(|file| {
-            let bytes = std::fs::read(self.drover(task_id).join(file)).ok()?;
+        let drover = self.drover(task_id);
+        let from_meta = || {
+            let bytes = std::fs::read(drover.join("agent.json")).ok()?;
             let meta: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
             meta["executor_pid"].as_i64().map(|p| p as i32)
+        };
+        from_meta().or_else(|| {
+            let bytes = std::fs::read(drover.join("status.json")).ok()?;
+            let status = drover_common::wire::checkpointed_status(&bytes)?;
+            Some(status.executor_pid as i32)
         })
     }
     /// Outbox segments (and old-style batch files) that still hold updates: an

@@ -694,7 +694,7 @@ impl Cluster {
                     .ok()
                     .and_then(|b| drover_common::wire::checkpointed_status(&b));
                 if let Some(pid) = status.map(|s| s.executor_pid) {
-                    if is_executor(pid as u32) {
+                    if is_executor(pid) {
                         let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                     }
                 }

@@ -435,6 +435,7 @@ impl RotatingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_common::state::TaskState;
 
     fn status(seq: u64, state: drover_common::state::TaskState, message: &str) -> ExecutorStatus {
         ExecutorStatus {
@@ -449,6 +450,14 @@ mod tests {
         }
     }
 
+    /// A sandbox in a temp dir with its `.drover/`.
+    fn sandbox_with_area() -> (tempfile::TempDir, Layout) {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path());
+        fs::create_dir_all(layout.area()).unwrap();
+        (dir, layout)
+    }
+
     fn inode(path: &Path) -> u64 {
         use std::os::unix::fs::MetadataExt;
         fs::metadata(path).unwrap().ino()
@@ -456,10 +465,7 @@ mod tests {
 
     #[test]
     fn checkpoints_append_to_one_file_and_the_last_is_read() {
-        use drover_common::state::TaskState;
-        let dir = tempfile::tempdir().unwrap();
-        let layout = Layout::new(dir.path());
-        fs::create_dir_all(layout.area()).unwrap();
+        let (_dir, layout) = sandbox_with_area();
         let mut checkpoint = Checkpoint::new(layout.status_file());
         checkpoint
             .append(&status(1, TaskState::Starting, &"x".repeat(200)))
@@ -479,10 +485,7 @@ mod tests {
 
     #[test]
     fn a_full_checkpoint_is_compacted_to_the_current_status() {
-        use drover_common::state::TaskState;
-        let dir = tempfile::tempdir().unwrap();
-        let layout = Layout::new(dir.path());
-        fs::create_dir_all(layout.area()).unwrap();
+        let (_dir, layout) = sandbox_with_area();
         let mut checkpoint = Checkpoint::new(layout.status_file());
         let mut last = None;
         for seq in 1..=400 {
@@ -498,10 +501,7 @@ mod tests {
 
     #[test]
     fn a_new_executor_does_not_continue_a_torn_checkpoint() {
-        use drover_common::state::TaskState;
-        let dir = tempfile::tempdir().unwrap();
-        let layout = Layout::new(dir.path());
-        fs::create_dir_all(layout.area()).unwrap();
+        let (_dir, layout) = sandbox_with_area();
         // An earlier executor crashed while appending its second line.
         let starting = serde_json::to_string(&status(1, TaskState::Starting, "")).unwrap();
         fs::write(
@@ -549,13 +549,11 @@ mod tests {
 
     #[test]
     fn status_checkpoint_round_trips() {
-        let dir = tempfile::tempdir().unwrap();
-        let layout = Layout::new(dir.path());
-        fs::create_dir_all(layout.area()).unwrap();
+        let (_dir, layout) = sandbox_with_area();
         let status = ExecutorStatus {
             seq: 3,
             task_id: "t".into(),
-            state: drover_common::state::TaskState::Running,
+            state: TaskState::Running,
             exit_reason: None,
             message: "m".into(),
             timestamp_ms: 1,

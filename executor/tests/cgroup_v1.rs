@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use drover_executor::cgroup::{FsCgroup, Limits, TaskCgroup, Version};
 use drover_executor::sandbox::TaskUser;
-use drover_executor::spawn::{check_command, Isolation};
+use drover_executor::spawn::{check_command, Isolation, TaskChild};
 
 /// The test's own user (root), without switching.
 fn root_user() -> TaskUser {
@@ -23,6 +23,16 @@ fn root_user() -> TaskUser {
         groups: vec![0],
         switch: false,
     }
+}
+
+/// Starts `cmdline` (through `sh -c`, as root) in the cgroup, working in a new temp dir.
+fn start_in(cg: &FsCgroup, cmdline: &str) -> (tempfile::TempDir, TaskChild) {
+    let iso = Isolation::new(&cg.procs_files(), &root_user());
+    let dir = tempfile::tempdir().unwrap();
+    let child = check_command(cmdline, dir.path(), &[], &iso)
+        .spawn()
+        .unwrap();
+    (dir, child)
 }
 
 #[tokio::test]
@@ -57,17 +67,8 @@ async fn real_cgroup_gets_limits_members_and_is_emptied_and_removed() {
             assert_eq!(read("pids.max").trim(), "32");
         }
     }
-    let iso = Isolation::new(&cg.procs_files(), &root_user());
-    let dir = tempfile::tempdir().unwrap();
     // A parent that leaves a setsid'd, double-forked grandchild behind.
-    let mut child = check_command(
-        "setsid sh -c 'sleep 1000 &' ; exec sleep 1000",
-        dir.path(),
-        &[],
-        &iso,
-    )
-    .spawn()
-    .unwrap();
+    let (_dir, mut child) = start_in(&cg, "setsid sh -c 'sleep 1000 &' ; exec sleep 1000");
     let pid = child.id().unwrap() as i32;
     support::eventually(Duration::from_secs(10), "3 processes in the cgroup", || {
         cg.pids().unwrap().len() >= 2
@@ -108,11 +109,7 @@ async fn a_leftover_cgroup_of_the_same_task_is_emptied_and_created_anew() {
     };
     let first = FsCgroup::new(version, root, "drover", &id);
     assert!(first.create(&limits).unwrap(), "a new cgroup");
-    let iso = Isolation::new(&first.procs_files(), &root_user());
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
-        .spawn()
-        .unwrap();
+    let (_dir, mut child) = start_in(&first, "exec sleep 1000");
     let pid = child.id().unwrap() as i32;
     assert_eq!(first.pids().unwrap(), vec![pid]);
     let second = FsCgroup::new(version, root, "drover", &id);
@@ -165,11 +162,7 @@ async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_rem
         pids: 0,
     })
     .unwrap();
-    let iso = Isolation::new(&cg.procs_files(), &root_user());
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
-        .spawn()
-        .unwrap();
+    let (_dir, mut child) = start_in(&cg, "exec sleep 1000");
     let pid = child.id().unwrap() as i32;
     assert_eq!(cg.pids().unwrap(), vec![pid]);
     cg.kill_all().unwrap();
@@ -208,11 +201,7 @@ async fn a_fork_loop_is_killed_without_a_freezer_and_the_pids_limit_comes_back()
     let Some(cg) = real_v1("fork_loop", 64) else {
         return;
     };
-    let iso = Isolation::new(&cg.procs_files(), &root_user());
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = check_command("while :; do sleep 1000 & done", dir.path(), &[], &iso)
-        .spawn()
-        .unwrap();
+    let (_dir, mut child) = start_in(&cg, "while :; do sleep 1000 & done");
     support::eventually(
         Duration::from_secs(10),
         "the loop to fill the cgroup",
@@ -236,11 +225,7 @@ async fn remove_kills_a_process_that_left_the_pids_hierarchy() {
     let Some(cg) = real_v1("left_pids", 16) else {
         return;
     };
-    let iso = Isolation::new(&cg.procs_files(), &root_user());
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
-        .spawn()
-        .unwrap();
+    let (_dir, mut child) = start_in(&cg, "exec sleep 1000");
     let pid = child.id().unwrap() as i32;
     let parent_procs = cg.dir("pids").parent().unwrap().join("cgroup.procs");
     std::fs::write(&parent_procs, pid.to_string()).unwrap();

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cgroup::{FsCgroup, TaskCgroup};
+use crate::cgroup::{FsCgroup, TaskCgroup, Version};
 use crate::runner::load_task;
 use crate::sandbox::Layout;
 
@@ -52,6 +52,16 @@ pub fn cleanup(
     let before = cg.pids()?.len();
     cg.kill_all()?;
     cg.remove()?;
+    if version == Version::V1 {
+        // An executor from before the freezer was dropped also made the task a
+        // freezer cgroup; its processes are gone with the others now.
+        let _ = std::fs::remove_dir(
+            cgroup_root
+                .join("freezer")
+                .join(cgroup_parent)
+                .join(&task_id),
+        );
+    }
     Ok(format!(
         "killed {before} process(es) and removed {}",
         cg.describe()

@@ -513,6 +513,10 @@ fn cleanup_after_an_executor_crash_kills_what_is_left_and_is_idempotent() {
     ex.signal(Signal::SIGKILL);
     ex.wait_exit_unchecked(LONG);
     assert!(alive(pid), "the task must survive its executor");
+    // What an executor from before the freezer was dropped also made (v1 hosts).
+    let freezer = std::path::PathBuf::from(format!("/sys/fs/cgroup/freezer/drover/{id}"));
+    let old_layout = std::path::Path::new("/sys/fs/cgroup/freezer").is_dir()
+        && std::fs::create_dir_all(&freezer).is_ok();
     for _ in 0..2 {
         let status = std::process::Command::new(executor_bin())
             .args(["cleanup", "--sandbox"])
@@ -523,6 +527,9 @@ fn cleanup_after_an_executor_crash_kills_what_is_left_and_is_idempotent() {
     }
     eventually(Duration::from_secs(5), "the task to die", || !alive(pid));
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/drover/{id}")).exists());
+    if old_layout {
+        assert!(!freezer.exists(), "the old freezer cgroup is removed too");
+    }
 }
 
 #[test]

@@ -223,7 +223,11 @@ pub fn run(opts: Options) -> i32 {
             return 2;
         }
     };
-    rt.block_on(run_async(opts))
+    let code = rt.block_on(run_async(opts));
+    // Not dropped: the process ends right after, and dropping the runtime would first
+    // free every task, buffer and registration (the kernel closes the descriptors).
+    std::mem::forget(rt);
+    code
 }
 
 async fn run_async(opts: Options) -> i32 {

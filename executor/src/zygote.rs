@@ -217,9 +217,20 @@ fn start(
                     2
                 }
             };
-            std::process::exit(code)
+            exit_now(code)
         }
     }
+}
+
+/// Ends a forked executor with `_exit`: straight to the kernel, without the C
+/// library's exit (atexit handlers, every library's destructors) in a process about to
+/// vanish. Its page faults and symbol lookups were a tenth of a one-shot executor's CPU.
+/// Nothing is lost: statuses on stdout are flushed as they are written, stderr and
+/// every file the executor writes are unbuffered.
+#[allow(unsafe_code)]
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit only ends the process.
+    unsafe { libc::_exit(code) }
 }
 
 /// In a freshly forked child: undo what the zygote changed (its socket, SIGCHLD's

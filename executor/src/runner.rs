@@ -730,17 +730,7 @@ impl Runner {
 
     fn residue_alive(&self) -> bool {
         match &self.cgroup {
-            Some(_) if self.known_empty() => false,
-            // One `cgroup.procs` on v1, not one per hierarchy (`TaskCgroup::is_empty`).
-            Some(cg) => match cg.is_empty() {
-                Ok(true) => {
-                    self.mark_empty();
-                    false
-                }
-                Ok(false) => true,
-                // Unreadable: not waited for; the kill step and the removal still run.
-                Err(_) => false,
-            },
+            Some(_) => !self.cgroup_empty(),
             None => self
                 .pgids
                 .iter()
@@ -924,13 +914,34 @@ impl Runner {
         }
     }
 
-    /// The pids in the task's cgroup (none without one), read only when it was not
-    /// already seen empty since the last spawn.
+    /// Whether the task's cgroup holds no process (true without one): known since the
+    /// last spawn, else one read (`TaskCgroup::is_empty`: one `cgroup.procs` on v1,
+    /// not one per hierarchy). Unreadable counts as empty: it cannot be waited for, and
+    /// the kill step and the removal still run.
+    fn cgroup_empty(&self) -> bool {
+        let Some(cg) = &self.cgroup else {
+            return true;
+        };
+        if self.known_empty() {
+            return true;
+        }
+        match cg.is_empty() {
+            Ok(true) => {
+                self.mark_empty();
+                true
+            }
+            Ok(false) => false,
+            Err(_) => true,
+        }
+    }
+
+    /// The pids in the task's cgroup (none without one), read only when it is not
+    /// empty ([`Runner::cgroup_empty`]).
     fn cgroup_pids(&self) -> Result<Vec<i32>, crate::cgroup::CgroupError> {
         let Some(cg) = &self.cgroup else {
             return Ok(Vec::new());
         };
-        if self.known_empty() {
+        if self.cgroup_empty() {
             return Ok(Vec::new());
         }
         let pids = cg.pids()?;

@@ -437,7 +437,7 @@ mod tests {
     use super::*;
     use drover_common::state::TaskState;
 
-    fn status(seq: u64, state: drover_common::state::TaskState, message: &str) -> ExecutorStatus {
+    fn status(seq: u64, state: TaskState, message: &str) -> ExecutorStatus {
         ExecutorStatus {
             seq,
             task_id: "t1".into(),

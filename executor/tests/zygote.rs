@@ -43,10 +43,12 @@ fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
 
-/// Starts the zygote with `theirs` inherited as its socket (close-on-exec is cleared
-/// in the child only, so no other test's child inherits it).
+/// Starts a zygote on a new socket pair, the other end inherited as its socket
+/// (close-on-exec is cleared in the child only, so no other test's child inherits it),
+/// and reads its hello. Returns our end, the zygote and the hello with its descriptors.
 #[allow(unsafe_code)]
-fn start_zygote(theirs: &OwnedFd) -> Child {
+fn start_zygote() -> (OwnedFd, Child, (ZygoteReply, Vec<OwnedFd>)) {
+    let (ours, theirs) = seqpacket_pair();
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(executor_bin());
     cmd.args(["zygote", "--socket-fd", &fd.to_string()])
@@ -61,7 +63,10 @@ fn start_zygote(theirs: &OwnedFd) -> Child {
             Ok(())
         });
     }
-    cmd.spawn().unwrap()
+    let zygote = cmd.spawn().unwrap();
+    drop(theirs);
+    let hello = reply(&ours);
+    (ours, zygote, hello)
 }
 
 /// The next reply and its descriptors, waiting up to LONG.
@@ -196,10 +201,7 @@ fn until(r: &mut BufReader<UnixStream>, state: TaskState) -> ExecutorStatus {
 #[test]
 fn zygote_forks_executors_reaps_them_and_exits_with_the_agent_leaving_them_running() {
     let dir = open_tempdir();
-    let (ours, theirs) = seqpacket_pair();
-    let mut zygote = start_zygote(&theirs);
-    drop(theirs);
-    let (hello, fds) = reply(&ours);
+    let (ours, mut zygote, (hello, fds)) = start_zygote();
     assert!(
         matches!(hello, ZygoteReply::Ready { pid, .. } if pid == zygote.id()),
         "{hello:?}"
@@ -280,10 +282,7 @@ fn zygote_forks_executors_reaps_them_and_exits_with_the_agent_leaving_them_runni
 #[test]
 fn an_executor_given_the_agents_connection_binds_its_socket_only_once_it_closes() {
     let dir = open_tempdir();
-    let (ours, theirs) = seqpacket_pair();
-    let mut zygote = start_zygote(&theirs);
-    drop(theirs);
-    let _ = reply(&ours);
+    let (ours, mut zygote, _) = start_zygote();
     let (agent, executor_end) = UnixStream::pair().unwrap();
     let mut task = run_task_with(
         &ours,

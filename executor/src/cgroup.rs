@@ -703,7 +703,11 @@ impl TaskCgroup for FsCgroup {
         let started = Instant::now();
         let limit = Duration::from_secs(10);
         let result = loop {
-            let pids = self.pids()?;
+            // An error ends the loop too, so that the limit is written back below.
+            let pids = match self.pids() {
+                Ok(pids) => pids,
+                Err(e) => break Err(e),
+            };
             if pids.is_empty() {
                 break Ok(());
             }

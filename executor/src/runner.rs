@@ -160,17 +160,25 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Writes statuses as JSON lines to stdout, in one write.
-fn write_stdout(statuses: &[ExecutorStatus]) {
+/// Statuses as JSON lines, each serialized once for both the checkpoint and stdout:
+/// all of them, and where the last one starts.
+fn status_lines(statuses: &[ExecutorStatus]) -> (Vec<u8>, usize) {
     let mut lines = Vec::new();
+    let mut last = 0;
     for status in statuses {
+        last = lines.len();
         if serde_json::to_writer(&mut lines, status).is_ok() {
             lines.push(b'\n');
         }
     }
+    (lines, last)
+}
+
+/// Writes JSON lines to stdout, in one write.
+fn write_stdout(lines: &[u8]) {
     // The agent may have gone away: a failed write must not stop the task.
     let mut out = std::io::stdout().lock();
-    let _ = out.write_all(&lines);
+    let _ = out.write_all(lines);
     let _ = out.flush();
 }
 
@@ -284,11 +292,14 @@ async fn run_async(opts: Options) -> i32 {
             };
             // Checkpoint first, as for every status (`Runner::flush`), synced: no agent
             // has taken it (`Runner::sync_untaken_terminal`).
+            let (line, _) = status_lines(std::slice::from_ref(&status));
             if layout.area().is_dir() {
                 let mut checkpoint = Checkpoint::new(layout.status_file());
-                let _ = checkpoint.append(&status).and_then(|()| checkpoint.sync());
+                let _ = checkpoint
+                    .append_line(&line)
+                    .and_then(|()| checkpoint.sync());
             }
-            write_stdout(std::slice::from_ref(&status));
+            write_stdout(&line);
             return 2;
         }
     };
@@ -550,17 +561,18 @@ impl Runner {
     /// reported before a checkpoint holding it or a later one. A terminal status no
     /// agent has taken is synced to the disk first ([`Runner::sync_untaken_terminal`]).
     fn flush(&mut self) {
-        let Some(latest) = self.pending.last() else {
+        if self.pending.is_empty() {
             return;
-        };
-        if let Err(e) = self.checkpoint.append(latest) {
+        }
+        let (lines, last) = status_lines(&self.pending);
+        if let Err(e) = self.checkpoint.append_line(&lines[last..]) {
             crate::diag!(
                 "drover-executor: cannot checkpoint {}: {e}",
                 self.layout.status_file().display()
             );
         }
         self.sync_untaken_terminal();
-        write_stdout(&self.pending);
+        write_stdout(&lines);
         for status in self.pending.drain(..) {
             self.hub.publish(status);
         }

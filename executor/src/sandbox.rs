@@ -230,6 +230,12 @@ impl Checkpoint {
     pub fn append(&mut self, status: &ExecutorStatus) -> io::Result<()> {
         let mut line = serde_json::to_vec(status)?;
         line.push(b'\n');
+        self.append_line(&line)
+    }
+
+    /// Appends `line`, one status serialized as JSON and ending in a newline (as the
+    /// runner also writes it to stdout), in one write.
+    pub fn append_line(&mut self, line: &[u8]) -> io::Result<()> {
         let fits = |len: u64| len + line.len() as u64 <= CHECKPOINT_COMPACT_AT;
         let (mut file, len) = match self.file.take() {
             Some((file, len)) if fits(len) => (file, len),
@@ -254,7 +260,7 @@ impl Checkpoint {
         self.unsynced = true;
         // On an error `file` is dropped: a partial line may be on disk, and the next
         // append starts over in a new file rather than continue it.
-        file.write_all(&line)?;
+        file.write_all(line)?;
         self.file = Some((file, len + line.len() as u64));
         Ok(())
     }

@@ -26,9 +26,13 @@ pub struct Args {
     /// Address to listen on (`127.0.0.1:0` picks a free port; see <data_dir>/master.addr).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Where the store (drover.db) and master.addr live.
+    /// Where the store (drover.db), master.addr, admin.token and audit.log live.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Allow listening on a non-loopback address without TLS: bearer tokens then
+    /// cross the network in clear text. Logged as a warning at every start.
+    #[arg(long)]
+    pub insecure: bool,
     /// A task that ran shorter than this is flapping and is replaced THROTTLED.
     #[arg(long, value_name = "DURATION")]
     pub flapping_threshold: Option<String>,
@@ -78,6 +82,7 @@ pub struct Args {
 struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
+    insecure: Option<bool>,
     flapping_threshold: Option<String>,
     throttle_initial: Option<String>,
     throttle_max: Option<String>,
@@ -98,6 +103,8 @@ struct FileConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Plain HTTP on a non-loopback address was explicitly allowed.
+    pub insecure: bool,
     pub core: CoreConfig,
 }
 
@@ -166,6 +173,17 @@ impl Config {
             field: "listen",
             message: format!("`{listen_text}` is not an address; write host:port, e.g. 127.0.0.1:7070 (port 0 picks a free one)"),
         })?;
+        let insecure = args.insecure || file.insecure.unwrap_or(false);
+        if !listen.ip().is_loopback() && !insecure {
+            return Err(ConfigError::Field {
+                field: "listen",
+                message: format!(
+                    "`{listen}` is not a loopback address, and this master serves plain HTTP: \
+                     bearer tokens and agent traffic would cross the network in clear text. \
+                     Listen on 127.0.0.1, or pass --insecure (insecure = true) to accept that"
+                ),
+            });
+        }
         let data_dir = args
             .data_dir
             .or(file.data_dir)
@@ -249,6 +267,7 @@ impl Config {
         Ok(Config {
             listen,
             data_dir,
+            insecure,
             core,
         })
     }
@@ -358,6 +377,20 @@ mod tests {
             Config::merge(a, FileConfig::default()).unwrap_err().field(),
             Some("agent_timeout")
         );
+    }
+
+    #[test]
+    fn a_non_loopback_listen_needs_insecure() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7070".to_string());
+        let e = Config::merge(a.clone(), FileConfig::default()).unwrap_err();
+        assert_eq!(e.field(), Some("listen"));
+        assert!(e.to_string().contains("--insecure"), "{e}");
+        a.insecure = true;
+        assert!(Config::merge(a, FileConfig::default()).unwrap().insecure);
+        let file: FileConfig =
+            toml::from_str("listen = \"10.0.0.1:7070\"\ninsecure = true").unwrap();
+        assert!(Config::merge(args(), file).is_ok());
     }
 
     #[test]

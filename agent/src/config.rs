@@ -24,6 +24,9 @@ pub struct ConfigFile {
     pub advertise: Option<String>,
     /// Where the agent keeps its id, outbox and bound address.
     pub data_dir: Option<PathBuf>,
+    /// File holding this agent's token for the master (`drv_...`, from `drover
+    /// token create --role agent`); default `<data_dir>/agent.token`.
+    pub token_file: Option<PathBuf>,
     /// One sandbox per task lives below this directory.
     pub sandbox_root: Option<PathBuf>,
     /// Path of the `drover-executor` binary.
@@ -67,6 +70,8 @@ pub struct Config {
     pub listen: SocketAddr,
     pub advertise: Option<String>,
     pub data_dir: PathBuf,
+    /// The agent token's file (read at start; missing: requests carry no token).
+    pub token_file: PathBuf,
     pub sandbox_root: PathBuf,
     pub executor: PathBuf,
     pub cpu: f64,
@@ -130,6 +135,8 @@ pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7071";
 /// Default data dir.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/drover/agent";
+/// The agent token's file name inside the data dir (the default `token_file`).
+pub const TOKEN_FILE: &str = "agent.token";
 /// Default sandbox root.
 pub const DEFAULT_SANDBOX_ROOT: &str = "/var/lib/drover/sandboxes";
 /// Default port range offered to tasks.
@@ -164,6 +171,7 @@ impl ConfigFile {
             listen,
             advertise,
             data_dir,
+            token_file,
             sandbox_root,
             executor,
             cpu,
@@ -208,6 +216,7 @@ impl ConfigFile {
             )
         })?;
         let data_dir = self.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let token_file = self.token_file.unwrap_or_else(|| data_dir.join(TOKEN_FILE));
         let sandbox_root = self
             .sandbox_root
             .unwrap_or_else(|| DEFAULT_SANDBOX_ROOT.into());
@@ -299,6 +308,7 @@ impl ConfigFile {
             listen,
             advertise: self.advertise.map(|a| a.trim_end_matches('/').to_string()),
             data_dir,
+            token_file,
             sandbox_root,
             executor,
             cpu,

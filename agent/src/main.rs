@@ -26,6 +26,9 @@ struct Args {
     /// Agent state: id, outbox, bound address.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// File with this agent's token for the master (default <data-dir>/agent.token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     /// One sandbox per task below this directory.
     #[arg(long)]
     sandbox_root: Option<PathBuf>,
@@ -73,6 +76,7 @@ impl Args {
             listen: self.listen,
             advertise: self.advertise,
             data_dir: self.data_dir,
+            token_file: self.token_file,
             sandbox_root: self.sandbox_root,
             executor: self.executor,
             cpu: self.cpu,

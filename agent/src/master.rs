@@ -1,5 +1,5 @@
 //! The agent's client of the master's agent API: register, heartbeat, long-poll the
-//! assignment set, post status updates.
+//! assignment set, post status updates; every request carries the agent's token.
 
 use std::time::Duration;
 
@@ -33,9 +33,15 @@ pub struct MasterClient {
 }
 
 impl MasterClient {
-    /// A client of the master at `base` (`http://host:port`).
-    pub fn new(base: &str) -> MasterClient {
+    /// A client of the master at `base` (`http://host:port`) sending `token`
+    /// (`drv_...`) as its bearer token.
+    pub fn new(base: &str, token: Option<&str>) -> MasterClient {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(50))

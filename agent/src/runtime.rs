@@ -244,6 +244,18 @@ fn new_agent_id(hostname: &str) -> String {
     format!("{host}-{:012x}", h & 0xffff_ffff_ffff)
 }
 
+/// The agent's token for the master from `path` (None, with a warning, when the
+/// file is missing or empty: the master then refuses the agent with 401).
+fn read_token(path: &std::path::Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+        Ok(_) | Err(_) => {
+            tracing::warn!(token_file = %path.display(), "no agent token: the master will refuse this agent; an admin creates one with `drover token create --role agent` and writes it to this file (mode 0600)");
+            None
+        }
+    }
+}
+
 /// Runs the agent until `shutdown` completes. Executors are left running: they
 /// outlive the agent, which re-adopts them when it starts again.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
@@ -298,11 +310,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .then(|| ForkServer::start(&cfg.executor));
     let last_contact = restore_last_contact(&cfg.data_dir);
     let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
+    let token = read_token(&cfg.token_file);
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
-        client: MasterClient::new(&cfg.master),
+        client: MasterClient::new(&cfg.master, token.as_deref()),
         cfg,
         exec,
         fork,

@@ -45,6 +45,9 @@ pub enum ClientError {
     /// The answer could not be read.
     #[error("could not read the answer of {url}: {message} (are the CLI and the master the same version?)")]
     Decode { url: String, message: String },
+    /// A token id that cannot be one.
+    #[error("`{0}` is not a token id: `drover token list` lists them")]
+    BadTokenId(String),
     /// A task id that cannot be one.
     #[error("`{0}` is not a task id: `drover job status KEY` lists them")]
     BadTaskId(String),
@@ -60,6 +63,9 @@ impl ClientError {
     }
 }
 
+/// Where the CLI looks for its token, for 401 answers.
+pub const TOKEN_HINT: &str = "the CLI reads its token from --token-file FILE (or DROVER_TOKEN_FILE), DROVER_TOKEN, or `token` / `token_file` in ~/.config/drover/config.toml";
+
 /// Formats an API error: code, message, the field, and every detail on its own line.
 pub fn describe_api_error(status: u16, error: &ApiError) -> String {
     let mut out = format!("{} (HTTP {status}): {}", error.code, error.message);
@@ -68,6 +74,9 @@ pub fn describe_api_error(status: u16, error: &ApiError) -> String {
     }
     for detail in &error.details {
         let _ = write!(out, "\n  {}: {}", detail.field, detail.message);
+    }
+    if status == 401 {
+        let _ = write!(out, "\n  {TOKEN_HINT}");
     }
     out
 }
@@ -79,6 +88,32 @@ pub struct CreateJobResponse {
     pub job: String,
     #[serde(default)]
     pub tasks: Vec<String>,
+}
+
+/// A token as GET /v1/tokens lists it (never its secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    pub created_ms: u64,
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_ms: Option<u64>,
+}
+
+/// The answer to POST /v1/tokens: the record and the token's text (shown once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewToken {
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    pub token: String,
 }
 
 /// A piece of a log file.
@@ -97,14 +132,41 @@ enum Peer {
 }
 
 /// The admin API client.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// The bearer token sent to the master (never to agents).
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .finish()
+    }
 }
 
 impl Client {
-    /// A client for the master at `url` (`http://host:port`).
+    /// A client for the master at `url` (`http://host:port`) sending `token`.
+    pub fn with_token(url: &str, token: Option<String>) -> Result<Client, ClientError> {
+        let mut client = Client::new(url)?;
+        client.token = token;
+        Ok(client)
+    }
+
+    /// A request to the master, with the token.
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// A client for the master at `url` (`http://host:port`), without a token.
     pub fn new(url: &str) -> Result<Client, ClientError> {
         let base = url.trim().trim_end_matches('/').to_string();
         if !base.starts_with("http://") || base.len() <= "http://".len() {
@@ -120,7 +182,11 @@ impl Client {
                 url: base.clone(),
                 message: e.to_string(),
             })?;
-        Ok(Client { base, http })
+        Ok(Client {
+            base,
+            http,
+            token: None,
+        })
     }
 
     /// The master's address.
@@ -151,7 +217,9 @@ impl Client {
         match role {
             Some(role) => {
                 let url = format!("{}/v1/jobs", self.base);
-                let request = self.http.get(&url).query(&[("role", role)]);
+                let request = self
+                    .request(reqwest::Method::GET, &url)
+                    .query(&[("role", role)]);
                 send_json(Peer::Master, &self.base, &url, request).await
             }
             None => self.get("/v1/jobs").await,
@@ -202,6 +270,39 @@ impl Client {
         self.get("/v1/agents").await
     }
 
+    /// GET /v1/tokens.
+    pub async fn tokens(&self) -> Result<Vec<TokenInfo>, ClientError> {
+        self.get("/v1/tokens").await
+    }
+
+    /// POST /v1/tokens: the new token's record and text.
+    pub async fn create_token(&self, request: &serde_json::Value) -> Result<NewToken, ClientError> {
+        self.post("/v1/tokens", request).await
+    }
+
+    /// POST /v1/tokens/{id}/revoke.
+    pub async fn revoke_token(&self, id: &str) -> Result<TokenInfo, ClientError> {
+        if !is_valid_name(id) {
+            return Err(ClientError::BadTokenId(id.to_string()));
+        }
+        self.post(&format!("/v1/tokens/{id}/revoke"), &serde_json::json!({}))
+            .await
+    }
+
+    /// POST /v1/agents/{id}/forbid (`forbid` true) or /allow.
+    pub async fn set_agent_forbidden(
+        &self,
+        agent_id: &str,
+        forbid: bool,
+    ) -> Result<serde_json::Value, ClientError> {
+        let verb = if forbid { "forbid" } else { "allow" };
+        self.post(
+            &format!("/v1/agents/{agent_id}/{verb}"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     /// GET {agent}/v1/tasks/{id}/logs/{process}/{stream}?offset=N.
     pub async fn fetch_log(
         &self,
@@ -238,7 +339,7 @@ impl Client {
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
-        let request = self.http.get(&url);
+        let request = self.request(reqwest::Method::GET, &url);
         send_json(Peer::Master, &self.base, &url, request).await
     }
 
@@ -248,7 +349,7 @@ impl Client {
         body: &B,
     ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
-        let request = self.http.post(&url).json(body);
+        let request = self.request(reqwest::Method::POST, &url).json(body);
         send_json(Peer::Master, &self.base, &url, request).await
     }
 }

@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::DevArgs;
 use crate::client::Client;
+use crate::credentials;
 use crate::procs::{sweep_executors, wait_for_address, Binaries, Daemon};
 use crate::progress::{wait_outcome, EventFollower, Outcome};
 use crate::specfile;
@@ -218,8 +219,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
     );
     println!("  logs:     {}", dir.join("logs").display());
     println!(
-        "  try:      DROVER_MASTER={} drover job list   (Ctrl-C stops everything)",
-        cluster.client.base()
+        "  token:    {} (admin; agents have their own in agent-K/agent.token)",
+        dir.join("master").join(ADMIN_TOKEN_FILE).display()
+    );
+    println!(
+        "  try:      DROVER_MASTER={} DROVER_TOKEN_FILE={} drover job list   (Ctrl-C stops everything)",
+        cluster.client.base(),
+        dir.join("master").join(ADMIN_TOKEN_FILE).display()
     );
 
     let mut follower = EventFollower::new();
@@ -258,6 +264,27 @@ fn keep_for_inspection(temp: Option<tempfile::TempDir>) {
     }
 }
 
+/// The bootstrap admin token's file in the master's data dir.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// Creates an agent token and writes it to `<agent_dir>/agent.token` (the agent's
+/// default token file), unless one is there from an earlier run (it stays bound
+/// to that agent's id).
+pub async fn give_agent_token(client: &Client, agent_dir: &Path) -> anyhow::Result<()> {
+    let path = agent_dir.join("agent.token");
+    if path.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(agent_dir)?;
+    let body = serde_json::json!({"kind": "agent", "description": "drover dev"});
+    let created = client
+        .create_token(&body)
+        .await
+        .context("cannot create an agent token")?;
+    credentials::write_token_file(&path, &created.token)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Starts the master, then the agents, and waits until every agent registered.
 async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cluster> {
     let config = dir.join("master.toml");
@@ -279,9 +306,9 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         STARTUP_TIMEOUT,
     )
     .await?;
-    let client = Client::new(&url)?;
+    let health = Client::new(&url)?;
     let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while client.health().await.is_err() {
+    while health.health().await.is_err() {
         master.check_alive()?;
         if Instant::now() > deadline {
             bail!(
@@ -291,6 +318,8 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let admin_token = master_dir.join(ADMIN_TOKEN_FILE);
+    let client = Client::with_token(&url, Some(credentials::read_token(&admin_token)?))?;
 
     let no_isolation = !nix::unistd::geteuid().is_root();
     if no_isolation {
@@ -304,6 +333,7 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         sandbox_roots.push(root);
+        give_agent_token(&client, &dir.join(format!("agent-{k}"))).await?;
         let command = agent_command(bins, &url, dir, k, ports_base, no_isolation);
         let log = dir.join(format!("logs/agent-{k}.log"));
         agents.push(Daemon::spawn(&format!("drover-agent {k}"), command, &log)?);

@@ -657,15 +657,97 @@ async fn list_tokens(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.tokens.list())
 }
 
-/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` or
-/// `{"kind": "roles", "roles": ["www-data"]}`, and an optional description.
+/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` (an agent
+/// token may name its `agent_id`) or `{"kind": "roles", "roles": ["www-data"]}`,
+/// and an optional description.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateTokenRequest {
-    #[serde(flatten)]
-    grant: Grant,
+    kind: String,
+    #[serde(default)]
+    roles: Vec<String>,
+    #[serde(default)]
+    agent_id: Option<String>,
     #[serde(default)]
     description: String,
+}
+
+fn bad_token_request(message: String, field: &str) -> ApiErr {
+    ApiErr::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_token_request",
+        message,
+        Some(field),
+    )
+}
+
+impl CreateTokenRequest {
+    /// The grant asked for, checked.
+    fn grant(self) -> Result<(Grant, String), ApiErr> {
+        if self.description.len() > 200 {
+            return Err(bad_token_request(
+                "description is longer than 200 bytes".to_string(),
+                "description",
+            ));
+        }
+        if !self.roles.is_empty() && self.kind != "roles" {
+            return Err(bad_token_request(
+                format!("roles go with kind \"roles\", not \"{}\"", self.kind),
+                "roles",
+            ));
+        }
+        if self.agent_id.is_some() && self.kind != "agent" {
+            return Err(bad_token_request(
+                "agent_id goes with kind \"agent\"".to_string(),
+                "agent_id",
+            ));
+        }
+        let grant = match self.kind.as_str() {
+            "admin" => Grant::Admin,
+            "operator" => Grant::Operator,
+            "agent" => {
+                if let Some(id) = self
+                    .agent_id
+                    .as_ref()
+                    .filter(|id| !drover_common::spec::is_valid_name(id))
+                {
+                    return Err(bad_token_request(
+                        format!("`{id}` is not an agent id"),
+                        "agent_id",
+                    ));
+                }
+                Grant::Agent {
+                    agent_id: self.agent_id,
+                }
+            }
+            "roles" => {
+                if self.roles.is_empty() {
+                    return Err(bad_token_request(
+                        "roles is empty; name at least one role".to_string(),
+                        "roles",
+                    ));
+                }
+                if let Some(bad) = self
+                    .roles
+                    .iter()
+                    .find(|r| !drover_common::spec::is_valid_name(r))
+                {
+                    return Err(bad_token_request(
+                        format!("`{bad}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)"),
+                        "roles",
+                    ));
+                }
+                Grant::Roles { roles: self.roles }
+            }
+            other => {
+                return Err(bad_token_request(
+                    format!("kind `{other}` is not one of admin, operator, roles, agent"),
+                    "kind",
+                ))
+            }
+        };
+        Ok((grant, self.description))
+    }
 }
 
 /// Answer of POST /v1/tokens: the token's record and its text, shown only here.
@@ -681,58 +763,11 @@ async fn create_token(
     Extension(who): Extension<Principal>,
     body: Body,
 ) -> Result<Response, ApiErr> {
-    let req: CreateTokenRequest = read_json(body).await.map_err(|mut e| {
-        e.body.error.message.push_str(
-            "; send {\"kind\": \"admin\"|\"operator\"|\"agent\"} or {\"kind\": \"roles\", \"roles\": [\"www-data\"]}",
-        );
-        e
-    })?;
-    match &req.grant {
-        Grant::Roles { roles } => {
-            if roles.is_empty() {
-                return Err(ApiErr::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_token_request",
-                    "roles is empty; name at least one role",
-                    Some("roles"),
-                ));
-            }
-            if let Some(bad) = roles
-                .iter()
-                .find(|r| !drover_common::spec::is_valid_name(r))
-            {
-                return Err(ApiErr::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_token_request",
-                    format!("`{bad}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)"),
-                    Some("roles"),
-                ));
-            }
-        }
-        Grant::Agent { agent_id: Some(id) } if !drover_common::spec::is_valid_name(id) => {
-            return Err(ApiErr::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_token_request",
-                format!("`{id}` is not an agent id"),
-                Some("agent_id"),
-            ));
-        }
-        _ => {}
-    }
-    if req.description.len() > 200 {
-        return Err(ApiErr::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_token_request",
-            "description is longer than 200 bytes",
-            Some("description"),
-        ));
-    }
-    let (info, token) = api.tokens.create(
-        req.grant,
-        req.description,
-        &who.token_id,
-        crate::runtime::now_ms(),
-    )?;
+    let req: CreateTokenRequest = read_json(body).await?;
+    let (grant, description) = req.grant()?;
+    let (info, token) =
+        api.tokens
+            .create(grant, description, &who.token_id, crate::runtime::now_ms())?;
     Ok(json(
         StatusCode::CREATED,
         &CreateTokenResponse { info, token },

@@ -89,14 +89,37 @@ pub fn running_as_root(test: &str) -> bool {
     false
 }
 
-/// Runs the `drover` CLI with `args` (and `--master url` when given).
-pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
+/// The `drover` CLI with `args`, `DROVER_MASTER=url` and `DROVER_TOKEN=token` when
+/// given, and nothing from this environment or the user's config file.
+fn cli(master: Option<&str>, token: Option<&str>, args: &[&str]) -> anyhow::Result<Command> {
     let mut command = Command::new(bin("drover")?);
-    command.args(args).env_remove("DROVER_MASTER");
+    command
+        .args(args)
+        .env_remove("DROVER_MASTER")
+        .env_remove("DROVER_TOKEN")
+        .env_remove("DROVER_TOKEN_FILE")
+        .env("DROVER_CONFIG", "/nonexistent/drover-test-config.toml");
     if let Some(url) = master {
         command.env("DROVER_MASTER", url);
     }
-    command
+    if let Some(token) = token {
+        command.env("DROVER_TOKEN", token);
+    }
+    Ok(command)
+}
+
+/// Runs the `drover` CLI with `args` (and `--master url` when given), no token.
+pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
+    drover_as(master, None, args)
+}
+
+/// Runs the `drover` CLI with `args`, the master's url and a token.
+pub fn drover_as(
+    master: Option<&str>,
+    token: Option<&str>,
+    args: &[&str],
+) -> anyhow::Result<Output> {
+    cli(master, token, args)?
         .stdin(Stdio::null())
         .output()
         .context("cannot run drover")
@@ -106,15 +129,11 @@ pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
 /// `timeout` (then the output says so in stderr).
 pub fn drover_with_timeout(
     master: Option<&str>,
+    token: Option<&str>,
     args: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<Output> {
-    let mut command = Command::new(bin("drover")?);
-    command.args(args).env_remove("DROVER_MASTER");
-    if let Some(url) = master {
-        command.env("DROVER_MASTER", url);
-    }
-    let child = command
+    let child = cli(master, token, args)?
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -239,6 +258,11 @@ pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> 
         .arg("--data-dir")
         .arg(&master_dir)
         .env("RUST_LOG", "info");
+    if !listen.starts_with("127.") {
+        // The fault tests' agents reach the master from their own network
+        // namespaces over plain HTTP.
+        command.arg("--insecure");
+    }
     let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let deadline = Instant::now() + WAIT;
     loop {
@@ -286,6 +310,9 @@ pub fn poll_for<C, T>(
 pub struct AdminApi {
     /// `http://host:port` of the master.
     pub url: String,
+    /// The bearer token sent with every request (the master's bootstrap admin
+    /// token once the master is up).
+    pub token: Option<String>,
     http: reqwest::blocking::Client,
 }
 
@@ -294,6 +321,7 @@ impl AdminApi {
     pub fn new() -> anyhow::Result<AdminApi> {
         Ok(AdminApi {
             url: String::new(),
+            token: None,
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()?,
@@ -323,8 +351,51 @@ impl AdminApi {
         read_answer(path, status, text).map(Some)
     }
 
+    /// A request with the token.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Reads the bootstrap admin token from the master's data dir into `token`.
+    pub fn use_admin_token(&mut self, master_dir: &Path) -> anyhow::Result<()> {
+        let path = master_dir.join("admin.token");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no admin token at {}", path.display()))?;
+        self.token = Some(text.trim().to_string());
+        Ok(())
+    }
+
+    /// Creates a token (`{"kind": ...}` body of POST /v1/tokens) and returns its text.
+    pub fn create_token(&self, body: &Value) -> anyhow::Result<String> {
+        let (status, answer) = self.post("/v1/tokens", body)?;
+        if status != 201 {
+            bail!("creating a token answered HTTP {status}: {answer}");
+        }
+        answer["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("no token in {answer}"))
+    }
+
+    /// Writes a new agent token to `<agent_dir>/agent.token` (the agent's default
+    /// token file) unless one is there (a restarted agent keeps its token).
+    pub fn give_agent_token(&self, agent_dir: &Path) -> anyhow::Result<()> {
+        let path = agent_dir.join("agent.token");
+        if path.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(agent_dir)?;
+        let token = self.create_token(&json!({"kind": "agent"}))?;
+        drover::credentials::write_token_file(&path, &token)?;
+        Ok(())
+    }
+
     fn get_text(&self, path: &str) -> anyhow::Result<(reqwest::StatusCode, String)> {
-        let response = self.http.get(format!("{}{path}", self.url)).send()?;
+        let response = self.request(reqwest::Method::GET, path).send()?;
         let status = response.status();
         Ok((status, response.text()?))
     }
@@ -332,8 +403,7 @@ impl AdminApi {
     /// POST JSON to a path of the admin API; returns the status and the JSON body.
     pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
         let response = self
-            .http
-            .post(format!("{}{path}", self.url))
+            .request(reqwest::Method::POST, path)
             .json(body)
             .send()?;
         let status = response.status().as_u16();
@@ -507,7 +577,9 @@ impl Cluster {
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
             c.healthy().then_some(())
-        })
+        })?;
+        let master_dir = self.dir().join("master");
+        self.api.use_admin_token(&master_dir)
     }
 
     fn start_agent(
@@ -518,6 +590,8 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
+        self.api
+            .give_agent_token(&self.dir().join(format!("agent-{k}")))?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         let mut command = Command::new(bin("drover-agent")?);
         command
@@ -592,7 +666,7 @@ impl Cluster {
 
     /// Runs the `drover` CLI against this cluster.
     pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
-        drover(Some(&self.api.url), args)
+        drover_as(Some(&self.api.url), self.api.token.as_deref(), args)
     }
 
     /// Writes `spec` to `<cluster dir>/<file>` and runs `drover job create <that file>
@@ -608,7 +682,12 @@ impl Cluster {
 
     /// Runs the `drover` CLI against this cluster, killing it after `timeout`.
     pub fn drover_with_timeout(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
-        drover_with_timeout(Some(&self.api.url), args, timeout)
+        drover_with_timeout(
+            Some(&self.api.url),
+            self.api.token.as_deref(),
+            args,
+            timeout,
+        )
     }
 
     /// Polls `check` every 100 ms until it returns Some, or fails after `timeout`

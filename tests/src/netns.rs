@@ -440,7 +440,9 @@ impl NetCluster {
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
             c.healthy().then_some(())
-        })
+        })?;
+        let master_dir = self.dir().join("master");
+        self.api.use_admin_token(&master_dir)
     }
 
     fn write_agent_config(&self, k: usize, ns: NetNs) -> anyhow::Result<NetAgent> {
@@ -496,6 +498,7 @@ rack = "r{k}"
             .agents
             .get_mut(k)
             .ok_or_else(|| anyhow!("no agent {k}"))?;
+        self.api.give_agent_token(&agent.data_dir)?;
         let mut command = Command::new("nsenter");
         command
             .arg(format!("--net=/run/netns/{}", agent.ns.name))

@@ -87,7 +87,7 @@ fn check(who: &Principal, access: Access, params: &[(String, String)]) -> Result
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
-                "token {} ({}) is not an agent token; an admin creates one with `drover token create --role agent`",
+                "token {} ({}) lacks the permission agent:register (an agent token; an admin creates one with `drover token create --role agent`)",
                 who.token_id,
                 who.grant.describe()
             ),

@@ -29,6 +29,15 @@ struct Args {
     /// File with this agent's token for the master (default <data-dir>/agent.token).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The cluster CA (PEM) for an https master.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// This agent's certificate (PEM) for an https master.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
     /// One sandbox per task below this directory.
     #[arg(long)]
     sandbox_root: Option<PathBuf>,
@@ -77,6 +86,9 @@ impl Args {
             advertise: self.advertise,
             data_dir: self.data_dir,
             token_file: self.token_file,
+            tls_ca: self.tls_ca,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
             sandbox_root: self.sandbox_root,
             executor: self.executor,
             cpu: self.cpu,

@@ -25,6 +25,44 @@ pub enum MasterError {
     },
 }
 
+/// What an agent needs to reach an https master: the cluster CA and its identity.
+#[derive(Clone, Debug)]
+pub struct MasterTls {
+    pub ca: reqwest::Certificate,
+    /// The agent's certificate and key (None: the CA only, with a token).
+    pub identity: Option<reqwest::Identity>,
+}
+
+impl MasterTls {
+    /// Reads the CA and the agent's certificate and key (PEM files).
+    pub fn load(
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<MasterTls, String> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+        };
+        let ca_cert = reqwest::Certificate::from_pem(&read(ca)?)
+            .map_err(|e| format!("tls_ca {}: {e}", ca.display()))?;
+        let identity = match identity {
+            None => None,
+            Some((cert, key)) => {
+                let mut pem = read(cert)?;
+                pem.push(b'\n');
+                pem.extend(read(key)?);
+                Some(
+                    reqwest::Identity::from_pem(&pem)
+                        .map_err(|e| format!("tls_cert/tls_key {}: {e}", cert.display()))?,
+                )
+            }
+        };
+        Ok(MasterTls {
+            ca: ca_cert,
+            identity,
+        })
+    }
+}
+
 /// HTTP client of one master.
 #[derive(Clone, Debug)]
 pub struct MasterClient {
@@ -36,11 +74,24 @@ impl MasterClient {
     /// A client of the master at `base` (`http://host:port`) sending `token`
     /// (`drv_...`) as its bearer token.
     pub fn new(base: &str, token: Option<&str>) -> MasterClient {
+        MasterClient::with_tls(base, token, None)
+    }
+
+    /// Like `new`, for an https master: `tls` holds the cluster CA and this
+    /// agent's certificate chain and key, presented instead of a token.
+    pub fn with_tls(base: &str, token: Option<&str>, tls: Option<&MasterTls>) -> MasterClient {
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if let Some(tls) = tls {
+            builder = builder.add_root_certificate(tls.ca.clone());
+            if let Some(identity) = &tls.identity {
+                builder = builder.identity(identity.clone());
+            }
+        }
+        let http = builder
             .default_headers(headers)
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)

@@ -43,6 +43,8 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
     Bind {
         addr: SocketAddr,
@@ -310,12 +312,27 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .then(|| ForkServer::start(&cfg.executor));
     let last_contact = restore_last_contact(&cfg.data_dir);
     let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
-    let token = read_token(&cfg.token_file);
+    let tls = match &cfg.tls_ca {
+        Some(ca) => {
+            let identity = cfg
+                .tls_identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path()));
+            Some(crate::master::MasterTls::load(ca, identity).map_err(AgentError::Tls)?)
+        }
+        None => None,
+    };
+    // With a certificate for an https master, the certificate is the identity.
+    let token = if cfg.tls_identity.is_some() {
+        None
+    } else {
+        read_token(&cfg.token_file)
+    };
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
-        client: MasterClient::new(&cfg.master, token.as_deref()),
+        client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref()),
         cfg,
         exec,
         fork,

@@ -22,6 +22,10 @@ pub struct Cli {
     #[arg(long, global = true, env = "DROVER_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
+    /// The cluster CA (PEM) that an https:// master's certificate must chain to.
+    #[arg(long, global = true, env = "DROVER_CA", value_name = "FILE.pem")]
+    pub ca: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -41,6 +45,9 @@ pub enum Command {
     /// Create, list and revoke API tokens (admin).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Make a cluster CA and the certificates of masters and agents (offline).
+    #[command(subcommand)]
+    Tls(TlsCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
 }
@@ -170,6 +177,31 @@ pub enum TokenCommand {
     Revoke {
         /// The token id (the part after `drv_` and before the next `_`).
         token_id: String,
+    },
+}
+
+/// `drover tls ...`
+#[derive(Debug, Subcommand)]
+pub enum TlsCommand {
+    /// Create a cluster CA: DIR/ca.pem and DIR/ca.key (mode 0600).
+    Init {
+        /// Where the CA is written.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Issue a certificate signed by the CA in DIR: DIR/KIND-NAME.pem and .key.
+    Issue {
+        /// `agent` (identity NAME.agent.drover, NAME = the agent id) or `master`
+        /// (identity master.drover, plus NAME as a host name or IP address).
+        kind: crate::tls::Kind,
+        /// The agent id, or the master's host name or IP address.
+        name: String,
+        /// Where the CA is and the certificate is written.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Another host name or IP address the holder is reached at (repeatable).
+        #[arg(long = "san", value_name = "NAME")]
+        extra: Vec<String>,
     },
 }
 

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 /// Everything that can go wrong talking to the master or an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The address is not an http:// URL.
-    #[error("`{url}` is not a master address: write e.g. http://127.0.0.1:7070 (--master or DROVER_MASTER)")]
+    /// The address is not an http:// or https:// URL.
+    #[error("`{url}` is not a master address: write e.g. http://127.0.0.1:7070 or https://10.0.0.1:7070 (--master or DROVER_MASTER)")]
     BadAddress { url: String },
     /// No connection to the master.
     #[error("cannot reach the master at {url}: is it running? set --master or DROVER_MASTER")]
@@ -152,9 +152,45 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client for the master at `url` (`http://host:port`) sending `token`.
     pub fn with_token(url: &str, token: Option<String>) -> Result<Client, ClientError> {
-        let mut client = Client::new(url)?;
-        client.token = token;
-        Ok(client)
+        Client::connect(url, token, None)
+    }
+
+    /// A client for the master at `url` (`http://` or `https://host:port`) sending
+    /// `token`, trusting the cluster CA in `ca` (PEM) for https.
+    pub fn connect(
+        url: &str,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Client, ClientError> {
+        let base = url.trim().trim_end_matches('/').to_string();
+        let scheme_len = if base.starts_with("https://") {
+            "https://".len()
+        } else if base.starts_with("http://") {
+            "http://".len()
+        } else {
+            0
+        };
+        if scheme_len == 0 || base.len() <= scheme_len {
+            return Err(ClientError::BadAddress {
+                url: url.to_string(),
+            });
+        }
+        let bad = |message: String| ClientError::Decode {
+            url: base.clone(),
+            message,
+        };
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60));
+        if let Some(path) = ca {
+            let pem = std::fs::read(path)
+                .map_err(|e| bad(format!("cannot read the CA {}: {e}", path.display())))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| bad(format!("the CA {} is not PEM: {e}", path.display())))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder.build().map_err(|e| bad(e.to_string()))?;
+        Ok(Client { base, http, token })
     }
 
     /// A request to the master, with the token.
@@ -168,25 +204,7 @@ impl Client {
 
     /// A client for the master at `url` (`http://host:port`), without a token.
     pub fn new(url: &str) -> Result<Client, ClientError> {
-        let base = url.trim().trim_end_matches('/').to_string();
-        if !base.starts_with("http://") || base.len() <= "http://".len() {
-            return Err(ClientError::BadAddress {
-                url: url.to_string(),
-            });
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| ClientError::Decode {
-                url: base.clone(),
-                message: e.to_string(),
-            })?;
-        Ok(Client {
-            base,
-            http,
-            token: None,
-        })
+        Client::connect(url, None, None)
     }
 
     /// The master's address.

@@ -10,7 +10,7 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{JobView, TaskView};
 use serde::Serialize;
 
-use crate::args::{AgentCommand, JobCommand, TaskCommand, TokenCommand};
+use crate::args::{AgentCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand};
 use crate::client::Client;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
@@ -392,6 +392,34 @@ pub async fn token(master: &Endpoint, command: TokenCommand) -> anyhow::Result<b
             Ok(true)
         }
     }
+}
+
+/// Runs a `drover tls ...` command (no master needed).
+pub fn tls(command: TlsCommand) -> anyhow::Result<bool> {
+    match command {
+        TlsCommand::Init { dir } => {
+            let (cert, key) = crate::tls::init_ca(&dir)?;
+            println!(
+                "created the cluster CA: {} (give to masters and agents) and {} (keep it offline)",
+                cert.display(),
+                key.display()
+            );
+        }
+        TlsCommand::Issue {
+            kind,
+            name,
+            dir,
+            extra,
+        } => {
+            let (cert, key) = crate::tls::issue(&dir, kind, &name, &extra)?;
+            println!(
+                "issued {} and {} (mode 0600)",
+                cert.display(),
+                key.display()
+            );
+        }
+    }
+    Ok(true)
 }
 
 /// `admin`, `operator`, `roles:www,db`, `agent:a1` or `agent:(unbound)`.

@@ -69,9 +69,14 @@ pub fn resolve(
     }
 }
 
-/// Writes a token to `path`, readable by its owner only (created 0600, then
-/// renamed into place).
+/// Writes a token to `path`, readable by its owner only.
 pub fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
+    write_private(path, &format!("{token}\n"))
+}
+
+/// Writes `text` to `path`, readable by its owner only (created 0600, then renamed
+/// into place).
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
@@ -81,7 +86,7 @@ pub fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(&tmp)?;
-    file.write_all(format!("{token}\n").as_bytes())?;
+    file.write_all(text.as_bytes())?;
     std::fs::rename(&tmp, path)
 }
 

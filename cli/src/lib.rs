@@ -12,6 +12,7 @@ pub mod render;
 pub mod specfile;
 pub mod table;
 pub mod target;
+pub mod tls;
 
 use args::{Cli, Command};
 
@@ -20,29 +21,34 @@ use args::{Cli, Command};
 pub struct Endpoint {
     pub master: String,
     pub token: Option<String>,
+    /// The cluster CA for an https:// master.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl Endpoint {
     /// A client of the master with the token.
     pub fn client(&self) -> Result<client::Client, client::ClientError> {
-        client::Client::with_token(&self.master, self.token.clone())
+        client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())
     }
 }
 
 /// Runs one command line; Ok(false) means the command failed after saying why.
 pub async fn run(cli: Cli) -> anyhow::Result<bool> {
-    if let Command::Dev(args) = cli.command {
-        return dev::run(args).await;
+    match cli.command {
+        Command::Dev(args) => return dev::run(args).await,
+        Command::Tls(command) => return commands::tls(command),
+        _ => {}
     }
     let endpoint = Endpoint {
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
         master: cli.master,
+        ca: cli.ca,
     };
     match cli.command {
         Command::Job(command) => commands::job(&endpoint, command).await,
         Command::Task(command) => commands::task(&endpoint, command).await,
         Command::Agent(command) => commands::agent(&endpoint, command).await,
         Command::Token(command) => commands::token(&endpoint, command).await,
-        Command::Dev(_) => Ok(false),
+        Command::Dev(_) | Command::Tls(_) => Ok(false),
     }
 }

@@ -48,6 +48,7 @@ fn config(dir: &std::path::Path) -> Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
         insecure: false,
+        tls: None,
         core: CoreConfig::default(),
     }
 }

@@ -186,6 +186,8 @@ pub enum AuthError {
     TooLong,
     #[error("unknown or revoked token; ask an admin for a new one (`drover token create`)")]
     Unknown,
+    #[error("the agent API of this master needs a client certificate signed by the cluster CA: `drover tls issue agent NAME` (docs/auth.md)")]
+    NoCertificate,
 }
 
 /// Splits an `Authorization` header value into the token's id and secret.

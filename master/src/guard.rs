@@ -1,7 +1,8 @@
 //! The admin and agent APIs' gate: every routed request (except the `Public`
 //! `/health`) must carry a live token (401 saying how to get one), and the token
 //! must hold the permission its route needs (403 naming the missing permission),
-//! before any handler runs. Mutating requests are written to the audit log.
+//! before any handler runs. Mutating requests are written to the audit log. With
+//! TLS, the agent API takes agents' client certificates instead of tokens.
 
 use std::sync::{Arc, OnceLock};
 
@@ -13,6 +14,7 @@ use axum::RequestExt as _;
 
 use crate::auth::{AuthError, Grant, Permission, Principal};
 use crate::http::{route_table, Access, Api, ApiErr, RouteDef};
+use crate::tls::PeerCert;
 
 fn table() -> &'static [RouteDef] {
     static TABLE: OnceLock<Vec<RouteDef>> = OnceLock::new();
@@ -112,6 +114,45 @@ fn check(who: &Principal, access: Access, params: &[(String, String)]) -> Result
     }
 }
 
+/// With TLS, the agent API is for agents' client certificates only: the path's
+/// agent id must be the certificate's (`<id>.agent.drover`), and not forbidden.
+/// Registration checks the body's id in its handler.
+async fn agent_by_cert(
+    api: &Api,
+    access: Option<Access>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(cert) = request.extensions().get::<PeerCert>().cloned() else {
+        return unauthorized(&AuthError::NoCertificate);
+    };
+    let mut agent_id = None;
+    if access == Some(Access::Agent) {
+        let id = match request.extract_parts::<RawPathParams>().await {
+            Ok(raw) => raw
+                .iter()
+                .find(|(k, _)| *k == "id")
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_default(),
+            Err(e) => return e.into_response(),
+        };
+        if !cert.is_agent(&id) || api.tokens.is_forbidden(&id) {
+            tracing::warn!(agent_id = %id, uri = %request.uri(), "refused an agent request: the client certificate is not this agent's, or the agent is forbidden");
+            let who = Principal {
+                token_id: "certificate".to_string(),
+                grant: Grant::Agent { agent_id: None },
+            };
+            return forbidden(&who, &Permission::Agent { agent_id: id }).into_response();
+        }
+        agent_id = Some(id);
+    }
+    request.extensions_mut().insert(Principal {
+        token_id: "certificate".to_string(),
+        grant: Grant::Agent { agent_id },
+    });
+    next.run(request).await
+}
+
 /// The middleware: authenticate, authorize by the route's `Access`, run the
 /// handler, audit what changed.
 pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
@@ -128,6 +169,9 @@ pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next
     let access = def.map(|d| d.access);
     if access == Some(Access::Public) {
         return next.run(request).await;
+    }
+    if api.agent_certs && matches!(access, Some(Access::Agent | Access::AgentRegister)) {
+        return agent_by_cert(&api, access, request, next).await;
     }
     let header = request
         .headers()

@@ -44,6 +44,9 @@ pub struct Api {
     pub master: Arc<Master>,
     pub tokens: Arc<Tokens>,
     pub audit: Audit,
+    /// The listener is TLS with the cluster CA: the agent API takes agents'
+    /// client certificates only (no tokens).
+    pub agent_certs: bool,
 }
 
 type Shared = Arc<Api>;
@@ -569,6 +572,7 @@ impl From<TokenError> for ApiErr {
 async fn register(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
+    cert: Option<Extension<crate::tls::PeerCert>>,
     body: Body,
 ) -> Result<Response, ApiErr> {
     let req: RegisterRequest = read_json(body).await?;
@@ -580,7 +584,21 @@ async fn register(
             Some("agent_id"),
         ));
     }
-    if let Err(e) = api.tokens.bind_agent(&who, &req.agent_id) {
+    let bound = match cert {
+        Some(Extension(cert)) => {
+            if !cert.is_agent(&req.agent_id) {
+                Err(TokenError::AgentTaken {
+                    agent_id: req.agent_id.clone(),
+                })
+            } else if api.tokens.is_forbidden(&req.agent_id) {
+                Err(TokenError::Forbidden(req.agent_id.clone()))
+            } else {
+                Ok(())
+            }
+        }
+        None => api.tokens.bind_agent(&who, &req.agent_id),
+    };
+    if let Err(e) = bound {
         tracing::warn!(token = %who.token_id, grant = %who.grant.describe(), agent_id = %req.agent_id, error = %e, "refused an agent registration");
         return Err(e.into());
     }

@@ -13,6 +13,7 @@ pub mod runtime;
 mod scheduler;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod tokens;
 
 pub use config::{Args, Config, ConfigError};

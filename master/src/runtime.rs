@@ -56,6 +56,8 @@ pub enum RunError {
     },
     #[error("cannot open the token registry: {0}")]
     Tokens(#[from] crate::tokens::TokenError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot open the audit log in {path}: {source}")]
     Audit {
         path: std::path::PathBuf,

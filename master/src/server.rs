@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -16,6 +17,7 @@ use crate::config::Config;
 use crate::http::Api;
 use crate::runtime::{now_ms, open, seed, write_addr_file, Master, RunError};
 use crate::store::DB_FILE;
+use crate::tls::PeerCert;
 use crate::tokens::Tokens;
 
 /// Runs the master on `listener` until `shutdown` resolves: serves HTTP, fires
@@ -23,6 +25,7 @@ use crate::tokens::Tokens;
 pub async fn serve(
     api: Arc<Api>,
     listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let master = api.master.clone();
@@ -55,10 +58,8 @@ pub async fn serve(
         let _ = stop_tx.send(true);
         stopping_master.stopping.send_replace(true);
     };
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-        .map_err(RunError::Serve);
+    tokio::spawn(stop);
+    let result = accept_loop(listener, app, tls, stop_rx).await;
     let _ = timers.await;
     let failed = master.commit_state().failed();
     let m = master.clone();
@@ -70,9 +71,126 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long a client may take to send a request's head (slow clients are cut off).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TLS handshake may take.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (line and headers) read.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The most headers a request may have.
+pub const MAX_HEADERS: usize = 64;
+
+/// Accepts connections until `stop` turns true, then lets each connection finish
+/// the request it is serving and waits for them all. Each connection is HTTP/1.1
+/// (over TLS when `tls` is set, the client certificate then added to each request
+/// as a `PeerCert`), with a bounded head and a read timeout for its head.
+async fn accept_loop(
+    listener: TcpListener,
+    app: axum::Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stopping = stop.clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = async { let _ = stopping.wait_for(|s| *s).await; } => break,
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of descriptors and the like: wait a little rather than spin.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (app, acceptor, stop) = (app.clone(), acceptor.clone(), stop.clone());
+        connections.spawn(async move {
+            match acceptor {
+                None => serve_connection(tcp, app, None, stop).await,
+                Some(acceptor) => {
+                    let stream =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let cert = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .map(|c| PeerCert(Arc::new(c.clone().into_owned())));
+                    serve_connection(stream, app, cert, stop).await
+                }
+            }
+        });
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves one connection's requests until it closes, or until `stop` (then the
+/// request in flight is finished first).
+async fn serve_connection<S>(
+    stream: S,
+    app: axum::Router,
+    cert: Option<PeerCert>,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use tower::ServiceExt as _;
+    let service =
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            if let Some(cert) = &cert {
+                request.extensions_mut().insert(cert.clone());
+            }
+            app.clone().oneshot(request.map(axum::body::Body::new))
+        });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
+    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+}
+
 /// Opens the store, binds `config.listen` and writes master.addr: what `run` and
 /// `start` do before serving.
-async fn open_and_bind(config: &Config) -> Result<(Arc<Api>, TcpListener, SocketAddr), RunError> {
+type Bound = (
+    Arc<Api>,
+    TcpListener,
+    SocketAddr,
+    Option<Arc<rustls::ServerConfig>>,
+);
+
+async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
+    let tls = match &config.tls {
+        Some(files) => Some(crate::tls::server_config(files)?),
+        None => None,
+    };
     let master = open(config, seed())?;
     let tokens = Arc::new(Tokens::open(&config.data_dir.join(DB_FILE))?);
     if let Some(path) = tokens.bootstrap(&config.data_dir, now_ms())? {
@@ -86,6 +204,7 @@ async fn open_and_bind(config: &Config) -> Result<(Arc<Api>, TcpListener, Socket
         master,
         tokens,
         audit,
+        agent_certs: tls.is_some(),
     });
     let bind_err = |source| RunError::Bind {
         addr: config.listen,
@@ -94,7 +213,7 @@ async fn open_and_bind(config: &Config) -> Result<(Arc<Api>, TcpListener, Socket
     let listener = TcpListener::bind(config.listen).await.map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
     write_addr_file(&config.data_dir, addr)?;
-    Ok((api, listener, addr))
+    Ok((api, listener, addr, tls))
 }
 
 /// Opens the store, binds, writes master.addr and serves until `shutdown`.
@@ -102,12 +221,12 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let (api, listener, addr) = open_and_bind(&config).await?;
-    if !addr.ip().is_loopback() {
+    let (api, listener, addr, tls) = open_and_bind(&config).await?;
+    if !addr.ip().is_loopback() && tls.is_none() {
         tracing::warn!(%addr, "INSECURE: --insecure is set and the API is served over plain HTTP on a non-loopback address; bearer tokens and agent traffic cross the network in clear text");
     }
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
-    serve(api, listener, shutdown).await
+    serve(api, listener, tls, shutdown).await
 }
 
 /// A master running inside this process (tests, benches, embedding).
@@ -145,10 +264,10 @@ impl Drop for Handle {
 
 /// Starts a master in this process (binds, writes master.addr, serves).
 pub async fn start(config: Config) -> Result<Handle, RunError> {
-    let (api, listener, addr) = open_and_bind(&config).await?;
+    let (api, listener, addr, tls) = open_and_bind(&config).await?;
     let (master, tokens) = (api.master.clone(), api.tokens.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let join = tokio::spawn(serve(api, listener, async move {
+    let join = tokio::spawn(serve(api, listener, tls, async move {
         let _ = rx.await;
     }));
     Ok(Handle {

@@ -23,6 +23,7 @@ pub fn config(dir: &Path) -> Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
         insecure: false,
+        tls: None,
         core: CoreConfig {
             agent_timeout_ms: 5_000,
             heartbeat_interval_ms: 500,

@@ -105,6 +105,7 @@ fn cli(master: Option<&str>, token: Option<&str>, args: &[&str]) -> anyhow::Resu
     if let Some(token) = token {
         command.env("DROVER_TOKEN", token);
     }
+    command.env_remove("DROVER_CA");
     Ok(command)
 }
 
@@ -242,9 +243,15 @@ pub fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// The master's certificate in `<dir>/tls` (`drover tls issue master 127.0.0.1`).
+pub const MASTER_CERT: &str = "master-127.0.0.1.pem";
+/// Its key.
+pub const MASTER_KEY: &str = "master-127.0.0.1.key";
+
 /// Starts `drover-master` with `<dir>/master.toml`, data dir `<dir>/master`, log
-/// `<dir>/logs/master.log`, listening on `listen`, and waits until it has written
-/// its bound address to `master.addr`; returns the process and that address.
+/// `<dir>/logs/master.log`, listening on `listen` (with TLS when `<dir>/tls` holds
+/// a cluster CA and the master's certificate), and waits until it has written its
+/// bound address to `master.addr`; returns the process and that address.
 pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
     let master_dir = dir.join("master");
     let addr_file = master_dir.join("master.addr");
@@ -258,10 +265,16 @@ pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> 
         .arg("--data-dir")
         .arg(&master_dir)
         .env("RUST_LOG", "info");
-    if !listen.starts_with("127.") {
-        // The fault tests' agents reach the master from their own network
-        // namespaces over plain HTTP.
-        command.arg("--insecure");
+    let tls = dir.join("tls");
+    if tls.join("ca.pem").is_file() {
+        // A cluster with a CA (the fault tests' NetCluster) serves mTLS.
+        command
+            .arg("--tls-cert")
+            .arg(tls.join(MASTER_CERT))
+            .arg("--tls-key")
+            .arg(tls.join(MASTER_KEY))
+            .arg("--tls-client-ca")
+            .arg(tls.join("ca.pem"));
     }
     let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let deadline = Instant::now() + WAIT;
@@ -313,6 +326,8 @@ pub struct AdminApi {
     /// The bearer token sent with every request (the master's bootstrap admin
     /// token once the master is up).
     pub token: Option<String>,
+    /// The cluster CA trusted for an https master.
+    pub ca: Option<PathBuf>,
     http: reqwest::blocking::Client,
 }
 
@@ -322,6 +337,7 @@ impl AdminApi {
         Ok(AdminApi {
             url: String::new(),
             token: None,
+            ca: None,
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()?,
@@ -349,6 +365,23 @@ impl AdminApi {
             return Ok(None);
         }
         read_answer(path, status, text).map(Some)
+    }
+
+    /// Trusts the cluster CA in `ca` (PEM) for an https master.
+    pub fn trust_ca(&mut self, ca: &Path) -> anyhow::Result<()> {
+        let cert = reqwest::Certificate::from_pem(&std::fs::read(ca)?)?;
+        self.http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .add_root_certificate(cert)
+            .build()?;
+        self.ca = Some(ca.to_path_buf());
+        Ok(())
+    }
+
+    /// The HTTP client (it trusts the cluster CA, if one), e.g. for a test's own
+    /// requests.
+    pub fn http(&self) -> reqwest::blocking::Client {
+        self.http.clone()
     }
 
     /// A request with the token.

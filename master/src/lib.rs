@@ -6,7 +6,6 @@ pub mod config;
 pub mod core;
 pub mod http;
 pub mod runtime;
-mod scheduler;
 pub mod store;
 
 pub use config::{Args, Config, ConfigError};

@@ -6,10 +6,10 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::parse::closest;
 use crate::spec::{
     is_valid_name, parse_constraint, Constraint, HealthCheckType, JobSpec, ProcessSpec, TaskSpec,
 };
+use crate::suggest::closest;
 use crate::template;
 use crate::units::{ByteSize, Duration};
 use crate::wire::FieldError;

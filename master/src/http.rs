@@ -375,9 +375,9 @@ async fn updates(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let batch: StatusUpdateBatch = read_json(body).await?;
-    let event = Event::Updates {
+    let event = Event::StatusReports {
         agent: id,
-        updates: batch.updates,
+        reports: batch.updates,
     };
     ok_reply(m.apply(event).await?)
 }

@@ -43,9 +43,10 @@ pub enum Event {
         agent: String,
         request: HeartbeatRequest,
     },
-    Updates {
+    /// Status reports relayed by an agent (POST /v1/agents/{id}/updates), in order.
+    StatusReports {
         agent: String,
-        updates: Vec<StatusUpdate>,
+        reports: Vec<StatusUpdate>,
     },
     /// Time passed: fire due timers.
     Tick,

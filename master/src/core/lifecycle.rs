@@ -12,27 +12,29 @@ use super::timers::Timer;
 use super::{Core, CoreError, Reply};
 
 impl Core {
-    pub(super) fn updates(
+    /// Applies an agent's status reports in order and acknowledges, per task, the
+    /// highest seq received (applied, or older than one applied).
+    pub(super) fn status_reports(
         &mut self,
         agent: &str,
-        updates: Vec<StatusUpdate>,
+        reports: Vec<StatusUpdate>,
         now: UnixMillis,
     ) -> Result<Reply, CoreError> {
         if !self.agent_idx.contains_key(agent) {
             return Err(CoreError::UnknownAgent(agent.to_string()));
         }
         let mut acked: Vec<(String, u64)> = Vec::new();
-        for u in updates {
+        for u in reports {
             match acked.iter_mut().find(|(id, _)| *id == u.task_id) {
                 Some(entry) => entry.1 = entry.1.max(u.seq),
                 None => acked.push((u.task_id.clone(), u.seq)),
             }
-            self.apply_update(agent, u, now);
+            self.apply_status_report(agent, u, now);
         }
         Ok(Reply::Ack(StatusAck { acked }))
     }
 
-    pub(super) fn apply_update(&mut self, agent: &str, u: StatusUpdate, now: UnixMillis) {
+    pub(super) fn apply_status_report(&mut self, agent: &str, u: StatusUpdate, now: UnixMillis) {
         let Some(task) = self.tasks.get_mut(&u.task_id) else {
             return;
         };

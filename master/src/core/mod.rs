@@ -174,7 +174,7 @@ impl Core {
             }
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
-            Event::Updates { agent, updates } => self.updates(&agent, updates, now),
+            Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)

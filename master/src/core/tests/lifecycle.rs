@@ -136,9 +136,9 @@ fn repeated_and_stale_updates_change_nothing() {
         timestamp_ms: 0,
         processes: Vec::new(),
     };
-    let out = w.handle(Event::Updates {
+    let out = w.handle(Event::StatusReports {
         agent: "a1".to_string(),
-        updates: vec![stale.clone(), stale],
+        reports: vec![stale.clone(), stale],
     });
     assert!(matches!(out.reply, Ok(Reply::Ack(ref a)) if a.acked == vec![(t[0].clone(), 1)]));
     assert_eq!(w.core.task(&t[0]).unwrap(), &before);
@@ -208,9 +208,9 @@ fn a_task_its_agent_reported_ending_leaves_the_set_without_waking_the_agent() {
     let notified = w.core.agent_notified_version("a1").unwrap();
     assert_eq!(before, notified);
     let agent = "a1".to_string();
-    let out = w.handle(Event::Updates {
+    let out = w.handle(Event::StatusReports {
         agent: agent.clone(),
-        updates: vec![StatusUpdate {
+        reports: vec![StatusUpdate {
             task_id: t[0].clone(),
             seq: 3,
             state: TaskState::Finished,

@@ -125,9 +125,9 @@ impl World {
             timestamp_ms: self.now,
             processes: Vec::new(),
         };
-        self.handle(Event::Updates {
+        self.handle(Event::StatusReports {
             agent,
-            updates: vec![u],
+            reports: vec![u],
         })
         .reply
         .unwrap();

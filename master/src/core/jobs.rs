@@ -6,7 +6,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
 use drover_common::wire::ActionResponse;
 
-use super::model::{need_of, new_task, parse_constraints, Job, Slot};
+use super::model::{constraints_of, need_of, new_task, Job, Slot};
 use super::{Change, Core, CoreError, Reply};
 
 impl Core {
@@ -16,7 +16,7 @@ impl Core {
         now: UnixMillis,
     ) -> Result<Reply, CoreError> {
         let key = spec.key().to_string();
-        let constraints = parse_constraints(&spec)?;
+        let constraints = constraints_of(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
             let active = old.slots.iter().any(|s| {
                 s.current.iter().chain(s.history.iter()).any(|id| {

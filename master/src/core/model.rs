@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use drover_common::spec::{parse_constraint, Constraint, JobSpec};
+use drover_common::spec::{Constraint, JobSpec};
 use drover_common::state::{
     DesiredState, EventSource, ExitReason, TaskState, TaskStatus, UnixMillis,
 };
@@ -194,21 +194,23 @@ pub(super) fn cpu_to_milli(cpu: f64) -> u64 {
     }
 }
 
-/// Parses a job's constraints, adding the implicit `host: limit:1` of services.
-pub(super) fn parse_constraints(spec: &JobSpec) -> Result<JobConstraints, CoreError> {
+/// A job's constraints as parsed when its spec was read, plus the implicit
+/// `host: limit:1` of services. A spec that skipped validation may hold an
+/// expression that did not parse: refused here, never placed by guesswork.
+pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError> {
     let mut out = JobConstraints::default();
     for (attribute, expr) in &spec.constraints {
-        let c = parse_constraint(expr).map_err(|e| CoreError::BadConstraint {
+        let c = expr.parsed().map_err(|e| CoreError::BadConstraint {
             attribute: attribute.clone(),
             message: e.to_string(),
         })?;
         match c {
-            Constraint::Limit(n) => out.limits.push((attribute.clone(), n)),
+            Constraint::Limit(n) => out.limits.push((attribute.clone(), *n)),
             Constraint::Value { negated, .. } => {
                 if attribute == "dedicated" && !negated {
                     out.names_dedicated = true;
                 }
-                out.values.push((attribute.clone(), c));
+                out.values.push((attribute.clone(), c.clone()));
             }
         }
     }

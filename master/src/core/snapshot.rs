@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use drover_common::state::{TaskState, UnixMillis};
 
-use super::model::{need_of, parse_constraints, Agent, Job, Slot};
+use super::model::{constraints_of, need_of, Agent, Job, Slot};
 use super::timers::Timer;
 use super::{AgentRecord, Core, CoreConfig, JobRecord, Task};
 
@@ -29,7 +29,7 @@ impl Core {
             core.agents.push(Agent::new(rec));
         }
         for job in snapshot.jobs {
-            let constraints = parse_constraints(&job.spec).unwrap_or_default();
+            let constraints = constraints_of(&job.spec).unwrap_or_default();
             let need = need_of(&job.spec);
             let slots = vec![Slot::default(); job.spec.instances as usize];
             core.jobs.insert(

@@ -1,10 +1,12 @@
 //! drover-common: the vocabulary every Drover process shares. The job spec and its
 //! validation, templating, the task state machine and the wire messages. No I/O of
-//! any kind: no tokio, no hyper, no nix, no files.
+//! any kind: no tokio, no hyper, no nix, no files; the one thing read from outside is the
+//! wall clock, in `state::now_ms`.
 
 pub mod parse;
 pub mod spec;
 pub mod state;
+mod suggest;
 pub mod template;
 pub mod units;
 pub mod validate;

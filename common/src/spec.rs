@@ -33,9 +33,10 @@ pub struct JobSpec {
     /// Batch jobs: how many failed tasks per instance before giving up (Aurora: 1).
     #[serde(default = "defaults::one")]
     pub max_task_failures: u32,
-    /// Host attribute -> Aurora constraint expression (`limit:2`, `a|b`, `!x`).
+    /// Host attribute -> Aurora constraint expression (`limit:2`, `a|b`, `!x`),
+    /// parsed as it is read.
     #[serde(default)]
-    pub constraints: BTreeMap<String, String>,
+    pub constraints: BTreeMap<String, ConstraintExpr>,
     /// The task every instance runs.
     pub task: TaskSpec,
     /// How the executor decides the task is healthy; absent: process liveness only.
@@ -361,6 +362,59 @@ pub enum Constraint {
     },
 }
 
+/// One `constraints` value: the expression as written and what it parses to. It is
+/// parsed once, when the spec is read (from a file, the API or the store), and
+/// carried typed from there: `validate` reports a bad one at its field, the master
+/// places with the parsed value. Serialized as the text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConstraintExpr {
+    text: String,
+    parsed: Result<Constraint, ConstraintError>,
+}
+
+impl ConstraintExpr {
+    /// Parses `text` (see [`parse_constraint`]); a bad expression is kept with its error.
+    pub fn new(text: impl Into<String>) -> ConstraintExpr {
+        let text = text.into();
+        let parsed = parse_constraint(&text);
+        ConstraintExpr { text, parsed }
+    }
+
+    /// The expression as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The parsed constraint, or why the text is not one.
+    pub fn parsed(&self) -> Result<&Constraint, &ConstraintError> {
+        self.parsed.as_ref()
+    }
+}
+
+impl From<&str> for ConstraintExpr {
+    fn from(text: &str) -> ConstraintExpr {
+        ConstraintExpr::new(text)
+    }
+}
+
+impl From<String> for ConstraintExpr {
+    fn from(text: String) -> ConstraintExpr {
+        ConstraintExpr::new(text)
+    }
+}
+
+impl Serialize for ConstraintExpr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for ConstraintExpr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ConstraintExpr, D::Error> {
+        String::deserialize(d).map(ConstraintExpr::new)
+    }
+}
+
 /// Why a constraint expression could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConstraintError {
@@ -532,6 +586,22 @@ mod tests {
         assert!(not_windows.allows_value(Some("linux")));
         assert!(not_windows.allows_value(None));
         assert!(!not_windows.allows_value(Some("windows")));
+    }
+
+    #[test]
+    fn constraint_expressions_are_parsed_when_read_and_written_back_as_given() {
+        let read: BTreeMap<String, ConstraintExpr> =
+            serde_json::from_str(r#"{"rack":"limit:2","zone":"a||b"}"#).unwrap();
+        assert_eq!(read["rack"].parsed(), Ok(&Constraint::Limit(2)));
+        assert!(matches!(
+            read["zone"].parsed(),
+            Err(ConstraintError::EmptyValue(_))
+        ));
+        assert_eq!(read["zone"].text(), "a||b");
+        assert_eq!(
+            serde_json::to_string(&read).unwrap(),
+            r#"{"rack":"limit:2","zone":"a||b"}"#
+        );
     }
 
     #[test]

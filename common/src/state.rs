@@ -10,6 +10,15 @@ use serde::{Deserialize, Serialize};
 /// Milliseconds since the Unix epoch.
 pub type UnixMillis = u64;
 
+/// The wall clock as [`UnixMillis`] (0 if the clock is before the epoch). The one
+/// place every process reads it; pure code takes the time as an argument instead.
+pub fn now_ms() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// Aurora's task states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

@@ -6,10 +6,8 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::parse::closest;
-use crate::spec::{
-    is_valid_name, parse_constraint, Constraint, HealthCheckType, JobSpec, ProcessSpec, TaskSpec,
-};
+use crate::spec::{is_valid_name, Constraint, HealthCheckType, JobSpec, ProcessSpec, TaskSpec};
+use crate::suggest::closest;
 use crate::template;
 use crate::units::{ByteSize, Duration};
 use crate::wire::FieldError;
@@ -197,7 +195,8 @@ fn constraints(v: &mut Errors, job: &JobSpec) {
                 ),
             );
         }
-        let parsed = match parse_constraint(expr) {
+        // Parsed when the spec was read; its error is reported here, at its field.
+        let parsed = match expr.parsed() {
             Ok(c) => c,
             Err(e) => {
                 v.push(&field, e.to_string());
@@ -205,7 +204,7 @@ fn constraints(v: &mut Errors, job: &JobSpec) {
             }
         };
         if attribute == DEDICATED {
-            dedicated(v, &field, expr, &parsed, &job.role);
+            dedicated(v, &field, expr.text(), parsed, &job.role);
         }
     }
 }

@@ -51,7 +51,7 @@ fn full_job() -> JobSpec {
         service: true,
         tier: Tier::Preemptible,
         max_task_failures: 4,
-        constraints: [("rack".to_string(), "limit:2".to_string())]
+        constraints: [("rack".to_string(), "limit:2".into())]
             .into_iter()
             .collect(),
         task: TaskSpec {

@@ -283,7 +283,13 @@ fn memory() {
             }
         }
         for (agent, updates) in by_agent {
-            core.handle(Event::Updates { agent, updates }, 3_000);
+            core.handle(
+                Event::StatusReports {
+                    agent,
+                    reports: updates,
+                },
+                3_000,
+            );
         }
     }
     let after = rss_bytes();

@@ -49,7 +49,7 @@ impl Audit {
     /// Appends one request's line (a failed write is logged, never fatal).
     pub fn record(&self, who: &Principal, method: &str, path: &str, status: u16) {
         let line = Line {
-            ts_ms: crate::runtime::now_ms(),
+            ts_ms: drover_common::state::now_ms(),
             token_id: &who.token_id,
             grant: who.grant.describe(),
             method,

@@ -624,9 +624,9 @@ async fn updates(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let batch: StatusUpdateBatch = read_json(body).await?;
-    let event = Event::Updates {
+    let event = Event::StatusReports {
         agent: id,
-        updates: batch.updates,
+        reports: batch.updates,
     };
     ok_reply(api.master.apply(event).await?)
 }
@@ -644,7 +644,9 @@ async fn forbid_agent(
     State(api): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiErr> {
-    let revoked_tokens = api.tokens.forbid_agent(&id, crate::runtime::now_ms())?;
+    let revoked_tokens = api
+        .tokens
+        .forbid_agent(&id, drover_common::state::now_ms())?;
     tracing::warn!(agent_id = %id, ?revoked_tokens, "agent forbidden: its requests are refused from now on");
     Ok(json(
         StatusCode::OK,
@@ -783,9 +785,12 @@ async fn create_token(
 ) -> Result<Response, ApiErr> {
     let req: CreateTokenRequest = read_json(body).await?;
     let (grant, description) = req.grant()?;
-    let (info, token) =
-        api.tokens
-            .create(grant, description, &who.token_id, crate::runtime::now_ms())?;
+    let (info, token) = api.tokens.create(
+        grant,
+        description,
+        &who.token_id,
+        drover_common::state::now_ms(),
+    )?;
     Ok(json(
         StatusCode::CREATED,
         &CreateTokenResponse { info, token },
@@ -796,7 +801,7 @@ async fn revoke_token(
     State(api): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiErr> {
-    let info = api.tokens.revoke(&id, crate::runtime::now_ms())?;
+    let info = api.tokens.revoke(&id, drover_common::state::now_ms())?;
     Ok(json(StatusCode::OK, &info))
 }
 

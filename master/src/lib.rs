@@ -10,7 +10,6 @@ pub mod core;
 mod guard;
 pub mod http;
 pub mod runtime;
-mod scheduler;
 pub mod server;
 pub mod store;
 pub mod tls;

@@ -10,20 +10,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use drover_common::state::UnixMillis;
+use drover_common::state::{now_ms, UnixMillis};
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::core::{Core, CoreError, Effect, Event, Reply};
 use crate::store::{CommitState, Notifier, SqliteStore, Store, StoreError, Writer, DB_FILE};
-
-/// The wall clock in milliseconds since the epoch.
-pub fn now_ms() -> UnixMillis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// Why an event could not be applied.
 #[derive(Debug, thiserror::Error)]

@@ -15,10 +15,11 @@ use tokio::sync::watch;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::http::Api;
-use crate::runtime::{now_ms, open, seed, write_addr_file, Master, RunError};
+use crate::runtime::{open, seed, write_addr_file, Master, RunError};
 use crate::store::DB_FILE;
 use crate::tls::PeerCert;
 use crate::tokens::Tokens;
+use drover_common::state::now_ms;
 
 /// Runs the master on `listener` until `shutdown` resolves: serves HTTP, fires
 /// timers, then stops accepting, lets requests finish and flushes the store.

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drover_common::state::{ExitReason, TaskState};
+use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::TaskView;
 use drover_tests::netns::{fault_job, key, netns_available, NetCluster, FAULT_MASTER_CONFIG};
 use drover_tests::WAIT;
@@ -1035,11 +1035,4 @@ fn executor_killed_while_its_agent_is_down_is_cleaned_up_and_replaced_on_restart
     assert!(!c.task_pids(&old.task_id).is_empty());
     c.start_agent(0).unwrap();
     lost_cleaned_and_replaced(&mut c, job, &old).unwrap();
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -3,15 +3,18 @@
 //! and the implicit one-per-host of services. Fast paths: candidate agents are
 //! precomputed per job from an attribute index, each job keeps a rotating cursor so
 //! the next task starts at the last good agent, and once one task of a job does not
-//! fit, its identical siblings are not tried again in the same pass.
+//! fit, its identical siblings are not tried again in the same pass. Also the glue the
+//! scheduler works through: the attribute index and `place`, which records a placement.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use drover_common::spec::Constraint;
-use drover_common::state::{TaskState, UnixMillis};
+use drover_common::state::{EventSource, TaskState, UnixMillis};
 
-use crate::core::{Agent, Core, Job, Need};
+use super::model::{Agent, Job, Need};
+use super::timers::Timer;
+use super::Core;
 
 /// Per-pass counts of a job's active tasks per (limit attribute, value).
 type LimitCounts = Vec<HashMap<String, u32>>;
@@ -19,7 +22,7 @@ type LimitCounts = Vec<HashMap<String, u32>>;
 impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
-    pub(crate) fn schedule(&mut self, now: UnixMillis) {
+    pub(super) fn schedule(&mut self, now: UnixMillis) {
         let retry = self.take_capacity_changed() && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
@@ -390,4 +393,68 @@ fn take_ports(agent: &mut Agent, names: &[String]) -> Vec<(String, u16)> {
     }
     agent.next_port = p;
     out
+}
+impl Core {
+    pub(super) fn rebuild_index_if_dirty(&mut self) {
+        if !self.index_dirty {
+            return;
+        }
+        self.index_dirty = false;
+        self.index_gen += 1;
+        self.attr_index.clear();
+        let mut open = Vec::new();
+        for (i, a) in self.agents.iter().enumerate() {
+            for (k, v) in &a.rec.attributes {
+                self.attr_index
+                    .entry(k.clone())
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default()
+                    .push(i as u32);
+            }
+            if !a.rec.attributes.contains_key("dedicated") {
+                open.push(i as u32);
+            }
+        }
+        self.open_agents = Arc::new(open);
+    }
+
+    pub(super) fn take_capacity_changed(&mut self) -> bool {
+        std::mem::take(&mut self.capacity_changed)
+    }
+
+    /// Records a placement made by the scheduler.
+    pub(super) fn place(&mut self, id: &str, idx: u32, ports: Vec<(String, u16)>, now: UnixMillis) {
+        let version = self.bump_agent(idx);
+        let agent_id = self.agents[idx as usize].rec.id.clone();
+        let Some(task) = self.tasks.get_mut(id) else {
+            return;
+        };
+        if task
+            .status
+            .transition(
+                TaskState::Assigned,
+                None,
+                now,
+                EventSource::Master,
+                &format!("assigned to {agent_id}"),
+            )
+            .is_err()
+        {
+            return;
+        }
+        task.agent = Some(agent_id);
+        task.ports = ports;
+        task.assigned_version = version;
+        task.last_report_ms = now;
+        self.agents[idx as usize].tasks.insert(id.to_string());
+        self.mark(id);
+        self.push_timer(
+            now + self.cfg.transient_timeout_ms,
+            Timer::Transient {
+                task: id.to_string(),
+                state: TaskState::Assigned,
+            },
+        );
+    }
 }

@@ -1,0 +1,155 @@
+//! Agents: registration, heartbeats, and the sweep that finds silent agents and
+//! arms the partition timers of their tasks (the task is LOST when one fires).
+
+use drover_common::spec::JobSpec;
+use drover_common::state::UnixMillis;
+use drover_common::wire::{
+    self, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+};
+
+use super::model::{cpu_to_milli, Agent};
+use super::timers::Timer;
+use super::{AgentRecord, Core, CoreError, Reply};
+
+impl Core {
+    pub(super) fn register(
+        &mut self,
+        req: RegisterRequest,
+        now: UnixMillis,
+    ) -> Result<Reply, CoreError> {
+        if req.protocol_version != wire::PROTOCOL_VERSION {
+            return Err(CoreError::Protocol {
+                got: req.protocol_version,
+                want: wire::PROTOCOL_VERSION,
+            });
+        }
+        let idx = match self.agent_idx.get(&req.agent_id) {
+            Some(&idx) => {
+                let a = &mut self.agents[idx as usize];
+                a.rec.hostname = req.hostname;
+                a.rec.address = req.address;
+                if a.rec.attributes != req.attributes {
+                    self.index_dirty = true;
+                }
+                a.rec.attributes = req.attributes;
+                a.cpu_milli = cpu_to_milli(req.resources.cpu);
+                a.rec.resources = req.resources;
+                idx
+            }
+            None => {
+                let idx = self.agents.len() as u32;
+                self.agent_idx.insert(req.agent_id.clone(), idx);
+                self.agents.push(Agent::new(AgentRecord {
+                    id: req.agent_id.clone(),
+                    hostname: req.hostname,
+                    address: req.address,
+                    resources: req.resources,
+                    attributes: req.attributes,
+                    version: 0,
+                    last_heartbeat_ms: now,
+                }));
+                self.index_dirty = true;
+                idx
+            }
+        };
+        let a = &mut self.agents[idx as usize];
+        a.rec.last_heartbeat_ms = now;
+        a.reachable = true;
+        a.seen = true;
+        a.want_full_set = true;
+        self.capacity_changed = true;
+        self.dirty_agents.insert(idx);
+        Ok(Reply::Registered(RegisterResponse {
+            agent_id: req.agent_id,
+            heartbeat_interval_ms: self.cfg.heartbeat_interval_ms,
+            exclusive_lease_ms: Some(self.cfg.exclusive_lease_ms),
+        }))
+    }
+
+    pub(super) fn heartbeat(
+        &mut self,
+        agent: &str,
+        req: HeartbeatRequest,
+        now: UnixMillis,
+    ) -> Result<Reply, CoreError> {
+        let Some(&idx) = self.agent_idx.get(agent) else {
+            return Ok(Reply::Heartbeat(HeartbeatResponse {
+                send_full_task_set: false,
+                reregister: true,
+            }));
+        };
+        {
+            let a = &mut self.agents[idx as usize];
+            a.rec.last_heartbeat_ms = now;
+            a.seen = true;
+            if !a.reachable {
+                a.reachable = true;
+                a.want_full_set = true;
+                self.capacity_changed = true;
+            }
+        }
+        if let Some(reports) = req.tasks {
+            self.reconcile_agent(idx, &reports, req.assignments_version, now);
+        }
+        let a = &mut self.agents[idx as usize];
+        let digest = wire::task_set_digest(a.tasks.iter().map(String::as_str));
+        let send = a.want_full_set
+            || (digest != req.task_digest && req.assignments_version >= a.notified_version);
+        Ok(Reply::Heartbeat(HeartbeatResponse {
+            send_full_task_set: send,
+            reregister: false,
+        }))
+    }
+
+    pub(super) fn sweep_agents(&mut self, now: UnixMillis) {
+        let grace_until = self.start_ms + self.cfg.restart_grace_ms;
+        for idx in 0..self.agents.len() {
+            let a = &mut self.agents[idx];
+            if !a.reachable
+                || now.saturating_sub(a.rec.last_heartbeat_ms) <= self.cfg.agent_timeout_ms
+            {
+                continue;
+            }
+            a.reachable = false;
+            let last = a.rec.last_heartbeat_ms;
+            let agent_id = a.rec.id.clone();
+            let tasks: Vec<String> = a.tasks.iter().cloned().collect();
+            for id in tasks {
+                let Some(t) = self.tasks.get(&id) else {
+                    continue;
+                };
+                let Some(job) = self.jobs.get(&t.job) else {
+                    continue;
+                };
+                let policy = &job.spec.partition_policy;
+                if !policy.reschedule {
+                    continue;
+                }
+                let mut at = now + policy.delay.get().as_millis() as u64;
+                if policy.exclusive {
+                    at = at.max(last + self.cfg.exclusive_lease_ms + kill_time_ms(&job.spec));
+                }
+                if !self.agents[idx].seen {
+                    at = at.max(grace_until);
+                }
+                self.push_timer(
+                    at,
+                    Timer::Partition {
+                        agent: agent_id.clone(),
+                        task: id,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// The longest a kill escalation of this job's task can take, plus slack.
+pub(super) fn kill_time_ms(spec: &JobSpec) -> u64 {
+    let mut ms = spec.task.finalization_wait.get().as_millis() as u64 + 5_000;
+    if let Some(http) = spec.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
+        ms += http.graceful_shutdown_wait.get().as_millis() as u64
+            + http.shutdown_wait.get().as_millis() as u64;
+    }
+    ms
+}

@@ -1,0 +1,55 @@
+//! The thresholds of the lifecycle rules ([`CoreConfig`]); the runtime's config
+//! file fills them, tests shorten them.
+
+/// Every threshold of the lifecycle rules, in milliseconds (tests shorten them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreConfig {
+    /// A task that ran shorter than this is flapping (Aurora: 5 min).
+    pub flapping_threshold_ms: u64,
+    /// First THROTTLED penalty (Aurora: 30 s); doubles per consecutive flap.
+    pub throttle_initial_ms: u64,
+    /// Largest THROTTLED penalty (Aurora: 5 min).
+    pub throttle_max_ms: u64,
+    /// ASSIGNED or STARTING longer than this becomes LOST (Aurora: 5 min).
+    pub transient_timeout_ms: u64,
+    /// An agent silent this long is unreachable.
+    pub agent_timeout_ms: u64,
+    /// How often agents heartbeat.
+    pub heartbeat_interval_ms: u64,
+    /// Terminal tasks kept per instance.
+    pub task_history_limit: usize,
+    /// Period of implicit reconciliation (Mesos: e.g. 15 min).
+    pub reconcile_interval_ms: u64,
+    /// First retry delay of explicit reconciliation; doubles per round.
+    pub reconcile_backoff_initial_ms: u64,
+    /// Largest retry delay of explicit reconciliation.
+    pub reconcile_backoff_max_ms: u64,
+    /// After the master starts, nothing is replaced for agents that have not come
+    /// back yet until this has passed.
+    pub restart_grace_ms: u64,
+    /// How long an agent that lost the master keeps exclusive tasks before killing them.
+    pub exclusive_lease_ms: u64,
+    /// A task the agent does not report is LOST only once it has been missing from
+    /// its full task sets this long (a terminal update may be on its way).
+    pub missing_grace_ms: u64,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            flapping_threshold_ms: 5 * 60_000,
+            throttle_initial_ms: 30_000,
+            throttle_max_ms: 5 * 60_000,
+            transient_timeout_ms: 5 * 60_000,
+            agent_timeout_ms: 15_000,
+            heartbeat_interval_ms: 1_000,
+            task_history_limit: 10,
+            reconcile_interval_ms: 15 * 60_000,
+            reconcile_backoff_initial_ms: 1_000,
+            reconcile_backoff_max_ms: 60_000,
+            restart_grace_ms: 30_000,
+            exclusive_lease_ms: 10_000,
+            missing_grace_ms: 5_000,
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! The core's vocabulary with the runtime: the [`Event`]s it reacts to, the
+//! [`Reply`] or [`CoreError`] for the sender, and the [`Effect`]s (store changes,
+//! agent wake-ups, the next timer) the runtime carries out.
+
+use std::sync::Arc;
+
+use drover_common::spec::JobSpec;
+use drover_common::state::UnixMillis;
+use drover_common::wire::{
+    ActionResponse, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+    StatusAck, StatusUpdate,
+};
+
+use super::{AgentRecord, Task};
+
+/// One change for the store.
+#[derive(Clone, Debug)]
+pub enum Change {
+    PutJob(Arc<JobSpec>, String, UnixMillis),
+    DeleteJob(String),
+    PutTask(Box<Task>),
+    DeleteTask(String),
+    PutAgent(Box<AgentRecord>),
+}
+
+/// What the core reacts to.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// POST /v1/jobs (the spec is already validated).
+    CreateJob(Box<JobSpec>),
+    /// POST .../kill; `None`: every instance.
+    Kill {
+        job: String,
+        instances: Option<Vec<u32>>,
+    },
+    /// POST .../restart; `None`: every instance.
+    Restart {
+        job: String,
+        instances: Option<Vec<u32>>,
+    },
+    Register(Box<RegisterRequest>),
+    Heartbeat {
+        agent: String,
+        request: HeartbeatRequest,
+    },
+    /// Status reports relayed by an agent (POST /v1/agents/{id}/updates), in order.
+    StatusReports {
+        agent: String,
+        reports: Vec<StatusUpdate>,
+    },
+    /// Time passed: fire due timers.
+    Tick,
+}
+
+/// The answer to the event's sender.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    None,
+    JobCreated { job: String, tasks: Vec<String> },
+    Action(ActionResponse),
+    Registered(RegisterResponse),
+    Heartbeat(HeartbeatResponse),
+    Ack(StatusAck),
+}
+
+/// Why the core refused an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CoreError {
+    #[error(
+        "job {0} exists and has tasks that are not terminal; kill it first or pick another name"
+    )]
+    JobExists(String),
+    #[error("no job {0}")]
+    NoJob(String),
+    #[error("instances {bad:?} do not exist: job {job} has instances 0-{last}")]
+    BadInstances {
+        job: String,
+        bad: Vec<u32>,
+        last: u32,
+    },
+    #[error("unknown agent {0}: register first")]
+    UnknownAgent(String),
+    #[error("protocol version {got} is not supported; this master speaks {want}")]
+    Protocol { got: u32, want: u32 },
+    #[error("constraint {attribute}: {message}")]
+    BadConstraint { attribute: String, message: String },
+}
+
+/// What the runtime must do after an event.
+#[derive(Clone, Debug)]
+pub enum Effect {
+    /// Commit these changes; `seq` increases with every batch.
+    Persist { seq: u64, changes: Vec<Change> },
+    /// The agent's assignment set changed: wake its long poll once `seq` is committed.
+    Notify { agent: String },
+    /// Call `handle(Event::Tick)` at this time (the earliest pending timer).
+    WakeAt(UnixMillis),
+}
+
+/// The result of `handle`.
+#[derive(Debug)]
+pub struct Output {
+    pub reply: Result<Reply, CoreError>,
+    pub effects: Vec<Effect>,
+}

@@ -1,0 +1,199 @@
+//! Jobs: creation (a PENDING task per instance), kill and restart of instances.
+
+use std::sync::Arc;
+
+use drover_common::spec::JobSpec;
+use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::wire::ActionResponse;
+
+use super::model::{constraints_of, need_of, new_task, Job, Slot};
+use super::{Change, Core, CoreError, Reply};
+
+impl Core {
+    pub(super) fn create_job(
+        &mut self,
+        spec: JobSpec,
+        now: UnixMillis,
+    ) -> Result<Reply, CoreError> {
+        let key = spec.key().to_string();
+        let constraints = constraints_of(&spec)?;
+        if let Some(old) = self.jobs.get(&key) {
+            let active = old.slots.iter().any(|s| {
+                s.current.iter().chain(s.history.iter()).any(|id| {
+                    self.tasks
+                        .get(id)
+                        .is_some_and(|t| !t.status.state.is_terminal())
+                })
+            });
+            if active {
+                return Err(CoreError::JobExists(key));
+            }
+            self.drop_job(&key);
+        }
+        let need = need_of(&spec);
+        let spec = Arc::new(spec);
+        self.job_changes
+            .push(Change::PutJob(spec.clone(), key.clone(), now));
+        let mut job = Job {
+            key: key.clone(),
+            spec: spec.clone(),
+            created_ms: now,
+            slots: vec![Slot::default(); spec.instances as usize],
+            constraints,
+            need,
+            candidates: None,
+            cursor: 0,
+            pending_reason: None,
+        };
+        let mut ids = Vec::with_capacity(spec.instances as usize);
+        for instance in 0..spec.instances {
+            let id = self.next_task_id(&spec.name, instance);
+            let task = new_task(&id, &key, instance, 0, now, TaskState::Pending, "created");
+            job.slots[instance as usize].current = Some(id.clone());
+            self.tasks.insert(id.clone(), task);
+            self.queue.push_back(id.clone());
+            self.mark(&id);
+            ids.push(id);
+        }
+        self.jobs.insert(key.clone(), job);
+        Ok(Reply::JobCreated {
+            job: key,
+            tasks: ids,
+        })
+    }
+
+    /// Removes a fully terminal job with its tasks.
+    pub(super) fn drop_job(&mut self, key: &str) {
+        if let Some(job) = self.jobs.remove(key) {
+            for slot in job.slots {
+                for id in slot.current.into_iter().chain(slot.history) {
+                    self.tasks.remove(&id);
+                    self.dirty_tasks.remove(&id);
+                    self.deleted_tasks.push(id);
+                }
+            }
+            self.blocked.remove(key);
+            self.job_changes.push(Change::DeleteJob(key.to_string()));
+        }
+    }
+
+    pub(super) fn instances_of(
+        &self,
+        job: &str,
+        wanted: Option<Vec<u32>>,
+    ) -> Result<Vec<u32>, CoreError> {
+        let j = self
+            .jobs
+            .get(job)
+            .ok_or_else(|| CoreError::NoJob(job.to_string()))?;
+        let n = j.slots.len() as u32;
+        match wanted {
+            None => Ok((0..n).collect()),
+            Some(list) => {
+                let bad: Vec<u32> = list.iter().copied().filter(|i| *i >= n).collect();
+                if bad.is_empty() {
+                    Ok(list)
+                } else {
+                    Err(CoreError::BadInstances {
+                        job: job.to_string(),
+                        bad,
+                        last: n.saturating_sub(1),
+                    })
+                }
+            }
+        }
+    }
+
+    pub(super) fn current_of(&self, job: &str, instance: u32) -> Option<String> {
+        self.jobs
+            .get(job)?
+            .slots
+            .get(instance as usize)?
+            .current
+            .clone()
+    }
+
+    /// Asks a task to stop: `via` is KILLING or RESTARTING for placed tasks; tasks not
+    /// placed become KILLED at once. Returns whether anything changed.
+    pub(super) fn stop_task(
+        &mut self,
+        id: &str,
+        via: TaskState,
+        source: EventSource,
+        message: &str,
+        now: UnixMillis,
+    ) -> bool {
+        let Some(task) = self.tasks.get_mut(id) else {
+            return false;
+        };
+        let state = task.status.state;
+        if state.is_terminal() || state.is_stopping() {
+            return false;
+        }
+        task.desired = DesiredState::Shutdown;
+        task.kill_reason = Some(ExitReason::KilledByRequest);
+        if matches!(state, TaskState::Pending | TaskState::Throttled) {
+            let _ = task.status.transition(
+                TaskState::Killed,
+                Some(ExitReason::KilledByRequest),
+                now,
+                source,
+                message,
+            );
+            self.mark(id);
+            return true;
+        }
+        if task
+            .status
+            .transition(via, None, now, source, message)
+            .is_err()
+        {
+            return false;
+        }
+        let agent = task.agent.clone();
+        self.mark(id);
+        if let Some(idx) = agent.and_then(|a| self.agent_idx.get(&a).copied()) {
+            self.bump_agent(idx);
+        }
+        true
+    }
+
+    /// Kill (`via` KILLING) or restart (`via` RESTARTING: each stopped task gets a
+    /// replacement) the current tasks of `instances` (all when None). Answers the
+    /// tasks stopped, or for a restart the replacements created.
+    pub(super) fn stop_instances(
+        &mut self,
+        job: &str,
+        instances: Option<Vec<u32>>,
+        via: TaskState,
+        now: UnixMillis,
+    ) -> Result<Reply, CoreError> {
+        let restart = via == TaskState::Restarting;
+        let message = if restart {
+            "restart requested"
+        } else {
+            "killed by request"
+        };
+        let mut tasks = Vec::new();
+        // The current task is looked up as each instance comes: an instance named
+        // twice meets the task the first round left there.
+        for i in self.instances_of(job, instances)? {
+            let Some(id) = self.current_of(job, i) else {
+                continue;
+            };
+            // A task already ended or stopping is left alone (stop_task says false).
+            if !self.stop_task(&id, via, EventSource::Operator, message, now) {
+                continue;
+            }
+            if !restart {
+                tasks.push(id);
+            } else if let Some(new_id) = self.create_replacement(&id, now, None, "restart") {
+                tasks.push(new_id);
+            }
+        }
+        Ok(Reply::Action(ActionResponse {
+            job: job.to_string(),
+            tasks,
+        }))
+    }
+}

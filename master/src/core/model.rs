@@ -1,0 +1,263 @@
+//! The model: the records the core holds (Task, Job, Agent and their stored forms),
+//! what a job's task needs and where it may go, and the small constructors of each.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use drover_common::spec::{Constraint, JobSpec};
+use drover_common::state::{
+    DesiredState, EventSource, ExitReason, TaskState, TaskStatus, UnixMillis,
+};
+use drover_common::wire::{AgentResources, ProcessStatus};
+use serde::{Deserialize, Serialize};
+
+use super::CoreError;
+
+/// A task: one run of one instance of a job. Also its stored form.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    /// The job key, `role/env/name`.
+    pub job: String,
+    pub instance: u32,
+    /// Position in its instance's history: the first task is 0, its replacement 1...
+    pub gen: u32,
+    pub status: TaskStatus,
+    pub desired: DesiredState,
+    #[serde(default)]
+    pub kill_reason: Option<ExitReason>,
+    #[serde(default)]
+    pub agent: Option<String>,
+    #[serde(default)]
+    pub ports: Vec<(String, u16)>,
+    /// The agent's assignment version in which this task was placed on it.
+    #[serde(default)]
+    pub assigned_version: u64,
+    /// The highest status seq applied.
+    #[serde(default)]
+    pub last_seq: Option<u64>,
+    #[serde(default)]
+    pub processes: Vec<ProcessStatus>,
+    pub created_ms: UnixMillis,
+    #[serde(default)]
+    pub running_since: Option<UnixMillis>,
+    /// FAILED tasks of this instance before this one.
+    #[serde(default)]
+    pub failures: u32,
+    /// Consecutive flapping terminations of this instance before this one.
+    #[serde(default)]
+    pub flaps: u32,
+    #[serde(default)]
+    pub throttle_until: Option<UnixMillis>,
+    /// When the agent last told us about this task (status or full task set).
+    #[serde(skip)]
+    pub last_report_ms: UnixMillis,
+    /// Since when the agent's full task sets lack this task.
+    #[serde(skip)]
+    pub missing_since: Option<UnixMillis>,
+}
+
+/// The stored form of an agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub id: String,
+    pub hostname: String,
+    pub address: String,
+    pub resources: AgentResources,
+    pub attributes: BTreeMap<String, String>,
+    pub version: u64,
+    pub last_heartbeat_ms: UnixMillis,
+}
+
+/// The stored form of a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub key: String,
+    pub spec: JobSpec,
+    pub created_ms: UnixMillis,
+}
+
+/// One instance of a job (SwarmKit's slot): its latest task and the older ones.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Slot {
+    pub(super) current: Option<String>,
+    /// Older tasks, oldest first.
+    pub(super) history: VecDeque<String>,
+}
+
+/// A job's constraints, parsed once.
+#[derive(Clone, Debug, Default)]
+pub(super) struct JobConstraints {
+    /// Attribute -> value constraint.
+    pub(super) values: Vec<(String, Constraint)>,
+    /// Attribute -> at most N active tasks per value.
+    pub(super) limits: Vec<(String, u32)>,
+    /// A non-negated value constraint on `dedicated`.
+    pub(super) names_dedicated: bool,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Job {
+    pub(super) key: String,
+    pub(super) spec: Arc<JobSpec>,
+    pub(super) created_ms: UnixMillis,
+    pub(super) slots: Vec<Slot>,
+    pub(super) constraints: JobConstraints,
+    /// Resource needs in scheduler units.
+    pub(super) need: Need,
+    /// Candidate agents (cached for one agent index generation) and a cursor.
+    pub(super) candidates: Option<(u64, Arc<Vec<u32>>)>,
+    pub(super) cursor: usize,
+    /// Why its PENDING tasks do not fit, from the last try.
+    pub(super) pending_reason: Option<String>,
+}
+
+/// What one task of a job needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Need {
+    pub(super) cpu_milli: u64,
+    pub(super) ram: u64,
+    pub(super) disk: u64,
+    pub(super) ports: u32,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Agent {
+    pub(super) rec: AgentRecord,
+    pub(super) cpu_milli: u64,
+    pub(super) used_cpu_milli: u64,
+    pub(super) used_ram: u64,
+    pub(super) used_disk: u64,
+    pub(super) used_ports: BTreeSet<u16>,
+    pub(super) next_port: u16,
+    /// Non-terminal tasks placed here.
+    pub(super) tasks: BTreeSet<String>,
+    pub(super) reachable: bool,
+    /// Heartbeated or registered since the master started.
+    pub(super) seen: bool,
+    pub(super) want_full_set: bool,
+    /// The store batch that last changed its assignment set.
+    pub(super) last_change_seq: u64,
+    /// The assignment set version of the last change the agent was woken for. A
+    /// task the agent itself reported ending leaves the set without waking the
+    /// agent's long poll (it knows already), so its version may lag `rec.version`
+    /// while its task digest still matches.
+    pub(super) notified_version: u64,
+}
+
+impl Agent {
+    pub(super) fn new(rec: AgentRecord) -> Agent {
+        let cpu_milli = cpu_to_milli(rec.resources.cpu);
+        let rec_version = rec.version;
+        let next_port = rec.resources.port_range.0;
+        Agent {
+            rec,
+            cpu_milli,
+            used_cpu_milli: 0,
+            used_ram: 0,
+            used_disk: 0,
+            used_ports: BTreeSet::new(),
+            next_port,
+            tasks: BTreeSet::new(),
+            reachable: true,
+            seen: false,
+            want_full_set: true,
+            last_change_seq: 0,
+            notified_version: rec_version,
+        }
+    }
+
+    /// The agent's value of `attribute`; `host` falls back to the agent id.
+    pub(super) fn attr(&self, attribute: &str) -> Option<&str> {
+        match self.rec.attributes.get(attribute) {
+            Some(v) => Some(v.as_str()),
+            None if attribute == "host" => Some(self.rec.id.as_str()),
+            None => None,
+        }
+    }
+
+    pub(super) fn port_count(&self) -> u32 {
+        let (lo, hi) = self.rec.resources.port_range;
+        if hi < lo {
+            0
+        } else {
+            u32::from(hi - lo) + 1
+        }
+    }
+}
+
+pub(super) fn cpu_to_milli(cpu: f64) -> u64 {
+    if cpu.is_finite() && cpu > 0.0 {
+        (cpu * 1000.0).round() as u64
+    } else {
+        0
+    }
+}
+
+/// A job's constraints as parsed when its spec was read, plus the implicit
+/// `host: limit:1` of services. A spec that skipped validation may hold an
+/// expression that did not parse: refused here, never placed by guesswork.
+pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError> {
+    let mut out = JobConstraints::default();
+    for (attribute, expr) in &spec.constraints {
+        let c = expr.parsed().map_err(|e| CoreError::BadConstraint {
+            attribute: attribute.clone(),
+            message: e.to_string(),
+        })?;
+        match c {
+            Constraint::Limit(n) => out.limits.push((attribute.clone(), *n)),
+            Constraint::Value { negated, .. } => {
+                if attribute == "dedicated" && !negated {
+                    out.names_dedicated = true;
+                }
+                out.values.push((attribute.clone(), c.clone()));
+            }
+        }
+    }
+    if spec.service && !spec.constraints.contains_key("host") {
+        out.limits.push(("host".to_string(), 1));
+    }
+    Ok(out)
+}
+
+pub(super) fn need_of(spec: &JobSpec) -> Need {
+    let r = &spec.task.resources;
+    Need {
+        cpu_milli: cpu_to_milli(r.cpu),
+        ram: r.ram.bytes(),
+        disk: r.disk.bytes(),
+        ports: r.ports.len() as u32,
+    }
+}
+
+pub(super) fn new_task(
+    id: &str,
+    job: &str,
+    instance: u32,
+    gen: u32,
+    now: UnixMillis,
+    initial: TaskState,
+    message: &str,
+) -> Task {
+    Task {
+        id: id.to_string(),
+        job: job.to_string(),
+        instance,
+        gen,
+        status: TaskStatus::new(initial, now, EventSource::Master, message),
+        desired: DesiredState::Running,
+        kill_reason: None,
+        agent: None,
+        ports: Vec::new(),
+        assigned_version: 0,
+        last_seq: None,
+        processes: Vec::new(),
+        created_ms: now,
+        running_since: None,
+        failures: 0,
+        flaps: 0,
+        throttle_until: None,
+        last_report_ms: 0,
+        missing_since: None,
+    }
+}

@@ -1,0 +1,108 @@
+//! The stored state and the core rebuilt from it at start ([`Core::load`]).
+
+use std::sync::Arc;
+
+use drover_common::state::{TaskState, UnixMillis};
+
+use super::model::{constraints_of, need_of, Agent, Job, Slot};
+use super::timers::Timer;
+use super::{AgentRecord, Core, CoreConfig, JobRecord, Task};
+
+/// Everything the store holds, as loaded at start.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub jobs: Vec<JobRecord>,
+    pub tasks: Vec<Task>,
+    pub agents: Vec<AgentRecord>,
+}
+
+impl Core {
+    /// A master restarted at `now` with the stored state. Agents count as alive from
+    /// `now` on; nothing is replaced because of them before the restart grace.
+    pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: UnixMillis, seed: u64) -> Core {
+        let mut core = Core::new(cfg, now, seed);
+        for rec in snapshot.agents {
+            let mut rec = rec;
+            rec.last_heartbeat_ms = now;
+            let idx = core.agents.len() as u32;
+            core.agent_idx.insert(rec.id.clone(), idx);
+            core.agents.push(Agent::new(rec));
+        }
+        for job in snapshot.jobs {
+            let constraints = constraints_of(&job.spec).unwrap_or_default();
+            let need = need_of(&job.spec);
+            let slots = vec![Slot::default(); job.spec.instances as usize];
+            core.jobs.insert(
+                job.key.clone(),
+                Job {
+                    key: job.key,
+                    spec: Arc::new(job.spec),
+                    created_ms: job.created_ms,
+                    slots,
+                    constraints,
+                    need,
+                    candidates: None,
+                    cursor: 0,
+                    pending_reason: None,
+                },
+            );
+        }
+        let mut tasks = snapshot.tasks;
+        tasks.sort_by(|a, b| (&a.job, a.instance, a.gen).cmp(&(&b.job, b.instance, b.gen)));
+        let grace_until = now + core.cfg.restart_grace_ms;
+        for task in tasks {
+            let Some(job) = core.jobs.get_mut(&task.job) else {
+                continue;
+            };
+            let Some(slot) = job.slots.get_mut(task.instance as usize) else {
+                continue;
+            };
+            if let Some(prev) = slot.current.take() {
+                slot.history.push_back(prev);
+            }
+            slot.current = Some(task.id.clone());
+            let state = task.status.state;
+            if state.is_on_agent() {
+                if let Some(&idx) = task.agent.as_ref().and_then(|a| core.agent_idx.get(a)) {
+                    let need = job.need;
+                    let agent = &mut core.agents[idx as usize];
+                    agent.used_cpu_milli += need.cpu_milli;
+                    agent.used_ram += need.ram;
+                    agent.used_disk += need.disk;
+                    for (_, p) in &task.ports {
+                        agent.used_ports.insert(*p);
+                    }
+                    agent.tasks.insert(task.id.clone());
+                }
+            }
+            match state {
+                TaskState::Pending => core.queue.push_back(task.id.clone()),
+                TaskState::Throttled => {
+                    let at = task.throttle_until.unwrap_or(now).max(now);
+                    core.push_timer(
+                        at,
+                        Timer::Throttle {
+                            task: task.id.clone(),
+                        },
+                    );
+                }
+                TaskState::Assigned | TaskState::Starting => {
+                    let at = (task.status.since() + core.cfg.transient_timeout_ms).max(grace_until);
+                    core.push_timer(
+                        at,
+                        Timer::Transient {
+                            task: task.id.clone(),
+                            state,
+                        },
+                    );
+                }
+                _ => {}
+            }
+            core.tasks.insert(task.id.clone(), task);
+        }
+        if !core.agents.is_empty() {
+            core.start_reconciliation(now);
+        }
+        core
+    }
+}

@@ -1,0 +1,210 @@
+//! Tests of the pure core: lifecycle, scheduling, faults and reconciliation, driven
+//! by events and virtual time, plus a property test over random event sequences.
+
+use std::collections::{BTreeMap, HashMap};
+
+use drover_common::spec::JobSpec;
+use drover_common::state::{DesiredState, ExitReason, TaskState};
+use drover_common::wire::{
+    self, AgentResources, AgentTaskReport, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    StatusUpdate,
+};
+use proptest::prelude::*;
+
+use super::*;
+
+mod agents;
+mod invariants;
+mod jobs;
+mod lifecycle;
+mod placement;
+mod reconciliation;
+mod snapshot;
+mod views;
+
+const GIB: u64 = 1 << 30;
+
+fn cfg() -> CoreConfig {
+    CoreConfig {
+        flapping_threshold_ms: 10_000,
+        throttle_initial_ms: 1_000,
+        throttle_max_ms: 4_000,
+        transient_timeout_ms: 20_000,
+        agent_timeout_ms: 3_000,
+        heartbeat_interval_ms: 500,
+        task_history_limit: 3,
+        reconcile_interval_ms: 600_000,
+        reconcile_backoff_initial_ms: 1_000,
+        reconcile_backoff_max_ms: 8_000,
+        restart_grace_ms: 6_000,
+        exclusive_lease_ms: 2_000,
+        missing_grace_ms: 1_000,
+    }
+}
+
+fn agent_req(id: &str, cpu: f64, ram_gib: u64, attrs: &[(&str, &str)]) -> RegisterRequest {
+    RegisterRequest {
+        protocol_version: wire::PROTOCOL_VERSION,
+        agent_id: id.to_string(),
+        hostname: format!("{id}.example"),
+        address: format!("http://{id}:1"),
+        resources: AgentResources {
+            cpu,
+            ram_bytes: ram_gib * GIB,
+            disk_bytes: 100 * GIB,
+            port_range: (31000, 31009),
+        },
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn spec(name: &str, instances: u32, service: bool, extra: &str) -> JobSpec {
+    let text = format!(
+        r#"{{"role":"www","environment":"prod","name":"{name}","instances":{instances},
+        "service":{service},
+        "task":{{"processes":[{{"name":"main","cmdline":"sleep 100"}}],
+                "resources":{{"cpu":1,"ram":"1GiB","disk":"1GiB","ports":["http"]}}}}
+        {extra}}}"#
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+struct World {
+    core: Core,
+    now: u64,
+    seqs: HashMap<String, u64>,
+    persisted: Vec<Change>,
+}
+
+impl World {
+    fn new() -> World {
+        World {
+            core: Core::new(cfg(), 1_000_000, 7),
+            now: 1_000_000,
+            seqs: HashMap::new(),
+            persisted: Vec::new(),
+        }
+    }
+
+    fn handle(&mut self, e: Event) -> Output {
+        let out = self.core.handle(e, self.now);
+        for e in &out.effects {
+            if let Effect::Persist { changes, .. } = e {
+                self.persisted.extend(changes.iter().cloned());
+            }
+        }
+        out
+    }
+
+    fn register(&mut self, id: &str, cpu: f64, ram: u64, attrs: &[(&str, &str)]) {
+        self.handle(Event::Register(Box::new(agent_req(id, cpu, ram, attrs))))
+            .reply
+            .unwrap();
+    }
+
+    fn create(&mut self, s: JobSpec) -> Vec<String> {
+        match self.handle(Event::CreateJob(Box::new(s))).reply.unwrap() {
+            Reply::JobCreated { tasks, .. } => tasks,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn report(&mut self, task: &str, state: TaskState, reason: Option<ExitReason>) {
+        let agent = self.core.task(task).unwrap().agent.clone().unwrap();
+        let seq = self.seqs.entry(task.to_string()).or_insert(0);
+        *seq += 1;
+        let u = StatusUpdate {
+            task_id: task.to_string(),
+            seq: *seq,
+            state,
+            exit_reason: reason,
+            message: String::new(),
+            timestamp_ms: self.now,
+            processes: Vec::new(),
+        };
+        self.handle(Event::StatusReports {
+            agent,
+            reports: vec![u],
+        })
+        .reply
+        .unwrap();
+    }
+
+    fn advance(&mut self, ms: u64) {
+        let end = self.now + ms;
+        while let Some(at) = self.core.next_wake().filter(|at| *at <= end) {
+            self.now = self.now.max(at);
+            self.handle(Event::Tick);
+        }
+        self.now = end;
+        self.handle(Event::Tick);
+    }
+
+    /// Lets time pass while every reachable agent heartbeats.
+    fn pass(&mut self, ms: u64) {
+        let mut left = ms;
+        while left > 0 {
+            let step = left.min(500);
+            self.advance(step);
+            left -= step;
+            let ids: Vec<String> = self.core.agents.iter().map(|a| a.rec.id.clone()).collect();
+            for id in ids {
+                self.heartbeat(&id, None);
+            }
+        }
+    }
+
+    fn heartbeat(&mut self, agent: &str, tasks: Option<Vec<&str>>) -> HeartbeatResponse {
+        let (version, _) = self.core.agent_version(agent).unwrap_or((0, 0));
+        let held: Vec<String> = self
+            .core
+            .assignment_set(agent)
+            .map(|s| s.assignments.into_iter().map(|a| a.task.task_id).collect())
+            .unwrap_or_default();
+        let request = HeartbeatRequest {
+            task_digest: wire::task_set_digest(held.iter().map(String::as_str)),
+            assignments_version: version,
+            tasks: tasks.map(|t| {
+                t.into_iter()
+                    .map(|id| AgentTaskReport {
+                        task_id: id.to_string(),
+                        state: TaskState::Running,
+                        seq: 1,
+                    })
+                    .collect()
+            }),
+        };
+        match self
+            .handle(Event::Heartbeat {
+                agent: agent.to_string(),
+                request,
+            })
+            .reply
+            .unwrap()
+        {
+            Reply::Heartbeat(r) => r,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn state(&self, task: &str) -> TaskState {
+        self.core.task(task).unwrap().status.state
+    }
+
+    fn current(&self, job: &str, instance: u32) -> String {
+        self.core.jobs[job].slots[instance as usize]
+            .current
+            .clone()
+            .unwrap()
+    }
+
+    fn run(&mut self, task: &str) {
+        self.report(task, TaskState::Starting, None);
+        self.report(task, TaskState::Running, None);
+    }
+}
+
+const JOB: &str = "www/prod/hello";

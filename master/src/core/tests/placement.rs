@@ -1,0 +1,143 @@
+//! Placement: fit, constraints, dedicated hosts, blocked jobs.
+
+use super::*;
+
+#[test]
+fn an_unplaceable_task_stays_pending_with_a_reason_in_words() {
+    let mut w = World::new();
+    w.register("a1", 4.0, 1, &[]);
+    w.register("a2", 4.0, 1, &[]);
+    let mut s = spec("big", 1, false, "");
+    s.task.resources.ram = drover_common::units::ByteSize(2 * GIB);
+    let t = w.create(s);
+    assert_eq!(w.state(&t[0]), TaskState::Pending);
+    let view = w.core.task_view(&t[0]).unwrap();
+    assert_eq!(
+        view.pending_reason.as_deref(),
+        Some("insufficient ram on 2 agents")
+    );
+}
+
+#[test]
+fn services_spread_one_instance_per_host_unless_they_set_host() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    w.register("a2", 8.0, 16, &[]);
+    let t = w.create(spec("svc", 3, true, ""));
+    let agents: Vec<Option<String>> = t
+        .iter()
+        .map(|id| w.core.task(id).unwrap().agent.clone())
+        .collect();
+    assert!(agents[0].is_some() && agents[1].is_some() && agents[0] != agents[1]);
+    assert_eq!(w.state(&t[2]), TaskState::Pending);
+    assert_eq!(
+        w.core.task_view(&t[2]).unwrap().pending_reason.as_deref(),
+        Some("host limit reached on 2 agents")
+    );
+    let t = w.create(spec(
+        "dense",
+        3,
+        true,
+        r#","constraints":{"host":"limit:3"}"#,
+    ));
+    assert!(t.iter().all(|id| w.state(id) == TaskState::Assigned));
+}
+
+#[test]
+fn dedicated_agents_only_take_jobs_that_name_them() {
+    let mut w = World::new();
+    w.register("d1", 8.0, 16, &[("dedicated", "www/db")]);
+    let t = w.create(spec("plain", 1, false, ""));
+    assert_eq!(w.state(&t[0]), TaskState::Pending);
+    assert!(w
+        .core
+        .task_view(&t[0])
+        .unwrap()
+        .pending_reason
+        .unwrap()
+        .contains("dedicated to other jobs on 1 agent"));
+    let t = w.create(spec(
+        "db",
+        1,
+        false,
+        r#","constraints":{"dedicated":"www/db"}"#,
+    ));
+    assert_eq!(w.state(&t[0]), TaskState::Assigned);
+}
+
+#[test]
+fn value_constraints_and_rack_limits_hold() {
+    let mut w = World::new();
+    for (id, rack, zone) in [
+        ("a1", "r1", "z1"),
+        ("a2", "r1", "z1"),
+        ("a3", "r2", "z1"),
+        ("a4", "r3", "z2"),
+    ] {
+        w.register(id, 8.0, 16, &[("rack", rack), ("zone", zone)]);
+    }
+    let t = w.create(spec(
+        "spread",
+        4,
+        false,
+        r#","constraints":{"rack":"limit:1","zone":"z1"}"#,
+    ));
+    let placed: Vec<&str> = t
+        .iter()
+        .filter_map(|id| w.core.task(id).unwrap().agent.as_deref())
+        .collect();
+    assert_eq!(placed.len(), 2, "two z1 racks, one task each");
+    assert!(!placed.contains(&"a4"));
+    let reason = w.core.task_view(&t[3]).unwrap().pending_reason.unwrap();
+    assert!(
+        reason.contains("rack limit reached on 3 agents"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("zone constraint not met on 1 agent"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn blocked_tasks_are_placed_once_capacity_frees_up_or_an_agent_joins() {
+    let mut w = World::new();
+    w.register("a1", 1.0, 16, &[]);
+    let t = w.create(spec("wait", 3, false, ""));
+    assert_eq!(w.state(&t[1]), TaskState::Pending);
+    assert_eq!(
+        w.core.task_view(&t[2]).unwrap().pending_reason.as_deref(),
+        Some("insufficient cpu on 1 agent")
+    );
+    w.run(&t[0]);
+    w.report(&t[0], TaskState::Finished, None);
+    assert_eq!(
+        w.state(&t[1]),
+        TaskState::Assigned,
+        "freed cpu goes to the oldest"
+    );
+    assert_eq!(w.state(&t[2]), TaskState::Pending);
+    w.register("a2", 1.0, 16, &[]);
+    assert_eq!(w.state(&t[2]), TaskState::Assigned);
+    assert_eq!(w.core.task_view(&t[2]).unwrap().pending_reason, None);
+}
+
+#[test]
+fn killed_blocked_tasks_do_not_hold_back_a_recreated_job() {
+    let mut w = World::new();
+    w.register("a1", 1.0, 16, &[]);
+    let big = w.create(spec(
+        "first",
+        1,
+        false,
+        r#","constraints":{"zone":"nowhere"}"#,
+    ));
+    assert_eq!(w.state(&big[0]), TaskState::Pending);
+    w.handle(Event::Kill {
+        job: "www/prod/first".to_string(),
+        instances: None,
+    });
+    assert_eq!(w.state(&big[0]), TaskState::Killed);
+    let t = w.create(spec("first", 1, false, ""));
+    assert_eq!(w.state(&t[0]), TaskState::Assigned);
+}

@@ -1,0 +1,76 @@
+//! A master restarted from its stored state.
+
+use super::*;
+
+#[test]
+fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let t = w.create(spec("g", 1, true, ""));
+    w.run(&t[0]);
+    // Rebuild a snapshot from what was persisted.
+    let mut snap = Snapshot::default();
+    let mut tasks = BTreeMap::new();
+    let mut agents = BTreeMap::new();
+    for c in &w.persisted {
+        match c {
+            Change::PutJob(spec, key, created) => snap.jobs.push(JobRecord {
+                key: key.clone(),
+                spec: spec.as_ref().clone(),
+                created_ms: *created,
+            }),
+            Change::PutTask(t) => {
+                tasks.insert(t.id.clone(), t.as_ref().clone());
+            }
+            Change::PutAgent(a) => {
+                agents.insert(a.id.clone(), a.as_ref().clone());
+            }
+            _ => {}
+        }
+    }
+    snap.tasks = tasks.into_values().collect();
+    snap.agents = agents.into_values().collect();
+    let start = w.now + 60_000;
+    w.core = Core::load(cfg(), snap, start, 9);
+    w.now = start;
+    assert_eq!(w.state(&t[0]), TaskState::Running);
+    assert!(w.core.reconciling());
+    w.advance(5_000);
+    assert_eq!(w.state(&t[0]), TaskState::Running, "inside the grace");
+    w.advance(1_500);
+    assert_eq!(
+        w.state(&t[0]),
+        TaskState::Lost,
+        "grace over, agent never came back"
+    );
+}
+
+#[test]
+fn an_agent_that_returns_during_the_grace_keeps_its_tasks() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let t = w.create(spec("g", 1, true, ""));
+    w.run(&t[0]);
+    let snap = Snapshot {
+        jobs: vec![JobRecord {
+            key: "www/prod/g".to_string(),
+            spec: w.core.jobs["www/prod/g"].spec.as_ref().clone(),
+            created_ms: 0,
+        }],
+        tasks: vec![w.core.task(&t[0]).unwrap().clone()],
+        agents: vec![w.core.agents[0].rec.clone()],
+    };
+    w.core = Core::load(cfg(), snap, w.now, 3);
+    let r = w.heartbeat("a1", None);
+    assert!(r.send_full_task_set, "reconcile after a master start");
+    w.heartbeat("a1", Some(vec![&t[0]]));
+    for _ in 0..40 {
+        w.advance(500);
+        w.heartbeat("a1", None);
+    }
+    assert_eq!(w.state(&t[0]), TaskState::Running);
+    assert!(
+        !w.core.reconciling(),
+        "every task reported: reconciliation done"
+    );
+}

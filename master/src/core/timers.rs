@@ -1,0 +1,124 @@
+//! Timers: the deadlines the core arms (transient states, THROTTLED penalties,
+//! partition waits, the agent sweep, reconciliation rounds) and what each does when
+//! it fires on `Event::Tick`.
+
+use std::cmp::Reverse;
+
+use drover_common::state::{EventSource, ExitReason, TaskState, UnixMillis};
+
+use super::Core;
+
+/// A timer; stale ones are recognised when they fire and ignored.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Timer {
+    /// The task entered `state` (ASSIGNED or STARTING) and may be stuck there.
+    Transient { task: String, state: TaskState },
+    /// The task's THROTTLED penalty ends.
+    Throttle { task: String },
+    /// The task's agent was unreachable; the partition policy's wait is over.
+    Partition { agent: String, task: String },
+    /// Check every agent's last heartbeat.
+    AgentSweep,
+    /// Start a periodic (implicit) reconciliation.
+    Reconcile,
+    /// Next round of reconciliation `id`.
+    ReconcileRound { id: u64 },
+}
+
+impl Core {
+    pub(super) fn sweep_interval(&self) -> u64 {
+        (self.cfg.agent_timeout_ms / 4)
+            .min(self.cfg.heartbeat_interval_ms)
+            .max(50)
+    }
+
+    pub(super) fn push_timer(&mut self, at: UnixMillis, timer: Timer) {
+        self.timers.push(Reverse((at, timer)));
+    }
+
+    /// The earliest armed timer.
+    pub fn next_wake(&self) -> Option<UnixMillis> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    pub(super) fn tick(&mut self, now: UnixMillis) {
+        while let Some(Reverse((at, _))) = self.timers.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, timer))) = self.timers.pop() else {
+                break;
+            };
+            self.fire(timer, now);
+        }
+    }
+
+    pub(super) fn fire(&mut self, timer: Timer, now: UnixMillis) {
+        match timer {
+            Timer::Transient { task, state } => {
+                let Some(t) = self.tasks.get(&task) else {
+                    return;
+                };
+                if t.status.state != state {
+                    return;
+                }
+                let due = t.status.since() + self.cfg.transient_timeout_ms;
+                if due > now {
+                    self.push_timer(due, Timer::Transient { task, state });
+                    return;
+                }
+                self.lose_task(
+                    &task,
+                    ExitReason::TransientStateTimeout { state },
+                    EventSource::Master,
+                    now,
+                );
+            }
+            Timer::Throttle { task } => {
+                let Some(t) = self.tasks.get_mut(&task) else {
+                    return;
+                };
+                if t.status.state != TaskState::Throttled {
+                    return;
+                }
+                if t.status
+                    .transition(
+                        TaskState::Pending,
+                        None,
+                        now,
+                        EventSource::Master,
+                        "penalty over",
+                    )
+                    .is_ok()
+                {
+                    self.mark(&task);
+                    self.queue.push_back(task);
+                }
+            }
+            Timer::Partition { agent, task } => {
+                let Some(&idx) = self.agent_idx.get(&agent) else {
+                    return;
+                };
+                if self.agents[idx as usize].reachable {
+                    return;
+                }
+                let Some(t) = self.tasks.get(&task) else {
+                    return;
+                };
+                if t.agent.as_deref() != Some(agent.as_str()) || t.status.state.is_terminal() {
+                    return;
+                }
+                self.lose_task(&task, ExitReason::AgentLost, EventSource::Master, now);
+            }
+            Timer::AgentSweep => {
+                self.sweep_agents(now);
+                self.push_timer(now + self.sweep_interval(), Timer::AgentSweep);
+            }
+            Timer::Reconcile => {
+                self.start_reconciliation(now);
+                self.push_timer(now + self.cfg.reconcile_interval_ms, Timer::Reconcile);
+            }
+            Timer::ReconcileRound { id } => self.reconcile_round(id, now),
+        }
+    }
+}

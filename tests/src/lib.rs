@@ -507,6 +507,9 @@ pub struct ClusterConfig {
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
+    /// Serve mTLS (a CA per cluster, agent certificates) instead of plain HTTP with
+    /// agent tokens.
+    pub tls: bool,
 }
 
 impl ClusterConfig {
@@ -517,6 +520,7 @@ impl ClusterConfig {
                 .map(|k| vec![("rack".to_string(), format!("r{k}"))])
                 .collect(),
             master_config: TEST_MASTER_CONFIG.to_string(),
+            tls: false,
         }
     }
 }
@@ -553,6 +557,8 @@ pub struct Cluster {
     pub sandbox_roots: Vec<PathBuf>,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
+    /// Agents present certificates from `<dir>/tls` to an https master.
+    tls: bool,
 }
 
 impl Cluster {
@@ -574,7 +580,11 @@ impl Cluster {
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
             port_lock: Some(reserve_port_block()?),
+            tls: config.tls,
         };
+        if config.tls {
+            cluster.make_certificates(config.agents.len())?;
+        }
         cluster.start_master()?;
         let base = u32::from(
             cluster
@@ -601,10 +611,28 @@ impl Cluster {
         temp_dir_path(&self.dir)
     }
 
+    /// The cluster CA in `<dir>/tls`, the master's certificate for 127.0.0.1 and
+    /// one certificate per agent for the agent id written to its data dir
+    /// (`bb-agent-K`).
+    fn make_certificates(&mut self, agents: usize) -> anyhow::Result<()> {
+        let tls = self.dir().join("tls");
+        drover::tls::init_ca(&tls)?;
+        drover::tls::issue(&tls, drover::tls::Kind::Master, "127.0.0.1", &[])?;
+        for k in 0..agents {
+            let id = format!("bb-agent-{k}");
+            let data_dir = self.dir().join(format!("agent-{k}"));
+            std::fs::create_dir_all(&data_dir)?;
+            std::fs::write(data_dir.join("agent-id"), format!("{id}\n"))?;
+            drover::tls::issue(&tls, drover::tls::Kind::Agent, &id, &[])?;
+        }
+        self.api.trust_ca(&tls.join("ca.pem"))
+    }
+
     fn start_master(&mut self) -> anyhow::Result<()> {
         let (master, addr) = spawn_master(self.dir(), &self.listen)?;
         let addr = addr.trim_start_matches("http://").to_string();
-        self.api.url = format!("http://{addr}");
+        let scheme = if self.tls { "https" } else { "http" };
+        self.api.url = format!("{scheme}://{addr}");
         // A restarted master must come back on the same address for the agents.
         self.listen = addr;
         self.master = Some(master);
@@ -623,10 +651,22 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
-        self.api
-            .give_agent_token(&self.dir().join(format!("agent-{k}")))?;
+        if !self.tls {
+            self.api
+                .give_agent_token(&self.dir().join(format!("agent-{k}")))?;
+        }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         let mut command = Command::new(bin("drover-agent")?);
+        if self.tls {
+            let tls = self.dir().join("tls");
+            command
+                .arg("--tls-ca")
+                .arg(tls.join("ca.pem"))
+                .arg("--tls-cert")
+                .arg(tls.join(format!("agent-bb-agent-{k}.pem")))
+                .arg("--tls-key")
+                .arg(tls.join(format!("agent-bb-agent-{k}.key")));
+        }
         command
             .arg("--master")
             .arg(&self.api.url)

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use drover_common::wire::{
     ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
+    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER, LOGS_KEY_HEADER,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -68,6 +68,8 @@ impl MasterTls {
 pub struct MasterClient {
     base: String,
     http: reqwest::Client,
+    /// Sent at registration: what the log server requires from the master.
+    logs_key: Option<String>,
 }
 
 impl MasterClient {
@@ -101,6 +103,7 @@ impl MasterClient {
         MasterClient {
             base: base.trim_end_matches('/').to_string(),
             http,
+            logs_key: None,
         }
     }
 
@@ -163,10 +166,25 @@ impl MasterClient {
         self.send(req, url).await
     }
 
+    /// The key sent at registration (header `x-drover-logs-key`) that the agent's
+    /// log server requires from the master.
+    pub fn with_logs_key(mut self, key: String) -> MasterClient {
+        self.logs_key = Some(key);
+        self
+    }
+
     /// POST /v1/agents/register
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, MasterError> {
-        self.post("/v1/agents/register", req, Duration::from_secs(15))
-            .await
+        let url = format!("{}/v1/agents/register", self.base);
+        let mut request = self
+            .http
+            .post(&url)
+            .json(req)
+            .timeout(Duration::from_secs(15));
+        if let Some(key) = &self.logs_key {
+            request = request.header(LOGS_KEY_HEADER, key);
+        }
+        self.send(request, url).await
     }
 
     /// POST /v1/agents/{id}/heartbeat

@@ -258,6 +258,43 @@ fn read_token(path: &std::path::Path) -> Option<String> {
     }
 }
 
+/// A new secret for the log server: 256 random bits, hex.
+fn new_logs_key() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The log server's gate: `Authorization: Bearer <logs key>` (compared in constant
+/// time by `subtle`), else 401; `/health` is open.
+async fn require_logs_key(
+    axum::extract::State(key): axum::extract::State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use subtle::ConstantTimeEq as _;
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        return next.run(request).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::Json(serde_json::json!({"error": {"code": "unauthorized",
+            "message": "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"}})),
+    )
+        .into_response()
+}
+
 /// Runs the agent until `shutdown` completes. Executors are left running: they
 /// outlive the agent, which re-adopts them when it starts again.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
@@ -328,11 +365,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     } else {
         read_token(&cfg.token_file)
     };
+    let logs_key = new_logs_key().map_err(|source| AgentError::Dir {
+        what: "reading /dev/urandom for the log server's key",
+        path: PathBuf::from("/dev/urandom"),
+        source,
+    })?;
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
-        client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref()),
+        client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
+            .with_logs_key(logs_key.clone()),
         cfg,
         exec,
         fork,
@@ -364,7 +407,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.spawn(heartbeats(shared.clone()));
     tasks.spawn(poll_assignments(shared.clone()));
     tasks.spawn(ticker(shared.clone()));
-    let app = crate::logs::router(shared.layout.clone());
+    // The log server answers the master only: it proxies reads for authorized
+    // callers (docs/auth.md), with the key this agent gave it at registration.
+    let app = crate::logs::router(shared.layout.clone()).layer(
+        axum::middleware::from_fn_with_state(Arc::new(logs_key), require_logs_key),
+    );
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
         let stopped = async move {

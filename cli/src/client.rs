@@ -25,13 +25,6 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
-    /// No connection to an agent.
-    #[error("cannot reach the agent at {url}: is it running? `drover agent list` shows whether it is reachable")]
-    AgentUnreachable {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
     /// The server answered with a JSON error.
     #[error("{}", describe_api_error(*status, error))]
     Api { status: u16, error: ApiError },
@@ -124,13 +117,6 @@ pub struct LogChunk {
     pub size: Option<u64>,
 }
 
-/// Which server a request goes to, for the error message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Peer {
-    Master,
-    Agent,
-}
-
 /// The admin API client.
 #[derive(Clone)]
 pub struct Client {
@@ -221,7 +207,7 @@ impl Client {
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .map_err(|source| unreachable(Peer::Master, &self.base, source))?;
+            .map_err(|source| unreachable(&self.base, source))?;
         check_status(&url, response).await.map(|_| ())
     }
 
@@ -238,7 +224,7 @@ impl Client {
                 let request = self
                     .request(reqwest::Method::GET, &url)
                     .query(&[("role", role)]);
-                send_json(Peer::Master, &self.base, &url, request).await
+                send_json(&self.base, &url, request).await
             }
             None => self.get("/v1/jobs").await,
         }
@@ -321,24 +307,25 @@ impl Client {
         .await
     }
 
-    /// GET {agent}/v1/tasks/{id}/logs/{process}/{stream}?offset=N.
+    /// GET /v1/tasks/{id}/logs/{process}/{stream}?offset=N on the master, which
+    /// reads it from the task's agent.
     pub async fn fetch_log(
         &self,
-        agent_address: &str,
         task_id: &str,
         process: &str,
         stream: &str,
         offset: u64,
     ) -> Result<LogChunk, ClientError> {
-        let agent = agent_address.trim_end_matches('/');
-        let url = format!("{agent}/v1/tasks/{task_id}/logs/{process}/{stream}");
+        if !is_valid_name(task_id) {
+            return Err(ClientError::BadTaskId(task_id.to_string()));
+        }
+        let url = format!("{}/v1/tasks/{task_id}/logs/{process}/{stream}", self.base);
         let response = self
-            .http
-            .get(&url)
+            .request(reqwest::Method::GET, &url)
             .query(&[("offset", offset)])
             .send()
             .await
-            .map_err(|source| unreachable(Peer::Agent, agent, source))?;
+            .map_err(|source| unreachable(&self.base, source))?;
         let size = response
             .headers()
             .get("x-drover-log-size")
@@ -358,7 +345,7 @@ impl Client {
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
         let request = self.request(reqwest::Method::GET, &url);
-        send_json(Peer::Master, &self.base, &url, request).await
+        send_json(&self.base, &url, request).await
     }
 
     async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
@@ -368,20 +355,18 @@ impl Client {
     ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
         let request = self.request(reqwest::Method::POST, &url).json(body);
-        send_json(Peer::Master, &self.base, &url, request).await
+        send_json(&self.base, &url, request).await
     }
 }
 
-fn unreachable(peer: Peer, base: &str, source: reqwest::Error) -> ClientError {
-    let url = base.to_string();
-    match peer {
-        Peer::Master => ClientError::MasterUnreachable { url, source },
-        Peer::Agent => ClientError::AgentUnreachable { url, source },
+fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
+    ClientError::MasterUnreachable {
+        url: base.to_string(),
+        source,
     }
 }
 
 async fn send_json<T: DeserializeOwned>(
-    peer: Peer,
     base: &str,
     url: &str,
     request: reqwest::RequestBuilder,
@@ -389,7 +374,7 @@ async fn send_json<T: DeserializeOwned>(
     let response = request
         .send()
         .await
-        .map_err(|source| unreachable(peer, base, source))?;
+        .map_err(|source| unreachable(base, source))?;
     let response = check_status(url, response).await?;
     let bytes = response.bytes().await.map_err(|e| ClientError::Decode {
         url: url.to_string(),

@@ -199,7 +199,7 @@ async fn logs(
             task.task_id
         );
     }
-    let agent_id = task.agent_id.clone().ok_or_else(|| {
+    task.agent_id.as_ref().ok_or_else(|| {
         anyhow!(
             "task {} is {} and has not been placed on an agent, so it has no logs yet{}",
             task.task_id,
@@ -210,25 +210,13 @@ async fn logs(
                 .unwrap_or_default()
         )
     })?;
-    let agents = client.agents().await?;
-    let agent = agents
-        .iter()
-        .find(|a| a.agent_id == agent_id)
-        .ok_or_else(|| {
-            anyhow!(
-                "agent {agent_id} of task {} is not registered any more",
-                task.task_id
-            )
-        })?;
     let stream = if stderr { "stderr" } else { "stdout" };
     let task_id = task.task_id.clone();
     let mut offset = 0u64;
     let mut stdout = std::io::stdout();
     let mut last_state_check = Instant::now();
     loop {
-        let chunk = client
-            .fetch_log(&agent.address, &task_id, &process, stream, offset)
-            .await;
+        let chunk = client.fetch_log(&task_id, &process, stream, offset).await;
         let chunk = match chunk {
             Ok(chunk) => chunk,
             // With -f, a log that does not exist yet may appear.

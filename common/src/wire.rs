@@ -318,6 +318,10 @@ pub struct ApiError {
     pub details: Vec<FieldError>,
 }
 
+/// Header of `POST /v1/agents/register` carrying the secret the agent's log server
+/// requires (as `Authorization: Bearer <it>`) from the master proxying log reads.
+pub const LOGS_KEY_HEADER: &str = "x-drover-logs-key";
+
 /// A problem at a field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldError {

@@ -47,6 +47,8 @@ pub struct Api {
     /// The listener is TLS with the cluster CA: the agent API takes agents'
     /// client certificates only (no tokens).
     pub agent_certs: bool,
+    /// The client of the agents' log servers.
+    pub http: reqwest::Client,
 }
 
 type Shared = Arc<Api>;
@@ -119,6 +121,10 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             post(restart_job),
         ),
         (route("GET", "/v1/tasks/:id", TaskRead), get(get_task)),
+        (
+            route("GET", "/v1/tasks/:id/logs/:process/:stream", TaskRead),
+            get(task_log),
+        ),
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
         (
             route("POST", "/v1/agents/register", AgentRegister),
@@ -550,6 +556,92 @@ async fn get_task(
     Ok(json(StatusCode::OK, &view))
 }
 
+/// How long the master waits for an agent's log server.
+const LOG_PROXY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// GET /v1/tasks/{id}/logs/{process}/{stream}?offset=N: the task's log, read from
+/// its agent's log server with the key the agent gave at registration (the log
+/// server answers nobody else). Status, body and `x-drover-log-size` are passed on.
+async fn task_log(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path((id, process, stream)): Path<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let view = api
+        .master
+        .read(|c| c.task_view(&id))
+        .ok_or_else(|| ApiErr::not_found(&format!("task {id}"), "task_id"))?;
+    let role = view.job.split('/').next().unwrap_or_default().to_string();
+    crate::guard::require(&who, &Permission::ReadJob { role })?;
+    for (field, value) in [("process", &process), ("stream", &stream)] {
+        if !drover_common::spec::is_valid_name(value) {
+            return Err(ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_name",
+                format!("`{value}` is not a valid {field}"),
+                Some(field),
+            ));
+        }
+    }
+    let offset = query_u64(&q, "offset")?.unwrap_or(0);
+    let agent_id = view.agent_id.clone().ok_or_else(|| {
+        ApiErr::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "task {id} is {} and not placed on an agent: no logs yet",
+                view.state
+            ),
+            Some("task_id"),
+        )
+    })?;
+    let address = api
+        .master
+        .read(|c| {
+            c.agent_views()
+                .into_iter()
+                .find(|a| a.agent_id == agent_id)
+                .map(|a| a.address)
+        })
+        .ok_or_else(|| ApiErr::not_found(&format!("agent {agent_id}"), "agent_id"))?;
+    let unreachable = |message: String| {
+        ApiErr::new(
+            StatusCode::BAD_GATEWAY,
+            "agent_unreachable",
+            message,
+            Some("agent_id"),
+        )
+    };
+    let url = format!(
+        "{}/v1/tasks/{id}/logs/{process}/{stream}?offset={offset}",
+        address.trim_end_matches('/')
+    );
+    let mut request = api.http.get(&url).timeout(LOG_PROXY_TIMEOUT);
+    if let Some(key) = api.tokens.log_key(&agent_id) {
+        request = request.bearer_auth(key);
+    }
+    let answer = request.send().await.map_err(|e| {
+        unreachable(format!(
+            "cannot read the log from agent {agent_id} at {address}: {e}"
+        ))
+    })?;
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let size = answer.headers().get(LOG_SIZE_HEADER).cloned();
+    let bytes = answer
+        .bytes()
+        .await
+        .map_err(|e| unreachable(format!("reading the log from agent {agent_id}: {e}")))?;
+    let mut response = (status, bytes).into_response();
+    if let Some(size) = size {
+        response.headers_mut().insert(LOG_SIZE_HEADER, size);
+    }
+    Ok(response)
+}
+
+/// The header the agents' log servers send with a log's total size.
+const LOG_SIZE_HEADER: &str = "x-drover-log-size";
+
 async fn list_agents(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.agent_views()))
 }
@@ -573,6 +665,7 @@ async fn register(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
     cert: Option<Extension<crate::tls::PeerCert>>,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, ApiErr> {
     let req: RegisterRequest = read_json(body).await?;
@@ -601,6 +694,13 @@ async fn register(
     if let Err(e) = bound {
         tracing::warn!(token = %who.token_id, grant = %who.grant.describe(), agent_id = %req.agent_id, error = %e, "refused an agent registration");
         return Err(e.into());
+    }
+    if let Some(key) = headers
+        .get(wire::LOGS_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| k.len() <= 128 && k.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        api.tokens.set_log_key(&req.agent_id, key)?;
     }
     ok_reply(api.master.apply(Event::Register(Box::new(req))).await?)
 }

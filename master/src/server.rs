@@ -206,6 +206,7 @@ async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
         tokens,
         audit,
         agent_certs: tls.is_some(),
+        http: reqwest::Client::new(),
     });
     let bind_err = |source| RunError::Bind {
         addr: config.listen,

@@ -1,6 +1,7 @@
-//! The token registry: bearer tokens (only the SHA-256 of their secrets) and
-//! forbidden agent ids, durable in the master's SQLite file (tables `tokens` and
-//! `forbidden_agents`, on a connection of their own, apart from the core's store)
+//! The token registry: bearer tokens (only the SHA-256 of their secrets), forbidden
+//! agent ids and the keys agents' log servers require from the master, durable in
+//! the master's SQLite file (tables `tokens`, `forbidden_agents`, `agent_log_keys`,
+//! on a connection of their own, apart from the core's store)
 //! and mirrored in memory so a request is checked without touching the disk. A
 //! revocation is written, then applied to the mirror before it is answered: the next
 //! request with that token is refused.
@@ -75,6 +76,7 @@ pub struct Tokens {
     conn: Mutex<Connection>,
     entries: RwLock<HashMap<String, Entry>>,
     forbidden: RwLock<HashSet<String>>,
+    log_keys: RwLock<HashMap<String, String>>,
 }
 
 impl Tokens {
@@ -87,7 +89,9 @@ impl Tokens {
             "CREATE TABLE IF NOT EXISTS tokens (
                 id TEXT PRIMARY KEY, hash BLOB NOT NULL, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS forbidden_agents (
-                id TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);",
+                id TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS agent_log_keys (
+                id TEXT PRIMARY KEY, key TEXT NOT NULL);",
         )
         .map_err(sql("create tables"))?;
         let mut entries = HashMap::new();
@@ -128,10 +132,21 @@ impl Tokens {
             rows.collect::<Result<HashSet<_>, _>>()
                 .map_err(sql("load forbidden agents"))?
         };
+        let log_keys = {
+            let mut stmt = conn
+                .prepare("SELECT id, key FROM agent_log_keys")
+                .map_err(sql("load agent log keys"))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(sql("load agent log keys"))?;
+            rows.collect::<Result<HashMap<_, _>, _>>()
+                .map_err(sql("load agent log keys"))?
+        };
         Ok(Tokens {
             conn: Mutex::new(conn),
             entries: RwLock::new(entries),
             forbidden: RwLock::new(forbidden),
+            log_keys: RwLock::new(log_keys),
         })
     }
 
@@ -294,6 +309,39 @@ impl Tokens {
             e.info.grant = info.grant;
         }
         Ok(())
+    }
+
+    /// Records the key agent `agent_id`'s log server requires (sent at registration).
+    pub fn set_log_key(&self, agent_id: &str, key: &str) -> Result<(), TokenError> {
+        let unchanged = self
+            .log_keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent_id)
+            .is_some_and(|k| k == key);
+        if unchanged {
+            return Ok(());
+        }
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO agent_log_keys (id, key) VALUES (?1, ?2)",
+                params![agent_id, key],
+            )
+            .map_err(sql("write agent log key"))?;
+        self.log_keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent_id.to_string(), key.to_string());
+        Ok(())
+    }
+
+    /// The key agent `agent_id`'s log server requires, if it sent one.
+    pub fn log_key(&self, agent_id: &str) -> Option<String> {
+        self.log_keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent_id)
+            .cloned()
     }
 
     /// Whether an agent id is forbidden.

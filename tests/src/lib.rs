@@ -427,6 +427,12 @@ impl AdminApi {
         Ok(())
     }
 
+    /// GET a path of the admin API: the status and the body's text, whatever they are.
+    pub fn get_status(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let (status, text) = self.get_text(path)?;
+        Ok((status.as_u16(), text))
+    }
+
     fn get_text(&self, path: &str) -> anyhow::Result<(reqwest::StatusCode, String)> {
         let response = self.request(reqwest::Method::GET, path).send()?;
         let status = response.status();

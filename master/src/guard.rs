@@ -196,6 +196,23 @@ pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next
             return e.into_response();
         }
     }
+    if !matches!(who.grant, Grant::Agent { .. }) && !api.limiter.allow(&who.token_id) {
+        let mut response = ApiErr::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            format!(
+                "token {} sent more than {} requests per second; slow down",
+                who.token_id,
+                crate::ratelimit::ADMIN_RATE_PER_SEC
+            ),
+            None,
+        )
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
     let audited = method != Method::GET && access != Some(Access::Agent);
     let uri = request.uri().path().to_string();
     request.extensions_mut().insert(who.clone());

@@ -49,6 +49,8 @@ pub struct Api {
     pub agent_certs: bool,
     /// The client of the agents' log servers.
     pub http: reqwest::Client,
+    /// The admin API's per-token request rate bound.
+    pub limiter: crate::ratelimit::RateLimiter,
 }
 
 type Shared = Arc<Api>;
@@ -280,9 +282,25 @@ pub fn router(api: Shared) -> Router {
         .with_state(api)
 }
 
-/// Reads a bounded body as text, rejecting deep nesting.
+/// How long a client may take to send a request's body.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads a bounded body as text (within `BODY_READ_TIMEOUT`), rejecting deep
+/// nesting.
 async fn read_body(body: Body, limit: usize) -> Result<String, ApiErr> {
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit));
+    let bytes = read.await.map_err(|_| {
+        ApiErr::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the body did not arrive within {} s",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+            None,
+        )
+    })?;
+    let bytes = bytes.map_err(|_| {
         ApiErr::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",

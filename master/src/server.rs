@@ -207,6 +207,7 @@ async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
         audit,
         agent_certs: tls.is_some(),
         http: reqwest::Client::new(),
+        limiter: Default::default(),
     });
     let bind_err = |source| RunError::Bind {
         addr: config.listen,

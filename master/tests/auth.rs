@@ -9,8 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{job, start, token, Client, FakeAgent};
-use drover_common::wire::{self, AgentResources, RegisterRequest};
+use common::{job, register_body, start, token, Client, FakeAgent};
 use drover_common::TaskState;
 use drover_master::auth::Grant;
 use drover_master::http::{route_table, Access};
@@ -39,23 +38,6 @@ async fn send(
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
-}
-
-fn register_body(id: &str) -> Value {
-    serde_json::to_value(RegisterRequest {
-        protocol_version: wire::PROTOCOL_VERSION,
-        agent_id: id.to_string(),
-        hostname: "h".to_string(),
-        address: "http://127.0.0.1:9".to_string(),
-        resources: AgentResources {
-            cpu: 4.0,
-            ram_bytes: 1 << 30,
-            disk_bytes: 1 << 30,
-            port_range: (31000, 31100),
-        },
-        attributes: Default::default(),
-    })
-    .unwrap()
 }
 
 /// Every route in the router's table: no token -> 401, a token of another role or

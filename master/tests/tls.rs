@@ -8,12 +8,11 @@ mod common;
 
 use std::path::Path;
 
-use common::{config, token};
+use common::{config, register_body, token};
 use drover::tls::{init_ca, issue, Kind};
-use drover_common::wire::{self, AgentResources, RegisterRequest};
 use drover_master::auth::Grant;
 use drover_master::tls::TlsFiles;
-use serde_json::{json, Value};
+use serde_json::json;
 
 fn client(dir: &Path, ca: &Path, agent: Option<&str>) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
@@ -24,23 +23,6 @@ fn client(dir: &Path, ca: &Path, agent: Option<&str>) -> reqwest::Client {
         builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
     }
     builder.build().unwrap()
-}
-
-fn register_body(id: &str) -> Value {
-    serde_json::to_value(RegisterRequest {
-        protocol_version: wire::PROTOCOL_VERSION,
-        agent_id: id.to_string(),
-        hostname: "h".to_string(),
-        address: "https://127.0.0.1:9".to_string(),
-        resources: AgentResources {
-            cpu: 4.0,
-            ram_bytes: 1 << 30,
-            disk_bytes: 1 << 30,
-            port_range: (31000, 31100),
-        },
-        attributes: Default::default(),
-    })
-    .unwrap()
 }
 
 async fn status(request: reqwest::RequestBuilder) -> u16 {

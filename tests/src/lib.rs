@@ -243,6 +243,28 @@ pub fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// A cluster CA in `<dir>/tls`, the master's certificate for 127.0.0.1 and
+/// `master_names`, and for each agent K in `0..agents` the agent id `<prefix>-K`
+/// written to `<dir>/agent-K/agent-id` and its certificate. Returns the CA's path.
+pub fn make_certificates(
+    dir: &Path,
+    prefix: &str,
+    agents: usize,
+    master_names: &[String],
+) -> anyhow::Result<PathBuf> {
+    let tls = dir.join("tls");
+    drover::tls::init_ca(&tls)?;
+    drover::tls::issue(&tls, drover::tls::Kind::Master, "127.0.0.1", master_names)?;
+    for k in 0..agents {
+        let id = format!("{prefix}-{k}");
+        let data_dir = dir.join(format!("agent-{k}"));
+        std::fs::create_dir_all(&data_dir)?;
+        std::fs::write(data_dir.join("agent-id"), format!("{id}\n"))?;
+        drover::tls::issue(&tls, drover::tls::Kind::Agent, &id, &[])?;
+    }
+    Ok(tls.join("ca.pem"))
+}
+
 /// The master's certificate in `<dir>/tls` (`drover tls issue master 127.0.0.1`).
 pub const MASTER_CERT: &str = "master-127.0.0.1.pem";
 /// Its key.
@@ -621,17 +643,8 @@ impl Cluster {
     /// one certificate per agent for the agent id written to its data dir
     /// (`bb-agent-K`).
     fn make_certificates(&mut self, agents: usize) -> anyhow::Result<()> {
-        let tls = self.dir().join("tls");
-        drover::tls::init_ca(&tls)?;
-        drover::tls::issue(&tls, drover::tls::Kind::Master, "127.0.0.1", &[])?;
-        for k in 0..agents {
-            let id = format!("bb-agent-{k}");
-            let data_dir = self.dir().join(format!("agent-{k}"));
-            std::fs::create_dir_all(&data_dir)?;
-            std::fs::write(data_dir.join("agent-id"), format!("{id}\n"))?;
-            drover::tls::issue(&tls, drover::tls::Kind::Agent, &id, &[])?;
-        }
-        self.api.trust_ca(&tls.join("ca.pem"))
+        let ca = make_certificates(self.dir(), "bb-agent", agents, &[])?;
+        self.api.trust_ca(&ca)
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {

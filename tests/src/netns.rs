@@ -434,18 +434,9 @@ impl NetCluster {
     /// every namespace's master-side address) and one certificate per agent for the
     /// agent id written to its data dir (`ft-agent-K`).
     fn make_certificates(&mut self, namespaces: &[NetNs]) -> anyhow::Result<()> {
-        let tls = self.dir().join("tls");
-        drover::tls::init_ca(&tls)?;
         let hosts: Vec<String> = namespaces.iter().map(|ns| ns.host_ip.clone()).collect();
-        drover::tls::issue(&tls, drover::tls::Kind::Master, "127.0.0.1", &hosts)?;
-        for k in 0..namespaces.len() {
-            let id = format!("ft-agent-{k}");
-            let data_dir = self.dir().join(format!("agent-{k}"));
-            std::fs::create_dir_all(&data_dir)?;
-            std::fs::write(data_dir.join("agent-id"), format!("{id}\n"))?;
-            drover::tls::issue(&tls, drover::tls::Kind::Agent, &id, &[])?;
-        }
-        self.api.trust_ca(&tls.join("ca.pem"))
+        let ca = crate::make_certificates(self.dir(), "ft-agent", namespaces.len(), &hosts)?;
+        self.api.trust_ca(&ca)
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {

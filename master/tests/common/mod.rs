@@ -143,6 +143,24 @@ impl Client {
     }
 }
 
+/// The body of a registration of agent `id` (small resources).
+pub fn register_body(id: &str) -> Value {
+    serde_json::to_value(RegisterRequest {
+        protocol_version: wire::PROTOCOL_VERSION,
+        agent_id: id.to_string(),
+        hostname: "h".to_string(),
+        address: "http://127.0.0.1:9".to_string(),
+        resources: AgentResources {
+            cpu: 4.0,
+            ram_bytes: 1 << 30,
+            disk_bytes: 1 << 30,
+            port_range: (31000, 31100),
+        },
+        attributes: Default::default(),
+    })
+    .unwrap()
+}
+
 pub fn job(name: &str, instances: u32, service: bool) -> Value {
     serde_json::json!({
         "role": "www", "environment": "prod", "name": name,

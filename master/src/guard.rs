@@ -188,12 +188,19 @@ pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next
             .collect(),
         Err(e) => return e.into_response(),
     };
+    let audited = method != Method::GET && access != Some(Access::Agent);
     if let Some(access) = access {
         if let Err(e) = check(&who, access, &params) {
             if matches!(who.grant, Grant::Agent { .. }) {
                 tracing::warn!(token = %who.token_id, grant = %who.grant.describe(), %method, uri = %request.uri(), "refused an agent request for another agent");
             }
-            return e.into_response();
+            let response = e.into_response();
+            if audited {
+                let status = response.status().as_u16();
+                api.audit
+                    .record(&who, method.as_str(), request.uri().path(), status);
+            }
+            return response;
         }
     }
     if !matches!(who.grant, Grant::Agent { .. }) && !api.limiter.allow(&who.token_id) {
@@ -213,7 +220,6 @@ pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    let audited = method != Method::GET && access != Some(Access::Agent);
     let uri = request.uri().path().to_string();
     request.extensions_mut().insert(who.clone());
     let response = next.run(request).await;

@@ -211,6 +211,29 @@ async fn a_revoked_token_is_refused_at_once() {
     assert!(lines
         .iter()
         .any(|l| l["path"] == format!("/v1/tokens/{id}/revoke")));
+    // A refused mutation is audited too, with the token that tried it.
+    let db = token(
+        &h,
+        Grant::Roles {
+            roles: vec!["db".into()],
+        },
+    );
+    let (s, _) = send(
+        &c,
+        "POST",
+        "/v1/jobs/www/prod/x/kill",
+        Some(&db),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(s, 403);
+    let audit = std::fs::read_to_string(dir.path().join("audit.log")).unwrap();
+    assert!(
+        audit.lines().any(|l| l.contains("/v1/jobs/www/prod/x/kill")
+            && l.contains("403")
+            && l.contains("roles:db")),
+        "{audit}"
+    );
     h.stop().await.unwrap();
 }
 

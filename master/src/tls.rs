@@ -131,3 +131,34 @@ impl PeerCert {
             && self.names(&format!("{agent_id}.{AGENT_NAME_SUFFIX}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_or_missing_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "nothing here\n").unwrap();
+        let files = |cert: &Path| TlsFiles {
+            cert: cert.to_path_buf(),
+            key: garbage.clone(),
+            client_ca: garbage.clone(),
+        };
+        let e = server_config(&files(&garbage)).unwrap_err().to_string();
+        assert!(e.contains("tls_cert") && e.contains("garbage.pem"), "{e}");
+        let e = server_config(&files(&empty)).unwrap_err().to_string();
+        assert!(e.contains("holds no PEM CERTIFICATE"), "{e}");
+        let e = server_config(&files(&dir.path().join("missing.pem")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing.pem"), "{e}");
+    }
+}

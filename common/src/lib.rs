@@ -2,6 +2,7 @@
 //! validation, templating, the task state machine and the wire messages. No I/O of
 //! any kind: no tokio, no hyper, no nix, no files.
 
+pub mod layout;
 pub mod parse;
 pub mod spec;
 pub mod state;

@@ -203,7 +203,7 @@ fn bench_memory() {
 
 fn first_pid(sandbox: &Path) -> i32 {
     let text = wait_file(
-        &sandbox.join(".drover/status.json"),
+        &sandbox.join("status.json"),
         Duration::from_secs(10),
     );
     let status = drover_common::wire::checkpointed_status(text.as_bytes())

@@ -690,7 +690,7 @@ impl Cluster {
             };
             for entry in entries.flatten() {
                 let sandbox = entry.path();
-                let status = std::fs::read(sandbox.join(".drover/status.json"))
+                let status = std::fs::read(sandbox.join("status.json"))
                     .ok()
                     .and_then(|b| drover_common::wire::checkpointed_status(&b));
                 if let Some(pid) = status.map(|s| s.executor_pid) {

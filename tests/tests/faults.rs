@@ -281,7 +281,7 @@ fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
             // The batch task finishes while the agent is down.
             c.wait_for("short to finish behind the agent's back", WAIT, |c| {
                 let status =
-                    std::fs::read_to_string(short_sandbox.join(".drover/status.json")).ok()?;
+                    std::fs::read_to_string(short_sandbox.join("status.json")).ok()?;
                 (status.contains("FINISHED") && c.task_pids(&short_task.task_id).is_empty())
                     .then_some(())
             })
@@ -550,7 +550,7 @@ fn finish_while_cut_off(
         .sandbox_of(&task.task_id)
         .ok_or_else(|| anyhow::anyhow!("no sandbox for {}", task.task_id))?;
     c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        let status = std::fs::read_to_string(sandbox.join("status.json")).ok()?;
         status.contains("FINISHED").then_some(())
     })?;
     Ok((c, job, task, sandbox, cut_at))
@@ -923,7 +923,7 @@ fn task_finishing_while_the_master_is_down_is_reported_once_and_never_rerun() {
     c.kill_master();
     let sandbox = c.sandbox_of(&task.task_id).unwrap();
     c.wait_for("the task to finish while the master is down", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        let status = std::fs::read_to_string(sandbox.join("status.json")).ok()?;
         status.contains("FINISHED").then_some(())
     })
     .unwrap();

@@ -49,6 +49,10 @@ pub struct ConfigFile {
     /// The largest pids limit a task may ask for (`task.resources.pids`); executor
     /// `--pids-max`.
     pub max_task_pids: Option<u64>,
+    /// Executor `--log-max-size`: rotate process logs at this size, e.g. `100MiB`.
+    pub executor_log_max_size: Option<String>,
+    /// Executor `--log-max-files`: rotated log files kept per stream.
+    pub executor_log_max_files: Option<u32>,
     /// Fork executors from one resident `drover-executor zygote` instead of exec'ing
     /// the binary per task (default true).
     pub executor_fork_server: Option<bool>,
@@ -84,6 +88,10 @@ pub struct Config {
     pub cgroup_parent: Option<String>,
     /// The largest pids limit a task may ask for.
     pub max_task_pids: u64,
+    /// Executor `--log-max-size` in bytes, when set.
+    pub executor_log_max_bytes: Option<u64>,
+    /// Executor `--log-max-files`, when set.
+    pub executor_log_max_files: Option<u32>,
     /// Fork executors from a resident fork server (else exec each).
     pub executor_fork_server: bool,
     /// Fallback exclusive lease for a master that does not send its own.
@@ -183,6 +191,8 @@ impl ConfigFile {
             executor_recovery_timeout,
             cgroup_parent,
             max_task_pids,
+            executor_log_max_size,
+            executor_log_max_files,
             executor_fork_server,
             lease,
             sandbox_retention,
@@ -288,6 +298,16 @@ impl ConfigFile {
                 ),
             ));
         }
+        let executor_log_max_bytes = match self.executor_log_max_size {
+            None => None,
+            Some(t) => Some(size("executor_log_max_size", Some(t), 0)?),
+        };
+        if executor_log_max_bytes == Some(0) {
+            return Err(invalid(
+                "executor_log_max_size",
+                "must be above 0B, e.g. 100MiB".into(),
+            ));
+        }
         let lease = dur("lease", self.lease, Duration::from_secs(10))?;
         let sandbox_retention = dur(
             "sandbox_retention",
@@ -331,6 +351,8 @@ impl ConfigFile {
             executor_recovery_timeout,
             cgroup_parent: self.cgroup_parent,
             max_task_pids,
+            executor_log_max_bytes,
+            executor_log_max_files: self.executor_log_max_files,
             executor_fork_server: self.executor_fork_server.unwrap_or(true),
             lease,
             sandbox_retention,

@@ -33,6 +33,10 @@ pub struct ExecutorSettings {
     /// The host's maximum pids limit per task (`--pids-max`); none: the executor's
     /// default.
     pub max_task_pids: Option<u64>,
+    /// `--log-max-size` in bytes, when set.
+    pub log_max_bytes: Option<u64>,
+    /// `--log-max-files`, when set.
+    pub log_max_files: Option<u32>,
 }
 
 /// An executor could not be started or reached.
@@ -488,6 +492,14 @@ impl ExecutorSettings {
             args.push("--pids-max".into());
             args.push(n.to_string());
         }
+        if let Some(n) = self.log_max_bytes {
+            args.push("--log-max-size".into());
+            args.push(format!("{n}B"));
+        }
+        if let Some(n) = self.log_max_files {
+            args.push("--log-max-files".into());
+            args.push(n.to_string());
+        }
         args
     }
 
@@ -924,6 +936,8 @@ mod tests {
             recovery_timeout: Some(Duration::from_secs(60)),
             cgroup_parent: Some("drover".into()),
             max_task_pids: None,
+            log_max_bytes: None,
+            log_max_files: None,
         };
         assert_eq!(
             s.run_args(Path::new("/s/t/task.json"), Path::new("/s/t")),

@@ -287,6 +287,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         recovery_timeout: cfg.executor_recovery_timeout,
         cgroup_parent: cfg.cgroup_parent.clone(),
         max_task_pids: Some(cfg.max_task_pids),
+        log_max_bytes: cfg.executor_log_max_bytes,
+        log_max_files: cfg.executor_log_max_files,
     };
     let exe_name = cfg
         .executor

@@ -404,6 +404,8 @@ pub struct ClusterConfig {
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
+    /// Every agent's TOML config file (`--config`; the flags the harness passes win).
+    pub agent_config: String,
 }
 
 impl ClusterConfig {
@@ -414,6 +416,7 @@ impl ClusterConfig {
                 .map(|k| vec![("rack".to_string(), format!("r{k}"))])
                 .collect(),
             master_config: TEST_MASTER_CONFIG.to_string(),
+            agent_config: String::new(),
         }
     }
 }
@@ -484,7 +487,12 @@ impl Cluster {
         let per_agent = (PORT_BLOCK - 1) / n.max(1);
         for (k, attributes) in config.agents.iter().enumerate() {
             let low = base + k as u32 * per_agent;
-            cluster.start_agent(k, attributes, (low as u16, (low + per_agent - 1) as u16))?;
+            cluster.start_agent(
+                k,
+                attributes,
+                (low as u16, (low + per_agent - 1) as u16),
+                &config.agent_config,
+            )?;
         }
         cluster.wait_for("every agent to register", WAIT, |c| {
             let agents = c.agents().ok()?;
@@ -515,11 +523,17 @@ impl Cluster {
         k: usize,
         attributes: &[(String, String)],
         ports: (u16, u16),
+        config: &str,
     ) -> anyhow::Result<()> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         let mut command = Command::new(bin("drover-agent")?);
+        if !config.is_empty() {
+            let file = self.dir().join(format!("agent-{k}.toml"));
+            std::fs::write(&file, config)?;
+            command.arg("--config").arg(file);
+        }
         command
             .arg("--master")
             .arg(&self.api.url)

@@ -532,9 +532,12 @@ impl ExecutorSettings {
         // Written in place, not through a temp file + rename: the sandbox is new and
         // no executor reads it before the spawn below, and an agent crash before the
         // spawn leaves a sandbox without a live executor either way (LOST on restart).
-        crate::sandbox::open_private(&task_file, fs::OpenOptions::new().write(true).create_new(true))
-            .and_then(|mut f| f.write_all(&bytes))
-            .map_err(prep(&task_file))?;
+        crate::sandbox::open_private(
+            &task_file,
+            fs::OpenOptions::new().write(true).create_new(true),
+        )
+        .and_then(|mut f| f.write_all(&bytes))
+        .map_err(prep(&task_file))?;
         // The executor's stdout repeats, as JSON lines, the statuses the agent gets
         // over the socket and `status.json` keeps: nobody reads it here, so it goes
         // to /dev/null instead of costing a file (an inode) per task. Its stderr is
@@ -544,8 +547,11 @@ impl ExecutorSettings {
         // one gets the file.
         let err_path = layout.task(task_id).stderr_file();
         let open_stderr = || {
-            crate::sandbox::open_private(&err_path, fs::OpenOptions::new().create(true).append(true))
-                .map_err(prep(&err_path))
+            crate::sandbox::open_private(
+                &err_path,
+                fs::OpenOptions::new().create(true).append(true),
+            )
+            .map_err(prep(&err_path))
         };
         let pipe_err = |e: std::io::Error| ExecutorError::Prepare {
             path: drover.clone(),
@@ -893,10 +899,13 @@ pub fn executor_task_of(
 pub fn last_stderr_line(layout: &Layout, task_id: &str) -> Option<String> {
     use std::io::Read;
     let mut text = String::new();
-    crate::sandbox::open_private(&layout.task(task_id).stderr_file(), fs::OpenOptions::new().read(true))
-        .ok()?
-        .read_to_string(&mut text)
-        .ok()?;
+    crate::sandbox::open_private(
+        &layout.task(task_id).stderr_file(),
+        fs::OpenOptions::new().read(true),
+    )
+    .ok()?
+    .read_to_string(&mut text)
+    .ok()?;
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     Some(line.chars().take(500).collect())
 }

@@ -148,15 +148,12 @@ pub fn open_log(
     };
     let dir = match open_nofollow(None, &layout.task_dir(task_id), DIR_FLAGS) {
         Ok(d) => d,
-        Err(e) if is_missing_or_link(&e) => {
-            return Err(LogError::UnknownTask(task_id.to_string()))
-        }
+        Err(e) if is_missing_or_link(&e) => return Err(LogError::UnknownTask(task_id.to_string())),
         Err(e) => return Err(io(e)),
     };
     let name = format!("{process}.{stream}");
-    let file = open_nofollow(Some(&dir), std::path::Path::new("logs"), DIR_FLAGS).and_then(
-        |logs| open_nofollow(Some(&logs), std::path::Path::new(&name), FILE_FLAGS),
-    );
+    let file = open_nofollow(Some(&dir), std::path::Path::new("logs"), DIR_FLAGS)
+        .and_then(|logs| open_nofollow(Some(&logs), std::path::Path::new(&name), FILE_FLAGS));
     match file {
         Ok(file) => {
             if !file.metadata().map_err(io)?.is_file() {

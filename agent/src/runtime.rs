@@ -704,7 +704,8 @@ async fn wait_readable(ready: &tokio::net::unix::pipe::Receiver) {
 
 /// Records and reports an agent-decided final status.
 fn finish(shared: &Shared, update: StatusUpdate) {
-    if std::fs::symlink_metadata(shared.layout.task_dir(&update.task_id)).is_ok_and(|m| m.is_dir()) {
+    if std::fs::symlink_metadata(shared.layout.task_dir(&update.task_id)).is_ok_and(|m| m.is_dir())
+    {
         if let Err(e) = shared.layout.write_final(&update) {
             tracing::warn!(task_id = %update.task_id, error = %e, "could not record final status in the sandbox");
         }

@@ -93,7 +93,13 @@ fn read_private(path: &Path) -> io::Result<Vec<u8>> {
 fn write_private_atomic(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
-    let mut f = open_private(&tmp, fs::OpenOptions::new().write(true).create(true).truncate(true))?;
+    let mut f = open_private(
+        &tmp,
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+    )?;
     f.write_all(bytes)?;
     if sync {
         f.sync_all()?;

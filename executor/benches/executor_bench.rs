@@ -202,10 +202,7 @@ fn bench_memory() {
 }
 
 fn first_pid(sandbox: &Path) -> i32 {
-    let text = wait_file(
-        &sandbox.join("status.json"),
-        Duration::from_secs(10),
-    );
+    let text = wait_file(&sandbox.join("status.json"), Duration::from_secs(10));
     let status = drover_common::wire::checkpointed_status(text.as_bytes())
         .expect("a whole status in the checkpoint");
     status.processes[0].pid.expect("the first process's pid") as i32

@@ -81,7 +81,11 @@ fn the_store_and_its_wal_are_readable_by_the_master_alone() {
     {
         let mut store = SqliteStore::open(&path).unwrap();
         store
-            .commit(&[Change::PutJob(Arc::new(spec("a")), "www/prod/a".to_string(), 5)])
+            .commit(&[Change::PutJob(
+                Arc::new(spec("a")),
+                "www/prod/a".to_string(),
+                5,
+            )])
             .unwrap();
         for suffix in ["", "-wal", "-shm"] {
             assert_eq!(mode(suffix), 0o600, "drover.db{suffix}");

@@ -451,6 +451,8 @@ pub struct Cluster {
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
+    /// How each agent was started (attributes, ports, config), for `restart_agent`.
+    agent_starts: Vec<(Vec<(String, String)>, (u16, u16), String)>,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
 }
@@ -473,6 +475,7 @@ impl Cluster {
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
+            agent_starts: Vec::new(),
             port_lock: Some(reserve_port_block()?),
         };
         cluster.start_master()?;
@@ -528,6 +531,22 @@ impl Cluster {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+        let agent = self.spawn_agent(k, attributes, ports, config)?;
+        self.agents.push(agent);
+        self.sandbox_roots.push(root);
+        self.agent_starts
+            .push((attributes.to_vec(), ports, config.to_string()));
+        Ok(())
+    }
+
+    fn spawn_agent(
+        &self,
+        k: usize,
+        attributes: &[(String, String)],
+        ports: (u16, u16),
+        config: &str,
+    ) -> anyhow::Result<Proc> {
+        let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         let mut command = Command::new(bin("drover-agent")?);
         if !config.is_empty() {
             let file = self.dir().join(format!("agent-{k}.toml"));
@@ -561,9 +580,25 @@ impl Cluster {
             command.arg("--attribute").arg(format!("{name}={value}"));
         }
         let log = self.dir().join(format!("logs/agent-{k}.log"));
-        self.agents
-            .push(Proc::spawn(&format!("drover-agent {k}"), command, &log)?);
-        self.sandbox_roots.push(root);
+        Proc::spawn(&format!("drover-agent {k}"), command, &log)
+    }
+
+    /// Kills agent `k` (SIGKILL: a crash); its executors keep running, as after a
+    /// real crash. `start_agent_again` starts it with the same settings.
+    pub fn kill_agent(&mut self, k: usize) {
+        if let Some(agent) = self.agents.get_mut(k) {
+            agent.kill();
+        }
+    }
+
+    /// Starts agent `k` again after `kill_agent`, with the same settings and dirs.
+    pub fn start_agent_again(&mut self, k: usize) -> anyhow::Result<()> {
+        let (attributes, ports, config) = self
+            .agent_starts
+            .get(k)
+            .cloned()
+            .ok_or_else(|| anyhow!("no agent {k}"))?;
+        self.agents[k] = self.spawn_agent(k, &attributes, ports, &config)?;
         Ok(())
     }
 

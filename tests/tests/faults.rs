@@ -280,8 +280,7 @@ fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
         if round == 0 {
             // The batch task finishes while the agent is down.
             c.wait_for("short to finish behind the agent's back", WAIT, |c| {
-                let status =
-                    std::fs::read_to_string(short_sandbox.join("status.json")).ok()?;
+                let status = std::fs::read_to_string(short_sandbox.join("status.json")).ok()?;
                 (status.contains("FINISHED") && c.task_pids(&short_task.task_id).is_empty())
                     .then_some(())
             })

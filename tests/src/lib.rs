@@ -631,7 +631,8 @@ impl Cluster {
         self.agents.iter().map(Proc::pid).collect()
     }
 
-    /// The sandbox directory of a task, on whichever agent ran it.
+    /// The task directory of a task (root's; the task's own files are in its
+    /// `sandbox/`), on whichever agent ran it.
     pub fn sandbox_of(&self, task_id: &str) -> Option<PathBuf> {
         self.sandbox_roots
             .iter()

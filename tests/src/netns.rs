@@ -694,7 +694,8 @@ rack = "r{k}"
         })
     }
 
-    /// The sandbox of a task on whichever agent has it.
+    /// The task directory of a task (its working directory is `sandbox/` in it) on
+    /// whichever agent has it.
     pub fn sandbox_of(&self, id: &str) -> Option<PathBuf> {
         self.agents
             .iter()

@@ -582,6 +582,62 @@ mod tests {
         assert_eq!(layout.read_status(), Some(lost));
     }
 
+    fn me() -> TaskUser {
+        TaskUser {
+            name: "me".into(),
+            uid: Uid::current().as_raw(),
+            gid: Gid::current().as_raw(),
+            groups: vec![],
+            switch: false,
+        }
+    }
+
+    #[test]
+    fn create_makes_a_private_task_dir_around_the_tasks_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(&dir.path().join("root/t1"));
+        layout.create(&me()).unwrap();
+        layout.create(&me()).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(layout.area()), 0o711);
+        assert_eq!(mode(&layout.work), 0o700);
+        assert_eq!(layout.work, dir.path().join("root/t1/sandbox"));
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_sandbox_or_task_dir_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).unwrap();
+        let layout = Layout::new(&dir.path().join("t1"));
+        fs::create_dir(layout.area()).unwrap();
+        std::os::unix::fs::symlink(&target, &layout.work).unwrap();
+        assert!(layout.create(&me()).is_err());
+        let linked = Layout::new(&dir.path().join("t2"));
+        std::os::unix::fs::symlink(&target, linked.area()).unwrap();
+        assert!(linked.create(&me()).is_err());
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "the link's target was not chmodded");
+        assert!(!target.join("sandbox").exists());
+    }
+
+    #[test]
+    fn roots_files_are_never_opened_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"keep").unwrap();
+        let log = dir.path().join("p.stdout");
+        std::os::unix::fs::symlink(&outside, &log).unwrap();
+        assert!(RotatingLog::open(log, 100, 1).is_err());
+        let checkpoint = dir.path().join("status.json");
+        std::os::unix::fs::symlink(&outside, &checkpoint).unwrap();
+        assert!(Checkpoint::new(checkpoint)
+            .append(&status(1, TaskState::Running, ""))
+            .is_err());
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
+    }
+
     #[test]
     fn logs_rotate_and_keep_n_files() {
         let dir = tempfile::tempdir().unwrap();

@@ -442,6 +442,9 @@ fn reserve_port_block() -> anyhow::Result<(TcpListener, u16)> {
     bail!("no free block of {PORT_BLOCK} ports between 10000 and 19999")
 }
 
+/// How an agent of a cluster was started: attributes, port range, config file text.
+type AgentStart = (Vec<(String, String)>, (u16, u16), String);
+
 /// A running master and agents in a temporary directory.
 pub struct Cluster {
     dir: Option<tempfile::TempDir>,
@@ -451,8 +454,8 @@ pub struct Cluster {
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
-    /// How each agent was started (attributes, ports, config), for `restart_agent`.
-    agent_starts: Vec<(Vec<(String, String)>, (u16, u16), String)>,
+    /// How each agent was started, for `start_agent_again`.
+    agent_starts: Vec<AgentStart>,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
 }

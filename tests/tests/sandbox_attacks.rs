@@ -9,6 +9,8 @@
 //! With the root-owned task directory most attacks cannot even reach their target;
 //! each one is still tried for real. Scenarios run in parallel (one cluster each).
 
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -571,6 +571,16 @@ async fn retire_old_sandbox(shared: &Shared, id: &str, executor_pid: Option<u32>
         tracing::warn!(task_id = %id, error = %e, "removing an old-layout sandbox panicked");
     }
     let seq = lock(&shared.outbox).last_seq(id) + 1;
+    report_lost(
+        shared,
+        id,
+        seq,
+        "found in a sandbox of an older agent's layout, whose status the task could have forged; its processes were killed".into(),
+    );
+}
+
+/// Records and reports task `id` LOST (`executor_lost`) with `seq` and `message`.
+fn report_lost(shared: &Shared, id: &str, seq: u64, message: String) {
     finish(
         shared,
         StatusUpdate {
@@ -578,7 +588,7 @@ async fn retire_old_sandbox(shared: &Shared, id: &str, executor_pid: Option<u32>
             seq,
             state: TaskState::Lost,
             exit_reason: Some(ExitReason::ExecutorLost),
-            message: "found in a sandbox of an older agent's layout, whose status the task could have forged; its processes were killed".into(),
+            message,
             timestamp_ms: now_ms(),
             processes: vec![],
         },
@@ -865,18 +875,7 @@ async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
         None => "executor lost; what remained of the task was killed".to_string(),
     };
     tracing::warn!(task_id = %id, seq, message, "reporting task LOST");
-    finish(
-        shared,
-        StatusUpdate {
-            task_id: id.to_string(),
-            seq,
-            state: TaskState::Lost,
-            exit_reason: Some(ExitReason::ExecutorLost),
-            message,
-            timestamp_ms: now_ms(),
-            processes: vec![],
-        },
-    );
+    report_lost(shared, id, seq, message);
 }
 
 fn request_kill(t: &mut Tasks, task_id: &str, reason: ExitReason) {

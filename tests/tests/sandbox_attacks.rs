@@ -201,6 +201,24 @@ fn assert_layout_intact(task_dir: &Path) {
     }
 }
 
+/// Waits for task `id` to FINISH (so its executor ran it to the end), then checks
+/// that no attempt of the task worked (`BREACH` in its stdout), that the canaries
+/// are untouched and root's side of the task directory intact. Returns the task
+/// directory and the task's stdout.
+fn assert_finished_unharmed(
+    cluster: &mut Cluster,
+    canaries: &Canaries,
+    id: &str,
+) -> (PathBuf, String) {
+    assert_eq!(wait_terminal(cluster, id), TaskState::Finished);
+    let task_dir = cluster.sandbox_of(id).unwrap();
+    let out = log_text(&task_dir, "stdout");
+    assert!(!out.contains("BREACH"), "{out}");
+    canaries.assert_untouched();
+    assert_layout_intact(&task_dir);
+    (task_dir, out)
+}
+
 /// Shell lines that each try one thing on root's side and print `BREACH <what>` if
 /// it worked. The task's working directory is `sandbox/`, so `..` is its task
 /// directory and `../..` the sandbox root.
@@ -254,14 +272,10 @@ fn a_task_cannot_touch_roots_files_nor_list_other_tasks() {
         attempts(&canaries)
     );
     let id = start_job(&mut cluster, "reach", &script);
-    assert_eq!(wait_terminal(&mut cluster, &id), TaskState::Finished);
-    let task_dir = cluster.sandbox_of(&id).unwrap();
-    let (out, err) = (log_text(&task_dir, "stdout"), log_text(&task_dir, "stderr"));
-    assert!(!out.contains("BREACH"), "{out}");
+    let (task_dir, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
     assert_eq!(out, "out-line\n");
+    let err = log_text(&task_dir, "stderr");
     assert!(err.contains("err-line"), "{err}");
-    canaries.assert_untouched();
-    assert_layout_intact(&task_dir);
 }
 
 #[test]
@@ -289,17 +303,12 @@ fn swapping_symlinks_in_a_tight_loop_during_rotation_changes_nothing_outside() {
          echo last-line\n"
     );
     let id = start_job(&mut cluster, "swaprace", &script);
-    assert_eq!(wait_terminal(&mut cluster, &id), TaskState::Finished);
-    let task_dir = cluster.sandbox_of(&id).unwrap();
-    let out = log_text(&task_dir, "stdout");
-    assert!(!out.contains("BREACH"), "{out}");
+    let (task_dir, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
     assert!(out.ends_with("last-line\n"), "{out}");
     for name in ["main.stdout.1", "main.stdout.2", "main.stderr.1"] {
         assert!(task_dir.join("logs").join(name).is_file(), "{name} rotated");
     }
     assert!(!task_dir.join("logs/main.stdout.3").exists(), "keeps 2");
-    canaries.assert_untouched();
-    assert_layout_intact(&task_dir);
 }
 
 #[test]
@@ -321,18 +330,13 @@ fn fifos_device_nodes_and_hard_links_where_logs_are_expected_change_nothing() {
          echo out-line\n"
     );
     let id = start_job(&mut cluster, "nodes", &script);
-    assert_eq!(wait_terminal(&mut cluster, &id), TaskState::Finished);
-    let task_dir = cluster.sandbox_of(&id).unwrap();
-    let out = log_text(&task_dir, "stdout");
-    assert!(!out.contains("BREACH"), "{out}");
+    let (_, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
     assert!(out.ends_with("out-line\n"), "{out}");
     // The log API serves the real log.
     let logs = cluster
         .drover(&["task", "logs", "www-data/test/nodes/0"])
         .unwrap();
     assert!(String::from_utf8_lossy(&logs.stdout).ends_with("out-line\n"));
-    canaries.assert_untouched();
-    assert_layout_intact(&task_dir);
 }
 
 #[test]
@@ -436,11 +440,7 @@ fn the_log_server_never_serves_what_a_task_swaps_in() {
     }
     assert!(served > 0, "no log was ever served");
     assert!(started.elapsed() < Duration::from_secs(60));
-    assert_eq!(wait_terminal(&mut cluster, &id), TaskState::Finished);
-    let task_dir = cluster.sandbox_of(&id).unwrap();
-    assert!(!log_text(&task_dir, "stdout").contains("BREACH"));
-    canaries.assert_untouched();
-    assert_layout_intact(&task_dir);
+    assert_finished_unharmed(&mut cluster, &canaries, &id);
 }
 
 #[test]

@@ -518,12 +518,12 @@ impl ExecutorSettings {
         fork_server: Option<&ForkServer>,
     ) -> Result<Spawned, ExecutorError> {
         let task_id = &assignment.task.task_id;
-        let drover = layout.task_dir(task_id);
+        let task_dir = layout.task_dir(task_id);
         let prep = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ExecutorError::Prepare { path, source }
         };
-        crate::sandbox::create_task_dir(layout, task_id).map_err(prep(&drover))?;
+        crate::sandbox::create_task_dir(layout, task_id).map_err(prep(&task_dir))?;
         let task_file = layout.task_file(task_id);
         let bytes = serde_json::to_vec(&assignment.task).map_err(|e| ExecutorError::Prepare {
             path: task_file.clone(),
@@ -554,16 +554,16 @@ impl ExecutorSettings {
             .map_err(prep(&err_path))
         };
         let pipe_err = |e: std::io::Error| ExecutorError::Prepare {
-            path: drover.clone(),
+            path: task_dir.clone(),
             source: e,
         };
         let mut ready = ReadyPipe::new().map_err(pipe_err)?;
-        let args = self.run_args(&task_file, &drover);
+        let args = self.run_args(&task_file, &task_dir);
         // A forked executor gets one end of a connected pair: the agent follows it on
         // the other, and the executor binds no socket (no inode) while it lasts.
         let mut connection = None;
         let forked = fork_server.and_then(|f| {
-            let area = fs::File::open(&drover).ok()?;
+            let area = fs::File::open(&task_dir).ok()?;
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
             let child = f.fork(task_id, &args, &area, &mut ready, theirs.as_fd())?;
             connection = Some(ours);
@@ -581,7 +581,7 @@ impl ExecutorSettings {
                 if ready.tx.is_none() {
                     ready = ReadyPipe::new().map_err(pipe_err)?;
                 }
-                self.exec(&args, &drover, open_stderr()?, &mut ready)?
+                self.exec(&args, &task_dir, open_stderr()?, &mut ready)?
             }
         };
         // Only the child may hold the write end, so that its death reads as EOF.

@@ -74,8 +74,8 @@ macro_rules! diag {
     }};
 }
 
-/// The task directory's paths ([`drover_common::layout`]): `root` is the task
-/// directory, root's; `sandbox/` in it is the processes' working directory.
+/// The task directory's paths ([`drover_common::layout`]): `dir`, root's, and
+/// `work`, its `sandbox/`, the processes' working directory.
 #[derive(Clone, Debug)]
 pub struct Layout {
     /// The task directory.

@@ -811,9 +811,17 @@ fn connect_std(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream>
     std::os::unix::net::UnixStream::connect(address)
 }
 
-/// True if `pid` is a running (not zombie) process whose command line mentions
-/// `binary_name` (so a reused pid is not mistaken for the executor).
+/// True if `pid` is a running (not zombie) process of the agent's own user whose
+/// command line mentions `binary_name` (so a reused pid is not mistaken for the
+/// executor, and a task process dressed up as one, which runs as the task user, is
+/// never believed).
 pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ours = fs::metadata(format!("/proc/{pid}"))
+        .is_ok_and(|m| m.uid() == nix::unistd::Uid::effective().as_raw());
+    if !ours {
+        return false;
+    }
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,
         Err(_) => return false,
@@ -974,6 +982,48 @@ mod tests {
         assert!(executor_pid_is_live(me, &name));
         assert!(!executor_pid_is_live(me, "no-such-binary-name-xyz"));
         assert!(!executor_pid_is_live(u32::MAX - 1, &name));
+    }
+
+    #[test]
+    fn a_process_of_another_user_is_never_taken_for_an_executor() {
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        // Waits until the child has exec'd `sleep` (its command line says so).
+        let execd = |pid: u32| {
+            for _ in 0..200 {
+                if fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep")) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            panic!("{pid} never exec'd sleep");
+        };
+        // A task user's process named like the executor.
+        let mut impostor = std::process::Command::new("sleep")
+            .arg("30")
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap();
+        execd(impostor.id());
+        let fooled = executor_pid_is_live(impostor.id(), "sleep");
+        impostor.kill().unwrap();
+        impostor.wait().unwrap();
+        assert!(
+            !fooled,
+            "a process of another user was taken for an executor"
+        );
+        let mut ours = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        execd(ours.id());
+        let live = executor_pid_is_live(ours.id(), "sleep");
+        ours.kill().unwrap();
+        ours.wait().unwrap();
+        assert!(live);
     }
 
     #[test]

@@ -346,7 +346,9 @@ fn a_forged_checkpoint_or_task_file_is_not_believed_by_a_restarted_agent() {
     }
     let (mut cluster, canaries) = cluster_with("");
     // The task forges a FINISHED checkpoint and a task file naming a process `evil`
-    // wherever it can write, tries root's copies, then runs on.
+    // wherever it can write, tries root's copies, starts an impostor whose command
+    // line is its executor's (`drover-executor ... run --sandbox <task dir>`), then
+    // runs on.
     let forged = r#"{"seq":99,"task_id":"ID","state":"FINISHED","exit_reason":null,"message":"forged","timestamp_ms":1,"executor_pid":1,"processes":[]}"#;
     let script = format!(
         "mkdir -p .drover\n\
@@ -354,6 +356,7 @@ fn a_forged_checkpoint_or_task_file_is_not_believed_by_a_restarted_agent() {
          echo '{forged}' >> ../status.json 2>/dev/null && echo BREACH wrote-checkpoint\n\
          echo '{{\"task\":{{\"processes\":[{{\"name\":\"evil\"}}]}}}}' > task.json\n\
          cp task.json ../task.json 2>/dev/null && echo BREACH wrote-task-json\n\
+         bash -c 'exec -a drover-executor bash -c \"sleep 600; true\" run --sandbox '\"$(dirname $DROVER_SANDBOX)\" &\n\
          echo running\n\
          exec sleep 600\n"
     );
@@ -382,7 +385,8 @@ fn a_forged_checkpoint_or_task_file_is_not_believed_by_a_restarted_agent() {
         "a log of a forged process was served"
     );
     // Agent and executor die; the restarted agent finds the sandbox without an
-    // executor and a checkpoint that says RUNNING, whatever the task wrote.
+    // executor (the impostor runs as the task user: not believed) and a checkpoint
+    // that says RUNNING, whatever the task wrote.
     let checkpoint = std::fs::read(task_dir.join("status.json")).unwrap();
     let executor = drover_common::wire::checkpointed_status(&checkpoint)
         .unwrap()

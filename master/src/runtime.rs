@@ -10,12 +10,12 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use drover_common::state::{now_ms, UnixMillis};
+use drover_common::state::{mono_ms, MonoMillis};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::core::{Core, CoreError, Effect, Event, Reply};
+use crate::core::{Core, CoreError, Effect, Event, Now, Reply};
 use crate::store::{CommitState, Notifier, SqliteStore, Store, StoreError, Writer, DB_FILE};
 
 /// Why an event could not be applied.
@@ -63,7 +63,8 @@ pub struct Master {
     inner: Mutex<Inner>,
     commit: Arc<CommitState>,
     notifier: Arc<Notifier>,
-    timer: watch::Sender<Option<UnixMillis>>,
+    /// The core's next timer (monotonic).
+    timer: watch::Sender<Option<MonoMillis>>,
     stopping: watch::Sender<bool>,
 }
 
@@ -113,13 +114,20 @@ impl Master {
         }
         let (reply, seq) = {
             let mut inner = self.lock();
-            let out = inner.core.handle(event, now_ms());
+            let out = inner.core.handle(event, Now::read());
             let mut notify = Vec::new();
             let mut persist = None;
             for e in out.effects {
                 match e {
                     Effect::Persist { seq, changes } => persist = Some((seq, changes)),
                     Effect::Notify { agent } => notify.push(agent),
+                    Effect::EvictionGuard { engaged, message } => {
+                        if engaged {
+                            tracing::warn!(eviction_guard = "engaged", "{message}");
+                        } else {
+                            tracing::warn!(eviction_guard = "released", "{message}");
+                        }
+                    }
                     Effect::WakeAt(at) => {
                         self.timer.send_if_modified(|cur| {
                             let changed = *cur != Some(at);
@@ -165,7 +173,7 @@ impl Master {
         loop {
             let next = *rx.borrow_and_update();
             let wait_ms = match next {
-                Some(at) => at.saturating_sub(now_ms()),
+                Some(at) => at.saturating_sub(mono_ms()),
                 None => 1_000,
             };
             tokio::select! {
@@ -201,7 +209,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         snapshot.tasks.len(),
         snapshot.agents.len(),
     );
-    let core = Core::load(config.core.clone(), snapshot, now_ms(), seed);
+    let core = Core::load(config.core.clone(), snapshot, Now::read(), seed);
     tracing::info!(
         jobs,
         tasks,

@@ -31,8 +31,8 @@ fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
     snap.tasks = tasks.into_values().collect();
     snap.agents = agents.into_values().collect();
     let start = w.now + 60_000;
-    w.core = Core::load(cfg(), snap, start, 9);
     w.now = start;
+    w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(w.state(&t[0]), TaskState::Running);
     assert!(w.core.reconciling());
     w.advance(5_000);
@@ -60,7 +60,7 @@ fn an_agent_that_returns_during_the_grace_keeps_its_tasks() {
         tasks: vec![w.core.task(&t[0]).unwrap().clone()],
         agents: vec![w.core.agents[0].rec.clone()],
     };
-    w.core = Core::load(cfg(), snap, w.now, 3);
+    w.core = Core::load(cfg(), snap, w.at(), 3);
     let r = w.heartbeat("a1", None);
     assert!(r.send_full_task_set, "reconcile after a master start");
     w.heartbeat("a1", Some(vec![&t[0]]));

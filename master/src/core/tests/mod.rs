@@ -14,6 +14,8 @@ use proptest::prelude::*;
 use super::*;
 
 mod agents;
+mod clocks;
+mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
@@ -87,8 +89,12 @@ struct World {
 
 impl World {
     fn new() -> World {
+        World::with(cfg())
+    }
+
+    fn with(cfg: CoreConfig) -> World {
         World {
-            core: Core::new(cfg(), Now { mono: 1_000_000, wall: 1_000_000 }, 7),
+            core: Core::new(cfg, Now { mono: 1_000_000, wall: 1_000_000 }, 7),
             now: 1_000_000,
             wall_skew: 0,
             seqs: HashMap::new(),

@@ -8,6 +8,9 @@ fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
     w.register("a1", 8.0, 16, &[]);
     let t = w.create(spec("g", 1, true, ""));
     w.run(&t[0]);
+    // A second agent that comes back keeps the eviction guard out of it (one of two
+    // agents lost is not more than half the fleet).
+    w.register("a2", 8.0, 16, &[]);
     // Rebuild a snapshot from what was persisted.
     let mut snap = Snapshot::default();
     let mut tasks = BTreeMap::new();
@@ -35,9 +38,15 @@ fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
     w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(w.state(&t[0]), TaskState::Running);
     assert!(w.core.reconciling());
-    w.advance(5_000);
+    for _ in 0..10 {
+        w.advance(500);
+        w.heartbeat("a2", None);
+    }
     assert_eq!(w.state(&t[0]), TaskState::Running, "inside the grace");
-    w.advance(1_500);
+    for _ in 0..3 {
+        w.advance(500);
+        w.heartbeat("a2", None);
+    }
     assert_eq!(
         w.state(&t[0]),
         TaskState::Lost,

@@ -10,7 +10,7 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{JobView, TaskView};
 use serde::Serialize;
 
-use crate::args::{AgentCommand, JobCommand, TaskCommand};
+use crate::args::{AgentCommand, ClusterCommand, JobCommand, TaskCommand};
 use crate::client::Client;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
@@ -301,6 +301,22 @@ pub async fn agent(master: &str, command: AgentCommand) -> anyhow::Result<bool> 
             Ok(true)
         }
     }
+}
+
+/// Runs a `drover cluster ...` command. `status` fails (exit 1) while the eviction
+/// guard is engaged, so scripts notice.
+pub async fn cluster(master: &str, command: ClusterCommand) -> anyhow::Result<bool> {
+    let client = Client::new(master)?;
+    let (view, json) = match command {
+        ClusterCommand::Status { json } => (client.cluster().await?, json),
+        ClusterCommand::ReleaseGuard => (client.release_guard().await?, false),
+    };
+    if json {
+        print_json(&view)?;
+    } else {
+        print!("{}", render::cluster(&view));
+    }
+    Ok(!view.eviction_guard.engaged)
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {

@@ -20,6 +20,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Job(command) => commands::job(&cli.master, command).await,
         Command::Task(command) => commands::task(&cli.master, command).await,
         Command::Agent(command) => commands::agent(&cli.master, command).await,
+        Command::Cluster(command) => commands::cluster(&cli.master, command).await,
         Command::Dev(args) => dev::run(args).await,
     }
 }

@@ -137,6 +137,8 @@ pub fn router(master: Shared) -> Router {
         .route("/v1/jobs/:role/:env/:name/kill", post(kill_job))
         .route("/v1/jobs/:role/:env/:name/restart", post(restart_job))
         .route("/v1/tasks/:id", get(get_task))
+        .route("/v1/cluster", get(cluster))
+        .route("/v1/cluster/eviction-guard/release", post(release_guard))
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/register", post(register))
         .route("/v1/agents/:id/heartbeat", post(heartbeat))
@@ -259,6 +261,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        Reply::Cluster(c) => Ok(json(StatusCode::OK, &c)),
         other => Err(unexpected(other)),
     }
 }
@@ -341,6 +344,14 @@ async fn get_task(State(m): State<Shared>, Path(id): Path<String>) -> Result<Res
     m.read(|c| c.task_view(&id))
         .map(|v| json(StatusCode::OK, &v))
         .ok_or_else(|| ApiErr::not_found(&format!("task {id}"), "task_id"))
+}
+
+async fn cluster(State(m): State<Shared>) -> Response {
+    json(StatusCode::OK, &m.read(|c| c.cluster_view()))
+}
+
+async fn release_guard(State(m): State<Shared>) -> Result<Response, ApiErr> {
+    ok_reply(m.apply(Event::ReleaseEvictionGuard).await?)
 }
 
 async fn list_agents(State(m): State<Shared>) -> Response {
@@ -510,13 +521,24 @@ async fn assignments(
 }
 
 async fn index(State(m): State<Shared>) -> Response {
-    let (jobs, agents) = m.read(|c| (c.job_summaries(None), c.agent_views()));
+    let (jobs, agents, cluster) =
+        m.read(|c| (c.job_summaries(None), c.agent_views(), c.cluster_view()));
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
          <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
          td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head><body>\
-         <h1>Drover</h1><h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+         <h1>Drover</h1>",
     );
+    let guard = &cluster.eviction_guard;
+    if guard.engaged {
+        let _ = write!(
+            html,
+            "<p style=\"background:#fdd;border:2px solid #c00;padding:8px\"><b>Eviction guard \
+             engaged</b>: {}</p>",
+            escape(&guard.message)
+        );
+    }
+    html.push_str("<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>");
     for j in &jobs {
         let states: Vec<String> = j
             .state_counts

@@ -227,6 +227,15 @@ pub fn log_tail(path: &Path) -> String {
 /// `<dir>/logs/master.log`, listening on `listen`, and waits until it has written
 /// its bound address to `master.addr`; returns the process and that address.
 pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
+    spawn_master_with_env(dir, listen, &[])
+}
+
+/// `spawn_master` with extra environment variables (e.g. libfaketime's).
+pub fn spawn_master_with_env(
+    dir: &Path,
+    listen: &str,
+    env: &[(String, String)],
+) -> anyhow::Result<(Proc, String)> {
     let master_dir = dir.join("master");
     let addr_file = master_dir.join("master.addr");
     let _ = std::fs::remove_file(&addr_file);
@@ -238,7 +247,8 @@ pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> 
         .arg(listen)
         .arg("--data-dir")
         .arg(&master_dir)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)));
     let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let deadline = Instant::now() + WAIT;
     loop {
@@ -404,6 +414,10 @@ pub struct ClusterConfig {
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
+    /// Extra environment of the master process.
+    pub master_env: Vec<(String, String)>,
+    /// Extra environment per agent (by index; missing entries: none).
+    pub agent_env: Vec<Vec<(String, String)>>,
 }
 
 impl ClusterConfig {
@@ -414,6 +428,8 @@ impl ClusterConfig {
                 .map(|k| vec![("rack".to_string(), format!("r{k}"))])
                 .collect(),
             master_config: TEST_MASTER_CONFIG.to_string(),
+            master_env: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -445,6 +461,8 @@ pub struct Cluster {
     /// The admin API (`url` is the master's); the cluster derefs to it.
     pub api: AdminApi,
     listen: String,
+    master_env: Vec<(String, String)>,
+    agent_env: Vec<Vec<(String, String)>>,
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
@@ -467,6 +485,8 @@ impl Cluster {
             dir: Some(dir),
             api: AdminApi::new()?,
             listen: "127.0.0.1:0".to_string(),
+            master_env: config.master_env.clone(),
+            agent_env: config.agent_env.clone(),
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
@@ -499,7 +519,7 @@ impl Cluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let (master, addr) = spawn_master(self.dir(), &self.listen)?;
+        let (master, addr) = spawn_master_with_env(self.dir(), &self.listen, &self.master_env)?;
         let addr = addr.trim_start_matches("http://").to_string();
         self.api.url = format!("http://{addr}");
         // A restarted master must come back on the same address for the agents.
@@ -540,6 +560,9 @@ impl Cluster {
             .arg("--ports")
             .arg(format!("{}-{}", ports.0, ports.1))
             .env("RUST_LOG", "info");
+        if let Some(env) = self.agent_env.get(k) {
+            command.envs(env.iter().map(|(k, v)| (k, v)));
+        }
         if !attributes.iter().any(|(name, _)| name == "host") {
             command.arg("--attribute").arg(format!("host=agent-{k}"));
         }

@@ -576,7 +576,8 @@ fn hold_terminal(shared: &Shared, id: &str, state: TaskState, at_ms: u64, exclus
     );
     // A status stamped before this agent started: its age by the wall clock, once.
     let age = now_ms().saturating_sub(at_ms);
-    t.terminal_at.insert(id.to_string(), mono_ms().saturating_sub(age));
+    t.terminal_at
+        .insert(id.to_string(), mono_ms().saturating_sub(age));
 }
 
 // ---------------------------------------------------------------- executors

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ClusterView, ApiErrorBody, InstancesRequest, JobSummary, JobView,
-    TaskView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, InstancesRequest, JobSummary,
+    JobView, TaskView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use drover_common::state::{TaskState, UnixMillis};
-use drover_common::wire::{
-    AgentResources, AgentView, ClusterView, JobSummary, JobView, TaskView,
-};
+use drover_common::wire::{AgentResources, AgentView, ClusterView, JobSummary, JobView, TaskView};
 
 use crate::table::Table;
 

@@ -235,8 +235,9 @@ fn memory() {
     let mut ids = Vec::new();
     for j in 0..100 {
         let spec = serde_json::from_value(job(&format!("mem{j}"), 1_000)).unwrap();
-        if let Ok(Reply::JobCreated { tasks, .. }) =
-            core.handle(Event::CreateJob(Box::new(spec)), Now::both(2_000)).reply
+        if let Ok(Reply::JobCreated { tasks, .. }) = core
+            .handle(Event::CreateJob(Box::new(spec)), Now::both(2_000))
+            .reply
         {
             ids.extend(tasks);
         }

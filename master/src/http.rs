@@ -538,7 +538,9 @@ async fn index(State(m): State<Shared>) -> Response {
             escape(&guard.message)
         );
     }
-    html.push_str("<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>");
+    html.push_str(
+        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+    );
     for j in &jobs {
         let states: Vec<String> = j
             .state_counts

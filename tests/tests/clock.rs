@@ -115,13 +115,21 @@ fn nothing_changes(cluster: &Cluster, tasks: &[(String, String)]) -> anyhow::Res
     let view = cluster.job(KEY)?;
     for i in &view.instances {
         anyhow::ensure!(i.history.is_empty(), "instance {} was replaced", i.instance);
-        let t = i.current.as_ref().ok_or_else(|| anyhow::anyhow!("no task"))?;
+        let t = i
+            .current
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no task"))?;
         anyhow::ensure!(
             tasks.iter().any(|(id, _)| *id == t.task_id),
             "new task {}",
             t.task_id
         );
-        anyhow::ensure!(t.state == TaskState::Running, "{} is {}", t.task_id, t.state);
+        anyhow::ensure!(
+            t.state == TaskState::Running,
+            "{} is {}",
+            t.task_id,
+            t.state
+        );
     }
     Ok(())
 }

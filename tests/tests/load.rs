@@ -120,10 +120,14 @@ async fn setup() -> anyhow::Result<Setup> {
         agents,
         tasks,
     };
-    wait("every simulated agent registered", Duration::from_secs(60), || async {
-        let c = cluster(&s).await.ok()?;
-        (c.reachable_agents as usize == agents).then_some(())
-    })
+    wait(
+        "every simulated agent registered",
+        Duration::from_secs(60),
+        || async {
+            let c = cluster(&s).await.ok()?;
+            (c.reachable_agents as usize == agents).then_some(())
+        },
+    )
     .await?;
     let started = Instant::now();
     let mut left = tasks;
@@ -137,7 +141,12 @@ async fn setup() -> anyhow::Result<Setup> {
             "task": {"processes": [{"name": "main", "cmdline": "sleep 1000000"}],
                      "resources": {"cpu": 0.1, "ram": "64MiB", "disk": "64MiB"}}
         });
-        let r = s.http.post(format!("{}/v1/jobs", s.url)).json(&spec).send().await?;
+        let r = s
+            .http
+            .post(format!("{}/v1/jobs", s.url))
+            .json(&spec)
+            .send()
+            .await?;
         anyhow::ensure!(r.status().as_u16() == 201, "create {name}: {}", r.status());
         s.jobs.push(format!("load/test/{name}"));
         left -= n;
@@ -201,16 +210,25 @@ async fn five_thousand_tasks_on_300_simulated_agents_survive_a_master_restart() 
     s.master = master;
     assert_eq!(url, s.url);
     let restarted = Instant::now();
-    wait("every agent reachable after the restart", Duration::from_secs(60), || async {
-        let c = cluster(&s).await.ok()?;
-        (c.reachable_agents as usize == s.agents).then_some(())
-    })
+    wait(
+        "every agent reachable after the restart",
+        Duration::from_secs(60),
+        || async {
+            let c = cluster(&s).await.ok()?;
+            (c.reachable_agents as usize == s.agents).then_some(())
+        },
+    )
     .await
     .unwrap();
     // Past the restart grace: anything the master wanted to replace would be.
-    all_reachable_for(&s, Duration::from_secs(10)).await.unwrap();
+    all_reachable_for(&s, Duration::from_secs(10))
+        .await
+        .unwrap();
     let (after, settled) = tasks_of(&s).await.unwrap();
-    assert!(settled, "a task is not RUNNING or was replaced after the restart");
+    assert!(
+        settled,
+        "a task is not RUNNING or was replaced after the restart"
+    );
     assert_eq!(after, before, "task ids changed");
     check_fleet(&s).unwrap();
     println!(
@@ -246,7 +264,9 @@ async fn heartbeat_handling_of_300_agents_and_5000_tasks_costs_under_a_tenth_of_
     let beats0 = s.fleet.stats.heartbeats.load(Ordering::Relaxed);
     let t0 = cpu_ticks(pid).unwrap();
     let start = Instant::now();
-    all_reachable_for(&s, Duration::from_secs(secs)).await.unwrap();
+    all_reachable_for(&s, Duration::from_secs(secs))
+        .await
+        .unwrap();
     let used = (cpu_ticks(pid).unwrap() - t0) as f64 / ticks_per_s;
     let wall = start.elapsed().as_secs_f64();
     let beats = s.fleet.stats.heartbeats.load(Ordering::Relaxed) - beats0;

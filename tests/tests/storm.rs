@@ -51,9 +51,7 @@ fn five_agents_with(name: &str, instances: u32) -> anyhow::Result<(NetCluster, V
 /// Index of the agent running `task`.
 fn agent_of(c: &NetCluster, task: &str) -> usize {
     let agent = c.task(task).unwrap().agent_id.unwrap();
-    (0..5)
-        .find(|k| c.agent_id(*k).unwrap() == agent)
-        .unwrap()
+    (0..5).find(|k| c.agent_id(*k).unwrap() == agent).unwrap()
 }
 
 #[test]

@@ -11,11 +11,7 @@ use super::timers::Timer;
 use super::{AgentRecord, Core, CoreError, Now, Reply};
 
 impl Core {
-    pub(super) fn register(
-        &mut self,
-        req: RegisterRequest,
-        now: Now,
-    ) -> Result<Reply, CoreError> {
+    pub(super) fn register(&mut self, req: RegisterRequest, now: Now) -> Result<Reply, CoreError> {
         if req.protocol_version != wire::PROTOCOL_VERSION {
             return Err(CoreError::Protocol {
                 got: req.protocol_version,
@@ -38,15 +34,18 @@ impl Core {
             None => {
                 let idx = self.agents.len() as u32;
                 self.agent_idx.insert(req.agent_id.clone(), idx);
-                self.agents.push(Agent::new(AgentRecord {
-                    id: req.agent_id.clone(),
-                    hostname: req.hostname,
-                    address: req.address,
-                    resources: req.resources,
-                    attributes: req.attributes,
-                    version: 0,
-                    last_heartbeat_ms: now.wall,
-                }, now.mono));
+                self.agents.push(Agent::new(
+                    AgentRecord {
+                        id: req.agent_id.clone(),
+                        hostname: req.hostname,
+                        address: req.address,
+                        resources: req.resources,
+                        attributes: req.attributes,
+                        version: 0,
+                        last_heartbeat_ms: now.wall,
+                    },
+                    now.mono,
+                ));
                 self.index_dirty = true;
                 idx
             }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use drover_common::spec::JobSpec;
 use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
-    ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    StatusAck, StatusUpdate,
+    ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    RegisterResponse, StatusAck, StatusUpdate,
 };
 
 use super::{AgentRecord, Task};
@@ -60,7 +60,10 @@ pub enum Event {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
     None,
-    JobCreated { job: String, tasks: Vec<String> },
+    JobCreated {
+        job: String,
+        tasks: Vec<String>,
+    },
     Action(ActionResponse),
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),

@@ -10,11 +10,7 @@ use super::model::{constraints_of, need_of, new_task, Job, Slot};
 use super::{Change, Core, CoreError, Now, Reply};
 
 impl Core {
-    pub(super) fn create_job(
-        &mut self,
-        spec: JobSpec,
-        now: Now,
-    ) -> Result<Reply, CoreError> {
+    pub(super) fn create_job(&mut self, spec: JobSpec, now: Now) -> Result<Reply, CoreError> {
         let key = spec.key().to_string();
         let constraints = constraints_of(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
@@ -48,7 +44,15 @@ impl Core {
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let task = new_task(&id, &key, instance, 0, now.wall, TaskState::Pending, "created");
+            let task = new_task(
+                &id,
+                &key,
+                instance,
+                0,
+                now.wall,
+                TaskState::Pending,
+                "created",
+            );
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
             self.queue.push_back(id.clone());

@@ -127,7 +127,15 @@ impl Core {
             Some(p) => format!("{why}; throttled for {p} ms (flapping)"),
             None => format!("{why}; replaces {old_id}"),
         };
-        let mut task = new_task(&id, &job_key, instance, gen + 1, now.wall, initial, &message);
+        let mut task = new_task(
+            &id,
+            &job_key,
+            instance,
+            gen + 1,
+            now.wall,
+            initial,
+            &message,
+        );
         task.failures = failures + failed_now;
         task.flaps = flaps;
         task.throttle_until = penalty.map(|p| now.wall + p);

@@ -26,8 +26,8 @@
 mod agents;
 mod clock;
 mod config;
-mod eviction_guard;
 mod events;
+mod eviction_guard;
 mod jobs;
 mod lifecycle;
 mod model;

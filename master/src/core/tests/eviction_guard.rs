@@ -151,7 +151,11 @@ fn exclusive_tasks_keep_their_lease_under_the_guard() {
         + super::super::agents::kill_time_ms(&w.core.jobs["www/prod/ex"].spec);
     pass_with(&mut w, &["a4"], wait + 1_000);
     assert!(w.core.guard_engaged());
-    assert_eq!(lost(&w), 4, "exclusive tasks are replaced after their lease");
+    assert_eq!(
+        lost(&w),
+        4,
+        "exclusive tasks are replaced after their lease"
+    );
 }
 
 #[test]

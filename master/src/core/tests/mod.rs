@@ -94,7 +94,14 @@ impl World {
 
     fn with(cfg: CoreConfig) -> World {
         World {
-            core: Core::new(cfg, Now { mono: 1_000_000, wall: 1_000_000 }, 7),
+            core: Core::new(
+                cfg,
+                Now {
+                    mono: 1_000_000,
+                    wall: 1_000_000,
+                },
+                7,
+            ),
             now: 1_000_000,
             wall_skew: 0,
             seqs: HashMap::new(),

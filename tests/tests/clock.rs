@@ -46,6 +46,9 @@ fn faketime_env(lib: &Path, offset_file: &Path) -> Vec<(String, String)> {
     .collect()
 }
 
+/// (task id, agent id) of each instance.
+type Tasks = Vec<(String, String)>;
+
 /// Which process gets the fake clock.
 #[derive(Clone, Copy, Debug)]
 enum Faked {
@@ -55,10 +58,7 @@ enum Faked {
 
 /// Two agents running one instance each of a two-instance service, the fake clock
 /// in `faked` at offset 0; returns the cluster, the offset file and the tasks.
-fn cluster_with_fake_clock(
-    lib: &Path,
-    faked: Faked,
-) -> anyhow::Result<(Cluster, Offset, Vec<(String, String)>)> {
+fn cluster_with_fake_clock(lib: &Path, faked: Faked) -> anyhow::Result<(Cluster, Offset, Tasks)> {
     let dir = tempfile::Builder::new()
         .prefix("drover-faketime-")
         .tempdir()?;
@@ -97,8 +97,8 @@ struct Offset {
 }
 
 impl Offset {
-    fn set(&self, offset: &str) {
-        std::fs::write(&self.file, format!("{offset}\n")).unwrap();
+    fn set(&self, offset: &str) -> std::io::Result<()> {
+        std::fs::write(&self.file, format!("{offset}\n"))
     }
 }
 
@@ -138,24 +138,35 @@ fn step(faked: Faked, offset: &str, test: &str) {
     let Some(lib) = libfaketime(test) else {
         return;
     };
-    let (mut cluster, clock, tasks) = cluster_with_fake_clock(&lib, faked).unwrap();
-    clock.set(offset);
-    if let Faked::Master = faked {
-        // The step took: the master stamps heartbeats with its (stepped) wall clock.
-        let want = now_ms() as i64 + offset.parse::<i64>().unwrap() * 1000;
-        cluster
-            .wait_for("the master's clock to step", WAIT, |c| {
-                let agents = c.agents().ok()?;
-                agents
-                    .iter()
-                    .all(|a| (a.last_heartbeat_ms as i64 - want).abs() < 30_000)
-                    .then_some(())
-            })
-            .unwrap();
-    }
-    if let Err(e) = nothing_changes(&cluster, &tasks) {
+    let (mut cluster, clock, tasks) = match cluster_with_fake_clock(&lib, faked) {
+        Ok(started) => started,
+        Err(e) => panic!("{faked:?}: cannot start the cluster: {e}"),
+    };
+    if let Err(e) = step_and_watch(&mut cluster, &clock, &tasks, faked, offset) {
         panic!("{faked:?} {offset}: {e}\n{}", cluster.diagnostics());
     }
+}
+
+fn step_and_watch(
+    cluster: &mut Cluster,
+    clock: &Offset,
+    tasks: &[(String, String)],
+    faked: Faked,
+    offset: &str,
+) -> anyhow::Result<()> {
+    clock.set(offset)?;
+    if let Faked::Master = faked {
+        // The step took: the master stamps heartbeats with its (stepped) wall clock.
+        let want = now_ms() as i64 + offset.parse::<i64>()? * 1000;
+        cluster.wait_for("the master's clock to step", WAIT, |c| {
+            let agents = c.agents().ok()?;
+            agents
+                .iter()
+                .all(|a| (a.last_heartbeat_ms as i64 - want).abs() < 30_000)
+                .then_some(())
+        })?;
+    }
+    nothing_changes(cluster, tasks)
 }
 
 #[test]
@@ -184,7 +195,7 @@ fn an_agent_killed_while_the_master_clock_is_stepped_back_is_found_within_the_ti
         return;
     };
     let (mut cluster, clock, tasks) = cluster_with_fake_clock(&lib, Faked::Master).unwrap();
-    clock.set("-600");
+    clock.set("-600").unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let victim_pid = cluster.agent_pids()[0];
     let agents = cluster.agents().unwrap();

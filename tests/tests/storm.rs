@@ -49,9 +49,17 @@ fn five_agents_with(name: &str, instances: u32) -> anyhow::Result<(NetCluster, V
 }
 
 /// Index of the agent running `task`.
-fn agent_of(c: &NetCluster, task: &str) -> usize {
-    let agent = c.task(task).unwrap().agent_id.unwrap();
-    (0..5).find(|k| c.agent_id(*k).unwrap() == agent).unwrap()
+fn agent_of(c: &NetCluster, task: &str) -> anyhow::Result<usize> {
+    let agent = c
+        .task(task)?
+        .agent_id
+        .ok_or_else(|| anyhow::anyhow!("{task} has no agent"))?;
+    for k in 0..5 {
+        if c.agent_id(k)? == agent {
+            return Ok(k);
+        }
+    }
+    anyhow::bail!("{agent} is none of the five agents")
 }
 
 #[test]
@@ -121,7 +129,7 @@ fn one_of_five_agents_cut_off_is_replaced_as_usual() {
     }
     let (mut c, ids) = five_agents_with("single", 4).unwrap();
     let job = key("single");
-    let k = agent_of(&c, &ids[0]);
+    let k = agent_of(&c, &ids[0]).unwrap();
     c.ns(k).cut().unwrap();
     let replacement = c
         .wait_for("instance 0 replaced and RUNNING elsewhere", WAIT, |c| {

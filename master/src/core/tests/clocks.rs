@@ -65,7 +65,7 @@ fn an_agent_killed_after_a_backward_step_is_found_within_the_agent_timeout() {
             "not lost within timeout + sweep + settle"
         );
         w.advance(100);
-        if w.now % 500 == 0 {
+        if w.now.is_multiple_of(500) {
             w.heartbeat("a2", None);
         }
     }

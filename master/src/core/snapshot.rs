@@ -73,7 +73,6 @@ impl Core {
             task.running_mono = task
                 .running_since
                 .map(|s| now.mono_of(s, core.cfg.flapping_threshold_ms));
-            task.last_report_ms = now.mono;
             if state.is_on_agent() {
                 if let Some(&idx) = task.agent.as_ref().and_then(|a| core.agent_idx.get(a)) {
                     let need = job.need;

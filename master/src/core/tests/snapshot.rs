@@ -43,6 +43,7 @@ fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
         w.heartbeat("a2", None);
     }
     assert_eq!(w.state(&t[0]), TaskState::Running, "inside the grace");
+    assert!(w.core.reconciling(), "a1 never reported its task");
     for _ in 0..3 {
         w.advance(500);
         w.heartbeat("a2", None);

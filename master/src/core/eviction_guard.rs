@@ -43,16 +43,6 @@ struct Engaged {
     fleet: u32,
 }
 
-/// What a timer that would make a task LOST because of its agent should do now.
-pub(super) enum LossGate {
-    /// Go ahead.
-    Go,
-    /// The guard holds it (kept, re-armed at release).
-    Held,
-    /// Over the rate: try again at this time.
-    Later(MonoMillis),
-}
-
 impl Core {
     /// How long after a sweep finds an agent silent its tasks may be LOST at the
     /// earliest (see the module docs).
@@ -142,27 +132,30 @@ impl Core {
         }
     }
 
-    /// Whether a timer that would make `task` LOST because of its agent may fire:
-    /// held while the guard is engaged (unless `exclusive`), else at most
-    /// `agent_loss_rate` per second.
-    pub(super) fn loss_gate(&mut self, exclusive: bool, now: Now) -> LossGate {
+    /// Whether `task` may be made LOST now because its agent is unreachable. If not,
+    /// `again` (the timer that would do it) is kept until the guard releases (while
+    /// it is engaged, unless the task is exclusive: its agent kills it after the
+    /// lease anyway), or re-armed for the next second (over `agent_loss_rate`).
+    pub(super) fn loss_may_go(&mut self, task: &str, again: Timer, now: Now) -> bool {
+        let exclusive = self
+            .tasks
+            .get(task)
+            .and_then(|t| self.jobs.get(&t.job))
+            .is_some_and(|j| j.spec.partition_policy.exclusive);
         if self.guard.engaged.is_some() && !exclusive {
-            return LossGate::Held;
+            self.guard.held.push(again);
+            return false;
         }
         if now.mono >= self.guard.window_start + 1_000 {
             self.guard.window_start = now.mono;
             self.guard.lost_in_window = 0;
         }
         if self.guard.lost_in_window >= self.cfg.agent_loss_rate.max(1) {
-            return LossGate::Later(self.guard.window_start + 1_000);
+            self.push_timer(self.guard.window_start + 1_000, again);
+            return false;
         }
         self.guard.lost_in_window += 1;
-        LossGate::Go
-    }
-
-    /// Keeps a timer the guard holds until it releases.
-    pub(super) fn hold(&mut self, timer: Timer) {
-        self.guard.held.push(timer);
+        true
     }
 
     /// Whether the guard is engaged.

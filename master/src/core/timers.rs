@@ -6,7 +6,6 @@ use std::cmp::Reverse;
 
 use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState};
 
-use super::eviction_guard::LossGate;
 use super::{Core, Now};
 
 /// A timer; stale ones are recognised when they fire and ignored.
@@ -70,15 +69,12 @@ impl Core {
                     .as_ref()
                     .and_then(|a| self.agent_idx.get(a))
                     .is_some_and(|&idx| !self.agents[idx as usize].reachable);
-                if on_unreachable {
-                    let exclusive = self.is_exclusive(&task);
-                    match self.loss_gate(exclusive, now) {
-                        LossGate::Go => {}
-                        LossGate::Held => return self.hold(Timer::Transient { task, state }),
-                        LossGate::Later(at) => {
-                            return self.push_timer(at, Timer::Transient { task, state })
-                        }
-                    }
+                let again = Timer::Transient {
+                    task: task.clone(),
+                    state,
+                };
+                if on_unreachable && !self.loss_may_go(&task, again, now) {
+                    return;
                 }
                 self.lose_task(
                     &task,
@@ -121,13 +117,12 @@ impl Core {
                 if t.agent.as_deref() != Some(agent.as_str()) || t.status.state.is_terminal() {
                     return;
                 }
-                let exclusive = self.is_exclusive(&task);
-                match self.loss_gate(exclusive, now) {
-                    LossGate::Go => {}
-                    LossGate::Held => return self.hold(Timer::Partition { agent, task }),
-                    LossGate::Later(at) => {
-                        return self.push_timer(at, Timer::Partition { agent, task })
-                    }
+                let again = Timer::Partition {
+                    agent,
+                    task: task.clone(),
+                };
+                if !self.loss_may_go(&task, again, now) {
+                    return;
                 }
                 self.lose_task(&task, ExitReason::AgentLost, EventSource::Master, now);
             }
@@ -141,13 +136,5 @@ impl Core {
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
         }
-    }
-
-    /// Whether the task's job is exclusive (its agent kills it after the lease).
-    fn is_exclusive(&self, task: &str) -> bool {
-        self.tasks
-            .get(task)
-            .and_then(|t| self.jobs.get(&t.job))
-            .is_some_and(|j| j.spec.partition_policy.exclusive)
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use drover_common::state::{mono_ms, MonoMillis};
+use drover_common::state::{mono_ms, now_ms, MonoMillis};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -114,7 +114,7 @@ impl Master {
         }
         let (reply, seq) = {
             let mut inner = self.lock();
-            let out = inner.core.handle(event, Now::read());
+            let out = inner.core.handle(event, now());
             let mut notify = Vec::new();
             let mut persist = None;
             for e in out.effects {
@@ -195,6 +195,14 @@ impl Master {
     }
 }
 
+/// Both clocks, read once per event: the core's one source of time.
+fn now() -> Now {
+    Now {
+        mono: mono_ms(),
+        wall: now_ms(),
+    }
+}
+
 /// Opens the store in `data_dir`, loads it and starts the writer.
 pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| RunError::DataDir {
@@ -209,7 +217,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         snapshot.tasks.len(),
         snapshot.agents.len(),
     );
-    let core = Core::load(config.core.clone(), snapshot, Now::read(), seed);
+    let core = Core::load(config.core.clone(), snapshot, now(), seed);
     tracing::info!(
         jobs,
         tasks,

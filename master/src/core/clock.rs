@@ -17,14 +17,6 @@ pub struct Now {
 }
 
 impl Now {
-    /// Reads both clocks (the runtime's one source of time for the core).
-    pub fn read() -> Now {
-        Now {
-            mono: drover_common::state::mono_ms(),
-            wall: drover_common::state::now_ms(),
-        }
-    }
-
     /// Both clocks reading `ms` (benches and tests that need no clock step).
     pub fn both(ms: u64) -> Now {
         Now { mono: ms, wall: ms }

@@ -37,7 +37,7 @@ pub struct FleetStats {
     pub errors: AtomicU64,
     /// Registrations (initial and after a heartbeat said `reregister`).
     pub registrations: AtomicU64,
-    /// Full task sets sent.
+    /// Full task sets the master took (answered heartbeats that carried one).
     pub full_sets: AtomicU64,
 }
 
@@ -170,9 +170,6 @@ impl Ctx {
                     }),
                 }
             };
-            if send_full {
-                self.stats.full_sets.fetch_add(1, Ordering::Relaxed);
-            }
             let url = format!("{}/v1/agents/{}/heartbeat", self.master, self.agent.id);
             let answer = match self.http.post(url).json(&request).send().await {
                 Ok(r) if r.status().is_success() => r.json::<HeartbeatResponse>().await.ok(),
@@ -181,6 +178,9 @@ impl Ctx {
             match answer {
                 Some(a) => {
                     self.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    if send_full {
+                        self.stats.full_sets.fetch_add(1, Ordering::Relaxed);
+                    }
                     send_full = a.send_full_task_set;
                     if a.reregister {
                         self.register().await;

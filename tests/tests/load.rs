@@ -204,6 +204,7 @@ async fn five_thousand_tasks_on_300_simulated_agents_survive_a_master_restart() 
 
     // Restart: every agent comes back at once.
     let registrations = s.fleet.stats.registrations.load(Ordering::Relaxed);
+    let full_sets = s.fleet.stats.full_sets.load(Ordering::Relaxed);
     s.master.stop(Duration::from_secs(10));
     let listen = s.url.trim_start_matches("http://").to_string();
     let (master, url) = start_master(&s.dir, &listen).unwrap();
@@ -232,6 +233,9 @@ async fn five_thousand_tasks_on_300_simulated_agents_survive_a_master_restart() 
     );
     assert_eq!(after, before, "task ids changed");
     check_fleet(&s).unwrap();
+    // Every agent reconciled with the restarted master (its full task set).
+    let resent = s.fleet.stats.full_sets.load(Ordering::Relaxed) - full_sets;
+    assert!(resent >= s.agents as u64, "only {resent} full task sets");
     println!(
         "MEASURE master restart with {} agents: every agent reachable {:.2}s after the master started again; {} re-registrations, {} full task sets sent in all",
         s.agents,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use drover_common::state::TaskState;
 use drover_common::wire::{ClusterView, JobView};
 use drover_tests::netns::{fault_job, key, netns_available, NetCluster, FAULT_MASTER_CONFIG};
-use drover_tests::WAIT;
+use drover_tests::{describe, drover, WAIT};
 use serde_json::json;
 
 /// A service process that runs until killed.
@@ -101,6 +101,11 @@ fn three_of_five_agents_cut_off_keep_every_task_until_they_heal() {
         .text()
         .unwrap();
     assert!(page.contains("Eviction guard"), "{page}");
+    // And the CLI, which exits 1 while the guard is engaged.
+    let out = drover(Some(&c.api.url), &["cluster", "status"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("EVICTION GUARD ENGAGED"), "{text}");
 
     for k in 0..3 {
         c.ns(k).heal().unwrap();
@@ -110,6 +115,8 @@ fn three_of_five_agents_cut_off_keep_every_task_until_they_heal() {
         (v.reachable_agents == 5 && !v.eviction_guard.engaged).then_some(())
     })
     .unwrap();
+    let out = drover(Some(&c.api.url), &["cluster", "status"]).unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
     std::thread::sleep(Duration::from_secs(6));
     let view = c.job(&job).unwrap();
     for (n, i) in view.instances.iter().enumerate() {
@@ -145,5 +152,52 @@ fn one_of_five_agents_cut_off_is_replaced_as_usual() {
     assert_eq!(v.reachable_agents, 4);
     c.ns(k).heal().unwrap();
     c.wait_reachable(k).unwrap();
+    c.check_invariants(&[job], SETTLE).unwrap();
+}
+
+#[test]
+fn an_operator_release_lets_the_held_tasks_go() {
+    if !netns_available("an_operator_release_lets_the_held_tasks_go") {
+        return;
+    }
+    let (mut c, ids) = five_agents_with("released", 5).unwrap();
+    let job = key("released");
+    let mut cut = Vec::new();
+    for k in 0..3 {
+        c.ns(k).cut().unwrap();
+        cut.push(c.agent_id(k).unwrap());
+    }
+    c.wait_for("the eviction guard to hold three tasks", WAIT, |c| {
+        let v = cluster_view(c).ok()?;
+        (v.eviction_guard.engaged && v.eviction_guard.held_tasks == 3).then_some(())
+    })
+    .unwrap();
+    let out = drover(Some(&c.api.url), &["cluster", "release-guard"]).unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let on_cut: Vec<&String> = ids
+        .iter()
+        .filter(|id| {
+            c.task(id)
+                .ok()
+                .and_then(|t| t.agent_id)
+                .is_some_and(|a| cut.contains(&a))
+        })
+        .collect();
+    assert_eq!(on_cut.len(), 3);
+    c.wait_for("the tasks of the cut agents LOST", WAIT, |c| {
+        on_cut
+            .iter()
+            .all(|id| c.task(id).is_ok_and(|t| t.state == TaskState::Lost))
+            .then_some(())
+    })
+    .unwrap();
+    let v = cluster_view(&c).unwrap();
+    assert!(!v.eviction_guard.engaged, "{v:?}");
+    for k in 0..3 {
+        c.ns(k).heal().unwrap();
+    }
+    for k in 0..3 {
+        c.wait_reachable(k).unwrap();
+    }
     c.check_invariants(&[job], SETTLE).unwrap();
 }

@@ -52,6 +52,7 @@ struct SimState {
 /// One simulated agent.
 struct SimAgent {
     id: String,
+    token: Option<String>,
     state: Mutex<SimState>,
 }
 
@@ -64,9 +65,11 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `n` simulated agents against `master` (e.g. `http://127.0.0.1:7070`),
+    /// Starts one simulated agent per entry of `tokens` (its bearer token, if the
+    /// master wants one) against `master` (e.g. `http://127.0.0.1:7070`),
     /// heartbeating every `heartbeat`, on the current tokio runtime.
-    pub fn start(master: &str, n: usize, heartbeat: Duration) -> Fleet {
+    pub fn start(master: &str, tokens: Vec<Option<String>>, heartbeat: Duration) -> Fleet {
+        let n = tokens.len();
         let stats = Arc::new(FleetStats::default());
         let (stop, rx) = watch::channel(false);
         let http = reqwest::Client::builder()
@@ -75,9 +78,10 @@ impl Fleet {
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
         let mut tasks = JoinSet::new();
-        for k in 0..n {
+        for (k, token) in tokens.into_iter().enumerate() {
             let agent = Arc::new(SimAgent {
                 id: format!("sim-{k:04}"),
+                token,
                 state: Mutex::new(SimState::default()),
             });
             let ctx = Ctx {
@@ -114,6 +118,14 @@ fn lock(m: &Mutex<SimState>) -> std::sync::MutexGuard<'_, SimState> {
 }
 
 impl Ctx {
+    /// `request` with the agent's bearer token, if it has one.
+    fn auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.agent.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
+    }
+
     async fn register(&self) -> bool {
         let req = RegisterRequest {
             protocol_version: wire::PROTOCOL_VERSION,
@@ -129,7 +141,7 @@ impl Ctx {
             attributes: [("host".to_string(), self.agent.id.clone())].into(),
         };
         let url = format!("{}/v1/agents/register", self.master);
-        match self.http.post(url).json(&req).send().await {
+        match self.auth(self.http.post(url)).json(&req).send().await {
             Ok(r) if r.status().is_success() => {
                 self.stats.registrations.fetch_add(1, Ordering::Relaxed);
                 true
@@ -171,7 +183,7 @@ impl Ctx {
                 }
             };
             let url = format!("{}/v1/agents/{}/heartbeat", self.master, self.agent.id);
-            let answer = match self.http.post(url).json(&request).send().await {
+            let answer = match self.auth(self.http.post(url)).json(&request).send().await {
                 Ok(r) if r.status().is_success() => r.json::<HeartbeatResponse>().await.ok(),
                 _ => None,
             };
@@ -206,7 +218,7 @@ impl Ctx {
                 self.master, self.agent.id
             );
             let got = tokio::select! {
-                r = self.http.get(url).send() => r,
+                r = self.auth(self.http.get(url)).send() => r,
                 _ = stop.changed() => return,
             };
             let set = match got {
@@ -274,7 +286,7 @@ impl Ctx {
         let batch = StatusUpdateBatch { updates };
         // Retried until acknowledged, like the agent's outbox.
         for _ in 0..100 {
-            match self.http.post(&url).json(&batch).send().await {
+            match self.auth(self.http.post(&url)).json(&batch).send().await {
                 Ok(r) if r.status().is_success() => return,
                 _ => {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);

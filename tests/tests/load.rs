@@ -37,6 +37,8 @@ struct Setup {
     master: Proc,
     url: String,
     http: reqwest::Client,
+    /// The master's bootstrap admin token, where the master has one.
+    admin: Option<String>,
     jobs: Vec<String>,
     fleet: Fleet,
     agents: usize,
@@ -49,11 +51,16 @@ fn start_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
     Ok((proc, url))
 }
 
-async fn get<T: serde::de::DeserializeOwned>(
-    http: &reqwest::Client,
-    url: &str,
-) -> anyhow::Result<T> {
-    let r = http.get(url).send().await?;
+/// `request` with the admin token, if there is one.
+fn auth(request: reqwest::RequestBuilder, token: &Option<String>) -> reqwest::RequestBuilder {
+    match token {
+        Some(t) => request.bearer_auth(t),
+        None => request,
+    }
+}
+
+async fn get<T: serde::de::DeserializeOwned>(s: &Setup, url: &str) -> anyhow::Result<T> {
+    let r = auth(s.http.get(url), &s.admin).send().await?;
     anyhow::ensure!(r.status().is_success(), "GET {url}: {}", r.status());
     Ok(r.json().await?)
 }
@@ -78,7 +85,7 @@ async fn tasks_of(s: &Setup) -> anyhow::Result<(Vec<String>, bool)> {
     let mut ids = Vec::new();
     let mut settled = true;
     for key in &s.jobs {
-        let view: JobView = get(&s.http, &format!("{}/v1/jobs/{key}", s.url)).await?;
+        let view: JobView = get(s, &format!("{}/v1/jobs/{key}", s.url)).await?;
         for i in &view.instances {
             settled &= i.history.is_empty();
             match &i.current {
@@ -94,7 +101,7 @@ async fn tasks_of(s: &Setup) -> anyhow::Result<(Vec<String>, bool)> {
 }
 
 async fn cluster(s: &Setup) -> anyhow::Result<ClusterView> {
-    get(&s.http, &format!("{}/v1/cluster", s.url)).await
+    get(s, &format!("{}/v1/cluster", s.url)).await
 }
 
 /// A master, the simulated fleet registered, and every task RUNNING.
@@ -108,13 +115,39 @@ async fn setup() -> anyhow::Result<Setup> {
     std::fs::write(dir.join("master.toml"), MASTER_CONFIG)?;
     let (master, url) = start_master(&dir, "127.0.0.1:0")?;
     let http = reqwest::Client::new();
-    let fleet = Fleet::start(&url, agents, Duration::from_secs(1));
+    // A master with authentication writes its bootstrap admin token; each simulated
+    // agent then gets an agent token of its own.
+    let admin = std::fs::read_to_string(dir.join("master/admin.token"))
+        .ok()
+        .map(|t| t.trim().to_string());
+    let mut tokens = Vec::with_capacity(agents);
+    for _ in 0..agents {
+        tokens.push(match &admin {
+            Some(_) => {
+                let r = auth(http.post(format!("{url}/v1/tokens")), &admin)
+                    .json(&json!({"kind": "agent"}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(r.status().is_success(), "POST /v1/tokens: {}", r.status());
+                let body: serde_json::Value = r.json().await?;
+                let token = body["token"].as_str();
+                Some(
+                    token
+                        .ok_or_else(|| anyhow::anyhow!("no token in {body}"))?
+                        .to_string(),
+                )
+            }
+            None => None,
+        });
+    }
+    let fleet = Fleet::start(&url, tokens, Duration::from_secs(1));
     let mut s = Setup {
         _dir: tmp,
         dir,
         master,
         url,
         http,
+        admin,
         jobs: Vec::new(),
         fleet,
         agents,

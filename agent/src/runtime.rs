@@ -44,6 +44,8 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
     Bind {
         addr: SocketAddr,
@@ -245,6 +247,55 @@ fn new_agent_id(hostname: &str) -> String {
     format!("{host}-{:012x}", h & 0xffff_ffff_ffff)
 }
 
+/// The agent's token for the master from `path` (None, with a warning, when the
+/// file is missing or empty: the master then refuses the agent with 401).
+fn read_token(path: &std::path::Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+        Ok(_) | Err(_) => {
+            tracing::warn!(token_file = %path.display(), "no agent token: the master will refuse this agent; an admin creates one with `drover token create --role agent` and writes it to this file (mode 0600)");
+            None
+        }
+    }
+}
+
+/// A new secret for the log server: 256 random bits, hex.
+fn new_logs_key() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The log server's gate: `Authorization: Bearer <logs key>` (compared in constant
+/// time by `subtle`), else 401; `/health` is open.
+async fn require_logs_key(
+    axum::extract::State(key): axum::extract::State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use subtle::ConstantTimeEq as _;
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        return next.run(request).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::Json(serde_json::json!({"error": {"code": "unauthorized",
+            "message": "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"}})),
+    )
+        .into_response()
+}
+
 /// Runs the agent until `shutdown` completes. Executors are left running: they
 /// outlive the agent, which re-adopts them when it starts again.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
@@ -302,11 +353,33 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .then(|| ForkServer::start(&cfg.executor));
     let last_contact = restore_last_contact(&cfg.data_dir);
     let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
+    let tls = match &cfg.tls_ca {
+        Some(ca) => {
+            let identity = cfg
+                .tls_identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path()));
+            Some(crate::master::MasterTls::load(ca, identity).map_err(AgentError::Tls)?)
+        }
+        None => None,
+    };
+    // With a certificate for an https master, the certificate is the identity.
+    let token = if cfg.tls_identity.is_some() {
+        None
+    } else {
+        read_token(&cfg.token_file)
+    };
+    let logs_key = new_logs_key().map_err(|source| AgentError::Dir {
+        what: "reading /dev/urandom for the log server's key",
+        path: PathBuf::from("/dev/urandom"),
+        source,
+    })?;
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
-        client: MasterClient::new(&cfg.master),
+        client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
+            .with_logs_key(logs_key.clone()),
         cfg,
         exec,
         fork,
@@ -338,7 +411,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.spawn(heartbeats(shared.clone()));
     tasks.spawn(poll_assignments(shared.clone()));
     tasks.spawn(ticker(shared.clone()));
-    let app = crate::logs::router(shared.layout.clone());
+    // The log server answers the master only: it proxies reads for authorized
+    // callers (docs/auth.md), with the key this agent gave it at registration.
+    let app = crate::logs::router(shared.layout.clone()).layer(
+        axum::middleware::from_fn_with_state(Arc::new(logs_key), require_logs_key),
+    );
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
         let stopped = async move {

@@ -10,6 +10,7 @@ use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
+use crate::tls::TlsFiles;
 
 /// Command-line flags of `drover-master`; each overrides the TOML key of the same
 /// name (with `_` for `-`).
@@ -26,9 +27,24 @@ pub struct Args {
     /// Address to listen on (`127.0.0.1:0` picks a free port; see <data_dir>/master.addr).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Where the store (drover.db) and master.addr live.
+    /// Where the store (drover.db), master.addr, admin.token and audit.log live.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Allow listening on a non-loopback address without TLS: bearer tokens then
+    /// cross the network in clear text. Logged as a warning at every start.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The master's TLS certificate chain (PEM, from `drover tls issue master NAME`);
+    /// with tls_key and tls_client_ca the API is served over TLS only.
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of tls_cert (PEM).
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM, from `drover tls init`): agents' client certificates
+    /// must chain to it.
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_client_ca: Option<PathBuf>,
     /// A task that ran shorter than this is flapping and is replaced THROTTLED.
     #[arg(long, value_name = "DURATION")]
     pub flapping_threshold: Option<String>,
@@ -88,6 +104,10 @@ pub struct Args {
 struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
+    insecure: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     flapping_threshold: Option<String>,
     throttle_initial: Option<String>,
     throttle_max: Option<String>,
@@ -111,6 +131,10 @@ struct FileConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Plain HTTP on a non-loopback address was explicitly allowed.
+    pub insecure: bool,
+    /// Serve TLS with these files (None: plain HTTP).
+    pub tls: Option<TlsFiles>,
     pub core: CoreConfig,
 }
 
@@ -179,6 +203,43 @@ impl Config {
             field: "listen",
             message: format!("`{listen_text}` is not an address; write host:port, e.g. 127.0.0.1:7070 (port 0 picks a free one)"),
         })?;
+        let insecure = args.insecure || file.insecure.unwrap_or(false);
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+            args.tls_client_ca.or(file.tls_client_ca),
+        ) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(client_ca)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }),
+            (cert, key, _) => {
+                let field = if cert.is_none() {
+                    "tls_cert"
+                } else if key.is_none() {
+                    "tls_key"
+                } else {
+                    "tls_client_ca"
+                };
+                return Err(ConfigError::Field {
+                    field,
+                    message: "is missing: TLS needs tls_cert, tls_key and tls_client_ca together (see docs/auth.md)".to_string(),
+                });
+            }
+        };
+        if !listen.ip().is_loopback() && !insecure && tls.is_none() {
+            return Err(ConfigError::Field {
+                field: "listen",
+                message: format!(
+                    "`{listen}` is not a loopback address, and this master serves plain HTTP: \
+                     bearer tokens and agent traffic would cross the network in clear text. \
+                     Listen on 127.0.0.1, set tls_cert, tls_key and tls_client_ca, or pass \
+                     --insecure (insecure = true) to accept that"
+                ),
+            });
+        }
         let data_dir = args
             .data_dir
             .or(file.data_dir)
@@ -275,6 +336,8 @@ impl Config {
         Ok(Config {
             listen,
             data_dir,
+            insecure,
+            tls,
             core,
         })
     }
@@ -428,6 +491,20 @@ mod tests {
             Config::merge(a, FileConfig::default()).unwrap_err().field(),
             Some("agent_loss_rate")
         );
+    }
+
+    #[test]
+    fn a_non_loopback_listen_needs_insecure() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7070".to_string());
+        let e = Config::merge(a.clone(), FileConfig::default()).unwrap_err();
+        assert_eq!(e.field(), Some("listen"));
+        assert!(e.to_string().contains("--insecure"), "{e}");
+        a.insecure = true;
+        assert!(Config::merge(a, FileConfig::default()).unwrap().insecure);
+        let file: FileConfig =
+            toml::from_str("listen = \"10.0.0.1:7070\"\ninsecure = true").unwrap();
+        assert!(Config::merge(args(), file).is_ok());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use drover_common::state::TaskState;
 use drover_common::wire::{ClusterView, JobView};
 use drover_tests::netns::{fault_job, key, netns_available, NetCluster, FAULT_MASTER_CONFIG};
-use drover_tests::{describe, drover, WAIT};
+use drover_tests::{describe, drover_as, WAIT};
 use serde_json::json;
 
 /// A service process that runs until killed.
@@ -17,6 +17,17 @@ const FOREVER: &str = "exec sleep 100000";
 
 /// Settle time for the invariant checker.
 const SETTLE: Duration = Duration::from_secs(40);
+
+/// Runs the `drover` CLI against the cluster (its token, its CA).
+fn cli(c: &NetCluster, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let mut all: Vec<&str> = Vec::new();
+    let ca = c.api.ca.as_ref().map(|p| p.display().to_string());
+    if let Some(ca) = &ca {
+        all.extend(["--ca", ca.as_str()]);
+    }
+    all.extend(args);
+    drover_as(Some(&c.api.url), c.api.token.as_deref(), &all)
+}
 
 fn cluster_view(c: &NetCluster) -> anyhow::Result<ClusterView> {
     c.get("/v1/cluster")
@@ -96,13 +107,10 @@ fn three_of_five_agents_cut_off_keep_every_task_until_they_heal() {
     assert!(v.eviction_guard.engaged);
     assert_eq!(v.eviction_guard.held_tasks, 3, "{v:?}");
     // The web page says so too.
-    let page = reqwest::blocking::get(format!("{}/", c.api.url))
-        .unwrap()
-        .text()
-        .unwrap();
+    let (_, page) = c.get_status("/").unwrap();
     assert!(page.contains("Eviction guard"), "{page}");
     // And the CLI, which exits 1 while the guard is engaged.
-    let out = drover(Some(&c.api.url), &["cluster", "status"]).unwrap();
+    let out = cli(&c, &["cluster", "status"]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("EVICTION GUARD ENGAGED"), "{text}");
@@ -115,7 +123,7 @@ fn three_of_five_agents_cut_off_keep_every_task_until_they_heal() {
         (v.reachable_agents == 5 && !v.eviction_guard.engaged).then_some(())
     })
     .unwrap();
-    let out = drover(Some(&c.api.url), &["cluster", "status"]).unwrap();
+    let out = cli(&c, &["cluster", "status"]).unwrap();
     assert!(out.status.success(), "{}", describe(&out));
     std::thread::sleep(Duration::from_secs(6));
     let view = c.job(&job).unwrap();
@@ -172,7 +180,7 @@ fn an_operator_release_lets_the_held_tasks_go() {
         (v.eviction_guard.engaged && v.eviction_guard.held_tasks == 3).then_some(())
     })
     .unwrap();
-    let out = drover(Some(&c.api.url), &["cluster", "release-guard"]).unwrap();
+    let out = cli(&c, &["cluster", "release-guard"]).unwrap();
     assert!(out.status.success(), "{}", describe(&out));
     let on_cut: Vec<&String> = ids
         .iter()

@@ -174,13 +174,16 @@ async fn setup() -> anyhow::Result<Setup> {
             "task": {"processes": [{"name": "main", "cmdline": "sleep 1000000"}],
                      "resources": {"cpu": 0.1, "ram": "64MiB", "disk": "64MiB"}}
         });
-        let r = s
-            .http
-            .post(format!("{}/v1/jobs", s.url))
+        let r = auth(s.http.post(format!("{}/v1/jobs", s.url)), &s.admin)
             .json(&spec)
             .send()
             .await?;
-        anyhow::ensure!(r.status().as_u16() == 201, "create {name}: {}", r.status());
+        let status = r.status();
+        anyhow::ensure!(
+            status.as_u16() == 201,
+            "create {name}: {status}: {}",
+            r.text().await.unwrap_or_default()
+        );
         s.jobs.push(format!("load/test/{name}"));
         left -= n;
         j += 1;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_common::spec::is_valid_name;
-use drover_common::state::{ExitReason, TaskState};
+use drover_common::state::{mono_ms, ExitReason, TaskState};
 use drover_common::wire::{
     task_set_digest, AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus,
     HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
@@ -93,7 +93,7 @@ const ACK_FLUSH: Duration = Duration::from_secs(2);
 #[derive(Default)]
 struct Tasks {
     local: LocalTasks,
-    /// Wall-clock ms when a task was seen terminal (for sandbox retention).
+    /// Monotonic ms when a task was seen terminal (for sandbox retention).
     terminal_at: HashMap<String, u64>,
     /// Kill requests to each watched executor.
     killers: HashMap<String, mpsc::UnboundedSender<ExitReason>>,
@@ -713,7 +713,10 @@ fn hold_terminal(shared: &Shared, id: &str, state: TaskState, at_ms: u64, exclus
             exclusive,
         },
     );
-    t.terminal_at.insert(id.to_string(), at_ms);
+    // A status stamped before this agent started: its age by the wall clock, once.
+    let age = now_ms().saturating_sub(at_ms);
+    t.terminal_at
+        .insert(id.to_string(), mono_ms().saturating_sub(age));
 }
 
 // ---------------------------------------------------------------- executors
@@ -998,7 +1001,7 @@ fn apply(
                                 exclusive: a.exclusive,
                             },
                         );
-                        t.terminal_at.insert(id.clone(), now_ms());
+                        t.terminal_at.insert(id.clone(), mono_ms());
                         reports.push((
                             id,
                             TaskState::Failed,
@@ -1031,7 +1034,7 @@ fn apply(
                             exclusive: false,
                         },
                     );
-                    t.terminal_at.insert(task_id.clone(), now_ms());
+                    t.terminal_at.insert(task_id.clone(), mono_ms());
                     reports.push((task_id, TaskState::Killed, reason));
                 }
             }
@@ -1087,7 +1090,7 @@ async fn write_outbox(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Statu
                     _ => false,
                 };
                 if became_terminal {
-                    t.terminal_at.insert(u.task_id.clone(), now_ms());
+                    t.terminal_at.insert(u.task_id.clone(), mono_ms());
                 }
             }
         }
@@ -1394,7 +1397,7 @@ async fn ticker(shared: Arc<Shared>) {
 /// retention period ago and have nothing left to relay.
 async fn collect_sandboxes(shared: &Arc<Shared>) {
     let retention_ms = shared.cfg.sandbox_retention.as_millis() as u64;
-    let now = now_ms();
+    let now = mono_ms();
     let candidates: Vec<String> = {
         let t = lock(&shared.tasks);
         let Some(desired) = &t.desired else { return };

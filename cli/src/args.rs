@@ -48,6 +48,9 @@ pub enum Command {
     /// Make a cluster CA and the certificates of masters and agents (offline).
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// The fleet at a glance and the eviction guard.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
 }
@@ -203,6 +206,21 @@ pub enum TlsCommand {
         #[arg(long = "san", value_name = "NAME")]
         extra: Vec<String>,
     },
+}
+
+/// `drover cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Agents reachable, and whether the eviction guard holds back agent losses.
+    Status {
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release the eviction guard: tasks on the agents lost so far are LOST and
+    /// replaced (at the configured agent_loss_rate). Use it when the agents are
+    /// really gone, not when the master or its network is at fault.
+    ReleaseGuard,
 }
 
 /// `drover dev ...`

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, InstancesRequest, JobSummary, JobView,
-    TaskView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, InstancesRequest, JobSummary,
+    JobView, TaskView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -267,6 +267,17 @@ impl Client {
             return Err(ClientError::BadTaskId(task_id.to_string()));
         }
         self.get(&format!("/v1/tasks/{task_id}")).await
+    }
+
+    /// GET /v1/cluster.
+    pub async fn cluster(&self) -> Result<ClusterView, ClientError> {
+        self.get("/v1/cluster").await
+    }
+
+    /// POST /v1/cluster/eviction-guard/release.
+    pub async fn release_guard(&self) -> Result<ClusterView, ClientError> {
+        self.post("/v1/cluster/eviction-guard/release", &serde_json::json!({}))
+            .await
     }
 
     /// GET /v1/agents.

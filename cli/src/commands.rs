@@ -10,7 +10,9 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{JobView, TaskView};
 use serde::Serialize;
 
-use crate::args::{AgentCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand};
+use crate::args::{
+    AgentCommand, ClusterCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand,
+};
 use crate::client::Client;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
@@ -417,6 +419,22 @@ fn describe_token(t: &crate::client::TokenInfo) -> String {
         "agent" => format!("agent:{}", t.agent_id.as_deref().unwrap_or("(unbound)")),
         other => other.to_string(),
     }
+}
+
+/// Runs a `drover cluster ...` command. `status` fails (exit 1) while the eviction
+/// guard is engaged, so scripts notice.
+pub async fn cluster(master: &Endpoint, command: ClusterCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
+    let (view, json) = match command {
+        ClusterCommand::Status { json } => (client.cluster().await?, json),
+        ClusterCommand::ReleaseGuard => (client.release_guard().await?, false),
+    };
+    if json {
+        print_json(&view)?;
+    } else {
+        print!("{}", render::cluster(&view));
+    }
+    Ok(!view.eviction_guard.engaged)
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {

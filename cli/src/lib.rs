@@ -49,6 +49,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Task(command) => commands::task(&endpoint, command).await,
         Command::Agent(command) => commands::agent(&endpoint, command).await,
         Command::Token(command) => commands::token(&endpoint, command).await,
+        Command::Cluster(command) => commands::cluster(&endpoint, command).await,
         Command::Dev(_) | Command::Tls(_) => Ok(false),
     }
 }

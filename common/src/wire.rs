@@ -389,6 +389,36 @@ pub struct AgentView {
     pub tasks: Vec<String>,
 }
 
+/// GET /v1/cluster and POST /v1/cluster/eviction-guard/release: the fleet at a
+/// glance and the eviction guard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Agents the master knows.
+    pub agents: u32,
+    /// Agents heartbeating within the agent timeout.
+    pub reachable_agents: u32,
+    pub eviction_guard: EvictionGuardView,
+}
+
+/// The eviction guard: while `engaged`, tasks on unreachable agents are neither
+/// LOST nor replaced (exclusive tasks excepted: their lease ends them anyway).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvictionGuardView {
+    pub engaged: bool,
+    /// When it engaged (wall clock).
+    #[serde(default)]
+    pub since_ms: Option<UnixMillis>,
+    /// Agents that went unreachable in the storm and are still unreachable.
+    pub unreachable_agents: u32,
+    /// The fleet the share is measured against (agents reachable at the start of
+    /// the storm window).
+    pub fleet_agents: u32,
+    /// Tasks whose loss is held back.
+    pub held_tasks: u32,
+    /// What it is doing and how to release it, in words.
+    pub message: String,
+}
+
 /// Body of POST .../kill and .../restart: which instances (`0-3,7`); absent: all.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstancesRequest {

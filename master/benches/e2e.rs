@@ -18,7 +18,7 @@ use drover_common::wire::{
 };
 use drover_common::{DesiredState, TaskState};
 use drover_master::auth::Grant;
-use drover_master::core::{Core, CoreConfig, Event, Reply};
+use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
 use drover_master::{Config, Handle};
 use serde_json::json;
 
@@ -246,18 +246,19 @@ fn rss_bytes() -> u64 {
 
 fn memory() {
     let before = rss_bytes();
-    let mut core = Core::new(CoreConfig::default(), 1_000, 1);
+    let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..100 {
         core.handle(
             Event::Register(Box::new(register_req(&format!("m{i}")))),
-            1_000,
+            Now::both(1_000),
         );
     }
     let mut ids = Vec::new();
     for j in 0..100 {
         let spec = serde_json::from_value(job(&format!("mem{j}"), 1_000)).unwrap();
-        if let Ok(Reply::JobCreated { tasks, .. }) =
-            core.handle(Event::CreateJob(Box::new(spec)), 2_000).reply
+        if let Ok(Reply::JobCreated { tasks, .. }) = core
+            .handle(Event::CreateJob(Box::new(spec)), Now::both(2_000))
+            .reply
         {
             ids.extend(tasks);
         }
@@ -288,7 +289,7 @@ fn memory() {
                     agent,
                     reports: updates,
                 },
-                3_000,
+                Now::both(3_000),
             );
         }
     }

@@ -59,6 +59,8 @@ pub struct Principal {
 pub enum Permission {
     /// Manage tokens (admin).
     ManageTokens,
+    /// Override a safety of the master, e.g. release the eviction guard (admin).
+    Override,
     /// Remove or forbid agents (admin, operator).
     Maintenance,
     /// Read every job and agent (admin, operator).
@@ -76,6 +78,7 @@ impl std::fmt::Display for Permission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Permission::ManageTokens => write!(f, "tokens:manage (an admin token)"),
+            Permission::Override => write!(f, "override (an admin token)"),
             Permission::Maintenance => write!(f, "maintenance (an admin or operator token)"),
             Permission::ReadAll => write!(f, "read:all (an admin or operator token)"),
             Permission::ReadJob { role } => {

@@ -86,6 +86,16 @@ pub struct Args {
     /// How long a task may be missing from an agent's task set before it is LOST.
     #[arg(long, value_name = "DURATION")]
     pub missing_grace: Option<String>,
+    /// The eviction guard engages when more than this share (0 to 1) of the agents
+    /// go unreachable within eviction_guard_window.
+    #[arg(long, value_name = "SHARE")]
+    pub eviction_guard_share: Option<f64>,
+    /// How close together agents must go unreachable to count as one storm.
+    #[arg(long, value_name = "DURATION")]
+    pub eviction_guard_window: Option<String>,
+    /// Tasks made LOST by agent loss, at most, per second.
+    #[arg(long, value_name = "N")]
+    pub agent_loss_rate: Option<u32>,
 }
 
 /// The TOML file; every key optional.
@@ -111,6 +121,9 @@ struct FileConfig {
     restart_grace: Option<String>,
     exclusive_lease: Option<String>,
     missing_grace: Option<String>,
+    eviction_guard_share: Option<f64>,
+    eviction_guard_window: Option<String>,
+    agent_loss_rate: Option<u32>,
 }
 
 /// The validated configuration.
@@ -305,6 +318,19 @@ impl Config {
                 args.missing_grace.or(file.missing_grace),
                 d.missing_grace_ms,
             )?,
+            eviction_guard_share_permille: share_permille(
+                args.eviction_guard_share.or(file.eviction_guard_share),
+                d.eviction_guard_share_permille,
+            )?,
+            eviction_guard_window_ms: duration(
+                "eviction_guard_window",
+                args.eviction_guard_window.or(file.eviction_guard_window),
+                d.eviction_guard_window_ms,
+            )?,
+            agent_loss_rate: args
+                .agent_loss_rate
+                .or(file.agent_loss_rate)
+                .unwrap_or(d.agent_loss_rate),
         };
         validate(&core)?;
         Ok(Config {
@@ -328,6 +354,19 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
+fn share_permille(share: Option<f64>, default: u32) -> Result<u32, ConfigError> {
+    match share {
+        None => Ok(default),
+        Some(s) if (0.0..=1.0).contains(&s) => Ok((s * 1000.0).round() as u32),
+        Some(s) => Err(ConfigError::Field {
+            field: "eviction_guard_share",
+            message: format!(
+                "{s} is not a share; write a number from 0 to 1, e.g. 0.5 (1 never engages)"
+            ),
+        }),
+    }
+}
+
 fn positive(field: &'static str, ms: u64) -> Result<(), ConfigError> {
     if ms == 0 {
         Err(ConfigError::Field {
@@ -349,6 +388,13 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
     positive("reconcile_backoff_initial", c.reconcile_backoff_initial_ms)?;
     positive("reconcile_backoff_max", c.reconcile_backoff_max_ms)?;
     positive("exclusive_lease", c.exclusive_lease_ms)?;
+    positive("eviction_guard_window", c.eviction_guard_window_ms)?;
+    if c.agent_loss_rate == 0 {
+        return Err(ConfigError::Field {
+            field: "agent_loss_rate",
+            message: "must be at least 1 (tasks per second), e.g. 100".to_string(),
+        });
+    }
     if c.throttle_initial_ms > c.throttle_max_ms {
         return Err(ConfigError::Field {
             field: "throttle_initial",
@@ -420,6 +466,30 @@ mod tests {
         assert_eq!(
             Config::merge(a, FileConfig::default()).unwrap_err().field(),
             Some("agent_timeout")
+        );
+    }
+
+    #[test]
+    fn eviction_guard_keys_are_read_and_checked() {
+        let file: FileConfig = toml::from_str(
+            "eviction_guard_share = 0.6\neviction_guard_window = \"20s\"\nagent_loss_rate = 7",
+        )
+        .unwrap();
+        let c = Config::merge(args(), file).unwrap();
+        assert_eq!(c.core.eviction_guard_share_permille, 600);
+        assert_eq!(c.core.eviction_guard_window_ms, 20_000);
+        assert_eq!(c.core.agent_loss_rate, 7);
+        let mut a = args();
+        a.eviction_guard_share = Some(1.5);
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("eviction_guard_share")
+        );
+        let mut a = args();
+        a.agent_loss_rate = Some(0);
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("agent_loss_rate")
         );
     }
 

@@ -75,6 +75,7 @@ fn permission_of(access: Access, param: impl Fn(&str) -> String) -> Option<Permi
         Access::ReadAll => Some(Permission::ReadAll),
         Access::Maintenance => Some(Permission::Maintenance),
         Access::ManageTokens => Some(Permission::ManageTokens),
+        Access::Override => Some(Permission::Override),
         Access::Agent => Some(Permission::Agent {
             agent_id: param("id"),
         }),

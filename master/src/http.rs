@@ -79,6 +79,8 @@ pub enum Access {
     Maintenance,
     /// An admin token.
     ManageTokens,
+    /// An admin token (overrides: releasing the eviction guard).
+    Override,
     /// An agent token, bound by this registration to the body's `agent_id`.
     AgentRegister,
     /// The agent token bound to the path's `:id`.
@@ -126,6 +128,11 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (
             route("GET", "/v1/tasks/:id/logs/:process/:stream", TaskRead),
             get(task_log),
+        ),
+        (route("GET", "/v1/cluster", ReadAll), get(cluster)),
+        (
+            route("POST", "/v1/cluster/eviction-guard/release", Override),
+            post(release_guard),
         ),
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
         (
@@ -414,6 +421,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        Reply::Cluster(c) => Ok(json(StatusCode::OK, &c)),
         other => Err(unexpected(other)),
     }
 }
@@ -572,6 +580,14 @@ async fn get_task(
     let role = view.job.split('/').next().unwrap_or_default().to_string();
     crate::guard::require(&who, &Permission::ReadJob { role })?;
     Ok(json(StatusCode::OK, &view))
+}
+
+async fn cluster(State(api): State<Shared>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.cluster_view()))
+}
+
+async fn release_guard(State(api): State<Shared>) -> Result<Response, ApiErr> {
+    ok_reply(api.master.apply(Event::ReleaseEvictionGuard).await?)
 }
 
 /// How long the master waits for an agent's log server.
@@ -1052,14 +1068,26 @@ async fn assignments(
 }
 
 async fn index(State(api): State<Shared>) -> Response {
-    let (jobs, agents) = api
+    let (jobs, agents, cluster) = api
         .master
-        .read(|c| (c.job_summaries(None), c.agent_views()));
+        .read(|c| (c.job_summaries(None), c.agent_views(), c.cluster_view()));
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
          <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
          td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head><body>\
-         <h1>Drover</h1><h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+         <h1>Drover</h1>",
+    );
+    let guard = &cluster.eviction_guard;
+    if guard.engaged {
+        let _ = write!(
+            html,
+            "<p style=\"background:#fdd;border:2px solid #c00;padding:8px\"><b>Eviction guard \
+             engaged</b>: {}</p>",
+            escape(&guard.message)
+        );
+    }
+    html.push_str(
+        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
     );
     for j in &jobs {
         let states: Vec<String> = j

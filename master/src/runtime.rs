@@ -10,11 +10,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use drover_common::state::{now_ms, UnixMillis};
+use drover_common::state::{mono_ms, now_ms, MonoMillis};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::core::{Core, CoreError, Effect, Event, Reply};
+use crate::core::{Core, CoreError, Effect, Event, Now, Reply};
 use crate::store::{CommitState, Notifier, SqliteStore, Store, StoreError, Writer, DB_FILE};
 
 /// Why an event could not be applied.
@@ -71,7 +71,8 @@ pub struct Master {
     inner: Mutex<Inner>,
     commit: Arc<CommitState>,
     notifier: Arc<Notifier>,
-    timer: watch::Sender<Option<UnixMillis>>,
+    /// The core's next timer (monotonic).
+    timer: watch::Sender<Option<MonoMillis>>,
     pub(crate) stopping: watch::Sender<bool>,
 }
 
@@ -121,13 +122,20 @@ impl Master {
         }
         let (reply, seq) = {
             let mut inner = self.lock();
-            let out = inner.core.handle(event, now_ms());
+            let out = inner.core.handle(event, now());
             let mut notify = Vec::new();
             let mut persist = None;
             for e in out.effects {
                 match e {
                     Effect::Persist { seq, changes } => persist = Some((seq, changes)),
                     Effect::Notify { agent } => notify.push(agent),
+                    Effect::EvictionGuard { engaged, message } => {
+                        if engaged {
+                            tracing::warn!(eviction_guard = "engaged", "{message}");
+                        } else {
+                            tracing::warn!(eviction_guard = "released", "{message}");
+                        }
+                    }
                     Effect::WakeAt(at) => {
                         self.timer.send_if_modified(|cur| {
                             let changed = *cur != Some(at);
@@ -173,7 +181,7 @@ impl Master {
         loop {
             let next = *rx.borrow_and_update();
             let wait_ms = match next {
-                Some(at) => at.saturating_sub(now_ms()),
+                Some(at) => at.saturating_sub(mono_ms()),
                 None => 1_000,
             };
             tokio::select! {
@@ -192,6 +200,14 @@ impl Master {
     /// Stops the writer after it committed what is queued.
     pub fn close(&self) {
         self.lock().writer.close();
+    }
+}
+
+/// Both clocks, read once per event: the core's one source of time.
+fn now() -> Now {
+    Now {
+        mono: mono_ms(),
+        wall: now_ms(),
     }
 }
 
@@ -215,7 +231,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         snapshot.tasks.len(),
         snapshot.agents.len(),
     );
-    let core = Core::load(config.core.clone(), snapshot, now_ms(), seed);
+    let core = Core::load(config.core.clone(), snapshot, now(), seed);
     tracing::info!(
         jobs,
         tasks,

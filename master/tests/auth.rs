@@ -124,7 +124,7 @@ async fn every_route_needs_the_right_token() {
                 (Some(&db), &www)
             }
             Access::ReadAll | Access::Maintenance => (Some(&db), &operator),
-            Access::ManageTokens => (Some(&operator), &c.admin),
+            Access::ManageTokens | Access::Override => (Some(&operator), &c.admin),
             Access::AgentRegister => (Some(&www), &agent1),
             Access::Agent => (Some(&agent2), &agent1),
         };

@@ -6,6 +6,7 @@
 //! The binaries must be built first: `cargo build --workspace --bins` (CI does).
 //! `DROVER_BIN_DIR` overrides where they are looked for.
 
+pub mod load;
 pub mod netns;
 
 use std::net::TcpListener;
@@ -275,6 +276,15 @@ pub const MASTER_KEY: &str = "master-127.0.0.1.key";
 /// a cluster CA and the master's certificate), and waits until it has written its
 /// bound address to `master.addr`; returns the process and that address.
 pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
+    spawn_master_with_env(dir, listen, &[])
+}
+
+/// `spawn_master` with extra environment variables (e.g. libfaketime's).
+pub fn spawn_master_with_env(
+    dir: &Path,
+    listen: &str,
+    env: &[(String, String)],
+) -> anyhow::Result<(Proc, String)> {
     let master_dir = dir.join("master");
     let addr_file = master_dir.join("master.addr");
     let _ = std::fs::remove_file(&addr_file);
@@ -286,7 +296,8 @@ pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> 
         .arg(listen)
         .arg("--data-dir")
         .arg(&master_dir)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)));
     let tls = dir.join("tls");
     if tls.join("ca.pem").is_file() {
         // A cluster with a CA (the fault tests' NetCluster) serves mTLS.
@@ -540,6 +551,10 @@ pub struct ClusterConfig {
     pub tls: bool,
     /// Every agent's TOML config file (`--config`; the flags the harness passes win).
     pub agent_config: String,
+    /// Extra environment of the master process.
+    pub master_env: Vec<(String, String)>,
+    /// Extra environment per agent (by index; missing entries: none).
+    pub agent_env: Vec<Vec<(String, String)>>,
 }
 
 impl ClusterConfig {
@@ -552,6 +567,8 @@ impl ClusterConfig {
             master_config: TEST_MASTER_CONFIG.to_string(),
             tls: false,
             agent_config: String::new(),
+            master_env: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -586,6 +603,8 @@ pub struct Cluster {
     /// The admin API (`url` is the master's); the cluster derefs to it.
     pub api: AdminApi,
     listen: String,
+    master_env: Vec<(String, String)>,
+    agent_env: Vec<Vec<(String, String)>>,
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
@@ -612,6 +631,8 @@ impl Cluster {
             dir: Some(dir),
             api: AdminApi::new()?,
             listen: "127.0.0.1:0".to_string(),
+            master_env: config.master_env.clone(),
+            agent_env: config.agent_env.clone(),
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
@@ -662,7 +683,7 @@ impl Cluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let (master, addr) = spawn_master(self.dir(), &self.listen)?;
+        let (master, addr) = spawn_master_with_env(self.dir(), &self.listen, &self.master_env)?;
         let addr = addr.trim_start_matches("http://").to_string();
         let scheme = if self.tls { "https" } else { "http" };
         self.api.url = format!("{scheme}://{addr}");
@@ -742,6 +763,9 @@ impl Cluster {
             .arg("--ports")
             .arg(format!("{}-{}", ports.0, ports.1))
             .env("RUST_LOG", "info");
+        if let Some(env) = self.agent_env.get(k) {
+            command.envs(env.iter().map(|(k, v)| (k, v)));
+        }
         if !attributes.iter().any(|(name, _)| name == "host") {
             command.arg("--attribute").arg(format!("host=agent-{k}"));
         }

@@ -15,6 +15,7 @@ pub mod resident;
 pub mod runner;
 pub mod sandbox;
 pub mod spawn;
+pub mod supervisor;
 pub mod users;
 pub mod zygote;
 

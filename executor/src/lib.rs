@@ -11,6 +11,7 @@ pub mod cleanup;
 pub mod health;
 pub mod hub;
 pub mod machine;
+pub mod plan;
 pub mod resident;
 pub mod runner;
 pub mod sandbox;

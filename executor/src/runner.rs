@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use drover_common::spec::HealthCheckType;
 use drover_common::state::{now_ms, ExitReason, TaskState};
-use drover_common::template::TemplateContext;
 use drover_common::wire::{ExecutorStatus, ExecutorTask};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -19,10 +18,11 @@ use tokio::signal::unix::Signal as SignalStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::cgroup::{FsCgroup, Limits, TaskCgroup};
+use crate::cgroup::{FsCgroup, TaskCgroup};
 use crate::health;
 use crate::hub::{self, ClientEvent, Hub};
 use crate::machine::{Machine, Millis, Step};
+use crate::plan::{self, HealthProbe, Plan};
 use crate::resident;
 use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
 use crate::spawn::{self, Isolation};
@@ -97,20 +97,6 @@ enum Event {
     Posted(String),
 }
 
-/// How a due health check is made (the schedule and the counting are the
-/// [`Supervisor`]'s).
-struct HealthCheck {
-    kind: HealthCheckType,
-    /// The assigned port (0 for a shell check).
-    port: u16,
-    endpoint: String,
-    expected_code: u16,
-    expected_body: String,
-    timeout: Duration,
-    /// The rendered command of a shell check.
-    command: Option<String>,
-}
-
 /// The executor: the pure [`Supervisor`] and the I/O that carries out its commands.
 struct Runner {
     sup: Supervisor,
@@ -135,7 +121,7 @@ struct RunnerIo {
     seq: u64,
     hub: Hub,
     tx: mpsc::UnboundedSender<Event>,
-    health: Option<HealthCheck>,
+    health: Option<HealthProbe>,
     oom_seen: u64,
     /// Processes (task processes and shell health checks) spawned into the cgroup so far.
     spawned: usize,
@@ -360,94 +346,21 @@ impl Runner {
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
-        let pids = task_pids_limit(task.task.resources.pids, opts.pids_max)
+        let Plan {
+            limits,
+            env,
+            cmdlines,
+            health,
+        } = plan::plan(&task, &layout.work, &user.name, opts.pids_max)
             .map_err(|e| fail(SetupError::Other(e), &layout))?;
         // A new cgroup's OOM counter starts at 0; a leftover's is read below.
         let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {
-            let limits = Limits {
-                cpu: task.task.resources.cpu,
-                memory_bytes: task.task.resources.ram.bytes(),
-                pids,
-            };
             // A cgroup left over from an earlier executor of this task is emptied and
             // removed first.
             cgroup_is_new = cg
                 .create(&limits)
                 .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
-        }
-        let ctx = TemplateContext {
-            role: task.role.clone(),
-            environment: task.environment.clone(),
-            name: task.name.clone(),
-            instance: task.instance,
-            task_id: task.task_id.clone(),
-            sandbox: layout.work.display().to_string(),
-            ports: task.ports.clone(),
-        };
-        let render = |text: &str, what: String| {
-            ctx.render(text)
-                .map_err(|e| fail(SetupError::Other(format!("{what}: {e}")), &layout))
-        };
-        let mut env = ctx.environment();
-        env.push(("HOME".into(), layout.work.display().to_string()));
-        env.push(("USER".into(), user.name.clone()));
-        for (k, v) in &task.task.env {
-            env.push((k.clone(), render(v, format!("task.env.{k}"))?));
-        }
-        let cmdlines = task
-            .task
-            .processes
-            .iter()
-            .map(|p| render(&p.cmdline, format!("process `{}` cmdline", p.name)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let health = match &task.health_check {
-            None => None,
-            Some(hc) => {
-                let port = match hc.kind {
-                    HealthCheckType::Shell => 0,
-                    _ => *task.ports.get(&hc.port).ok_or_else(|| {
-                        fail(SetupError::Other(format!(
-                            "health_check.port `{}` has no assigned port number; add it to task.resources.ports and the task's ports",
-                            hc.port
-                        )), &layout)
-                    })?,
-                };
-                let command =
-                    match (&hc.kind, &hc.command) {
-                        (HealthCheckType::Shell, Some(c)) => {
-                            Some(render(c, "health_check.command".into())?)
-                        }
-                        (HealthCheckType::Shell, None) => return Err(fail(
-                            SetupError::Other(
-                                "health_check.type is shell but health_check.command is missing"
-                                    .into(),
-                            ),
-                            &layout,
-                        )),
-                        _ => None,
-                    };
-                Some(HealthCheck {
-                    kind: hc.kind.clone(),
-                    port,
-                    endpoint: hc.endpoint.clone(),
-                    expected_code: hc.expected_response_code,
-                    expected_body: hc.expected_response.clone(),
-                    timeout: hc.timeout.get(),
-                    command,
-                })
-            }
-        };
-        if let Some(http) = task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
-            if !task.ports.contains_key(&http.port) {
-                return Err(fail(
-                    SetupError::Other(format!(
-                        "lifecycle.http.port `{}` has no assigned port number",
-                        http.port
-                    )),
-                    &layout,
-                ));
-            }
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         let iso = Isolation::new(&procs_files, &user);
@@ -1022,20 +935,6 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
     }
 }
 
-/// The task cgroup's pids limit (pure): what the spec asks for, refused above the
-/// host's maximum `host_max`; without a request [`DEFAULT_PIDS`], cut to `host_max`.
-///
-/// [`DEFAULT_PIDS`]: drover_common::spec::DEFAULT_PIDS
-fn task_pids_limit(requested: Option<u64>, host_max: u64) -> Result<u64, String> {
-    match requested {
-        Some(n) if n > host_max => Err(format!(
-            "task.resources.pids is {n} but this host allows at most {host_max} per task (agent max_task_pids); ask for fewer"
-        )),
-        Some(n) => Ok(n),
-        None => Ok(drover_common::spec::DEFAULT_PIDS.min(host_max)),
-    }
-}
-
 /// Binds the executor's socket, through the task directory when the path is too long
 /// for a Unix socket address (see `wire::socket_address`), and makes it root's alone
 /// (mode 0600). A socket file left by an earlier executor of this task (bind says
@@ -1074,20 +973,6 @@ mod tests {
         let short = dir.path().join("executor.sock");
         let _short_listener = bind_socket(&short).unwrap();
         assert!(short.exists());
-    }
-
-    #[test]
-    fn the_pids_limit_comes_from_the_spec_within_the_host_maximum() {
-        assert_eq!(task_pids_limit(Some(64), 4096), Ok(64));
-        assert_eq!(task_pids_limit(Some(4096), 4096), Ok(4096));
-        assert!(task_pids_limit(Some(4097), 4096)
-            .unwrap_err()
-            .contains("task.resources.pids is 4097"));
-        assert_eq!(
-            task_pids_limit(None, 4096),
-            Ok(drover_common::spec::DEFAULT_PIDS)
-        );
-        assert_eq!(task_pids_limit(None, 100), Ok(100));
     }
 
     #[tokio::test]

@@ -2,43 +2,11 @@
 //! with made-up pids; no process, signal or cgroup is involved.
 
 use super::*;
-use drover_common::spec::{ProcessSpec, Resources, TaskSpec};
-use drover_common::units::{ByteSize, Duration as D};
+use crate::machine::tests::{proc, task};
+use drover_common::spec::ProcessSpec;
 
 const OK: ExitReason = ExitReason::ExitCode { code: 0 };
 const BAD: ExitReason = ExitReason::ExitCode { code: 3 };
-
-fn proc(name: &str) -> ProcessSpec {
-    ProcessSpec {
-        name: name.into(),
-        cmdline: "true".into(),
-        max_failures: 1,
-        daemon: false,
-        ephemeral: false,
-        min_duration: D::from_secs(5),
-        is_final: false,
-    }
-}
-
-fn task(processes: Vec<ProcessSpec>) -> TaskSpec {
-    TaskSpec {
-        processes,
-        order: vec![],
-        resources: Resources {
-            cpu: 1.0,
-            ram: ByteSize::mib(64),
-            disk: ByteSize::mib(64),
-            ports: vec![],
-            pids: None,
-        },
-        max_failures: 1,
-        max_concurrency: 0,
-        finalization_wait: D::from_secs(30),
-        user: None,
-        allow_root: false,
-        env: Default::default(),
-    }
-}
 
 fn config() -> Config {
     Config {
@@ -125,7 +93,7 @@ impl Fake {
 }
 
 fn supervisor(processes: Vec<ProcessSpec>, config: Config) -> Supervisor {
-    Supervisor::new(Machine::new(&task(processes)).unwrap(), config)
+    Supervisor::new(Machine::new(&task(processes, &[])).unwrap(), config)
 }
 
 /// Ticks every 10 ms from `from` until the task is terminal or `until` passes.

@@ -186,7 +186,7 @@ fn smaps(pid: u32) -> (u64, u64) {
 /// measured figures plus room for the host's share of libc, ld.so and libgcc_s,
 /// which varies with what else runs. A layout that went stale, or code that grew into
 /// the settled path, passes it (one more 64 KiB window of code is ~+64 KiB).
-const PSS_BUDGET_KIB: [(usize, u64); 2] = [(1, 760), (4, 520)];
+const PSS_BUDGET_KIB: [(usize, u64); 2] = [(1, 800), (4, 520)];
 
 fn bench_memory() {
     let mut over = Vec::new();

@@ -288,7 +288,9 @@ fn swapping_symlinks_in_a_tight_loop_during_rotation_changes_nothing_outside() {
     let (file, dir) = (canaries.path("file"), canaries.path(""));
     // For 4 s: a swapper in the background turns `.drover`, `logs` and the snooze
     // file into symlinks to root's files and back, and keeps trying root's side; the
-    // foreground writes output fast enough to rotate the logs many times.
+    // foreground writes output fast enough to rotate the logs many times. 200 more
+    // lines per stream after the race rotate both logs however slow a loaded machine
+    // made the timed loop.
     let script = format!(
         "end=$(( $(date +%s) + 4 ))\n\
          (while [ $(date +%s) -lt $end ]; do\n\
@@ -300,6 +302,7 @@ fn swapping_symlinks_in_a_tight_loop_during_rotation_changes_nothing_outside() {
          i=0\n\
          while [ $(date +%s) -lt $end ]; do i=$((i+1)); echo \"line $i of the output that rotates\"; echo \"err $i\" >&2; done\n\
          wait\n\
+         i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo \"line $i of the output after the race\"; echo \"stderr line $i after the race\" >&2; done\n\
          echo last-line\n"
     );
     let id = start_job(&mut cluster, "swaprace", &script);

@@ -96,6 +96,15 @@ fn supervisor(processes: Vec<ProcessSpec>, config: Config) -> Supervisor {
     Supervisor::new(Machine::new(&task(processes, &[])).unwrap(), config)
 }
 
+/// A supervisor of one process `a` with a client connected, begun at time 0.
+fn begun_with_one_process(config: Config) -> (Supervisor, Fake) {
+    let mut s = supervisor(vec![proc("a")], config);
+    let mut io = Fake::default();
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    (s, io)
+}
+
 /// Ticks every 10 ms from `from` until the task is terminal or `until` passes.
 fn run_until(s: &mut Supervisor, io: &mut Fake, from: Millis, until: Millis) -> Millis {
     let mut now = from;
@@ -108,10 +117,7 @@ fn run_until(s: &mut Supervisor, io: &mut Fake, from: Millis, until: Millis) -> 
 
 #[test]
 fn a_one_shot_task_is_running_at_once_and_finishes_when_its_process_succeeds() {
-    let mut s = supervisor(vec![proc("a")], config());
-    let mut io = Fake::default();
-    s.client_connected(0);
-    s.begin(0, "ready".into(), &mut io);
+    let (mut s, mut io) = begun_with_one_process(config());
     assert_eq!(io.started, vec![0]);
     assert_eq!(io.states(), vec![TaskState::Starting, TaskState::Running]);
     s.process_exited(0, OK);
@@ -148,10 +154,7 @@ fn a_process_that_cannot_start_fails_the_task() {
 
 #[test]
 fn a_kill_request_beats_the_process_outcome_and_only_the_first_counts() {
-    let mut s = supervisor(vec![proc("a")], config());
-    let mut io = Fake::default();
-    s.client_connected(0);
-    s.begin(0, "ready".into(), &mut io);
+    let (mut s, mut io) = begun_with_one_process(config());
     s.kill_requested(5, ExitReason::KilledByRequest, "SIGTERM", &mut io);
     assert_eq!(s.state(), TaskState::Killing);
     assert!(
@@ -233,10 +236,7 @@ fn a_health_failure_beats_the_process_outcome_and_a_kill_beats_both() {
 fn health_checks_run_on_a_fixed_schedule_one_at_a_time_and_not_while_snoozed() {
     let mut cfg = config();
     cfg.health_check = Some(health_check());
-    let mut s = supervisor(vec![proc("a")], cfg);
-    let mut io = Fake::default();
-    s.client_connected(0);
-    s.begin(0, "ready".into(), &mut io);
+    let (mut s, mut io) = begun_with_one_process(cfg);
     s.tick(0, &mut io);
     assert_eq!(io.count(&Command::CheckHealth), 1);
     assert_eq!(s.next_deadline(1), 1_000);
@@ -294,10 +294,7 @@ fn standalone_has_no_recovery_timeout() {
 fn the_http_lifecycle_posts_then_skips_ahead_once_everything_exited() {
     let mut cfg = config();
     cfg.http = Some(http());
-    let mut s = supervisor(vec![proc("a")], cfg);
-    let mut io = Fake::default();
-    s.client_connected(0);
-    s.begin(0, "ready".into(), &mut io);
+    let (mut s, mut io) = begun_with_one_process(cfg);
     s.kill_requested(100, ExitReason::KilledByRequest, "a socket client", &mut io);
     assert!(io.has(|c| *c == Command::Post(Step::PostGraceful)));
     s.posted(150, "POST /quitquitquit answered 200".into(), &mut io);
@@ -345,10 +342,7 @@ fn what_outlives_finalization_wait_is_killed() {
 
 #[test]
 fn running_for_a_while_releases_the_startup_pages_once() {
-    let mut s = supervisor(vec![proc("a")], config());
-    let mut io = Fake::default();
-    s.client_connected(0);
-    s.begin(0, "ready".into(), &mut io);
+    let (mut s, mut io) = begun_with_one_process(config());
     assert_eq!(s.next_deadline(0), SETTLE);
     s.tick(SETTLE - 1, &mut io);
     assert_eq!(io.count(&Command::ReleaseStartupPages), 0);

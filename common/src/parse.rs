@@ -537,6 +537,7 @@ const JOB: &[Field] = &[
     opt("instances", Kind::U32),
     opt("service", Kind::Bool),
     opt("tier", Kind::Enum(&["preferred", "preemptible"])),
+    opt("priority", Kind::U32),
     opt("max_task_failures", Kind::U32),
     opt("constraints", Kind::StrMap),
     req("task", Kind::Struct(TASK)),
@@ -544,6 +545,12 @@ const JOB: &[Field] = &[
     nullable("lifecycle", Kind::Struct(LIFECYCLE)),
     opt("update", Kind::Struct(UPDATE)),
     opt("partition_policy", Kind::Struct(PARTITION_POLICY)),
+    nullable("cron_schedule", Kind::Str),
+    nullable("cron_timezone", Kind::Str),
+    opt(
+        "cron_collision_policy",
+        Kind::Enum(&["KILL_EXISTING", "CANCEL_NEW"]),
+    ),
 ];
 
 /// Every field path the schema knows, e.g. `task.processes[].cmdline`; for docs and

@@ -30,6 +30,10 @@ pub struct JobSpec {
     /// `preferred` (production) or `preemptible`.
     #[serde(default)]
     pub tier: Tier,
+    /// Importance within the role: among tasks of one tier, a higher priority may
+    /// preempt a lower one of the same role, and lower priorities are preempted first.
+    #[serde(default)]
+    pub priority: u32,
     /// Batch jobs: how many failed tasks per instance before giving up (Aurora: 1).
     #[serde(default = "defaults::one")]
     pub max_task_failures: u32,
@@ -51,17 +55,66 @@ pub struct JobSpec {
     /// What happens to the task when its agent becomes unreachable.
     #[serde(default)]
     pub partition_policy: PartitionPolicy,
+    /// A cron job: the standard 5-field schedule (minute hour day-of-month month
+    /// day-of-week) on which a run of the job starts; absent: an ordinary job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron_schedule: Option<String>,
+    /// The IANA time zone the schedule is read in (`Europe/Paris`); absent: UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron_timezone: Option<String>,
+    /// What a firing does while the previous run is still active.
+    #[serde(default)]
+    pub cron_collision_policy: CronCollisionPolicy,
+}
+
+impl JobSpec {
+    /// Production work: counted against its role's quota, never preempted.
+    pub fn is_production(&self) -> bool {
+        self.tier == Tier::Preferred
+    }
+}
+
+/// Aurora's cron collision policies: what a firing does while the previous run of
+/// the job still has active tasks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CronCollisionPolicy {
+    /// Kill the active run, then start the new one.
+    #[default]
+    KillExisting,
+    /// Skip this firing; the active run goes on.
+    CancelNew,
+}
+
+impl fmt::Display for CronCollisionPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CronCollisionPolicy::KillExisting => "KILL_EXISTING",
+            CronCollisionPolicy::CancelNew => "CANCEL_NEW",
+        })
+    }
 }
 
 /// Aurora's tiers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    /// Production: may preempt preemptible tasks.
+    /// Production: counted against the role's quota, never preempted, may preempt
+    /// preemptible tasks.
     #[default]
     Preferred,
-    /// May be preempted for production work.
+    /// Not bounded by quota; may be preempted for production work, or for
+    /// preemptible work of its own role with a higher priority.
     Preemptible,
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tier::Preferred => "preferred",
+            Tier::Preemptible => "preemptible",
+        })
+    }
 }
 
 /// What one instance runs: processes sharing one sandbox and one cgroup.

@@ -214,8 +214,12 @@ pub enum ExitReason {
     KilledByRequest,
     /// Its host went into maintenance.
     Drained,
-    /// Killed for a production task's resources.
-    Preempted,
+    /// Killed to make room for the task `by` (a production task, or a preemptible
+    /// one of the same role with a higher priority).
+    Preempted {
+        #[serde(default)]
+        by: String,
+    },
     /// Its agent stopped reporting.
     AgentLost,
     /// Stuck in ASSIGNED or STARTING past the transient state timeout.
@@ -259,7 +263,7 @@ impl fmt::Display for ExitReason {
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
-            ExitReason::Preempted => write!(f, "preempted"),
+            ExitReason::Preempted { by } => write!(f, "preempted by {by}"),
             ExitReason::AgentLost => write!(f, "agent lost"),
             ExitReason::TransientStateTimeout { state } => {
                 write!(f, "stuck in {state} past the transient state timeout")

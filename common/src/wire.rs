@@ -342,6 +342,9 @@ pub struct TaskView {
     pub ports: BTreeMap<String, u16>,
     /// Why a PENDING task is not placed, in words.
     pub pending_reason: Option<String>,
+    /// The task whose preemption made this one (a replacement), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
     pub events: Vec<TaskEvent>,
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
@@ -373,6 +376,50 @@ pub struct JobSummary {
     pub instances: u32,
     pub service: bool,
     pub state_counts: BTreeMap<TaskState, u32>,
+    /// The job's tier (`preferred`, `preemptible`).
+    #[serde(default)]
+    pub tier: crate::spec::Tier,
+    /// The job's priority within its role.
+    #[serde(default)]
+    pub priority: u32,
+    /// Present for cron jobs: the schedule and the next firing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<CronView>,
+}
+
+/// A cron job (GET /v1/cron, and in GET /v1/jobs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CronView {
+    pub job: String,
+    pub schedule: String,
+    /// The IANA time zone the schedule is read in.
+    pub timezone: String,
+    pub collision_policy: crate::spec::CronCollisionPolicy,
+    /// The next scheduled firing (wall clock, Unix ms); None when the schedule
+    /// never fires again.
+    pub next_fire_ms: Option<UnixMillis>,
+    /// The last scheduled firing handled (run or skipped by CANCEL_NEW).
+    pub last_fired_ms: Option<UnixMillis>,
+    /// Tasks of the current run that are not terminal.
+    pub active_tasks: u32,
+}
+
+/// Production resources of a quota: cpu in cores, ram and disk in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaResources {
+    pub cpu: f64,
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// A role's quota and its production use (GET /v1/quotas[/{role}]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuotaView {
+    pub role: String,
+    /// None: the role is not bounded.
+    pub quota: Option<QuotaResources>,
+    pub in_use: QuotaResources,
 }
 
 /// GET /v1/agents

@@ -6,8 +6,8 @@
 
 use drover_common::parse::{known_field_paths, parse_job, parse_job_json, SpecErrors};
 use drover_common::spec::{
-    HealthCheck, HealthCheckType, HttpLifecycle, JobSpec, Lifecycle, PartitionPolicy, ProcessSpec,
-    Resources, TaskSpec, Tier, UpdateConfig,
+    CronCollisionPolicy, HealthCheck, HealthCheckType, HttpLifecycle, JobSpec, Lifecycle,
+    PartitionPolicy, ProcessSpec, Resources, TaskSpec, Tier, UpdateConfig,
 };
 use drover_common::units::{ByteSize, Duration};
 
@@ -126,6 +126,10 @@ fn full_job() -> JobSpec {
             delay: Duration::from_secs(60),
             exclusive: true,
         },
+        priority: 7,
+        cron_schedule: Some("*/5 * * * *".into()),
+        cron_timezone: Some("Europe/Paris".into()),
+        cron_collision_policy: CronCollisionPolicy::CancelNew,
     }
 }
 

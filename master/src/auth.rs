@@ -61,6 +61,8 @@ pub enum Permission {
     ManageTokens,
     /// Override a safety of the master, e.g. release the eviction guard (admin).
     Override,
+    /// Set the roles' production quotas (admin).
+    ManageQuotas,
     /// Remove or forbid agents (admin, operator).
     Maintenance,
     /// Read every job and agent (admin, operator).
@@ -79,6 +81,7 @@ impl std::fmt::Display for Permission {
         match self {
             Permission::ManageTokens => write!(f, "tokens:manage (an admin token)"),
             Permission::Override => write!(f, "override (an admin token)"),
+            Permission::ManageQuotas => write!(f, "quotas:manage (an admin token)"),
             Permission::Maintenance => write!(f, "maintenance (an admin or operator token)"),
             Permission::ReadAll => write!(f, "read:all (an admin or operator token)"),
             Permission::ReadJob { role } => {

@@ -96,6 +96,16 @@ pub struct Args {
     /// Tasks made LOST by agent loss, at most, per second.
     #[arg(long, value_name = "N")]
     pub agent_loss_rate: Option<u32>,
+    /// How long resources freed by preemption stay reserved for the preemptor.
+    #[arg(long, value_name = "DURATION")]
+    pub preemption_reservation: Option<String>,
+    /// A cron firing missed while the master was down runs at start if at most
+    /// this old.
+    #[arg(long, value_name = "DURATION")]
+    pub cron_grace: Option<String>,
+    /// Test switch: accept cron schedules with a leading seconds field.
+    #[arg(long)]
+    pub cron_seconds: bool,
 }
 
 /// The TOML file; every key optional.
@@ -124,6 +134,9 @@ struct FileConfig {
     eviction_guard_share: Option<f64>,
     eviction_guard_window: Option<String>,
     agent_loss_rate: Option<u32>,
+    preemption_reservation: Option<String>,
+    cron_grace: Option<String>,
+    cron_seconds: Option<bool>,
 }
 
 /// The validated configuration.
@@ -331,6 +344,17 @@ impl Config {
                 .agent_loss_rate
                 .or(file.agent_loss_rate)
                 .unwrap_or(d.agent_loss_rate),
+            preemption_reservation_ms: duration(
+                "preemption_reservation",
+                args.preemption_reservation.or(file.preemption_reservation),
+                d.preemption_reservation_ms,
+            )?,
+            cron_grace_ms: duration(
+                "cron_grace",
+                args.cron_grace.or(file.cron_grace),
+                d.cron_grace_ms,
+            )?,
+            cron_seconds: args.cron_seconds || file.cron_seconds.unwrap_or(false),
         };
         validate(&core)?;
         Ok(Config {
@@ -389,6 +413,7 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
     positive("reconcile_backoff_max", c.reconcile_backoff_max_ms)?;
     positive("exclusive_lease", c.exclusive_lease_ms)?;
     positive("eviction_guard_window", c.eviction_guard_window_ms)?;
+    positive("preemption_reservation", c.preemption_reservation_ms)?;
     if c.agent_loss_rate == 0 {
         return Err(ConfigError::Field {
             field: "agent_loss_rate",

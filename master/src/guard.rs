@@ -76,6 +76,7 @@ fn permission_of(access: Access, param: impl Fn(&str) -> String) -> Option<Permi
         Access::Maintenance => Some(Permission::Maintenance),
         Access::ManageTokens => Some(Permission::ManageTokens),
         Access::Override => Some(Permission::Override),
+        Access::ManageQuotas => Some(Permission::ManageQuotas),
         Access::Agent => Some(Permission::Agent {
             agent_id: param("id"),
         }),

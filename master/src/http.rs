@@ -81,6 +81,8 @@ pub enum Access {
     ManageTokens,
     /// An admin token (overrides: releasing the eviction guard).
     Override,
+    /// An admin token (setting role quotas).
+    ManageQuotas,
     /// An agent token, bound by this registration to the body's `agent_id`.
     AgentRegister,
     /// The agent token bound to the path's `:id`.
@@ -158,6 +160,21 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (
             route("POST", "/v1/agents/:id/allow", Maintenance),
             post(allow_agent),
+        ),
+        (route("GET", "/v1/quotas", ReadAll), get(list_quotas)),
+        (route("GET", "/v1/quotas/:role", ReadAll), get(get_quota)),
+        (
+            route("POST", "/v1/quotas/:role", ManageQuotas),
+            post(set_quota),
+        ),
+        (route("GET", "/v1/cron", ReadAll), get(list_cron)),
+        (
+            route("POST", "/v1/cron/:role/:env/:name/start", JobWrite),
+            post(cron_start),
+        ),
+        (
+            route("POST", "/v1/cron/:role/:env/:name/deschedule", JobWrite),
+            post(cron_deschedule),
         ),
         (route("GET", "/v1/tokens", ManageTokens), get(list_tokens)),
         (
@@ -262,6 +279,15 @@ impl From<CoreError> for ApiErr {
             CoreError::BadConstraint { ref attribute, .. } => {
                 let field = format!("constraints.{attribute}");
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
+            }
+            CoreError::QuotaExceeded { .. } => {
+                ApiErr::new(StatusCode::FORBIDDEN, "quota_exceeded", msg, Some("quota"))
+            }
+            CoreError::BadCron(ref e) => {
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(e.field))
+            }
+            CoreError::NotCron(_) => {
+                ApiErr::new(StatusCode::CONFLICT, "not_cron", msg, Some("job"))
             }
         }
     }
@@ -422,6 +448,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
         Reply::Cluster(c) => Ok(json(StatusCode::OK, &c)),
+        Reply::Quota(q) => Ok(json(StatusCode::OK, &q)),
         other => Err(unexpected(other)),
     }
 }
@@ -588,6 +615,97 @@ async fn cluster(State(api): State<Shared>) -> Response {
 
 async fn release_guard(State(api): State<Shared>) -> Result<Response, ApiErr> {
     ok_reply(api.master.apply(Event::ReleaseEvictionGuard).await?)
+}
+
+async fn list_quotas(State(api): State<Shared>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.quota_views()))
+}
+
+async fn get_quota(State(api): State<Shared>, Path(role): Path<String>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.quota_view(&role)))
+}
+
+/// Body of POST /v1/quotas/{role}: the production resources the role may hold
+/// (`{"cpu": 4, "ram_bytes": ..., "disk_bytes": ...}`), or `{"remove": true}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetQuotaRequest {
+    #[serde(default)]
+    cpu: Option<f64>,
+    #[serde(default)]
+    ram_bytes: Option<u64>,
+    #[serde(default)]
+    disk_bytes: Option<u64>,
+    #[serde(default)]
+    remove: bool,
+}
+
+async fn set_quota(
+    State(api): State<Shared>,
+    Path(role): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    if !drover_common::spec::is_valid_name(&role) {
+        return Err(ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            format!("`{role}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)"),
+            Some("role"),
+        ));
+    }
+    let req: SetQuotaRequest = read_json(body).await?;
+    let bad = |field: &str, message: String| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_quota",
+            message,
+            Some(field),
+        )
+    };
+    let quota = if req.remove {
+        if req.cpu.is_some() || req.ram_bytes.is_some() || req.disk_bytes.is_some() {
+            return Err(bad(
+                "remove",
+                "remove goes alone; send either remove or cpu, ram_bytes and disk_bytes"
+                    .to_string(),
+            ));
+        }
+        None
+    } else {
+        let cpu = req.cpu.unwrap_or(0.0);
+        if !cpu.is_finite() || cpu < 0.0 {
+            return Err(bad(
+                "cpu",
+                format!("is {cpu}; use 0 or more cores, e.g. 4 or 0.5"),
+            ));
+        }
+        Some(crate::core::Usage::from_wire(&wire::QuotaResources {
+            cpu,
+            ram_bytes: req.ram_bytes.unwrap_or(0),
+            disk_bytes: req.disk_bytes.unwrap_or(0),
+        }))
+    };
+    ok_reply(api.master.apply(Event::SetQuota { role, quota }).await?)
+}
+
+async fn list_cron(State(api): State<Shared>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.cron_views()))
+}
+
+async fn cron_start(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    ok_reply(api.master.apply(Event::CronStart { job }).await?)
+}
+
+async fn cron_deschedule(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    ok_reply(api.master.apply(Event::CronDeschedule { job }).await?)
 }
 
 /// How long the master waits for an agent's log server.

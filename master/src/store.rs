@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::watch;
 
-use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task};
+use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task, Usage};
 
 /// The file name of the SQLite database inside the data dir.
 pub const DB_FILE: &str = "drover.db";
@@ -119,7 +119,10 @@ impl SqliteStore {
                 state TEXT NOT NULL, desired TEXT NOT NULL, agent TEXT, record TEXT NOT NULL);
              CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job, instance);
              CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, record TEXT NOT NULL);
-             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+             CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS quotas (role TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS cron_fired (
+                job TEXT PRIMARY KEY, fired_ms INTEGER NOT NULL);",
         )
         .map_err(open_err)?;
         let found: Option<String> = conn
@@ -208,6 +211,34 @@ impl Store for SqliteStore {
                 })?;
             snap.agents.push(agent);
         }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT role, record FROM quotas")
+            .map_err(sql("load quotas"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("load quotas"))?;
+        for row in rows {
+            let (role, record) = row.map_err(sql("load quotas"))?;
+            let quota: Usage =
+                serde_json::from_str(&record).map_err(|source| StoreError::Decode {
+                    what: "quota",
+                    key: role.clone(),
+                    source,
+                })?;
+            snap.quotas.push((role, quota));
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT job, fired_ms FROM cron_fired")
+            .map_err(sql("load cron firings"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(sql("load cron firings"))?;
+        for row in rows {
+            let (job, fired) = row.map_err(sql("load cron firings"))?;
+            snap.cron_fired.push((job, fired as u64));
+        }
         Ok(snap)
     }
 
@@ -221,6 +252,8 @@ impl Store for SqliteStore {
                 Change::PutTask(t) => (1, t.id.as_str()),
                 Change::DeleteTask(id) => (1, id.as_str()),
                 Change::PutAgent(a) => (2, a.id.as_str()),
+                Change::PutQuota(role, _) => (3, role.as_str()),
+                Change::PutCronFired(job, _) => (4, job.as_str()),
             };
             keep[i] = seen.insert(key);
         }
@@ -233,6 +266,18 @@ impl Store for SqliteStore {
                 .map_err(sql("prepare"))?;
             let mut del_job = tx
                 .prepare_cached("DELETE FROM jobs WHERE key = ?1")
+                .map_err(sql("prepare"))?;
+            let mut del_fired = tx
+                .prepare_cached("DELETE FROM cron_fired WHERE job = ?1")
+                .map_err(sql("prepare"))?;
+            let mut put_fired = tx
+                .prepare_cached("INSERT OR REPLACE INTO cron_fired (job, fired_ms) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            let mut put_quota = tx
+                .prepare_cached("INSERT OR REPLACE INTO quotas (role, record) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            let mut del_quota = tx
+                .prepare_cached("DELETE FROM quotas WHERE role = ?1")
                 .map_err(sql("prepare"))?;
             let mut put_task = tx
                 .prepare_cached(
@@ -262,6 +307,9 @@ impl Store for SqliteStore {
                     }
                     Change::DeleteJob(key) => {
                         del_job.execute(params![key]).map_err(sql("delete job"))?;
+                        del_fired
+                            .execute(params![key])
+                            .map_err(sql("delete cron firing"))?;
                     }
                     Change::PutTask(t) => {
                         let json = serde_json::to_string(t.as_ref()).map_err(|source| {
@@ -301,6 +349,27 @@ impl Store for SqliteStore {
                         put_agent
                             .execute(params![a.id, json])
                             .map_err(sql("write agent"))?;
+                    }
+                    Change::PutQuota(role, Some(q)) => {
+                        let json =
+                            serde_json::to_string(q).map_err(|source| StoreError::Encode {
+                                what: "quota",
+                                key: role.clone(),
+                                source,
+                            })?;
+                        put_quota
+                            .execute(params![role, json])
+                            .map_err(sql("write quota"))?;
+                    }
+                    Change::PutQuota(role, None) => {
+                        del_quota
+                            .execute(params![role])
+                            .map_err(sql("delete quota"))?;
+                    }
+                    Change::PutCronFired(job, at) => {
+                        put_fired
+                            .execute(params![job, *at as i64])
+                            .map_err(sql("write cron firing"))?;
                     }
                 }
             }

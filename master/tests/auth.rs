@@ -53,6 +53,11 @@ async fn every_route_needs_the_right_token() {
     assert_eq!(s, 201, "{created}");
     let task_id = created["tasks"][0].as_str().unwrap().to_string();
     agent.poll(&c, 1_000).await;
+    // The cron routes act on a cron job (www/prod/tick).
+    let mut cron = job("tick", 1, false);
+    cron["cron_schedule"] = json!("0 0 1 1 *");
+    let (s, created) = c.post("/v1/jobs", &cron).await;
+    assert_eq!(s, 201, "{created}");
 
     let www = token(
         &h,
@@ -94,7 +99,14 @@ async fn every_route_needs_the_right_token() {
             .replace(":stream", "stdout")
             .replace(":role", "www")
             .replace(":env", "prod")
-            .replace(":name", "hello");
+            .replace(
+                ":name",
+                if def.path.starts_with("/v1/cron/") {
+                    "tick"
+                } else {
+                    "hello"
+                },
+            );
         let path = match def.access {
             Access::TaskRead => path.replace(":id", &task_id),
             Access::Agent => path.replace(":id", "agent-1"),
@@ -109,6 +121,9 @@ async fn every_route_needs_the_right_token() {
             }
             ("POST", "/v1/agents/:id/updates") => json!({"updates": []}),
             ("POST", "/v1/tokens") => json!({"kind": "roles", "roles": ["x"]}),
+            ("POST", "/v1/quotas/:role") => {
+                json!({"cpu": 100, "ram_bytes": 1u64 << 40, "disk_bytes": 1u64 << 40})
+            }
             _ => json!({}),
         };
         let path = if def.path.ends_with("/assignments") {
@@ -124,7 +139,9 @@ async fn every_route_needs_the_right_token() {
                 (Some(&db), &www)
             }
             Access::ReadAll | Access::Maintenance => (Some(&db), &operator),
-            Access::ManageTokens | Access::Override => (Some(&operator), &c.admin),
+            Access::ManageTokens | Access::Override | Access::ManageQuotas => {
+                (Some(&operator), &c.admin)
+            }
             Access::AgentRegister => (Some(&www), &agent1),
             Access::Agent => (Some(&agent2), &agent1),
         };

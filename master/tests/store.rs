@@ -48,6 +48,7 @@ fn task(id: &str, state: TaskState) -> Task {
         failures: 1,
         flaps: 2,
         throttle_until: None,
+        preempted_by: None,
         last_report_ms: 0,
         missing_since: None,
     }

@@ -40,6 +40,13 @@ pub struct CoreConfig {
     pub eviction_guard_window_ms: u64,
     /// Tasks made LOST by agent loss, at most, per second.
     pub agent_loss_rate: u32,
+    /// How long resources freed by preemption stay reserved for their preemptor.
+    pub preemption_reservation_ms: u64,
+    /// A cron firing missed while the master was down runs at start if it is at
+    /// most this old.
+    pub cron_grace_ms: u64,
+    /// Test switch: cron schedules may have a leading seconds field (6 fields).
+    pub cron_seconds: bool,
 }
 
 impl Default for CoreConfig {
@@ -61,6 +68,9 @@ impl Default for CoreConfig {
             eviction_guard_share_permille: 500,
             eviction_guard_window_ms: 60_000,
             agent_loss_rate: 100,
+            preemption_reservation_ms: 120_000,
+            cron_grace_ms: 15 * 60_000,
+            cron_seconds: false,
         }
     }
 }

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use drover_common::spec::JobSpec;
 use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
-    ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, QuotaView, RegisterRequest,
     RegisterResponse, StatusAck, StatusUpdate,
 };
 
+use super::cron::CronSpecError;
+use super::quota::Usage;
 use super::{AgentRecord, Task};
 
 /// One change for the store.
@@ -21,6 +23,10 @@ pub enum Change {
     PutTask(Box<Task>),
     DeleteTask(String),
     PutAgent(Box<AgentRecord>),
+    /// A role's quota set (Some) or removed (None).
+    PutQuota(String, Option<Usage>),
+    /// The cron job's last scheduled firing handled (wall clock).
+    PutCronFired(String, UnixMillis),
 }
 
 /// What the core reacts to.
@@ -54,6 +60,19 @@ pub enum Event {
     /// /v1/cluster/eviction-guard/release): the agents lost so far are handled
     /// as ordinary losses, at the loss rate.
     ReleaseEvictionGuard,
+    /// POST /v1/quotas/{role}: set (Some) or remove (None) the role's quota.
+    SetQuota {
+        role: String,
+        quota: Option<Usage>,
+    },
+    /// POST /v1/cron/{key}/start: a run of the cron job now.
+    CronStart {
+        job: String,
+    },
+    /// POST /v1/cron/{key}/deschedule: no more firings.
+    CronDeschedule {
+        job: String,
+    },
 }
 
 /// The answer to the event's sender.
@@ -70,6 +89,8 @@ pub enum Reply {
     Ack(StatusAck),
     /// The cluster and its eviction guard after the event.
     Cluster(ClusterView),
+    /// A role's quota after the event.
+    Quota(QuotaView),
 }
 
 /// Why the core refused an event.
@@ -93,6 +114,17 @@ pub enum CoreError {
     Protocol { got: u32, want: u32 },
     #[error("constraint {attribute}: {message}")]
     BadConstraint { attribute: String, message: String },
+    #[error("role {role}'s production quota is exceeded: quota {quota}; in use {in_use}; asked {asked}. Ask an admin to raise it (drover quota set) or make the job preemptible")]
+    QuotaExceeded {
+        role: String,
+        quota: String,
+        in_use: String,
+        asked: String,
+    },
+    #[error(transparent)]
+    BadCron(CronSpecError),
+    #[error("job {0} is not a cron job")]
+    NotCron(String),
 }
 
 /// What the runtime must do after an event.

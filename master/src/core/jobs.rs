@@ -6,6 +6,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
+use super::cron::CronState;
 use super::model::{constraints_of, need_of, new_task, Job, Slot};
 use super::{Change, Core, CoreError, Now, Reply};
 
@@ -13,6 +14,7 @@ impl Core {
     pub(super) fn create_job(&mut self, spec: JobSpec, now: Now) -> Result<Reply, CoreError> {
         let key = spec.key().to_string();
         let constraints = constraints_of(&spec)?;
+        let schedule = self.schedule_of(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
             let active = old.slots.iter().any(|s| {
                 s.current.iter().chain(s.history.iter()).any(|id| {
@@ -27,6 +29,9 @@ impl Core {
             self.drop_job(&key);
         }
         let need = need_of(&spec);
+        if spec.is_production() {
+            self.check_quota(&spec.role, &key, &need, spec.instances)?;
+        }
         let spec = Arc::new(spec);
         self.job_changes
             .push(Change::PutJob(spec.clone(), key.clone(), now.wall));
@@ -40,7 +45,21 @@ impl Core {
             candidates: None,
             cursor: 0,
             pending_reason: None,
+            cron: schedule.map(|schedule| CronState {
+                schedule,
+                next: None,
+                last_fired: None,
+            }),
         };
+        if job.cron.is_some() {
+            // A template: each firing starts a run (see `cron`).
+            self.jobs.insert(key.clone(), job);
+            self.arm_cron(&key, now.wall, now);
+            return Ok(Reply::JobCreated {
+                job: key,
+                tasks: Vec::new(),
+            });
+        }
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);

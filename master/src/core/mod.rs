@@ -26,12 +26,15 @@
 mod agents;
 mod clock;
 mod config;
+mod cron;
 mod events;
 mod eviction_guard;
 mod jobs;
 mod lifecycle;
 mod model;
 mod placement;
+mod preemption;
+mod quota;
 mod reconciliation;
 mod snapshot;
 mod timers;
@@ -45,9 +48,13 @@ use drover_common::state::{MonoMillis, TaskState};
 
 pub use clock::Now;
 pub use config::CoreConfig;
+pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
 pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use model::Need;
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
+pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
+pub use quota::{check as check_quota, Usage};
 pub use snapshot::Snapshot;
 
 use eviction_guard::EvictionGuard;
@@ -73,6 +80,10 @@ pub struct Core {
     /// changes (one failed try blocks the whole job: its tasks are identical).
     blocked: BTreeMap<String, VecDeque<String>>,
     capacity_changed: bool,
+    /// Preemptors and the resources freed for them, by task id.
+    reservations: HashMap<String, preemption::Reservation>,
+    /// Production quotas by role.
+    quotas: BTreeMap<String, Usage>,
     /// Armed timers by monotonic deadline.
     timers: BinaryHeap<Reverse<(MonoMillis, Timer)>>,
     rng: u64,
@@ -108,6 +119,8 @@ impl Core {
             queue: VecDeque::new(),
             blocked: BTreeMap::new(),
             capacity_changed: false,
+            reservations: HashMap::new(),
+            quotas: BTreeMap::new(),
             timers: BinaryHeap::new(),
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             seq: 0,
@@ -192,6 +205,9 @@ impl Core {
                 Ok(Reply::None)
             }
             Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
+            Event::SetQuota { role, quota } => self.set_quota(role, quota),
+            Event::CronStart { job } => self.cron_start(&job, now),
+            Event::CronDeschedule { job } => self.cron_deschedule(&job, now),
         };
         self.schedule(now);
         let effects = self.finish();

@@ -57,6 +57,9 @@ pub struct Task {
     /// left at load).
     #[serde(default)]
     pub throttle_until: Option<UnixMillis>,
+    /// The task whose preemption ended this task's predecessor (a replacement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_by: Option<String>,
     /// When the agent last told us about this task (status or full task set),
     /// monotonic.
     #[serde(skip)]
@@ -121,15 +124,17 @@ pub(super) struct Job {
     pub(super) cursor: usize,
     /// Why its PENDING tasks do not fit, from the last try.
     pub(super) pending_reason: Option<String>,
+    /// A cron job's schedule and firings; None for other jobs.
+    pub(super) cron: Option<super::cron::CronState>,
 }
 
 /// What one task of a job needs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Need {
-    pub(super) cpu_milli: u64,
-    pub(super) ram: u64,
-    pub(super) disk: u64,
-    pub(super) ports: u32,
+pub struct Need {
+    pub cpu_milli: u64,
+    pub ram: u64,
+    pub disk: u64,
+    pub ports: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -140,6 +145,8 @@ pub(super) struct Agent {
     pub(super) used_ram: u64,
     pub(super) used_disk: u64,
     pub(super) used_ports: BTreeSet<u16>,
+    /// Held for preemptors (freed by their victims), see `preemption`.
+    pub(super) reserved: Need,
     pub(super) next_port: u16,
     /// Non-terminal tasks placed here.
     pub(super) tasks: BTreeSet<String>,
@@ -173,6 +180,7 @@ impl Agent {
             used_ram: 0,
             used_disk: 0,
             used_ports: BTreeSet::new(),
+            reserved: Need::default(),
             next_port,
             tasks: BTreeSet::new(),
             reachable: true,
@@ -276,6 +284,7 @@ pub(super) fn new_task(
         failures: 0,
         flaps: 0,
         throttle_until: None,
+        preempted_by: None,
         last_report_ms: 0,
         missing_since: None,
     }

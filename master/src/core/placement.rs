@@ -17,20 +17,28 @@ use super::timers::Timer;
 use super::{Core, Now};
 
 /// Per-pass counts of a job's active tasks per (limit attribute, value).
-type LimitCounts = Vec<HashMap<String, u32>>;
+pub(super) type LimitCounts = Vec<HashMap<String, u32>>;
 
 impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
     pub(super) fn schedule(&mut self, now: Now) {
-        let retry = self.take_capacity_changed() && !self.blocked.is_empty();
+        let changed = self.take_capacity_changed();
+        if changed {
+            self.place_reserved(now);
+        }
+        let retry = changed && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
         }
         self.rebuild_index_if_dirty();
         let mut limits: HashMap<String, LimitCounts> = HashMap::new();
         if retry {
-            let jobs: Vec<String> = self.blocked.keys().cloned().collect();
+            // Freed room goes to the highest standing first (production, then
+            // priority): a preempted task's replacement must not take its
+            // preemptor's room.
+            let mut jobs: Vec<String> = self.blocked.keys().cloned().collect();
+            jobs.sort_by_cached_key(|j| std::cmp::Reverse(self.standing_of(j).map(|s| s.0)));
             for job in jobs {
                 loop {
                     self.prune_blocked_front(&job);
@@ -41,7 +49,9 @@ impl Core {
                         }
                         break;
                     };
-                    if !self.try_place(&job, &id, &mut limits, now) {
+                    if !self.try_place(&job, &id, &mut limits, now)
+                        && !self.try_preempt_for(&job, &id, &limits, now)
+                    {
                         break;
                     }
                     if let Some(q) = self.blocked.get_mut(&job) {
@@ -64,7 +74,9 @@ impl Core {
                 q.push_back(id);
                 continue;
             }
-            if !self.try_place(&job, &id, &mut limits, now) {
+            if !self.try_place(&job, &id, &mut limits, now)
+                && !self.try_preempt_for(&job, &id, &limits, now)
+            {
                 self.blocked.entry(job).or_default().push_back(id);
             }
         }
@@ -118,19 +130,7 @@ impl Core {
             counts,
         ) {
             Ok(idx) => {
-                let need = job.need;
-                let names = job.spec.task.resources.ports.clone();
-                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
-                    if let Some(v) = self.agents[idx as usize].attr(attr) {
-                        *per_value.entry(v.to_string()).or_insert(0) += 1;
-                    }
-                }
-                let agent = &mut self.agents[idx as usize];
-                agent.used_cpu_milli += need.cpu_milli;
-                agent.used_ram += need.ram;
-                agent.used_disk += need.disk;
-                let ports = take_ports(agent, &names);
-                self.place(id, idx, ports, now);
+                self.place_on(job_key, id, idx, limits, now);
                 true
             }
             Err(reason) => {
@@ -138,6 +138,54 @@ impl Core {
                 false
             }
         }
+    }
+
+    /// Preemption's turn for a task that fits nowhere (see `preemption`): the
+    /// task then waits for its reservation instead of blocking its job.
+    fn try_preempt_for(
+        &mut self,
+        job_key: &str,
+        id: &str,
+        limits: &HashMap<String, LimitCounts>,
+        now: Now,
+    ) -> bool {
+        let Some(counts) = limits.get(job_key) else {
+            return false;
+        };
+        self.try_preempt(job_key, id, counts, now)
+    }
+
+    /// Records task `id` of `job_key` on agent `idx`: resources, ports, limits.
+    pub(super) fn place_on(
+        &mut self,
+        job_key: &str,
+        id: &str,
+        idx: u32,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: Now,
+    ) {
+        if !limits.contains_key(job_key) {
+            let counts = self.limit_counts(job_key);
+            limits.insert(job_key.to_string(), counts);
+        }
+        let Some(job) = self.jobs.get(job_key) else {
+            return;
+        };
+        let need = job.need;
+        let names = job.spec.task.resources.ports.clone();
+        if let Some(counts) = limits.get_mut(job_key) {
+            for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
+                if let Some(v) = self.agents[idx as usize].attr(attr) {
+                    *per_value.entry(v.to_string()).or_insert(0) += 1;
+                }
+            }
+        }
+        let agent = &mut self.agents[idx as usize];
+        agent.used_cpu_milli += need.cpu_milli;
+        agent.used_ram += need.ram;
+        agent.used_disk += need.disk;
+        let ports = take_ports(agent, &names);
+        self.place(id, idx, ports, now);
     }
 
     /// Counts the job's tasks on agents per value of each limit attribute.
@@ -219,16 +267,18 @@ fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option
     if !agent.reachable {
         return Some(Misfit::Unreachable);
     }
-    if agent.used_cpu_milli + need.cpu_milli > agent.cpu_milli {
+    // Reserved: freed by preemption for another task (see `preemption`).
+    let r = &agent.reserved;
+    if agent.used_cpu_milli + r.cpu_milli + need.cpu_milli > agent.cpu_milli {
         return Some(Misfit::Cpu);
     }
-    if agent.used_ram + need.ram > agent.rec.resources.ram_bytes {
+    if agent.used_ram + r.ram + need.ram > agent.rec.resources.ram_bytes {
         return Some(Misfit::Ram);
     }
-    if agent.used_disk + need.disk > agent.rec.resources.disk_bytes {
+    if agent.used_disk + r.disk + need.disk > agent.rec.resources.disk_bytes {
         return Some(Misfit::Disk);
     }
-    if need.ports > 0 && agent.used_ports.len() as u32 + need.ports > agent.port_count() {
+    if need.ports > 0 && agent.used_ports.len() as u32 + r.ports + need.ports > agent.port_count() {
         return Some(Misfit::Ports);
     }
     for (i, ((attr, n), per_value)) in job.constraints.limits.iter().zip(counts).enumerate() {
@@ -242,6 +292,16 @@ fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option
         }
     }
     None
+}
+
+/// Whether anything but free resources keeps the job's next task off `agent`
+/// (unreachable, a limit reached, an attribute missing).
+pub(super) fn misfit_ignoring_resources(agent: &Agent, job: &Job, counts: &LimitCounts) -> bool {
+    let none = Need::default();
+    !matches!(
+        misfit(agent, &none, job, counts),
+        None | Some(Misfit::Cpu | Misfit::Ram | Misfit::Disk | Misfit::Ports)
+    )
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use drover_common::state::TaskState;
+use drover_common::state::{TaskState, UnixMillis};
 
+use super::cron::{catch_up, CronState};
 use super::model::{constraints_of, need_of, Agent, Job, Slot};
+use super::quota::Usage;
 use super::timers::Timer;
 use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task};
 
@@ -14,6 +16,10 @@ pub struct Snapshot {
     pub jobs: Vec<JobRecord>,
     pub tasks: Vec<Task>,
     pub agents: Vec<AgentRecord>,
+    /// Production quotas by role.
+    pub quotas: Vec<(String, Usage)>,
+    /// Each cron job's last scheduled firing handled (wall clock).
+    pub cron_fired: Vec<(String, UnixMillis)>,
 }
 
 impl Core {
@@ -35,8 +41,21 @@ impl Core {
             core.agent_idx.insert(rec.id.clone(), idx);
             core.agents.push(Agent::new(rec, now.mono));
         }
+        core.quotas = snapshot.quotas.into_iter().collect();
+        let fired: std::collections::HashMap<String, UnixMillis> =
+            snapshot.cron_fired.into_iter().collect();
         for job in snapshot.jobs {
             let constraints = constraints_of(&job.spec).unwrap_or_default();
+            // A stored schedule that no longer parses (e.g. the seconds switch was
+            // turned off) leaves the job without firings, loudly in its view.
+            let cron = match core.schedule_of(&job.spec) {
+                Ok(Some(schedule)) => Some(CronState {
+                    schedule,
+                    next: None,
+                    last_fired: fired.get(&job.key).copied(),
+                }),
+                _ => None,
+            };
             let need = need_of(&job.spec);
             let slots = vec![Slot::default(); job.spec.instances as usize];
             core.jobs.insert(
@@ -51,6 +70,7 @@ impl Core {
                     candidates: None,
                     cursor: 0,
                     pending_reason: None,
+                    cron,
                 },
             );
         }
@@ -119,6 +139,34 @@ impl Core {
         if !core.agents.is_empty() {
             core.start_reconciliation(now);
         }
+        core.resume_cron(now);
         core
+    }
+}
+
+impl Core {
+    /// Cron jobs after a restart: the latest firing missed while the master was
+    /// down runs now if within `cron_grace`, then the timers are armed.
+    fn resume_cron(&mut self, now: Now) {
+        let keys: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.cron.is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(job) = self.jobs.get(&key) else {
+                continue;
+            };
+            let Some(cron) = job.cron.as_ref() else {
+                continue;
+            };
+            let since = cron.last_fired.unwrap_or(job.created_ms);
+            if let Some(missed) = catch_up(&cron.schedule, since, now.wall, self.cfg.cron_grace_ms)
+            {
+                self.cron_fire(&key, Some(missed), now);
+            }
+            self.arm_cron(&key, now.wall, now);
+        }
     }
 }

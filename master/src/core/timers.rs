@@ -4,7 +4,7 @@
 
 use std::cmp::Reverse;
 
-use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState};
+use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState, UnixMillis};
 
 use super::{Core, Now};
 
@@ -23,6 +23,10 @@ pub(super) enum Timer {
     Reconcile,
     /// Next round of reconciliation `id`.
     ReconcileRound { id: u64 },
+    /// The preemptor's reservation runs out.
+    Reservation { task: String },
+    /// The cron job's firing at `at_wall` (wall clock) is due.
+    Cron { job: String, at_wall: UnixMillis },
 }
 
 impl Core {
@@ -135,6 +139,8 @@ impl Core {
                 self.push_timer(now.mono + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
+            Timer::Reservation { task } => self.reservation_expired(&task, now),
+            Timer::Cron { job, at_wall } => self.cron_timer(&job, at_wall, now),
         }
     }
 }

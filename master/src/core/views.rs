@@ -69,6 +69,9 @@ impl Core {
                 instances: j.spec.instances,
                 service: j.spec.service,
                 state_counts: self.state_counts(j),
+                tier: j.spec.tier,
+                priority: j.spec.priority,
+                cron: self.cron_view(&j.key),
             })
             .collect()
     }
@@ -149,6 +152,10 @@ impl Core {
         } else {
             None
         };
+        let pending_reason = match (&t.preempted_by, pending_reason) {
+            (Some(by), Some(r)) => Some(format!("preempted by {by}; {r}")),
+            (_, r) => r,
+        };
         task_view(t, pending_reason)
     }
 }
@@ -164,6 +171,7 @@ fn task_view(t: &Task, pending_reason: Option<String>) -> TaskView {
         agent_id: t.agent.clone(),
         ports: t.ports.iter().cloned().collect(),
         pending_reason,
+        preempted_by: t.preempted_by.clone(),
         events: t.status.events.clone(),
         processes: t.processes.clone(),
     }

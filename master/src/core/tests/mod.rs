@@ -15,11 +15,14 @@ use super::*;
 
 mod agents;
 mod clocks;
+mod cron;
 mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
 mod placement;
+mod preemption;
+mod quota;
 mod reconciliation;
 mod snapshot;
 mod views;
@@ -44,6 +47,9 @@ fn cfg() -> CoreConfig {
         eviction_guard_share_permille: 500,
         eviction_guard_window_ms: 10_000,
         agent_loss_rate: 1_000,
+        preemption_reservation_ms: 30_000,
+        cron_grace_ms: 60_000,
+        cron_seconds: true,
     }
 }
 

@@ -1,0 +1,432 @@
+//! Cron jobs (Aurora): a job with a `cron_schedule` is stored as a template and
+//! each firing starts a run of it (a task per instance). The timetable is pure
+//! ([`Schedule`], [`catch_up`]); the glue (`impl Core`) arms the firing timers,
+//! applies the collision policy and records each firing durably.
+//!
+//! - The schedule is the standard 5 fields (minute hour day-of-month month
+//!   day-of-week, vixie-cron semantics, `@daily` and friends too), read in
+//!   `cron_timezone` (IANA, default UTC). With the master's `cron_seconds` test
+//!   switch a 6th leading seconds field is accepted as well.
+//! - A firing while the previous run still has active tasks: KILL_EXISTING kills
+//!   them and starts the new run, CANCEL_NEW skips the firing.
+//! - The last firing handled is stored in the same batch as the run it started, so
+//!   a restarted master never runs one firing twice. Firings missed while the master
+//!   was down: the latest of them runs once at start if it is at most `cron_grace`
+//!   old; older ones are skipped (no burst of missed runs).
+//! - Timers are monotonic: a firing's timer is armed for the wall-clock distance to
+//!   it and checked against the wall clock when it fires (a clock stepped back
+//!   re-arms it).
+
+use std::sync::Arc;
+
+use chrono::TimeZone;
+use croner::parser::{CronParser, Seconds, Year};
+use drover_common::spec::CronCollisionPolicy;
+use drover_common::state::{EventSource, TaskState, UnixMillis};
+use drover_common::wire::{ActionResponse, CronView};
+
+use super::model::new_task;
+use super::timers::Timer;
+use super::{Change, Core, CoreError, Now, Reply};
+
+/// A bad `cron_schedule` or `cron_timezone`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct CronSpecError {
+    /// The spec field at fault.
+    pub field: &'static str,
+    pub message: String,
+}
+
+/// A parsed schedule in its time zone.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    cron: croner::Cron,
+    tz: chrono_tz::Tz,
+    text: String,
+}
+
+const FIELDS: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
+
+fn parser(seconds: bool) -> CronParser {
+    CronParser::builder()
+        .seconds(if seconds {
+            Seconds::Required
+        } else {
+            Seconds::Disallowed
+        })
+        .year(Year::Disallowed)
+        .build()
+}
+
+/// Parses `expr` in time zone `tz` (None: UTC). `allow_seconds` accepts a leading
+/// seconds field (6 fields; the test switch). The error names the cron field.
+pub fn parse(expr: &str, tz: Option<&str>, allow_seconds: bool) -> Result<Schedule, CronSpecError> {
+    let bad = |message: String| CronSpecError {
+        field: "cron_schedule",
+        message,
+    };
+    let tz = match tz {
+        None => chrono_tz::UTC,
+        Some(name) => name.parse::<chrono_tz::Tz>().map_err(|_| CronSpecError {
+            field: "cron_timezone",
+            message: format!(
+                "`{name}` is not an IANA time zone; write one like UTC or Europe/Paris"
+            ),
+        })?,
+    };
+    let text = expr.trim();
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let nickname = text.starts_with('@');
+    let seconds = allow_seconds && parts.len() == 6;
+    if !nickname && parts.len() != 5 && !seconds {
+        let want = if allow_seconds {
+            "5 (or 6 with seconds)"
+        } else {
+            "5"
+        };
+        return Err(bad(format!(
+            "`{text}` has {} fields; a schedule has {want}: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`",
+            parts.len()
+        )));
+    }
+    if !nickname {
+        // Each field alone, the others `*`, so that the error names the field.
+        let names: Vec<&str> = if seconds {
+            std::iter::once("second").chain(FIELDS).collect()
+        } else {
+            FIELDS.to_vec()
+        };
+        for (i, part) in parts.iter().enumerate() {
+            let probe: Vec<&str> = (0..parts.len())
+                .map(|j| if j == i { *part } else { "*" })
+                .collect();
+            if let Err(e) = parser(seconds).parse(&probe.join(" ")) {
+                return Err(bad(format!(
+                    "the {} field `{part}` is not valid: {e}",
+                    names[i]
+                )));
+            }
+        }
+    }
+    let cron = parser(seconds)
+        .parse(text)
+        .map_err(|e| bad(format!("`{text}` is not a valid schedule: {e}")))?;
+    Ok(Schedule {
+        cron,
+        tz,
+        text: text.to_string(),
+    })
+}
+
+impl Schedule {
+    /// The schedule as written.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The time zone's name.
+    pub fn timezone(&self) -> &str {
+        self.tz.name()
+    }
+
+    fn at(&self, ms: UnixMillis) -> Option<chrono::DateTime<chrono_tz::Tz>> {
+        self.tz.timestamp_millis_opt(ms as i64).single()
+    }
+
+    /// The first firing strictly after `ms`.
+    pub fn next_after(&self, ms: UnixMillis) -> Option<UnixMillis> {
+        let t = self.cron.find_next_occurrence(&self.at(ms)?, false).ok()?;
+        u64::try_from(t.timestamp_millis()).ok()
+    }
+
+    /// The last firing at or before `ms`.
+    pub fn last_at_or_before(&self, ms: UnixMillis) -> Option<UnixMillis> {
+        let t = self
+            .cron
+            .find_previous_occurrence(&self.at(ms)?, true)
+            .ok()?;
+        u64::try_from(t.timestamp_millis()).ok()
+    }
+}
+
+/// At start: the firing missed while the master was down that runs now, if any:
+/// the latest one at or before `now`, later than `since` (the last firing handled,
+/// else the job's creation) and at most `grace_ms` old.
+pub fn catch_up(
+    schedule: &Schedule,
+    since: UnixMillis,
+    now: UnixMillis,
+    grace_ms: u64,
+) -> Option<UnixMillis> {
+    let missed = schedule.last_at_or_before(now)?;
+    (missed > since && now.saturating_sub(missed) <= grace_ms).then_some(missed)
+}
+
+/// A cron job's state in the core.
+#[derive(Clone, Debug)]
+pub(super) struct CronState {
+    pub(super) schedule: Arc<Schedule>,
+    /// The next scheduled firing (wall clock).
+    pub(super) next: Option<UnixMillis>,
+    /// The last scheduled firing handled (stored).
+    pub(super) last_fired: Option<UnixMillis>,
+}
+
+impl Core {
+    /// The spec's schedule parsed, or the error naming the field.
+    pub(super) fn schedule_of(
+        &self,
+        spec: &drover_common::spec::JobSpec,
+    ) -> Result<Option<Arc<Schedule>>, CoreError> {
+        let Some(expr) = &spec.cron_schedule else {
+            if spec.cron_timezone.is_some() {
+                return Err(CoreError::BadCron(CronSpecError {
+                    field: "cron_timezone",
+                    message: "is set but cron_schedule is not; add a schedule or remove it"
+                        .to_string(),
+                }));
+            }
+            return Ok(None);
+        };
+        if spec.service {
+            return Err(CoreError::BadCron(CronSpecError {
+                field: "cron_schedule",
+                message: "a service runs forever and cannot be a cron job; set service: false"
+                    .to_string(),
+            }));
+        }
+        parse(expr, spec.cron_timezone.as_deref(), self.cfg.cron_seconds)
+            .map(|s| Some(Arc::new(s)))
+            .map_err(CoreError::BadCron)
+    }
+
+    /// Arms the timer of the job's next firing after `after` (wall clock).
+    pub(super) fn arm_cron(&mut self, key: &str, after: UnixMillis, now: Now) {
+        let Some(cron) = self.jobs.get_mut(key).and_then(|j| j.cron.as_mut()) else {
+            return;
+        };
+        cron.next = cron.schedule.next_after(after);
+        if let Some(next) = cron.next {
+            let at = now.mono + next.saturating_sub(now.wall);
+            self.push_timer(
+                at,
+                Timer::Cron {
+                    job: key.to_string(),
+                    at_wall: next,
+                },
+            );
+        }
+    }
+
+    /// A firing timer: runs the firing if it is still the job's next one and due
+    /// by the wall clock.
+    pub(super) fn cron_timer(&mut self, key: &str, at_wall: UnixMillis, now: Now) {
+        let Some(cron) = self.jobs.get(key).and_then(|j| j.cron.as_ref()) else {
+            return;
+        };
+        if cron.next != Some(at_wall) {
+            return;
+        }
+        if now.wall < at_wall {
+            // The wall clock is behind the monotonic estimate: wait the rest.
+            self.push_timer(
+                now.mono + (at_wall - now.wall),
+                Timer::Cron {
+                    job: key.to_string(),
+                    at_wall,
+                },
+            );
+            return;
+        }
+        self.cron_fire(key, Some(at_wall), now);
+        self.arm_cron(key, now.wall.max(at_wall), now);
+    }
+
+    /// One firing of cron job `key` (`scheduled`: the firing time; None: started by
+    /// hand). Applies the collision policy and answers the tasks started.
+    pub(super) fn cron_fire(
+        &mut self,
+        key: &str,
+        scheduled: Option<UnixMillis>,
+        now: Now,
+    ) -> Vec<String> {
+        let Some(job) = self.jobs.get(key) else {
+            return Vec::new();
+        };
+        let policy = job.spec.cron_collision_policy;
+        let active: Vec<String> = job
+            .slots
+            .iter()
+            .filter_map(|s| s.current.clone())
+            .filter(|id| {
+                self.tasks
+                    .get(id)
+                    .is_some_and(|t| !t.status.state.is_terminal())
+            })
+            .collect();
+        if let Some(at) = scheduled {
+            if let Some(c) = self.jobs.get_mut(key).and_then(|j| j.cron.as_mut()) {
+                c.last_fired = Some(at);
+            }
+            self.job_changes
+                .push(Change::PutCronFired(key.to_string(), at));
+        }
+        if !active.is_empty() {
+            match policy {
+                CronCollisionPolicy::CancelNew => return Vec::new(),
+                CronCollisionPolicy::KillExisting => {
+                    for id in &active {
+                        self.stop_task(
+                            id,
+                            TaskState::Killing,
+                            EventSource::Master,
+                            "killed by a new cron run (KILL_EXISTING)",
+                            now,
+                        );
+                    }
+                }
+            }
+        }
+        self.start_run(key, now)
+    }
+
+    /// A new task in every instance of `key`, PENDING; older tasks move into the
+    /// history.
+    fn start_run(&mut self, key: &str, now: Now) -> Vec<String> {
+        let Some(job) = self.jobs.get(key) else {
+            return Vec::new();
+        };
+        let (name, n) = (job.spec.name.clone(), job.slots.len());
+        let mut ids = Vec::with_capacity(n);
+        for instance in 0..n as u32 {
+            let current = self.current_of(key, instance);
+            let id = match current {
+                Some(old) => {
+                    let Some(id) = self.create_replacement(&old, now, None, "cron run") else {
+                        continue;
+                    };
+                    if let Some(t) = self.tasks.get_mut(&id) {
+                        t.failures = 0;
+                    }
+                    id
+                }
+                None => {
+                    let id = self.next_task_id(&name, instance);
+                    let task = new_task(
+                        &id,
+                        key,
+                        instance,
+                        0,
+                        now.wall,
+                        TaskState::Pending,
+                        "cron run",
+                    );
+                    self.tasks.insert(id.clone(), task);
+                    self.queue.push_back(id.clone());
+                    self.mark(&id);
+                    if let Some(slot) = self
+                        .jobs
+                        .get_mut(key)
+                        .and_then(|j| j.slots.get_mut(instance as usize))
+                    {
+                        slot.current = Some(id.clone());
+                    }
+                    id
+                }
+            };
+            ids.push(id);
+        }
+        ids
+    }
+
+    /// `drover cron start KEY`: a run now, under the collision policy; the schedule
+    /// and its last firing are unchanged.
+    pub(super) fn cron_start(&mut self, key: &str, now: Now) -> Result<Reply, CoreError> {
+        self.cron_job(key)?;
+        let tasks = self.cron_fire(key, None, now);
+        Ok(Reply::Action(ActionResponse {
+            job: key.to_string(),
+            tasks,
+        }))
+    }
+
+    /// `drover cron deschedule KEY`: no more firings. A job without active tasks
+    /// is removed; one with a run going keeps it as an ordinary job.
+    pub(super) fn cron_deschedule(&mut self, key: &str, now: Now) -> Result<Reply, CoreError> {
+        self.cron_job(key)?;
+        let active = self.job_active(key);
+        if active {
+            if let Some(job) = self.jobs.get_mut(key) {
+                job.cron = None;
+                let mut spec = job.spec.as_ref().clone();
+                spec.cron_schedule = None;
+                spec.cron_timezone = None;
+                job.spec = Arc::new(spec);
+                self.job_changes.push(Change::PutJob(
+                    job.spec.clone(),
+                    key.to_string(),
+                    job.created_ms,
+                ));
+            }
+        } else {
+            self.drop_job(key);
+        }
+        let _ = now;
+        Ok(Reply::Action(ActionResponse {
+            job: key.to_string(),
+            tasks: Vec::new(),
+        }))
+    }
+
+    fn cron_job(&self, key: &str) -> Result<(), CoreError> {
+        match self.jobs.get(key) {
+            None => Err(CoreError::NoJob(key.to_string())),
+            Some(j) if j.cron.is_none() => Err(CoreError::NotCron(key.to_string())),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether any task of the job is not terminal.
+    pub(super) fn job_active(&self, key: &str) -> bool {
+        self.jobs.get(key).is_some_and(|j| {
+            j.slots.iter().any(|s| {
+                s.current.iter().chain(s.history.iter()).any(|id| {
+                    self.tasks
+                        .get(id)
+                        .is_some_and(|t| !t.status.state.is_terminal())
+                })
+            })
+        })
+    }
+
+    /// The cron view of job `key`, if it is a cron job.
+    pub fn cron_view(&self, key: &str) -> Option<CronView> {
+        let job = self.jobs.get(key)?;
+        let cron = job.cron.as_ref()?;
+        let active_tasks = job
+            .slots
+            .iter()
+            .filter_map(|s| s.current.as_ref())
+            .filter(|id| {
+                self.tasks
+                    .get(*id)
+                    .is_some_and(|t| !t.status.state.is_terminal())
+            })
+            .count() as u32;
+        Some(CronView {
+            job: key.to_string(),
+            schedule: cron.schedule.text().to_string(),
+            timezone: cron.schedule.timezone().to_string(),
+            collision_policy: job.spec.cron_collision_policy,
+            next_fire_ms: cron.next,
+            last_fired_ms: cron.last_fired,
+            active_tasks,
+        })
+    }
+
+    /// GET /v1/cron: every cron job, sorted by key.
+    pub fn cron_views(&self) -> Vec<CronView> {
+        self.jobs.keys().filter_map(|k| self.cron_view(k)).collect()
+    }
+}

@@ -156,6 +156,10 @@ impl Core {
         task.desired = DesiredState::Shutdown;
         task.kill_reason = Some(ExitReason::KilledByRequest);
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
+            self.release_reservation(id);
+            let Some(task) = self.tasks.get_mut(id) else {
+                return false;
+            };
             let _ = task.status.transition(
                 TaskState::Killed,
                 Some(ExitReason::KilledByRequest),

@@ -208,7 +208,15 @@ impl Core {
                 for p in ports {
                     a.used_ports.remove(&p);
                 }
-                self.capacity_changed = true;
+                if a.reserved_for.is_empty() {
+                    self.capacity_changed = true;
+                } else {
+                    // Promised to preemptors first; others only get what is left.
+                    self.reserved_wake.insert(idx);
+                    if a.has_room_beyond_reservations() {
+                        self.capacity_changed = true;
+                    }
+                }
             }
             if source == EventSource::Executor {
                 self.bump_agent_quietly(idx);

@@ -82,6 +82,8 @@ pub struct Core {
     capacity_changed: bool,
     /// Preemptors and the resources freed for them, by task id.
     reservations: HashMap<String, preemption::Reservation>,
+    /// Agents with reservations whose room grew: their preemptors may fit now.
+    reserved_wake: BTreeSet<u32>,
     /// Production quotas by role.
     quotas: BTreeMap<String, Usage>,
     /// Armed timers by monotonic deadline.
@@ -120,6 +122,7 @@ impl Core {
             blocked: BTreeMap::new(),
             capacity_changed: false,
             reservations: HashMap::new(),
+            reserved_wake: BTreeSet::new(),
             quotas: BTreeMap::new(),
             timers: BinaryHeap::new(),
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,

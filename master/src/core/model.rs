@@ -147,6 +147,8 @@ pub(super) struct Agent {
     pub(super) used_ports: BTreeSet<u16>,
     /// Held for preemptors (freed by their victims), see `preemption`.
     pub(super) reserved: Need,
+    /// The preemptors holding `reserved`.
+    pub(super) reserved_for: Vec<String>,
     pub(super) next_port: u16,
     /// Non-terminal tasks placed here.
     pub(super) tasks: BTreeSet<String>,
@@ -181,6 +183,7 @@ impl Agent {
             used_disk: 0,
             used_ports: BTreeSet::new(),
             reserved: Need::default(),
+            reserved_for: Vec::new(),
             next_port,
             tasks: BTreeSet::new(),
             reachable: true,

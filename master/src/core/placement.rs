@@ -6,7 +6,7 @@
 //! fit, its identical siblings are not tried again in the same pass. Also the glue the
 //! scheduler works through: the attribute index and `place`, which records a placement.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use drover_common::spec::Constraint;
@@ -23,16 +23,17 @@ impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
     pub(super) fn schedule(&mut self, now: Now) {
+        self.place_reserved(now);
         let changed = self.take_capacity_changed();
-        if changed {
-            self.place_reserved(now);
-        }
         let retry = changed && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
         }
         self.rebuild_index_if_dirty();
         let mut limits: HashMap<String, LimitCounts> = HashMap::new();
+        // Jobs that found no agent in this pass: room only shrinks within a pass,
+        // so their next tasks go straight to preemption.
+        let mut no_fit: HashSet<String> = HashSet::new();
         if retry {
             // Freed room goes to the highest standing first (production, then
             // priority): a preempted task's replacement must not take its
@@ -49,9 +50,7 @@ impl Core {
                         }
                         break;
                     };
-                    if !self.try_place(&job, &id, &mut limits, now)
-                        && !self.try_preempt_for(&job, &id, &limits, now)
-                    {
+                    if !self.place_or_preempt(&job, &id, &mut limits, &mut no_fit, now) {
                         break;
                     }
                     if let Some(q) = self.blocked.get_mut(&job) {
@@ -74,9 +73,7 @@ impl Core {
                 q.push_back(id);
                 continue;
             }
-            if !self.try_place(&job, &id, &mut limits, now)
-                && !self.try_preempt_for(&job, &id, &limits, now)
-            {
+            if !self.place_or_preempt(&job, &id, &mut limits, &mut no_fit, now) {
                 self.blocked.entry(job).or_default().push_back(id);
             }
         }
@@ -140,15 +137,23 @@ impl Core {
         }
     }
 
-    /// Preemption's turn for a task that fits nowhere (see `preemption`): the
-    /// task then waits for its reservation instead of blocking its job.
-    fn try_preempt_for(
+    /// Places the task, or when it fits nowhere gives preemption its turn (see
+    /// `preemption`): the task then waits for its reservation instead of blocking
+    /// its job.
+    fn place_or_preempt(
         &mut self,
         job_key: &str,
         id: &str,
-        limits: &HashMap<String, LimitCounts>,
+        limits: &mut HashMap<String, LimitCounts>,
+        no_fit: &mut HashSet<String>,
         now: Now,
     ) -> bool {
+        if !no_fit.contains(job_key) {
+            if self.try_place(job_key, id, limits, now) {
+                return true;
+            }
+            no_fit.insert(job_key.to_string());
+        }
         let Some(counts) = limits.get(job_key) else {
             return false;
         };
@@ -189,7 +194,7 @@ impl Core {
     }
 
     /// Counts the job's tasks on agents per value of each limit attribute.
-    fn limit_counts(&self, job_key: &str) -> LimitCounts {
+    pub(super) fn limit_counts(&self, job_key: &str) -> LimitCounts {
         let Some(job) = self.jobs.get(job_key) else {
             return Vec::new();
         };

@@ -17,6 +17,9 @@
 //! - Across agents: the candidate agents are scanned from the job's cursor, and the
 //!   agent needing the fewest victims (then the lowest highest victim priority) among
 //!   the first [`SCAN_FEASIBLE`] feasible ones wins; a one-victim agent ends the scan.
+//!   Agents already holding a reservation are only looked at when no other will do
+//!   (their room is promised), and never one holding a reservation for the same job
+//!   (its limits count the reserved task as if placed there).
 //!
 //! The glue (`impl Core`): choosing the agent, moving the victims to PREEMPTING with
 //! their replacements PENDING, the reservation (counted in the agent's `reserved`
@@ -154,6 +157,14 @@ pub(super) struct Reservation {
     pub(super) until: MonoMillis,
 }
 
+impl Agent {
+    /// Whether some cpu and ram are left beyond what is used and reserved.
+    pub(super) fn has_room_beyond_reservations(&self) -> bool {
+        let f = free_of(self);
+        f.cpu_milli > 0 && f.ram > 0
+    }
+}
+
 /// The agent's resources left for a task that holds no reservation there.
 fn free_of(agent: &Agent) -> Free {
     Free {
@@ -215,14 +226,31 @@ impl Core {
             return false;
         }
         let start = job.cursor % n;
-        // (victim count, highest victim priority, agent, victim ids)
-        let mut best: Option<(usize, u32, u32, Vec<String>)> = None;
+        // (victim count, highest victim priority, position, agent, victim ids)
+        let mut best: Option<(usize, u32, usize, u32, Vec<String>)> = None;
         let mut feasible = 0;
         let mut ids: Vec<&str> = Vec::new();
         let mut list: Vec<Candidate> = Vec::new();
-        for step in 0..n {
-            let idx = cands[(start + step) % n];
+        for step in 0..2 * n {
+            if step == n && best.is_some() {
+                break;
+            }
+            // First pass: agents without reservations; second: the others.
+            let reserved_pass = step >= n;
+            let pos = (start + step) % n;
+            let idx = cands[pos];
             let agent = &self.agents[idx as usize];
+            if agent.reserved_for.is_empty() == reserved_pass {
+                continue;
+            }
+            if reserved_pass
+                && agent
+                    .reserved_for
+                    .iter()
+                    .any(|r| self.tasks.get(r).is_some_and(|t| t.job == job_key))
+            {
+                continue;
+            }
             if misfit_ignoring_resources(agent, job, counts) {
                 continue;
             }
@@ -265,16 +293,16 @@ impl Core {
             let top = chosen.iter().map(|&i| list[i].priority).max().unwrap_or(0);
             let better = best
                 .as_ref()
-                .is_none_or(|(c, p, _, _)| (chosen.len(), top) < (*c, *p));
+                .is_none_or(|(c, p, _, _, _)| (chosen.len(), top) < (*c, *p));
             if better {
                 let victims = chosen.iter().map(|&i| ids[i].to_string()).collect();
-                best = Some((chosen.len(), top, idx, victims));
+                best = Some((chosen.len(), top, pos, idx, victims));
             }
             if best.as_ref().is_some_and(|b| b.0 == 1) || feasible >= SCAN_FEASIBLE {
                 break;
             }
         }
-        let Some((_, _, idx, victims)) = best else {
+        let Some((_, _, pos, idx, victims)) = best else {
             return false;
         };
         for v in &victims {
@@ -283,7 +311,8 @@ impl Core {
         let until = now.mono + self.cfg.preemption_reservation_ms;
         self.reserve(id, idx, need, until);
         if let Some(job) = self.jobs.get_mut(job_key) {
-            job.cursor = job.cursor.wrapping_add(1);
+            // Spread: the job's next task starts after this agent.
+            job.cursor = pos + 1;
         }
         true
     }
@@ -329,6 +358,7 @@ impl Core {
         a.reserved.ram += need.ram;
         a.reserved.disk += need.disk;
         a.reserved.ports += need.ports;
+        a.reserved_for.push(id.to_string());
         self.reservations.insert(
             id.to_string(),
             Reservation {
@@ -345,15 +375,22 @@ impl Core {
         );
     }
 
-    /// Gives a task's reservation back to its agent.
+    /// Gives a task's reservation back to its agent, for any task to take.
     pub(super) fn release_reservation(&mut self, id: &str) -> Option<Reservation> {
+        let r = self.unreserve(id)?;
+        self.capacity_changed = true;
+        Some(r)
+    }
+
+    /// Ends a task's reservation (its holder takes the room itself).
+    fn unreserve(&mut self, id: &str) -> Option<Reservation> {
         let r = self.reservations.remove(id)?;
         let a = &mut self.agents[r.agent as usize];
         a.reserved.cpu_milli = a.reserved.cpu_milli.saturating_sub(r.need.cpu_milli);
         a.reserved.ram = a.reserved.ram.saturating_sub(r.need.ram);
         a.reserved.disk = a.reserved.disk.saturating_sub(r.need.disk);
         a.reserved.ports = a.reserved.ports.saturating_sub(r.need.ports);
-        self.capacity_changed = true;
+        a.reserved_for.retain(|t| t != id);
         Some(r)
     }
 
@@ -373,14 +410,16 @@ impl Core {
         }
     }
 
-    /// Places the preemptors whose reserved agent now has room (their victims
-    /// ended); drops reservations of tasks no longer PENDING.
+    /// Places the preemptors whose reserved agent's room grew and now fits them
+    /// (their victims ended); drops reservations of tasks no longer PENDING.
     pub(super) fn place_reserved(&mut self, now: Now) {
-        if self.reservations.is_empty() {
+        if self.reserved_wake.is_empty() {
             return;
         }
-        let mut ids: Vec<String> = self.reservations.keys().cloned().collect();
-        ids.sort();
+        let mut ids: Vec<String> = Vec::new();
+        for idx in std::mem::take(&mut self.reserved_wake) {
+            ids.extend(self.agents[idx as usize].reserved_for.iter().cloned());
+        }
         let mut limits: HashMap<String, LimitCounts> = HashMap::new();
         for id in ids {
             let pending = self
@@ -400,10 +439,27 @@ impl Core {
             if !agent.reachable || !free.covers(&r.need) {
                 continue;
             }
-            self.release_reservation(&id);
+            self.unreserve(&id);
             let Some(job) = self.tasks.get(&id).map(|t| t.job.clone()) else {
                 continue;
             };
+            if !limits.contains_key(&job) {
+                let counts = self.limit_counts(&job);
+                limits.insert(job.clone(), counts);
+            }
+            let fits = match (self.jobs.get(&job), limits.get(&job)) {
+                (Some(j), Some(counts)) => {
+                    !misfit_ignoring_resources(&self.agents[r.agent as usize], j, counts)
+                }
+                _ => false,
+            };
+            if !fits {
+                // A sibling took the agent's last slot under a limit meanwhile:
+                // wait like any PENDING task; the room goes back to all.
+                self.capacity_changed = true;
+                self.queue.push_back(id);
+                continue;
+            }
             self.place_on(&job, &id, r.agent, &mut limits, now);
         }
     }

@@ -51,6 +51,12 @@ pub enum Command {
     /// The fleet at a glance and the eviction guard.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Production quotas per role: show them, or set one (admin).
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+    /// Cron jobs: list them with their next firing, run one now, deschedule one.
+    #[command(subcommand)]
+    Cron(CronCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
 }
@@ -221,6 +227,61 @@ pub enum ClusterCommand {
     /// replaced (at the configured agent_loss_rate). Use it when the agents are
     /// really gone, not when the master or its network is at fault.
     ReleaseGuard,
+}
+
+/// `drover quota ...`
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// Set the production resources ROLE's jobs may hold (admin); 0 for a resource
+    /// allows none of it.
+    Set {
+        /// The role.
+        role: String,
+        /// CPU cores (decimal, e.g. 8 or 0.5).
+        #[arg(long)]
+        cpu: f64,
+        /// Memory, e.g. 16GiB.
+        #[arg(long)]
+        ram: drover_common::units::ByteSize,
+        /// Disk, e.g. 100GiB.
+        #[arg(long)]
+        disk: drover_common::units::ByteSize,
+    },
+    /// Remove ROLE's quota: its production jobs are no longer bounded (admin).
+    Remove {
+        /// The role.
+        role: String,
+    },
+    /// The quota and production use of ROLE, or of every role with either.
+    Show {
+        /// The role (all when absent).
+        role: Option<String>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `drover cron ...`
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// Every cron job: schedule, time zone, collision policy, next and last firing.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the cron job now (its collision policy applies; the schedule is unchanged).
+    Start {
+        /// The job key, role/env/name.
+        key: String,
+    },
+    /// Stop the job's firings: a job without active tasks is removed, one with a
+    /// run going keeps it as an ordinary job.
+    Deschedule {
+        /// The job key, role/env/name.
+        key: String,
+    },
 }
 
 /// `drover dev ...`

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, InstancesRequest, JobSummary,
-    JobView, TaskView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, CronView, InstancesRequest,
+    JobSummary, JobView, QuotaResources, QuotaView, TaskView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,9 @@ pub enum ClientError {
     /// A task id that cannot be one.
     #[error("`{0}` is not a task id: `drover job status KEY` lists them")]
     BadTaskId(String),
+    /// A role name that cannot be one.
+    #[error("`{0}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)")]
+    BadRole(String),
 }
 
 impl ClientError {
@@ -278,6 +281,56 @@ impl Client {
     pub async fn release_guard(&self) -> Result<ClusterView, ClientError> {
         self.post("/v1/cluster/eviction-guard/release", &serde_json::json!({}))
             .await
+    }
+
+    /// GET /v1/quotas, or /v1/quotas/{role} (as a list of one).
+    pub async fn quotas(&self, role: Option<&str>) -> Result<Vec<QuotaView>, ClientError> {
+        match role {
+            None => self.get("/v1/quotas").await,
+            Some(role) => {
+                if !is_valid_name(role) {
+                    return Err(ClientError::BadRole(role.to_string()));
+                }
+                Ok(vec![self.get(&format!("/v1/quotas/{role}")).await?])
+            }
+        }
+    }
+
+    /// POST /v1/quotas/{role}: sets (Some) or removes (None) the role's quota.
+    pub async fn set_quota(
+        &self,
+        role: &str,
+        quota: Option<QuotaResources>,
+    ) -> Result<QuotaView, ClientError> {
+        if !is_valid_name(role) {
+            return Err(ClientError::BadRole(role.to_string()));
+        }
+        let body = match quota {
+            Some(q) => serde_json::to_value(q).unwrap_or_default(),
+            None => serde_json::json!({"remove": true}),
+        };
+        self.post(&format!("/v1/quotas/{role}"), &body).await
+    }
+
+    /// GET /v1/cron.
+    pub async fn cron_jobs(&self) -> Result<Vec<CronView>, ClientError> {
+        self.get("/v1/cron").await
+    }
+
+    /// POST /v1/cron/{key}/start or /deschedule.
+    pub async fn cron_action(
+        &self,
+        key: &JobKey,
+        action: &str,
+    ) -> Result<ActionResponse, ClientError> {
+        self.post(
+            &format!(
+                "/v1/cron/{}/{}/{}/{action}",
+                key.role, key.environment, key.name
+            ),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     /// GET /v1/agents.

@@ -11,7 +11,8 @@ use drover_common::wire::{JobView, TaskView};
 use serde::Serialize;
 
 use crate::args::{
-    AgentCommand, ClusterCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand,
+    AgentCommand, ClusterCommand, CronCommand, JobCommand, QuotaCommand, TaskCommand, TlsCommand,
+    TokenCommand,
 };
 use crate::client::Client;
 use crate::progress::{wait_outcome, Outcome};
@@ -435,6 +436,75 @@ pub async fn cluster(master: &Endpoint, command: ClusterCommand) -> anyhow::Resu
         print!("{}", render::cluster(&view));
     }
     Ok(!view.eviction_guard.engaged)
+}
+
+/// Runs a `drover quota ...` command.
+pub async fn quota(master: &Endpoint, command: QuotaCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
+    match command {
+        QuotaCommand::Set {
+            role,
+            cpu,
+            ram,
+            disk,
+        } => {
+            if !cpu.is_finite() || cpu < 0.0 {
+                bail!("--cpu is {cpu}; use 0 or more cores, e.g. 8 or 0.5");
+            }
+            let q = drover_common::wire::QuotaResources {
+                cpu,
+                ram_bytes: ram.0,
+                disk_bytes: disk.0,
+            };
+            let view = client.set_quota(&role, Some(q)).await?;
+            print!("{}", render::quota_list(&[view]));
+        }
+        QuotaCommand::Remove { role } => {
+            let view = client.set_quota(&role, None).await?;
+            print!("{}", render::quota_list(&[view]));
+        }
+        QuotaCommand::Show { role, json } => {
+            let quotas = client.quotas(role.as_deref()).await?;
+            if json {
+                print_json(&quotas)?;
+            } else {
+                print!("{}", render::quota_list(&quotas));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Runs a `drover cron ...` command.
+pub async fn cron(master: &Endpoint, command: CronCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
+    match command {
+        CronCommand::List { json } => {
+            let jobs = client.cron_jobs().await?;
+            if json {
+                print_json(&jobs)?;
+            } else {
+                print!("{}", render::cron_list(&jobs));
+            }
+        }
+        CronCommand::Start { key } => {
+            let key = drover_common::spec::JobKey::parse(&key)
+                .map_err(|e| anyhow!("{e}; a job key is role/env/name"))?;
+            let done = client.cron_action(&key, "start").await?;
+            if done.tasks.is_empty() {
+                println!("{key}: a run is active and the policy is CANCEL_NEW: nothing started");
+            } else {
+                println!("{key}: started {}", done.tasks.join(", "));
+            }
+        }
+        CronCommand::Deschedule { key } => {
+            let key = drover_common::spec::JobKey::parse(&key)
+                .map_err(|e| anyhow!("{e}; a job key is role/env/name"))?;
+            client.cron_action(&key, "deschedule").await?;
+            println!("{key}: descheduled");
+        }
+    }
+    Ok(true)
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {

@@ -50,6 +50,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Agent(command) => commands::agent(&endpoint, command).await,
         Command::Token(command) => commands::token(&endpoint, command).await,
         Command::Cluster(command) => commands::cluster(&endpoint, command).await,
+        Command::Quota(command) => commands::quota(&endpoint, command).await,
+        Command::Cron(command) => commands::cron(&endpoint, command).await,
         Command::Dev(_) | Command::Tls(_) => Ok(false),
     }
 }

@@ -155,6 +155,7 @@ mod tests {
             agent_id: None,
             ports: BTreeMap::new(),
             pending_reason: None,
+            preempted_by: None,
             events: states
                 .iter()
                 .enumerate()
@@ -184,6 +185,7 @@ mod tests {
                     history,
                 })
                 .collect(),
+            cron: None,
         }
     }
 

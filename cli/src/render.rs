@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use drover_common::state::{TaskState, UnixMillis};
-use drover_common::wire::{AgentResources, AgentView, ClusterView, JobSummary, JobView, TaskView};
+use drover_common::wire::{
+    AgentResources, AgentView, ClusterView, CronView, JobSummary, JobView, QuotaView, TaskView,
+};
 
 use crate::table::Table;
 
@@ -75,11 +77,16 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
         "batch"
     };
     let mut out = format!(
-        "{}: {} instance(s), {kind}; {}\n",
+        "{}: {} instance(s), {kind}; {}; tier {}, priority {}\n",
         view.key,
         view.instances.len(),
-        state_counts(&view.state_counts)
+        state_counts(&view.state_counts),
+        view.spec.tier,
+        view.spec.priority
     );
+    if let Some(cron) = &view.cron {
+        out.push_str(&format!("{}\n", cron_line(cron)));
+    }
     let mut table = Table::new(&[
         "INSTANCE", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
     ]);
@@ -127,13 +134,85 @@ pub fn job_list(jobs: &[JobSummary]) -> String {
     if jobs.is_empty() {
         return "no jobs\n".to_string();
     }
-    let mut table = Table::new(&["JOB", "TYPE", "INSTANCES", "STATES"]);
+    let mut table = Table::new(&["JOB", "TYPE", "TIER", "PRIORITY", "INSTANCES", "STATES"]);
     for job in jobs {
+        let kind = match (&job.cron, job.service) {
+            (Some(_), _) => "cron",
+            (None, true) => "service",
+            (None, false) => "batch",
+        };
         table.row(vec![
             job.key.clone(),
-            if job.service { "service" } else { "batch" }.to_string(),
+            kind.to_string(),
+            job.tier.to_string(),
+            job.priority.to_string(),
             job.instances.to_string(),
             state_counts(&job.state_counts),
+        ]);
+    }
+    table.render()
+}
+
+/// "cron `*/5 * * * *` (UTC), KILL_EXISTING; next 2026-...; last -".
+pub fn cron_line(c: &CronView) -> String {
+    let when = |ms: Option<UnixMillis>| ms.map(timestamp).unwrap_or_else(|| "-".to_string());
+    format!(
+        "cron `{}` ({}), {}; next {}; last fired {}",
+        c.schedule,
+        c.timezone,
+        c.collision_policy,
+        when(c.next_fire_ms),
+        when(c.last_fired_ms)
+    )
+}
+
+/// `drover cron list`.
+pub fn cron_list(jobs: &[CronView]) -> String {
+    if jobs.is_empty() {
+        return "no cron jobs\n".to_string();
+    }
+    let mut table = Table::new(&[
+        "JOB",
+        "SCHEDULE",
+        "TIME ZONE",
+        "POLICY",
+        "NEXT",
+        "LAST",
+        "ACTIVE",
+    ]);
+    let when = |ms: Option<UnixMillis>| ms.map(timestamp).unwrap_or_else(|| "-".to_string());
+    for c in jobs {
+        table.row(vec![
+            c.job.clone(),
+            c.schedule.clone(),
+            c.timezone.clone(),
+            c.collision_policy.to_string(),
+            when(c.next_fire_ms),
+            when(c.last_fired_ms),
+            c.active_tasks.to_string(),
+        ]);
+    }
+    table.render()
+}
+
+/// `drover quota show`.
+pub fn quota_list(quotas: &[QuotaView]) -> String {
+    if quotas.is_empty() {
+        return "no quotas and no production jobs\n".to_string();
+    }
+    let mut table = Table::new(&["ROLE", "CPU", "RAM", "DISK"]);
+    let mib = |b: u64| format!("{} MiB", b / (1024 * 1024));
+    for q in quotas {
+        let of = |used: String, limit: Option<String>| match limit {
+            Some(l) => format!("{used} of {l}"),
+            None => format!("{used} (no quota)"),
+        };
+        let l = q.quota.as_ref();
+        table.row(vec![
+            q.role.clone(),
+            of(q.in_use.cpu.to_string(), l.map(|l| l.cpu.to_string())),
+            of(mib(q.in_use.ram_bytes), l.map(|l| mib(l.ram_bytes))),
+            of(mib(q.in_use.disk_bytes), l.map(|l| mib(l.disk_bytes))),
         ]);
     }
     table.render()
@@ -358,6 +437,7 @@ mod tests {
             agent_id: None,
             ports: BTreeMap::new(),
             pending_reason: None,
+            preempted_by: None,
             events: vec![TaskEvent {
                 timestamp_ms: 0,
                 state,

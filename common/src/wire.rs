@@ -367,6 +367,9 @@ pub struct JobView {
     /// Count of current tasks per state.
     pub state_counts: BTreeMap<TaskState, u32>,
     pub instances: Vec<InstanceView>,
+    /// Present for cron jobs: the schedule and the next firing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<CronView>,
 }
 
 /// A line of GET /v1/jobs.

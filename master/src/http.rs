@@ -1205,7 +1205,8 @@ async fn index(State(api): State<Shared>) -> Response {
         );
     }
     html.push_str(
-        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>tier</th>\
+         <th>priority</th><th>states</th><th>next cron firing</th></tr>",
     );
     for j in &jobs {
         let states: Vec<String> = j
@@ -1213,11 +1214,26 @@ async fn index(State(api): State<Shared>) -> Response {
             .iter()
             .map(|(s, n)| format!("{s} {n}"))
             .collect();
+        let kind = match (&j.cron, j.service) {
+            (Some(_), _) => "cron",
+            (None, true) => "service",
+            (None, false) => "batch",
+        };
+        let next = j
+            .cron
+            .as_ref()
+            .map(|c| match c.next_fire_ms {
+                Some(ms) => format!("{} (at Unix ms {ms})", escape(&c.schedule)),
+                None => format!("{} (never again)", escape(&c.schedule)),
+            })
+            .unwrap_or_default();
         let _ = write!(
             html,
-            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{}</td><td>{kind}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{next}</td></tr>",
             j.instances,
-            if j.service { "service" } else { "batch" },
+            j.tier,
+            j.priority,
             escape(&states.join(", ")),
             k = escape(&j.key),
         );

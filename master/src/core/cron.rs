@@ -288,12 +288,16 @@ impl Core {
                 }
             }
         }
-        self.start_run(key, now)
+        let why = match scheduled {
+            Some(at) => format!("cron firing at {at}"),
+            None => "cron run started by hand".to_string(),
+        };
+        self.start_run(key, &why, now)
     }
 
     /// A new task in every instance of `key`, PENDING; older tasks move into the
     /// history.
-    fn start_run(&mut self, key: &str, now: Now) -> Vec<String> {
+    fn start_run(&mut self, key: &str, why: &str, now: Now) -> Vec<String> {
         let Some(job) = self.jobs.get(key) else {
             return Vec::new();
         };
@@ -303,7 +307,7 @@ impl Core {
             let current = self.current_of(key, instance);
             let id = match current {
                 Some(old) => {
-                    let Some(id) = self.create_replacement(&old, now, None, "cron run") else {
+                    let Some(id) = self.create_replacement(&old, now, None, why) else {
                         continue;
                     };
                     if let Some(t) = self.tasks.get_mut(&id) {
@@ -313,15 +317,7 @@ impl Core {
                 }
                 None => {
                     let id = self.next_task_id(&name, instance);
-                    let task = new_task(
-                        &id,
-                        key,
-                        instance,
-                        0,
-                        now.wall,
-                        TaskState::Pending,
-                        "cron run",
-                    );
+                    let task = new_task(&id, key, instance, 0, now.wall, TaskState::Pending, why);
                     self.tasks.insert(id.clone(), task);
                     self.queue.push_back(id.clone());
                     self.mark(&id);

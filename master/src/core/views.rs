@@ -56,6 +56,7 @@ impl Core {
             created_ms: job.created_ms,
             state_counts: self.state_counts(job),
             instances,
+            cron: self.cron_view(key),
         })
     }
 

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod converge;
 pub mod executor;
+pub mod host;
 pub mod logs;
 pub mod master;
 pub mod outbox;

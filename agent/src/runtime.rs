@@ -4,7 +4,7 @@
 //! kills exclusive tasks when the master is gone for the lease, collects old
 //! sandboxes and serves logs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,22 +12,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drover_common::spec::is_valid_name;
 use drover_common::state::{mono_ms, ExitReason, TaskState};
 use drover_common::wire::{
-    task_set_digest, AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus,
-    HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
+    AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus, HeartbeatRequest,
+    RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::config::Config;
-use crate::converge::{
-    converge, discard_stale, held_task_ids, lease_kills, max_answer_flight, Action, LocalTask,
-    LocalTasks,
-};
+use crate::converge::{discard_stale, max_answer_flight};
 use crate::executor::{self, ExecutorProcess, ExecutorSettings, ForkServer};
+use crate::host::{self, Gone, Host, HostAction, Verdict};
 use crate::master::{MasterClient, MasterError};
 use crate::outbox::{write_atomic, Outbox, OutboxError};
 use crate::sandbox::{classify, Found, SandboxIo};
@@ -89,17 +86,9 @@ const TICK: Duration = Duration::from_millis(250);
 /// resends updates the master ignores.
 const ACK_FLUSH: Duration = Duration::from_secs(2);
 
-/// The tasks this host holds, with what the runtime needs beside the pure view.
-#[derive(Default)]
-struct Tasks {
-    local: LocalTasks,
-    /// Monotonic ms when a task was seen terminal (for sandbox retention).
-    terminal_at: HashMap<String, u64>,
-    /// Kill requests to each watched executor.
-    killers: HashMap<String, mpsc::UnboundedSender<ExitReason>>,
-    /// Task ids of the latest assignment set, once one arrived.
-    desired: Option<HashSet<String>>,
-}
+/// The tasks this host holds (the pure core), each watched executor reached by the
+/// channel its watcher takes kill requests from.
+type Tasks = Host<mpsc::UnboundedSender<ExitReason>>;
 
 struct Shared {
     cfg: Config,
@@ -386,7 +375,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         exe_name,
         agent_id,
         address,
-        tasks: Mutex::new(Tasks::default()),
+        tasks: Mutex::new(Host::default()),
         outbox,
         updates_tx,
         relay: Notify::new(),
@@ -647,29 +636,18 @@ async fn retire_old_sandbox(shared: &Shared, id: &str, executor_pid: Option<u32>
     if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
         tracing::warn!(task_id = %id, error = %e, "removing an old-layout sandbox panicked");
     }
-    let seq = lock(&shared.outbox).last_seq(id) + 1;
-    report_lost(
-        shared,
+    let verdict = Verdict::lost(
         id,
-        seq,
         "found in a sandbox of an older agent's layout, whose status the task could have forged; its processes were killed".into(),
     );
+    finish(shared, numbered(shared, verdict, 0));
 }
 
-/// Records and reports task `id` LOST (`executor_lost`) with `seq` and `message`.
-fn report_lost(shared: &Shared, id: &str, seq: u64, message: String) {
-    finish(
-        shared,
-        StatusUpdate {
-            task_id: id.to_string(),
-            seq,
-            state: TaskState::Lost,
-            exit_reason: Some(ExitReason::ExecutorLost),
-            message,
-            timestamp_ms: now_ms(),
-            processes: vec![],
-        },
-    );
+/// The status update of an agent-decided `verdict`, numbered past every sequence
+/// number known for its task (the outbox's and `seen`) and stamped now.
+fn numbered(shared: &Shared, verdict: Verdict, seen: u64) -> StatusUpdate {
+    let seq = host::next_seq([lock(&shared.outbox).last_seq(&verdict.task_id), seen]);
+    verdict.into_update(seq, now_ms())
 }
 
 /// The executor pid recorded in the sandbox: the agent's `agent.json` (written for
@@ -683,6 +661,7 @@ fn recorded_executor_pid(layout: &Layout, id: &str) -> Option<u32> {
     })
 }
 
+/// Holds a task whose executor may run, watched; the receiver takes its kill requests.
 fn hold_live(
     shared: &Shared,
     id: &str,
@@ -690,33 +669,15 @@ fn hold_live(
     exclusive: bool,
 ) -> mpsc::UnboundedReceiver<ExitReason> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let mut t = lock(&shared.tasks);
-    t.local.insert(
-        id.to_string(),
-        LocalTask {
-            state: state.unwrap_or(TaskState::Assigned),
-            kill_requested: false,
-            exclusive,
-        },
-    );
-    t.killers.insert(id.to_string(), tx);
+    lock(&shared.tasks).hold_live(id, state, exclusive, tx);
     rx
 }
 
+/// Holds a task that ended, by a status stamped `at_ms` (wall clock; possibly
+/// before this agent started).
 fn hold_terminal(shared: &Shared, id: &str, state: TaskState, at_ms: u64, exclusive: bool) {
-    let mut t = lock(&shared.tasks);
-    t.local.insert(
-        id.to_string(),
-        LocalTask {
-            state,
-            kill_requested: false,
-            exclusive,
-        },
-    );
-    // A status stamped before this agent started: its age by the wall clock, once.
-    let age = now_ms().saturating_sub(at_ms);
-    t.terminal_at
-        .insert(id.to_string(), mono_ms().saturating_sub(age));
+    let since = host::since_mono(mono_ms(), now_ms(), at_ms);
+    lock(&shared.tasks).hold_terminal(id, state, exclusive, since);
 }
 
 // ---------------------------------------------------------------- executors
@@ -761,18 +722,7 @@ async fn start_task(
         }
         Err(e) => {
             tracing::error!(task_id = %id, error = %e, "could not start executor");
-            let seq = lock(&shared.outbox).last_seq(&id) + 1;
-            let update = StatusUpdate {
-                task_id: id.clone(),
-                seq,
-                state: TaskState::Failed,
-                exit_reason: Some(ExitReason::SandboxSetupFailed {
-                    error: e.to_string(),
-                }),
-                message: e.to_string(),
-                timestamp_ms: now_ms(),
-                processes: vec![],
-            };
+            let update = numbered(&shared, Verdict::setup_failed(&id, e.to_string()), 0);
             finish(&shared, update);
         }
     }
@@ -800,7 +750,7 @@ fn finish(shared: &Shared, update: StatusUpdate) {
             tracing::warn!(task_id = %update.task_id, error = %e, "could not record final status in the sandbox");
         }
     }
-    lock(&shared.tasks).killers.remove(&update.task_id);
+    lock(&shared.tasks).unwatch(&update.task_id);
     let _ = shared.updates_tx.send(update);
 }
 
@@ -907,7 +857,7 @@ async fn watch_task(
                         let terminal = status.state.is_terminal();
                         let _ = shared.updates_tx.send(update_from_status(&status));
                         if terminal {
-                            lock(&shared.tasks).killers.remove(&id);
+                            lock(&shared.tasks).unwatch(&id);
                             return;
                         }
                     }
@@ -929,14 +879,14 @@ async fn watch_task(
         }
     }
     // The executor is gone. Its checkpoint says whether the task ended.
-    match shared.layout.read_status(&id) {
-        Some(s) if s.state.is_terminal() => {
-            if s.seq > last {
+    match host::executor_gone(shared.layout.read_status(&id), last) {
+        Gone::Ended(relay) => {
+            if let Some(s) = relay {
                 let _ = shared.updates_tx.send(update_from_status(&s));
             }
-            lock(&shared.tasks).killers.remove(&id);
+            lock(&shared.tasks).unwatch(&id);
         }
-        _ => executor_lost(&shared, &id, last).await,
+        Gone::Lost => executor_lost(&shared, &id, last).await,
     }
 }
 
@@ -946,28 +896,30 @@ async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
         tracing::error!(task_id = %id, error = %e, "cleanup after executor loss failed");
     }
     let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
-    let known = lock(&shared.outbox).last_seq(id);
-    let seq = last_seen.max(checkpoint).max(known) + 1;
     let message = match executor::last_stderr_line(&shared.layout, id) {
         Some(line) => {
             format!("executor lost; what remained of the task was killed (executor said: {line})")
         }
         None => "executor lost; what remained of the task was killed".to_string(),
     };
-    tracing::warn!(task_id = %id, seq, message, "reporting task LOST");
-    report_lost(shared, id, seq, message);
+    let update = numbered(
+        shared,
+        Verdict::lost(id, message),
+        last_seen.max(checkpoint),
+    );
+    tracing::warn!(task_id = %id, seq = update.seq, message = update.message, "reporting task LOST");
+    finish(shared, update);
 }
 
-fn request_kill(t: &mut Tasks, task_id: &str, reason: ExitReason) {
-    if let Some(local) = t.local.get_mut(task_id) {
-        local.kill_requested = true;
-    }
-    if let Some(tx) = t.killers.get(task_id) {
+/// Sends a kill request to task `task_id`'s watcher, if one follows it.
+fn send_kill(t: &Tasks, task_id: &str, reason: ExitReason) {
+    if let Some(tx) = t.watcher(task_id) {
         let _ = tx.send(reason);
     }
 }
 
-/// Converges on a new assignment set.
+/// Converges on a new assignment set: the pure core decides, this carries it out.
+/// Returns the executors to start, each with the receiver of its kill requests.
 fn apply(
     shared: &Arc<Shared>,
     set: &AssignmentSet,
@@ -976,81 +928,31 @@ fn apply(
     let mut reports = Vec::new();
     {
         let mut t = lock(&shared.tasks);
-        for a in &set.assignments {
-            if let Some(local) = t.local.get_mut(&a.task.task_id) {
-                local.exclusive = a.exclusive;
-            }
-        }
-        t.desired = Some(
-            set.assignments
-                .iter()
-                .map(|a| a.task.task_id.clone())
-                .collect(),
-        );
-        for action in converge(set, &t.local) {
+        for action in t.apply(set, mono_ms()) {
             match action {
-                Action::Start(a) => {
-                    let id = a.task.task_id.clone();
-                    if !is_valid_name(&id) {
-                        tracing::error!(task_id = %id, "refusing a task id that is not a valid name");
-                        t.local.insert(
-                            id.clone(),
-                            LocalTask {
-                                state: TaskState::Failed,
-                                kill_requested: false,
-                                exclusive: a.exclusive,
-                            },
-                        );
-                        t.terminal_at.insert(id.clone(), mono_ms());
-                        reports.push((
-                            id,
-                            TaskState::Failed,
-                            ExitReason::SandboxSetupFailed {
-                                error: "task id is not a valid name ([A-Za-z0-9_.-], 1-64 chars)"
-                                    .into(),
-                            },
-                        ));
-                        continue;
-                    }
+                HostAction::Start(a) => {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    t.local.insert(id.clone(), LocalTask::starting(a.exclusive));
-                    t.killers.insert(id, tx);
+                    t.watch(&a.task.task_id, tx);
                     starts.push((*a, rx));
                 }
-                Action::Kill {
+                HostAction::Kill {
                     task_id,
                     reason,
                     cause,
                 } => {
                     tracing::info!(%task_id, ?cause, %reason, "killing task");
-                    request_kill(&mut t, &task_id, reason);
+                    send_kill(&t, &task_id, reason);
                 }
-                Action::ReportKilled { task_id, reason } => {
-                    t.local.insert(
-                        task_id.clone(),
-                        LocalTask {
-                            state: TaskState::Killed,
-                            kill_requested: true,
-                            exclusive: false,
-                        },
-                    );
-                    t.terminal_at.insert(task_id.clone(), mono_ms());
-                    reports.push((task_id, TaskState::Killed, reason));
+                HostAction::Refuse(verdict) => {
+                    tracing::error!(task_id = %verdict.task_id, "refusing a task id that is not a valid name");
+                    reports.push(verdict);
                 }
+                HostAction::ReportKilled(verdict) => reports.push(verdict),
             }
         }
     }
-    for (task_id, state, reason) in reports {
-        let seq = lock(&shared.outbox).last_seq(&task_id) + 1;
-        let _ = shared.updates_tx.send(StatusUpdate {
-            task_id,
-            seq,
-            state,
-            message: reason.to_string(),
-            exit_reason: Some(reason),
-            timestamp_ms: now_ms(),
-            processes: vec![],
-        });
+    for verdict in reports {
+        let _ = shared.updates_tx.send(numbered(shared, verdict, 0));
     }
     shared.applied_version.store(set.version, Ordering::SeqCst);
     starts
@@ -1079,21 +981,7 @@ async fn write_outbox(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Statu
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        {
-            let mut t = lock(&shared.tasks);
-            for u in &batch {
-                let became_terminal = match t.local.get_mut(&u.task_id) {
-                    Some(local) if !local.state.is_terminal() => {
-                        local.state = u.state;
-                        u.state.is_terminal()
-                    }
-                    _ => false,
-                };
-                if became_terminal {
-                    t.terminal_at.insert(u.task_id.clone(), mono_ms());
-                }
-            }
-        }
+        lock(&shared.tasks).recorded(&batch, mono_ms());
         shared.relay.notify_one();
     }
 }
@@ -1195,19 +1083,9 @@ async fn registrar(shared: Arc<Shared>) {
 }
 
 fn heartbeat_request(shared: &Shared, full: bool) -> HeartbeatRequest {
-    let (digest, held): (u64, Vec<(String, TaskState)>) = {
+    let (digest, held) = {
         let t = lock(&shared.tasks);
-        let digest = task_set_digest(held_task_ids(&t.local));
-        let held = if full {
-            t.local
-                .iter()
-                .filter(|(_, l)| !l.state.is_terminal())
-                .map(|(id, l)| (id.clone(), l.state))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        (digest, held)
+        (t.digest(), if full { t.held() } else { Vec::new() })
     };
     let tasks = full.then(|| {
         let ob = lock(&shared.outbox);
@@ -1376,13 +1254,13 @@ async fn ticker(shared: Arc<Shared>) {
         let since = lock(&shared.last_contact).elapsed();
         {
             let mut t = lock(&shared.tasks);
-            for action in lease_kills(&t.local, since, lease(&shared)) {
-                if let Action::Kill {
+            for action in t.lease_kills(since, lease(&shared)) {
+                if let HostAction::Kill {
                     task_id, reason, ..
                 } = action
                 {
                     tracing::warn!(%task_id, since_ms = since.as_millis() as u64, "master unreachable past the lease: killing exclusive task");
-                    request_kill(&mut t, &task_id, reason);
+                    send_kill(&t, &task_id, reason);
                 }
             }
         }
@@ -1398,22 +1276,7 @@ async fn ticker(shared: Arc<Shared>) {
 async fn collect_sandboxes(shared: &Arc<Shared>) {
     let retention_ms = shared.cfg.sandbox_retention.as_millis() as u64;
     let now = mono_ms();
-    let candidates: Vec<String> = {
-        let t = lock(&shared.tasks);
-        let Some(desired) = &t.desired else { return };
-        t.local
-            .iter()
-            .filter(|(id, l)| {
-                l.state.is_terminal()
-                    && !desired.contains(*id)
-                    && !t.killers.contains_key(*id)
-                    && t.terminal_at
-                        .get(*id)
-                        .is_some_and(|at| at + retention_ms <= now)
-            })
-            .map(|(id, _)| id.clone())
-            .collect()
-    };
+    let candidates = lock(&shared.tasks).collectable(retention_ms, now);
     for id in candidates {
         if lock(&shared.outbox).has_pending_for(&id) {
             continue;
@@ -1430,11 +1293,7 @@ async fn collect_sandboxes(shared: &Arc<Shared>) {
         match removed {
             Ok(Ok(())) => {
                 tracing::info!(task_id = %id, "sandbox removed after retention");
-                {
-                    let mut t = lock(&shared.tasks);
-                    t.local.remove(&id);
-                    t.terminal_at.remove(&id);
-                }
+                lock(&shared.tasks).forget(&id);
                 lock(&shared.outbox).forget(&id);
             }
             Ok(Err(e)) => tracing::warn!(task_id = %id, error = %e, "could not remove sandbox"),

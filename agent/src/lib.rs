@@ -13,6 +13,7 @@ pub mod master;
 pub mod outbox;
 pub mod runtime;
 pub mod sandbox;
+mod sys;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

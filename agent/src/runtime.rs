@@ -10,9 +10,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use drover_common::state::{mono_ms, ExitReason, TaskState};
+use drover_common::state::{mono_ms, now_ms, ExitReason, TaskState};
 use drover_common::wire::{
     AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus, HeartbeatRequest,
     RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
@@ -125,14 +125,6 @@ struct Shared {
 /// every critical section is a few plain assignments).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Wall-clock milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Truncated exponential backoff.

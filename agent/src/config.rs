@@ -38,6 +38,9 @@ pub struct ConfigFile {
     pub ports: Option<String>,
     /// Attributes such as `rack = "r1"`.
     pub attributes: Option<BTreeMap<String, String>>,
+    /// The host name reported to the master (operators name hosts by it in
+    /// maintenance commands); default: the machine's host name.
+    pub hostname: Option<String>,
     /// Pass `--no-isolation` to executors (no cgroups, no user switch).
     pub no_isolation: Option<bool>,
     /// Pass `--allow-root` to executors.
@@ -170,6 +173,7 @@ impl ConfigFile {
             ram,
             disk,
             ports,
+            hostname,
             no_isolation,
             allow_root,
             executor_recovery_timeout,
@@ -242,6 +246,16 @@ impl ConfigFile {
             None => DEFAULT_PORTS,
             Some(t) => parse_port_range(&t).map_err(|m| invalid("ports", m))?,
         };
+        let hostname = match self.hostname {
+            Some(h) if !drover_common::spec::is_valid_name(&h) => {
+                return Err(invalid(
+                    "hostname",
+                    format!("`{h}` must be 1-64 of A-Z a-z 0-9 _ . -, e.g. web-7"),
+                ))
+            }
+            Some(h) => h,
+            None => host.hostname.clone(),
+        };
         let mut attributes = self.attributes.unwrap_or_default();
         for (k, v) in &attributes {
             if k.is_empty() || k.contains('=') {
@@ -253,7 +267,7 @@ impl ConfigFile {
         }
         attributes
             .entry("host".to_string())
-            .or_insert_with(|| host.hostname.clone());
+            .or_insert_with(|| hostname.clone());
         let dur = |field, text: Option<String>, default| {
             setting(field, text.as_deref(), SpecDuration(default)).map(SpecDuration::get)
         };
@@ -306,7 +320,7 @@ impl ConfigFile {
             disk_bytes,
             port_range,
             attributes,
-            hostname: host.hostname.clone(),
+            hostname,
             no_isolation: self.no_isolation.unwrap_or(false),
             allow_root: self.allow_root.unwrap_or(false),
             executor_recovery_timeout,

@@ -47,6 +47,9 @@ struct Args {
     /// An attribute k=v (repeatable), e.g. rack=r1.
     #[arg(long = "attribute", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
+    /// The host name reported to the master (default: the machine's).
+    #[arg(long)]
+    hostname: Option<String>,
     /// Run executors with --no-isolation (no cgroups or user switch).
     #[arg(long)]
     no_isolation: bool,
@@ -81,6 +84,7 @@ impl Args {
             ports: self.ports,
             attributes: (!self.attributes.is_empty())
                 .then(|| self.attributes.into_iter().collect()),
+            hostname: self.hostname,
             no_isolation: self.no_isolation.then_some(true),
             allow_root: self.allow_root.then_some(true),
             lease: self.lease,

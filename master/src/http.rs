@@ -15,13 +15,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use drover_common::parse::parse_job_json;
 use drover_common::wire::{
-    self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, InstancesRequest, RegisterRequest,
-    StatusUpdateBatch,
+    self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, HostsRequest, InstancesRequest,
+    RegisterRequest, StatusUpdateBatch,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::core::{CoreError, Event, Reply};
+use crate::core::{CoreError, Event, MaintenanceOp, Reply};
 use crate::runtime::{ApplyError, Master};
 
 /// Largest accepted request body.
@@ -123,6 +123,21 @@ impl From<CoreError> for ApiErr {
                 let field = format!("constraints.{attribute}");
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
             }
+            CoreError::NoHosts => {
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_hosts", msg, Some("hosts"))
+            }
+            CoreError::UnknownHosts(_) => {
+                ApiErr::new(StatusCode::NOT_FOUND, "not_found", msg, Some("hosts"))
+            }
+            CoreError::AmbiguousHost { .. } => {
+                ApiErr::new(StatusCode::CONFLICT, "ambiguous_host", msg, Some("hosts"))
+            }
+            CoreError::HostConflict { .. } => ApiErr::new(
+                StatusCode::CONFLICT,
+                "maintenance_conflict",
+                msg,
+                Some("hosts"),
+            ),
         }
     }
 }
@@ -138,6 +153,11 @@ pub fn router(master: Shared) -> Router {
         .route("/v1/jobs/:role/:env/:name/restart", post(restart_job))
         .route("/v1/tasks/:id", get(get_task))
         .route("/v1/agents", get(list_agents))
+        .route("/v1/hosts", get(list_hosts))
+        .route("/v1/hosts/cordon", post(cordon_hosts))
+        .route("/v1/hosts/drain", post(drain_hosts))
+        .route("/v1/hosts/activate", post(activate_hosts))
+        .route("/v1/hosts/:host", get(get_host))
         .route("/v1/agents/register", post(register))
         .route("/v1/agents/:id/heartbeat", post(heartbeat))
         .route("/v1/agents/:id/assignments", get(assignments))
@@ -259,6 +279,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        Reply::Hosts(h) => Ok(json(StatusCode::OK, &h)),
         other => Err(unexpected(other)),
     }
 }
@@ -345,6 +366,69 @@ async fn get_task(State(m): State<Shared>, Path(id): Path<String>) -> Result<Res
 
 async fn list_agents(State(m): State<Shared>) -> Response {
     json(StatusCode::OK, &m.read(|c| c.agent_views()))
+}
+
+async fn list_hosts(State(m): State<Shared>) -> Response {
+    json(StatusCode::OK, &m.read(|c| c.host_views()))
+}
+
+async fn get_host(State(m): State<Shared>, Path(host): Path<String>) -> Result<Response, ApiErr> {
+    let mut views = m.read(|c| c.host_views_named(std::slice::from_ref(&host)))?;
+    match views.pop() {
+        Some(v) => Ok(json(StatusCode::OK, &v)),
+        None => Err(ApiErr::not_found(&format!("host {host}"), "host")),
+    }
+}
+
+/// Reads a maintenance request; `deadline_ms` is for drains only.
+async fn hosts_request(body: Body, drain: bool) -> Result<HostsRequest, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let req: HostsRequest = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"hosts\": [\"HOST\", ...]}}: {e}"),
+            None,
+        )
+    })?;
+    if !drain && req.deadline_ms.is_some() {
+        return Err(ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "deadline_ms applies to drains only; remove it",
+            Some("deadline_ms"),
+        ));
+    }
+    Ok(req)
+}
+
+async fn cordon_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, false).await?;
+    let event = Event::Maintenance {
+        op: MaintenanceOp::Cordon,
+        hosts: req.hosts,
+    };
+    ok_reply(m.apply(event).await?)
+}
+
+async fn drain_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, true).await?;
+    let event = Event::Maintenance {
+        op: MaintenanceOp::Drain {
+            deadline_ms: req.deadline_ms,
+        },
+        hosts: req.hosts,
+    };
+    ok_reply(m.apply(event).await?)
+}
+
+async fn activate_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, false).await?;
+    let event = Event::Maintenance {
+        op: MaintenanceOp::Activate,
+        hosts: req.hosts,
+    };
+    ok_reply(m.apply(event).await?)
 }
 
 async fn register(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
@@ -532,14 +616,15 @@ async fn index(State(m): State<Shared>) -> Response {
             k = escape(&j.key),
         );
     }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
+    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
     for a in &agents {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{} MiB</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{} MiB</td><td>{}</td></tr>",
             escape(&a.agent_id),
             escape(&a.hostname),
             a.reachable,
+            a.maintenance,
             a.free.cpu,
             a.free.ram_bytes / (1024 * 1024),
             a.tasks.len()

@@ -47,6 +47,7 @@ impl Core {
                     attributes: req.attributes,
                     version: 0,
                     last_heartbeat_ms: now,
+                    maintenance: Default::default(),
                 }));
                 self.index_dirty = true;
                 idx

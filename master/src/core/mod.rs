@@ -16,15 +16,19 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `maintenance`: host maintenance modes and the drain round
+//! - `disruption`: the SLA budgets a drain keeps each job within
 //!
 //! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
 mod config;
+mod disruption;
 mod events;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod model;
 mod placement;
 mod reconciliation;
@@ -40,10 +44,12 @@ use drover_common::state::{TaskState, UnixMillis};
 
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use maintenance::{HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
 
+use maintenance::Drains;
 use reconciliation::Reconciliation;
 use timers::Timer;
 
@@ -72,6 +78,8 @@ pub struct Core {
     start_ms: UnixMillis,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Draining hosts and why they wait.
+    drains: Drains,
     // Per-event scratch.
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
@@ -104,6 +112,7 @@ impl Core {
             start_ms: now,
             recon: None,
             next_recon_id: 1,
+            drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
@@ -175,11 +184,13 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)
             }
         };
+        self.drain_round(now);
         self.schedule(now);
         let effects = self.finish();
         Output { reply, effects }

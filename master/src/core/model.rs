@@ -11,7 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
-use super::CoreError;
+use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -67,6 +67,9 @@ pub struct AgentRecord {
     pub attributes: BTreeMap<String, String>,
     pub version: u64,
     pub last_heartbeat_ms: UnixMillis,
+    /// The host's maintenance mode and its history.
+    #[serde(default)]
+    pub maintenance: HostMaintenance,
 }
 
 /// The stored form of a job.

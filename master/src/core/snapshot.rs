@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use drover_common::state::{TaskState, UnixMillis};
 
+use super::maintenance::Drains;
 use super::model::{constraints_of, need_of, Agent, Job, Slot};
 use super::timers::Timer;
 use super::{AgentRecord, Core, CoreConfig, JobRecord, Task};
@@ -28,6 +29,7 @@ impl Core {
             core.agent_idx.insert(rec.id.clone(), idx);
             core.agents.push(Agent::new(rec));
         }
+        core.drains = Drains::rebuild(&core.agents);
         for job in snapshot.jobs {
             let constraints = constraints_of(&job.spec).unwrap_or_default();
             let need = need_of(&job.spec);

@@ -17,6 +17,7 @@ mod agents;
 mod invariants;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod placement;
 mod reconciliation;
 mod snapshot;
@@ -199,6 +200,44 @@ impl World {
             .current
             .clone()
             .unwrap()
+    }
+
+    /// The snapshot a store holding everything persisted so far would load.
+    fn snapshot(&self) -> Snapshot {
+        let mut jobs = BTreeMap::new();
+        let mut tasks = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        for c in &self.persisted {
+            match c {
+                Change::PutJob(spec, key, created) => {
+                    jobs.insert(
+                        key.clone(),
+                        JobRecord {
+                            key: key.clone(),
+                            spec: spec.as_ref().clone(),
+                            created_ms: *created,
+                        },
+                    );
+                }
+                Change::DeleteJob(key) => {
+                    jobs.remove(key);
+                }
+                Change::PutTask(t) => {
+                    tasks.insert(t.id.clone(), t.as_ref().clone());
+                }
+                Change::DeleteTask(id) => {
+                    tasks.remove(id);
+                }
+                Change::PutAgent(a) => {
+                    agents.insert(a.id.clone(), a.as_ref().clone());
+                }
+            }
+        }
+        Snapshot {
+            jobs: jobs.into_values().collect(),
+            tasks: tasks.into_values().collect(),
+            agents: agents.into_values().collect(),
+        }
     }
 
     fn run(&mut self, task: &str) {

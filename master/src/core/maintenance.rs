@@ -1,0 +1,382 @@
+//! Host maintenance (Aurora's host_deactivate / host_drain / host_status /
+//! host_activate): each host's mode NONE -> SCHEDULED (cordoned) -> DRAINING ->
+//! DRAINED and back to NONE, stored with the agent's record so it survives a
+//! restart; and the drain round, run after every event while a host drains, that
+//! moves tasks off draining hosts (RUNNING -> DRAINING -> KILLED through the normal
+//! kill escalation, a replacement created at once and placed only on hosts in NONE)
+//! as fast as their jobs' SLA budgets (`disruption`) allow, forcing what is left
+//! once a drain's deadline passes. A host is DRAINED only once no non-terminal task
+//! is left on it: every ending was heard from its agent (or decided by the
+//! partition policy for a host that was lost).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use drover_common::state::{EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::wire::{HostEvent, HostView, MaintenanceMode};
+use serde::{Deserialize, Serialize};
+
+use super::disruption::Budget;
+use super::model::Agent;
+use super::timers::Timer;
+use super::{Core, CoreError, Reply};
+
+/// Host events kept per host.
+const HOST_EVENTS_KEPT: usize = 20;
+
+/// A host's stored maintenance state, part of its agent record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMaintenance {
+    pub mode: MaintenanceMode,
+    /// Why: `maintenance` (an operator's request); absent in NONE.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When the current mode began.
+    #[serde(default)]
+    pub since_ms: UnixMillis,
+    /// While DRAINING: when what is left is forced.
+    #[serde(default)]
+    pub deadline_ms: Option<UnixMillis>,
+    /// The latest maintenance events, oldest first.
+    #[serde(default)]
+    pub events: VecDeque<HostEvent>,
+}
+
+/// What an operator asks of hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaintenanceOp {
+    /// NONE -> SCHEDULED: no new placements, running tasks stay.
+    Cordon,
+    /// -> DRAINING; `deadline_ms` after the request, what is left is forced.
+    Drain { deadline_ms: Option<u64> },
+    /// -> NONE.
+    Activate,
+}
+
+impl MaintenanceOp {
+    fn name(self) -> &'static str {
+        match self {
+            MaintenanceOp::Cordon => "cordon",
+            MaintenanceOp::Drain { .. } => "drain",
+            MaintenanceOp::Activate => "activate",
+        }
+    }
+}
+
+/// The drain bookkeeping kept in memory (rebuilt from the records at start).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Drains {
+    /// Agents in DRAINING.
+    draining: BTreeSet<u32>,
+    /// Per draining agent, why tasks wait, one line per job.
+    blocked: HashMap<u32, Vec<String>>,
+    /// The earliest drain timer armed and not yet fired.
+    armed_at: Option<UnixMillis>,
+}
+
+impl Drains {
+    /// The drains of agents loaded from the store.
+    pub(super) fn rebuild(agents: &[Agent]) -> Drains {
+        Drains {
+            draining: agents
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.rec.maintenance.mode == MaintenanceMode::Draining)
+                .map(|(i, _)| i as u32)
+                .collect(),
+            ..Drains::default()
+        }
+    }
+
+    /// A drain timer fired.
+    pub(super) fn fired(&mut self) {
+        self.armed_at = None;
+    }
+}
+
+impl HostMaintenance {
+    fn set(&mut self, mode: MaintenanceMode, now: UnixMillis, message: String) {
+        self.mode = mode;
+        self.since_ms = now;
+        if mode == MaintenanceMode::None {
+            self.reason = None;
+        }
+        if mode != MaintenanceMode::Draining {
+            self.deadline_ms = None;
+        }
+        self.event(now, message);
+    }
+
+    fn event(&mut self, now: UnixMillis, message: String) {
+        self.events.push_back(HostEvent {
+            timestamp_ms: now,
+            message,
+        });
+        while self.events.len() > HOST_EVENTS_KEPT {
+            self.events.pop_front();
+        }
+    }
+}
+
+impl Core {
+    /// Resolves host names (agent ids first, then host names) to agents. Every name
+    /// must name exactly one agent.
+    pub(super) fn resolve_hosts(&self, names: &[String]) -> Result<Vec<u32>, CoreError> {
+        if names.is_empty() {
+            return Err(CoreError::NoHosts);
+        }
+        let mut unknown = Vec::new();
+        let mut out = Vec::new();
+        for name in names {
+            if let Some(&idx) = self.agent_idx.get(name) {
+                out.push(idx);
+                continue;
+            }
+            let by_host: Vec<u32> = (0..self.agents.len() as u32)
+                .filter(|&i| self.agents[i as usize].rec.hostname == *name)
+                .collect();
+            match by_host.as_slice() {
+                [] => unknown.push(name.clone()),
+                [one] => out.push(*one),
+                many => {
+                    return Err(CoreError::AmbiguousHost {
+                        name: name.clone(),
+                        agents: many
+                            .iter()
+                            .map(|&i| self.agents[i as usize].rec.id.clone())
+                            .collect(),
+                    })
+                }
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(CoreError::UnknownHosts(unknown));
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Cordon, drain or activate hosts: every host is checked before any changes,
+    /// so a request is applied whole or not at all.
+    pub(super) fn maintenance(
+        &mut self,
+        op: MaintenanceOp,
+        hosts: &[String],
+        now: UnixMillis,
+    ) -> Result<Reply, CoreError> {
+        let idxs = self.resolve_hosts(hosts)?;
+        for &idx in &idxs {
+            let rec = &self.agents[idx as usize].rec;
+            let mode = rec.maintenance.mode;
+            let conflict = match op {
+                MaintenanceOp::Cordon => {
+                    matches!(mode, MaintenanceMode::Draining | MaintenanceMode::Drained)
+                }
+                MaintenanceOp::Drain { .. } | MaintenanceOp::Activate => false,
+            };
+            if conflict {
+                return Err(CoreError::HostConflict {
+                    host: rec.hostname.clone(),
+                    mode,
+                    op: op.name(),
+                });
+            }
+        }
+        for &idx in &idxs {
+            let a = &mut self.agents[idx as usize];
+            let m = &mut a.rec.maintenance;
+            let changed = match (op, m.mode) {
+                (MaintenanceOp::Cordon, MaintenanceMode::None) => {
+                    m.reason = Some("maintenance".to_string());
+                    m.set(MaintenanceMode::Scheduled, now, "cordoned".to_string());
+                    true
+                }
+                (MaintenanceOp::Drain { deadline_ms }, mode) => {
+                    let deadline = deadline_ms.map(|d| now.saturating_add(d));
+                    let message = match deadline_ms {
+                        Some(d) => format!("drain requested, deadline in {d} ms"),
+                        None => "drain requested, no deadline".to_string(),
+                    };
+                    match mode {
+                        MaintenanceMode::None | MaintenanceMode::Scheduled => {
+                            if m.reason.is_none() {
+                                m.reason = Some("maintenance".to_string());
+                            }
+                            m.set(MaintenanceMode::Draining, now, message);
+                            m.deadline_ms = deadline;
+                            self.drains.draining.insert(idx);
+                            true
+                        }
+                        // A new deadline replaces the old one; nothing else changes.
+                        MaintenanceMode::Draining if deadline.is_some() => {
+                            m.deadline_ms = deadline;
+                            m.event(now, message);
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+                (MaintenanceOp::Activate, MaintenanceMode::None) => false,
+                (MaintenanceOp::Activate, _) => {
+                    m.set(MaintenanceMode::None, now, "activated".to_string());
+                    self.drains.draining.remove(&idx);
+                    self.drains.blocked.remove(&idx);
+                    self.capacity_changed = true;
+                    true
+                }
+                (MaintenanceOp::Cordon, _) => false,
+            };
+            if changed {
+                self.dirty_agents.insert(idx);
+            }
+            if let Some(at) = self.agents[idx as usize].rec.maintenance.deadline_ms {
+                self.push_timer(at, Timer::Drain);
+            }
+        }
+        Ok(Reply::Hosts(
+            idxs.iter().map(|&i| self.host_view_of(i)).collect(),
+        ))
+    }
+
+    /// One drain round: on every draining host, each task its job's budget lets go
+    /// (or every task, past the deadline) moves to DRAINING and gets a replacement;
+    /// hosts with nothing left become DRAINED. Runs after every event while any
+    /// host drains.
+    pub(super) fn drain_round(&mut self, now: UnixMillis) {
+        if self.drains.draining.is_empty() {
+            return;
+        }
+        let mut budgets: HashMap<String, Budget> = HashMap::new();
+        let mut wake: Option<UnixMillis> = None;
+        let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
+        for idx in hosts {
+            let a = &self.agents[idx as usize];
+            let forced = a.rec.maintenance.deadline_ms.is_some_and(|d| now >= d);
+            let host = a.rec.hostname.clone();
+            let ids: Vec<String> = a.tasks.iter().cloned().collect();
+            let mut blocked: BTreeMap<String, String> = BTreeMap::new();
+            for id in ids {
+                let Some(t) = self.tasks.get(&id) else {
+                    continue;
+                };
+                let state = t.status.state;
+                if state.is_stopping() || state.is_terminal() {
+                    continue;
+                }
+                let job_key = t.job.clone();
+                let Some(job) = self.jobs.get(&job_key) else {
+                    continue;
+                };
+                let current = job
+                    .slots
+                    .get(t.instance as usize)
+                    .and_then(|s| s.current.as_deref())
+                    == Some(id.as_str());
+                // Only a current RUNNING task costs its job capacity; a task still
+                // starting is disrupted already and goes at once.
+                if current && state == TaskState::Running {
+                    if blocked.contains_key(&job_key) && !forced {
+                        continue;
+                    }
+                    let tasks = &self.tasks;
+                    let budget = budgets
+                        .entry(job_key.clone())
+                        .or_insert_with(|| Budget::of(job, |i| tasks.get(i), now));
+                    let healthy = budget.is_healthy(t, now);
+                    if !forced {
+                        if let Err(why) = budget.check(healthy) {
+                            if let Some(at) = budget.next_healthy_at {
+                                wake = Some(wake.map_or(at, |w| w.min(at)));
+                            }
+                            blocked.insert(job_key, why);
+                            continue;
+                        }
+                    }
+                    budget.take(healthy);
+                }
+                let message = if forced {
+                    format!("drain deadline of host {host} passed: forced off")
+                } else {
+                    format!("host {host} draining")
+                };
+                if self.stop_task(&id, TaskState::Draining, EventSource::Master, &message, now) {
+                    if let Some(t) = self.tasks.get_mut(&id) {
+                        t.kill_reason = Some(ExitReason::Drained);
+                    }
+                    if current {
+                        self.create_replacement(&id, now, None, &format!("host {host} draining"));
+                    }
+                }
+            }
+            self.note_blocked(idx, blocked.into_values().collect(), now);
+            let a = &mut self.agents[idx as usize];
+            if a.tasks.is_empty() {
+                a.rec.maintenance.set(
+                    MaintenanceMode::Drained,
+                    now,
+                    "drained: no task left, every ending heard".to_string(),
+                );
+                self.drains.draining.remove(&idx);
+                self.drains.blocked.remove(&idx);
+                self.dirty_agents.insert(idx);
+            }
+        }
+        if let Some(at) = wake {
+            if self.drains.armed_at.is_none_or(|armed| at < armed) {
+                self.drains.armed_at = Some(at);
+                self.push_timer(at, Timer::Drain);
+            }
+        }
+    }
+
+    /// Keeps why a host's drain waits, and records a change as a host event.
+    fn note_blocked(&mut self, idx: u32, blocked: Vec<String>, now: UnixMillis) {
+        let old = self.drains.blocked.get(&idx);
+        if old.map_or(blocked.is_empty(), |o| *o == blocked) {
+            return;
+        }
+        let m = &mut self.agents[idx as usize].rec.maintenance;
+        if blocked.is_empty() {
+            m.event(now, "no longer blocked".to_string());
+        } else {
+            m.event(now, format!("blocked: {}", blocked.join("; ")));
+        }
+        self.dirty_agents.insert(idx);
+        self.drains.blocked.insert(idx, blocked);
+    }
+
+    /// GET /v1/hosts: every host, sorted by host name then agent id.
+    pub fn host_views(&self) -> Vec<HostView> {
+        let mut out: Vec<HostView> = (0..self.agents.len() as u32)
+            .map(|i| self.host_view_of(i))
+            .collect();
+        out.sort_by(|a, b| (&a.hostname, &a.agent_id).cmp(&(&b.hostname, &b.agent_id)));
+        out
+    }
+
+    /// GET /v1/hosts/{host}: the hosts named (agent id or host name).
+    pub fn host_views_named(&self, names: &[String]) -> Result<Vec<HostView>, CoreError> {
+        Ok(self
+            .resolve_hosts(names)?
+            .into_iter()
+            .map(|i| self.host_view_of(i))
+            .collect())
+    }
+
+    fn host_view_of(&self, idx: u32) -> HostView {
+        let a = &self.agents[idx as usize];
+        let m = &a.rec.maintenance;
+        HostView {
+            agent_id: a.rec.id.clone(),
+            hostname: a.rec.hostname.clone(),
+            reachable: a.reachable,
+            mode: m.mode,
+            reason: m.reason.clone(),
+            since_ms: m.since_ms,
+            deadline_ms: m.deadline_ms,
+            tasks_left: a.tasks.len() as u32,
+            blocked: self.drains.blocked.get(&idx).cloned().unwrap_or_default(),
+            events: m.events.iter().cloned().collect(),
+        }
+    }
+}

@@ -5,6 +5,7 @@ pub mod args;
 pub mod client;
 pub mod commands;
 pub mod dev;
+pub mod hosts;
 pub mod procs;
 pub mod progress;
 pub mod render;
@@ -20,6 +21,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Job(command) => commands::job(&cli.master, command).await,
         Command::Task(command) => commands::task(&cli.master, command).await,
         Command::Agent(command) => commands::agent(&cli.master, command).await,
+        Command::Host(command) => hosts::run(&cli.master, command).await,
         Command::Dev(args) => dev::run(args).await,
     }
 }

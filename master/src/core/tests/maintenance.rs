@@ -197,7 +197,10 @@ fn a_policy_that_can_never_be_met_is_reported_and_the_deadline_forces_it() {
     w.drain(&[&host], Some(10_000));
     assert_eq!(w.state(&t[0]), TaskState::Running);
     let view = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
-    assert!(view.blocked[0].contains("no instance can ever be drained"), "{view:?}");
+    assert!(
+        view.blocked[0].contains("no instance can ever be drained"),
+        "{view:?}"
+    );
     assert!(view.events.iter().any(|e| e.message.contains("blocked")));
     w.pass(9_000);
     assert_eq!(w.state(&t[0]), TaskState::Running);

@@ -244,6 +244,7 @@ impl Config {
                 args.missing_grace.or(file.missing_grace),
                 d.missing_grace_ms,
             )?,
+            drain_round_interval_ms: d.drain_round_interval_ms,
         };
         validate(&core)?;
         Ok(Config {

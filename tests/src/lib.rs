@@ -401,6 +401,7 @@ fn read_answer<T: DeserializeOwned>(
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     /// One entry per agent: its attributes (`host` is set to `agent-K` unless given).
+    /// Agent K reports the host name `agent-K`.
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
@@ -539,6 +540,8 @@ impl Cluster {
             .arg("16GiB")
             .arg("--ports")
             .arg(format!("{}-{}", ports.0, ports.1))
+            .arg("--hostname")
+            .arg(format!("agent-{k}"))
             .env("RUST_LOG", "info");
         if !attributes.iter().any(|(name, _)| name == "host") {
             command.arg("--attribute").arg(format!("host=agent-{k}"));

@@ -32,6 +32,10 @@ pub struct CoreConfig {
     /// A task the agent does not report is LOST only once it has been missing from
     /// its full task sets this long (a terminal update may be on its way).
     pub missing_grace_ms: u64,
+    /// While hosts drain, the drain round runs at most once per this interval
+    /// (a burst of status reports costs one round, not one per report); a
+    /// maintenance request always runs one at once. Not a config key.
+    pub drain_round_interval_ms: u64,
 }
 
 impl Default for CoreConfig {
@@ -50,6 +54,7 @@ impl Default for CoreConfig {
             restart_grace_ms: 30_000,
             exclusive_lease_ms: 10_000,
             missing_grace_ms: 5_000,
+            drain_round_interval_ms: 100,
         }
     }
 }

@@ -71,6 +71,8 @@ pub(super) struct Drains {
     blocked: HashMap<u32, Vec<String>>,
     /// The earliest drain timer armed and not yet fired.
     armed_at: Option<UnixMillis>,
+    /// When the last round ran; None: the next event runs one.
+    last_round: Option<UnixMillis>,
 }
 
 impl Drains {
@@ -90,6 +92,15 @@ impl Drains {
     /// A drain timer fired.
     pub(super) fn fired(&mut self) {
         self.armed_at = None;
+    }
+
+    /// Arms the drain timer for `at` unless one at or before it is armed.
+    fn arm(&mut self, at: UnixMillis) -> bool {
+        if self.armed_at.is_none_or(|armed| at < armed) {
+            self.armed_at = Some(at);
+            return true;
+        }
+        false
     }
 }
 
@@ -165,6 +176,8 @@ impl Core {
         now: UnixMillis,
     ) -> Result<Reply, CoreError> {
         let idxs = self.resolve_hosts(hosts)?;
+        // The request is answered after a round with it.
+        self.drains.last_round = None;
         for &idx in &idxs {
             let rec = &self.agents[idx as usize].rec;
             let mode = rec.maintenance.mode;
@@ -246,6 +259,16 @@ impl Core {
         if self.drains.draining.is_empty() {
             return;
         }
+        if let Some(last) = self.drains.last_round {
+            let next = last.saturating_add(self.cfg.drain_round_interval_ms);
+            if now < next {
+                if self.drains.arm(next) {
+                    self.push_timer(next, Timer::Drain);
+                }
+                return;
+            }
+        }
+        self.drains.last_round = Some(now);
         let mut budgets: HashMap<String, Budget> = HashMap::new();
         let mut wake: Option<UnixMillis> = None;
         let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
@@ -322,8 +345,7 @@ impl Core {
             }
         }
         if let Some(at) = wake {
-            if self.drains.armed_at.is_none_or(|armed| at < armed) {
-                self.drains.armed_at = Some(at);
+            if self.drains.arm(at) {
                 self.push_timer(at, Timer::Drain);
             }
         }

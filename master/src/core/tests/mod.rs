@@ -40,6 +40,7 @@ fn cfg() -> CoreConfig {
         restart_grace_ms: 6_000,
         exclusive_lease_ms: 2_000,
         missing_grace_ms: 1_000,
+        drain_round_interval_ms: 0,
     }
 }
 

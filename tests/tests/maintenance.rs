@@ -1,0 +1,315 @@
+//! Black-box: host maintenance on real clusters (master, agents, executors, task
+//! processes). Cordon keeps running tasks and refuses new ones, activate takes the
+//! host back; drains of several hosts keep every job's SLA policy and finish; a
+//! policy that can never be met is reported and forced by the deadline; a master
+//! killed with SIGKILL mid-drain comes back and finishes the drain; bad host names
+//! change nothing. Each test starts its own cluster, so they run in parallel.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use drover_common::state::{ExitReason, TaskState};
+use drover_common::wire::{HostView, JobView, MaintenanceMode};
+use drover_tests::{
+    command_job, describe, running_as_root, service_job, Cluster, ClusterConfig, WAIT,
+};
+use serde_json::{json, Value};
+
+/// The hosts each current task of `view` runs on.
+fn hosts_of(view: &JobView) -> Vec<String> {
+    view.instances
+        .iter()
+        .filter_map(|i| i.current.as_ref()?.agent_id.clone())
+        .collect()
+}
+
+fn running(view: &JobView) -> usize {
+    view.instances
+        .iter()
+        .filter(|i| i.current.as_ref().is_some_and(|t| t.state == TaskState::Running))
+        .count()
+}
+
+fn host(cluster: &Cluster, name: &str) -> HostView {
+    cluster.get(&format!("/v1/hosts/{name}")).unwrap()
+}
+
+fn with_policy(mut spec: Value, policy: Value) -> Value {
+    spec["sla_policy"] = policy;
+    spec
+}
+
+/// Waits until every named host is DRAINED, checking on every poll that each job
+/// keeps at least its floor of RUNNING instances.
+fn drain_keeping(cluster: &mut Cluster, hosts: &[String], floors: &BTreeMap<String, usize>) {
+    let start = Instant::now();
+    loop {
+        for (key, floor) in floors {
+            let view = cluster.job(key).unwrap();
+            let up = running(&view);
+            assert!(
+                up >= *floor,
+                "{key}: {up} instances RUNNING, policy floor {floor}: {view:#?}"
+            );
+        }
+        if hosts
+            .iter()
+            .all(|h| host(cluster, h).mode == MaintenanceMode::Drained)
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT * 2,
+            "the drain did not finish: {:#?}\n{}",
+            hosts.iter().map(|h| host(cluster, h)).collect::<Vec<_>>(),
+            cluster.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn cordon_keeps_running_tasks_refuses_new_ones_and_activate_takes_the_host_back() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    cluster
+        .create_job(&command_job("keep", 1, true, "sleep 1000"))
+        .unwrap();
+    let before = cluster
+        .wait_for_all("www-data/test/keep", TaskState::Running)
+        .unwrap();
+    let before = before.instances[0].current.clone().unwrap().task_id;
+    let output = cluster.drover(&["host", "cordon", "agent-0"]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("SCHEDULED"),
+        "{}",
+        describe(&output)
+    );
+    cluster
+        .create_job(&command_job("late", 1, true, "sleep 1000"))
+        .unwrap();
+    cluster
+        .wait_for("the new task to wait for a host", WAIT, |c| {
+            let view = c.job("www-data/test/late").ok()?;
+            let task = view.instances[0].current.clone()?;
+            (task.state == TaskState::Pending
+                && task
+                    .pending_reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("host in maintenance")))
+            .then_some(())
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let keep = cluster.job("www-data/test/keep").unwrap();
+    assert_eq!(running(&keep), 1, "cordon keeps running tasks: {keep:#?}");
+    assert_eq!(keep.instances[0].current.as_ref().unwrap().task_id, before);
+    let list = cluster.drover(&["host", "list"]).unwrap();
+    assert!(
+        String::from_utf8_lossy(&list.stdout).contains("SCHEDULED"),
+        "{}",
+        describe(&list)
+    );
+    let output = cluster.drover(&["host", "activate", "agent-0"]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    cluster
+        .wait_for_all("www-data/test/late", TaskState::Running)
+        .unwrap();
+    assert_eq!(host(&cluster, "agent-0").mode, MaintenanceMode::None);
+}
+
+#[test]
+fn draining_three_of_five_hosts_keeps_every_policy_and_finishes() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(5)).unwrap();
+    // "2 of 3 up" on a health-checked service (two per host, so the two hosts
+    // left can hold it), a default-policy service and one that tolerates two down
+    // at once.
+    let mut web = with_policy(service_job("web", 3), json!({"min_healthy": 2}));
+    web["constraints"] = json!({"host": "limit:2"});
+    let jobs = [
+        ("web", web, 2),
+        ("plain", command_job("plain", 2, true, "sleep 1000"), 1),
+        (
+            "wide",
+            with_policy(
+                command_job("wide", 2, true, "sleep 1000"),
+                json!({"max_disrupted": 2}),
+            ),
+            0,
+        ),
+    ];
+    let mut floors = BTreeMap::new();
+    for (name, spec, floor) in &jobs {
+        cluster.create_job(spec).unwrap();
+        let key = format!("www-data/test/{name}");
+        cluster.wait_for_all(&key, TaskState::Running).unwrap();
+        floors.insert(key, *floor);
+    }
+    // The three hosts carrying the most of web.
+    let web = cluster.job("www-data/test/web").unwrap();
+    let mut drained: Vec<String> = hosts_of(&web);
+    drained.truncate(3);
+    let mut args = vec!["host", "drain"];
+    args.extend(drained.iter().map(String::as_str));
+    let output = cluster.drover(&args).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    drain_keeping(&mut cluster, &drained, &floors);
+    for key in floors.keys() {
+        let view = cluster.wait_for_all(key, TaskState::Running).unwrap();
+        for h in hosts_of(&view) {
+            assert!(!drained.contains(&h), "{key} placed on drained {h}");
+        }
+        // Moved tasks went RUNNING -> DRAINING -> KILLED, drained for maintenance.
+        for instance in &view.instances {
+            for old in &instance.history {
+                assert_eq!(old.state, TaskState::Killed, "{old:#?}");
+                assert_eq!(old.exit_reason, Some(ExitReason::Drained), "{old:#?}");
+                assert!(
+                    old.events.iter().any(|e| e.state == TaskState::Draining),
+                    "{old:#?}"
+                );
+            }
+        }
+    }
+    for h in &drained {
+        assert_eq!(host(&cluster, h).tasks_left, 0);
+    }
+}
+
+#[test]
+fn a_policy_that_can_never_be_met_is_reported_and_forced_by_the_deadline() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let spec = with_policy(
+        command_job("solo", 1, true, "sleep 1000"),
+        json!({"min_healthy": 1}),
+    );
+    cluster.create_job(&spec).unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/solo", TaskState::Running)
+        .unwrap();
+    let on = hosts_of(&view)[0].clone();
+    let output = cluster
+        .drover(&["host", "drain", &on, "--deadline", "4s"])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let blocked = cluster
+        .wait_for("the drain to report what blocks it", WAIT, |c| {
+            let h = host(c, &on);
+            h.blocked.first().cloned()
+        })
+        .unwrap();
+    assert!(
+        blocked.contains("www-data/test/solo") && blocked.contains("can ever be drained"),
+        "{blocked}"
+    );
+    let status = cluster.drover(&["host", "status", &on]).unwrap();
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("blocked: www-data/test/solo"),
+        "{}",
+        describe(&status)
+    );
+    // Still running while blocked; forced once the deadline passed.
+    assert_eq!(running(&cluster.job("www-data/test/solo").unwrap()), 1);
+    let output = cluster
+        .drover_with_timeout(
+            &["host", "drain", &on, "--wait", "--timeout", "60s"],
+            WAIT,
+        )
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("DRAINED"),
+        "{}",
+        describe(&output)
+    );
+    let view = cluster
+        .wait_for_all("www-data/test/solo", TaskState::Running)
+        .unwrap();
+    let old = &view.instances[0].history[0];
+    assert_eq!(old.state, TaskState::Killed);
+    assert!(
+        old.events
+            .iter()
+            .any(|e| e.state == TaskState::Draining && e.message.contains("deadline")),
+        "{old:#?}"
+    );
+}
+
+#[test]
+fn a_drain_survives_a_master_killed_mid_way() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(4)).unwrap();
+    cluster
+        .create_job(&command_job("r", 2, true, "sleep 1000"))
+        .unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/r", TaskState::Running)
+        .unwrap();
+    let drained = hosts_of(&view);
+    let mut args = vec!["host", "drain"];
+    args.extend(drained.iter().map(String::as_str));
+    let output = cluster.drover(&args).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    // SIGKILL: only what was committed survives.
+    if let Some(master) = cluster.master() {
+        master.kill();
+    }
+    cluster.stop_master(Duration::from_millis(100));
+    cluster.start_master_again().unwrap();
+    for h in &drained {
+        assert_ne!(host(&cluster, h).mode, MaintenanceMode::None, "mode kept");
+    }
+    let floors = BTreeMap::from([("www-data/test/r".to_string(), 0)]);
+    drain_keeping(&mut cluster, &drained, &floors);
+    let view = cluster
+        .wait_for_all("www-data/test/r", TaskState::Running)
+        .unwrap();
+    for h in hosts_of(&view) {
+        assert!(!drained.contains(&h));
+    }
+}
+
+#[test]
+fn bad_host_names_are_refused_and_change_nothing() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let output = cluster
+        .drover(&["host", "drain", "agent-0", "no-such-host"])
+        .unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no host named no-such-host"), "{stderr}");
+    assert_eq!(host(&cluster, "agent-0").mode, MaintenanceMode::None);
+    let output = cluster.drover(&["host", "cordon", "a/b"]).unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    // A host is named by agent id as well as by host name.
+    let id = host(&cluster, "agent-1").agent_id;
+    let output = cluster.drover(&["host", "cordon", &id]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(host(&cluster, "agent-1").mode, MaintenanceMode::Scheduled);
+    // Cordoning a draining host conflicts.
+    let output = cluster.drover(&["host", "drain", "agent-0"]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let output = cluster
+        .drover(&["host", "cordon", "agent-1", "agent-0"])
+        .unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("activate it first"),
+        "{}",
+        describe(&output)
+    );
+}

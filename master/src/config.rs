@@ -70,6 +70,16 @@ pub struct Args {
     /// How long a task may be missing from an agent's task set before it is LOST.
     #[arg(long, value_name = "DURATION")]
     pub missing_grace: Option<String>,
+    /// Host-side task failures (sandbox setup, executor lost) within
+    /// quarantine_window that quarantine a host; 0 turns quarantine off.
+    #[arg(long, value_name = "N")]
+    pub quarantine_failures: Option<u32>,
+    /// The window of quarantine_failures.
+    #[arg(long, value_name = "DURATION")]
+    pub quarantine_window: Option<String>,
+    /// How many different jobs those failures must come from.
+    #[arg(long, value_name = "N")]
+    pub quarantine_jobs: Option<u32>,
 }
 
 /// The TOML file; every key optional.
@@ -91,6 +101,9 @@ struct FileConfig {
     restart_grace: Option<String>,
     exclusive_lease: Option<String>,
     missing_grace: Option<String>,
+    quarantine_failures: Option<u32>,
+    quarantine_window: Option<String>,
+    quarantine_jobs: Option<u32>,
 }
 
 /// The validated configuration.
@@ -245,6 +258,19 @@ impl Config {
                 d.missing_grace_ms,
             )?,
             drain_round_interval_ms: d.drain_round_interval_ms,
+            quarantine_failures: args
+                .quarantine_failures
+                .or(file.quarantine_failures)
+                .unwrap_or(d.quarantine_failures),
+            quarantine_window_ms: duration(
+                "quarantine_window",
+                args.quarantine_window.or(file.quarantine_window),
+                d.quarantine_window_ms,
+            )?,
+            quarantine_jobs: args
+                .quarantine_jobs
+                .or(file.quarantine_jobs)
+                .unwrap_or(d.quarantine_jobs),
         };
         validate(&core)?;
         Ok(Config {
@@ -287,6 +313,18 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
     positive("reconcile_backoff_initial", c.reconcile_backoff_initial_ms)?;
     positive("reconcile_backoff_max", c.reconcile_backoff_max_ms)?;
     positive("exclusive_lease", c.exclusive_lease_ms)?;
+    if c.quarantine_failures > 0 {
+        positive("quarantine_window", c.quarantine_window_ms)?;
+        if c.quarantine_jobs < 1 || c.quarantine_jobs > c.quarantine_failures {
+            return Err(ConfigError::Field {
+                field: "quarantine_jobs",
+                message: format!(
+                    "is {}; use 1 to quarantine_failures ({})",
+                    c.quarantine_jobs, c.quarantine_failures
+                ),
+            });
+        }
+    }
     if c.throttle_initial_ms > c.throttle_max_ms {
         return Err(ConfigError::Field {
             field: "throttle_initial",

@@ -26,7 +26,11 @@ fn hosts_of(view: &JobView) -> Vec<String> {
 fn running(view: &JobView) -> usize {
     view.instances
         .iter()
-        .filter(|i| i.current.as_ref().is_some_and(|t| t.state == TaskState::Running))
+        .filter(|i| {
+            i.current
+                .as_ref()
+                .is_some_and(|t| t.state == TaskState::Running)
+        })
         .count()
 }
 
@@ -220,10 +224,7 @@ fn a_policy_that_can_never_be_met_is_reported_and_forced_by_the_deadline() {
     // Still running while blocked; forced once the deadline passed.
     assert_eq!(running(&cluster.job("www-data/test/solo").unwrap()), 1);
     let output = cluster
-        .drover_with_timeout(
-            &["host", "drain", &on, "--wait", "--timeout", "60s"],
-            WAIT,
-        )
+        .drover_with_timeout(&["host", "drain", &on, "--wait", "--timeout", "60s"], WAIT)
         .unwrap();
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
@@ -312,4 +313,54 @@ fn bad_host_names_are_refused_and_change_nothing() {
         "{}",
         describe(&output)
     );
+}
+
+#[test]
+fn a_host_whose_sandbox_root_is_unwritable_is_quarantined_until_activated() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut config = ClusterConfig::agents(2);
+    config
+        .master_config
+        .push_str("quarantine_failures = 3\nquarantine_window = \"60s\"\n");
+    let mut cluster = Cluster::start(config).unwrap();
+    // agent-0 cannot make sandboxes: its sandbox root is a file now.
+    let root = cluster.sandbox_roots[0].clone();
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::write(&root, "not a directory").unwrap();
+    let keys: Vec<String> = (0..3).map(|j| format!("www-data/test/q{j}")).collect();
+    for j in 0..3 {
+        let mut spec = command_job(&format!("q{j}"), 2, false, "sleep 1000");
+        spec["max_task_failures"] = json!(20);
+        cluster.create_job(&spec).unwrap();
+    }
+    let view = cluster
+        .wait_for("agent-0 to be quarantined", WAIT, |c| {
+            let h = host(c, "agent-0");
+            (h.mode == MaintenanceMode::Scheduled).then_some(h)
+        })
+        .unwrap();
+    assert_eq!(view.reason.as_deref(), Some("quarantined"), "{view:#?}");
+    let why = &view.events.last().unwrap().message;
+    assert!(
+        why.contains("quarantined") && why.contains("sandbox setup failed"),
+        "{why}"
+    );
+    // Everything ends up on the healthy host.
+    for key in &keys {
+        let view = cluster.wait_for_all(key, TaskState::Running).unwrap();
+        for h in hosts_of(&view) {
+            assert_eq!(host(&cluster, &h).hostname, "agent-1");
+        }
+    }
+    let status = cluster.drover(&["host", "status", "agent-0"]).unwrap();
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("SCHEDULED (quarantined)"),
+        "{}",
+        describe(&status)
+    );
+    let output = cluster.drover(&["host", "activate", "agent-0"]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(host(&cluster, "agent-0").mode, MaintenanceMode::None);
 }

@@ -36,6 +36,14 @@ pub struct CoreConfig {
     /// (a burst of status reports costs one round, not one per report); a
     /// maintenance request always runs one at once. Not a config key.
     pub drain_round_interval_ms: u64,
+    /// A host where this many tasks ended for host-side causes (sandbox setup
+    /// failed, executor lost) within `quarantine_window_ms`, of at least
+    /// `quarantine_jobs` different jobs, is quarantined (SCHEDULED). 0: never.
+    pub quarantine_failures: u32,
+    /// The window of `quarantine_failures`.
+    pub quarantine_window_ms: u64,
+    /// How many different jobs the failures must come from.
+    pub quarantine_jobs: u32,
 }
 
 impl Default for CoreConfig {
@@ -55,6 +63,9 @@ impl Default for CoreConfig {
             exclusive_lease_ms: 10_000,
             missing_grace_ms: 5_000,
             drain_round_interval_ms: 100,
+            quarantine_failures: 5,
+            quarantine_window_ms: 10 * 60_000,
+            quarantine_jobs: 2,
         }
     }
 }

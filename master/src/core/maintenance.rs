@@ -7,7 +7,8 @@
 //! as fast as their jobs' SLA budgets (`disruption`) allow, forcing what is left
 //! once a drain's deadline passes. A host is DRAINED only once no non-terminal task
 //! is left on it: every ending was heard from its agent (or decided by the
-//! partition policy for a host that was lost).
+//! partition policy for a host that was lost). Also quarantine: a host where tasks
+//! of several jobs keep ending for host-side causes is cordoned automatically.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -27,7 +28,7 @@ const HOST_EVENTS_KEPT: usize = 20;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostMaintenance {
     pub mode: MaintenanceMode,
-    /// Why: `maintenance` (an operator's request); absent in NONE.
+    /// Why: `maintenance` (an operator's request) or `quarantined`; absent in NONE.
     #[serde(default)]
     pub reason: Option<String>,
     /// When the current mode began.
@@ -73,6 +74,8 @@ pub(super) struct Drains {
     armed_at: Option<UnixMillis>,
     /// When the last round ran; None: the next event runs one.
     last_round: Option<UnixMillis>,
+    /// Per agent, recent host-side task failures: (when, job, reason).
+    failures: HashMap<u32, VecDeque<(UnixMillis, String, String)>>,
 }
 
 impl Drains {
@@ -234,6 +237,7 @@ impl Core {
                     m.set(MaintenanceMode::None, now, "activated".to_string());
                     self.drains.draining.remove(&idx);
                     self.drains.blocked.remove(&idx);
+                    self.drains.failures.remove(&idx);
                     self.capacity_changed = true;
                     true
                 }
@@ -365,6 +369,60 @@ impl Core {
         }
         self.dirty_agents.insert(idx);
         self.drains.blocked.insert(idx, blocked);
+    }
+
+    /// Counts a task that ended for a host-side cause (sandbox setup failed, executor
+    /// lost) against its host, and quarantines the host (NONE -> SCHEDULED, reason
+    /// `quarantined`) once `quarantine_failures` of them from `quarantine_jobs`
+    /// different jobs fall within `quarantine_window_ms`.
+    pub(super) fn note_task_end(&mut self, id: &str, now: UnixMillis) {
+        let limit = self.cfg.quarantine_failures;
+        if limit == 0 {
+            return;
+        }
+        let Some(t) = self.tasks.get(id) else {
+            return;
+        };
+        let reason = match &t.status.exit_reason {
+            Some(r @ (ExitReason::SandboxSetupFailed { .. } | ExitReason::ExecutorLost)) => {
+                r.to_string()
+            }
+            _ => return,
+        };
+        let Some(&idx) = t.agent.as_ref().and_then(|a| self.agent_idx.get(a)) else {
+            return;
+        };
+        let job = t.job.clone();
+        let window = self.cfg.quarantine_window_ms;
+        let list = self.drains.failures.entry(idx).or_default();
+        list.push_back((now, job, reason));
+        while list
+            .front()
+            .is_some_and(|(at, _, _)| now.saturating_sub(*at) > window)
+        {
+            list.pop_front();
+        }
+        let jobs: BTreeSet<&str> = list.iter().map(|(_, j, _)| j.as_str()).collect();
+        if (list.len() as u32) < limit || (jobs.len() as u32) < self.cfg.quarantine_jobs {
+            return;
+        }
+        let reasons: BTreeSet<&str> = list.iter().map(|(_, _, r)| r.as_str()).collect();
+        let message = format!(
+            "quarantined: {} tasks of {} jobs ({}) ended for host-side causes within {} ms: {}",
+            list.len(),
+            jobs.len(),
+            jobs.into_iter().collect::<Vec<_>>().join(", "),
+            window,
+            reasons.into_iter().collect::<Vec<_>>().join("; ")
+        );
+        self.drains.failures.remove(&idx);
+        let m = &mut self.agents[idx as usize].rec.maintenance;
+        if m.mode != MaintenanceMode::None {
+            return;
+        }
+        m.reason = Some("quarantined".to_string());
+        m.set(MaintenanceMode::Scheduled, now, message);
+        self.dirty_agents.insert(idx);
     }
 
     /// GET /v1/hosts: every host, sorted by host name then agent id.

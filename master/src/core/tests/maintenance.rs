@@ -340,3 +340,64 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_host_where_tasks_of_several_jobs_fail_host_side_is_quarantined_until_activated() {
+    let mut w = world(1);
+    let setup_failed = || {
+        Some(ExitReason::SandboxSetupFailed {
+            error: "read-only file system".to_string(),
+        })
+    };
+    // One job failing alone does not quarantine (it may be the job's fault).
+    let solo = w.create(spec("solo", 1, false, r#","max_task_failures":10"#));
+    let host = w.core.task(&solo[0]).unwrap().agent.clone().unwrap();
+    for _ in 0..3 {
+        w.pass(5_000);
+        let id = w.current("www/prod/solo", 0);
+        assert_eq!(w.state(&id), TaskState::Assigned);
+        w.report(&id, TaskState::Failed, setup_failed());
+    }
+    assert_eq!(w.mode(&host), MaintenanceMode::None);
+    // A second job failing there too does.
+    let other = w.create(spec("other", 1, false, ""));
+    w.report(&other[0], TaskState::Failed, setup_failed());
+    let view = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
+    assert_eq!(view.mode, MaintenanceMode::Scheduled, "{view:?}");
+    assert_eq!(view.reason.as_deref(), Some("quarantined"));
+    let last = &view.events.last().unwrap().message;
+    assert!(
+        last.contains("www/prod/other") && last.contains("sandbox setup failed"),
+        "{last}"
+    );
+    // Nothing new goes there; activate ends the quarantine.
+    w.pass(3_000);
+    for id in w.on_agent(&host) {
+        assert_ne!(
+            w.state(&id),
+            TaskState::Assigned,
+            "placed on a quarantined host"
+        );
+    }
+    w.maint(MaintenanceOp::Activate, &[&host]).unwrap();
+    assert_eq!(w.mode(&host), MaintenanceMode::None);
+}
+
+#[test]
+fn quarantine_can_be_turned_off() {
+    let mut w = World::new();
+    w.core = Core::new(
+        CoreConfig {
+            quarantine_failures: 0,
+            ..cfg()
+        },
+        w.now,
+        7,
+    );
+    w.register("a1", 8.0, 16, &[]);
+    for j in 0..4 {
+        let t = w.create(spec(&format!("q{j}"), 1, false, ""));
+        w.report(&t[0], TaskState::Failed, Some(ExitReason::ExecutorLost));
+    }
+    assert_eq!(w.mode("a1"), MaintenanceMode::None);
+}

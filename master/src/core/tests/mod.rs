@@ -41,6 +41,9 @@ fn cfg() -> CoreConfig {
         exclusive_lease_ms: 2_000,
         missing_grace_ms: 1_000,
         drain_round_interval_ms: 0,
+        quarantine_failures: 3,
+        quarantine_window_ms: 60_000,
+        quarantine_jobs: 2,
     }
 }
 

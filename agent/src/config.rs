@@ -59,6 +59,12 @@ pub struct ConfigFile {
     pub sandbox_retention: Option<String>,
     /// Long-poll wait sent to the master, e.g. `30s`.
     pub poll_wait: Option<String>,
+    /// When the host shuts down, how long the agent waits for the master to drain
+    /// its tasks before it exits, e.g. `2m`; `0s` turns self-drain off.
+    pub shutdown_drain_timeout: Option<String>,
+    /// A file whose existence at SIGTERM means the host is shutting down (for hosts
+    /// without systemd).
+    pub shutdown_marker: Option<PathBuf>,
     /// Upper bound of the retry backoff towards the master, e.g. `5s`.
     pub max_backoff: Option<String>,
 }
@@ -89,6 +95,9 @@ pub struct Config {
     pub sandbox_retention: Duration,
     pub poll_wait: Duration,
     pub max_backoff: Duration,
+    /// Zero: no self-drain on host shutdown.
+    pub shutdown_drain_timeout: Duration,
+    pub shutdown_marker: Option<PathBuf>,
 }
 
 /// A configuration problem, naming the field.
@@ -182,7 +191,9 @@ impl ConfigFile {
             lease,
             sandbox_retention,
             poll_wait,
-            max_backoff
+            max_backoff,
+            shutdown_drain_timeout,
+            shutdown_marker
         );
         if let Some(attrs) = over.attributes {
             self.attributes
@@ -291,6 +302,11 @@ impl ConfigFile {
         )?;
         let poll_wait = dur("poll_wait", self.poll_wait, Duration::from_secs(30))?;
         let max_backoff = dur("max_backoff", self.max_backoff, Duration::from_secs(5))?;
+        let shutdown_drain_timeout = dur(
+            "shutdown_drain_timeout",
+            self.shutdown_drain_timeout,
+            Duration::from_secs(120),
+        )?;
         if lease.is_zero() {
             return Err(invalid("lease", "must be longer than 0s, e.g. 10s".into()));
         }
@@ -330,6 +346,8 @@ impl ConfigFile {
             sandbox_retention,
             poll_wait,
             max_backoff,
+            shutdown_drain_timeout,
+            shutdown_marker: self.shutdown_marker,
         })
     }
 }

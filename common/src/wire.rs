@@ -434,6 +434,15 @@ pub struct HostsRequest {
     pub deadline_ms: Option<u64>,
 }
 
+/// Body of POST /v1/agents/{id}/drain: the agent's host is shutting down.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelfDrainRequest {
+    /// Force what is left this many milliseconds after the request.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
 /// One maintenance event of a host.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostEvent {

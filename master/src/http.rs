@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use drover_common::parse::parse_job_json;
 use drover_common::wire::{
     self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, HostsRequest, InstancesRequest,
-    RegisterRequest, StatusUpdateBatch,
+    RegisterRequest, SelfDrainRequest, StatusUpdateBatch,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -162,6 +162,7 @@ pub fn router(master: Shared) -> Router {
         .route("/v1/agents/:id/heartbeat", post(heartbeat))
         .route("/v1/agents/:id/assignments", get(assignments))
         .route("/v1/agents/:id/updates", post(updates))
+        .route("/v1/agents/:id/drain", post(agent_drain))
         .fallback(|| async {
             ApiErr::new(
                 StatusCode::NOT_FOUND,
@@ -462,6 +463,28 @@ async fn updates(
     let event = Event::StatusReports {
         agent: id,
         reports: batch.updates,
+    };
+    ok_reply(m.apply(event).await?)
+}
+
+/// The agent's host is shutting down: drain it.
+async fn agent_drain(
+    State(m): State<Shared>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let req: SelfDrainRequest = read_json(body).await?;
+    if m.read(|c| c.agent_version(&id).is_none()) {
+        return Err(ApiErr::not_found(
+            &format!("agent {id}: register first"),
+            "agent_id",
+        ));
+    }
+    let event = Event::Maintenance {
+        op: MaintenanceOp::Drain {
+            deadline_ms: req.deadline_ms,
+        },
+        hosts: vec![id],
     };
     ok_reply(m.apply(event).await?)
 }

@@ -364,3 +364,62 @@ fn a_host_whose_sandbox_root_is_unwritable_is_quarantined_until_activated() {
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(host(&cluster, "agent-0").mode, MaintenanceMode::None);
 }
+
+#[test]
+fn an_agent_stopped_for_a_host_shutdown_drains_its_host_first_and_a_plain_stop_does_not() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(4)).unwrap();
+    cluster
+        .create_job(&command_job("sd", 2, true, "sleep 1000"))
+        .unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/sd", TaskState::Running)
+        .unwrap();
+    let tasks: Vec<(String, String)> = view
+        .instances
+        .iter()
+        .map(|i| {
+            let t = i.current.clone().unwrap();
+            let h = host(&cluster, t.agent_id.as_deref().unwrap()).hostname;
+            (t.task_id, h)
+        })
+        .collect();
+    let k_of = |hostname: &str| -> usize { hostname.trim_start_matches("agent-").parse().unwrap() };
+    // A plain stop of the agent (restart, upgrade): the task keeps running.
+    let (plain_task, plain_host) = tasks[0].clone();
+    let status = cluster.stop_agent(k_of(&plain_host), WAIT);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert_eq!(host(&cluster, &plain_host).mode, MaintenanceMode::None);
+    let pids: Vec<u32> = cluster
+        .task(&plain_task)
+        .unwrap()
+        .processes
+        .iter()
+        .filter_map(|p| p.pid)
+        .collect();
+    assert!(!pids.is_empty());
+    assert!(
+        pids.iter().all(|p| drover_tests::process_alive(*p)),
+        "the executor and task survive"
+    );
+    // A host shutdown: the agent asks for a drain and waits for its task to move.
+    let (moved_task, down_host) = tasks[1].clone();
+    let k = k_of(&down_host);
+    std::fs::write(cluster.shutdown_marker(k), "").unwrap();
+    let status = cluster.stop_agent(k, WAIT);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    // By the time the agent exited, its host was drained and the task had ended.
+    let h = host(&cluster, &down_host);
+    assert_eq!(h.mode, MaintenanceMode::Drained, "{h:#?}");
+    let old = cluster.task(&moved_task).unwrap();
+    assert_eq!(old.state, TaskState::Killed, "{old:#?}");
+    assert_eq!(old.exit_reason, Some(ExitReason::Drained));
+    let view = cluster
+        .wait_for_all("www-data/test/sd", TaskState::Running)
+        .unwrap();
+    assert!(!hosts_of(&view)
+        .iter()
+        .any(|a| host(&cluster, a).hostname == down_host));
+}

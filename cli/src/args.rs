@@ -162,6 +162,10 @@ pub enum HostCommand {
         /// How long --wait waits, e.g. 1h.
         #[arg(long, default_value = "1h", value_parser = parse_duration)]
         timeout: Duration,
+        /// Change nothing: predict, per host and job, whether the drain stays within
+        /// each job's policy and how long it takes.
+        #[arg(long, conflicts_with_all = ["wait", "deadline"])]
+        dry_run: bool,
     },
     /// End maintenance (or a quarantine): hosts take new tasks again.
     Activate {

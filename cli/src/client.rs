@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, HostView, HostsRequest, InstancesRequest,
-    JobSummary, JobView, TaskView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, HostProbe, HostView, HostsRequest,
+    InstancesRequest, JobSummary, JobView, TaskView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -225,6 +225,16 @@ impl Client {
         request: &HostsRequest,
     ) -> Result<Vec<HostView>, ClientError> {
         self.post(&format!("/v1/hosts/{op}"), request).await
+    }
+
+    /// POST /v1/hosts/drain with dry_run: what a drain would do.
+    pub async fn probe_drain(&self, hosts: Vec<String>) -> Result<Vec<HostProbe>, ClientError> {
+        let request = HostsRequest {
+            hosts,
+            deadline_ms: None,
+            dry_run: true,
+        };
+        self.post("/v1/hosts/drain", &request).await
     }
 
     /// GET {agent}/v1/tasks/{id}/logs/{process}/{stream}?offset=N.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use drover_common::spec::is_valid_name;
-use drover_common::wire::{HostView, HostsRequest, MaintenanceMode};
+use drover_common::wire::{HostProbe, HostView, HostsRequest, MaintenanceMode};
 
 use crate::args::HostCommand;
 use crate::client::Client;
@@ -52,7 +52,14 @@ pub async fn run(master: &str, command: HostCommand) -> anyhow::Result<bool> {
             deadline,
             wait,
             timeout,
+            dry_run,
         } => {
+            if dry_run {
+                check_names(&hosts)?;
+                let probe = client.probe_drain(hosts).await?;
+                print!("{}", probe_text(&probe));
+                return Ok(probe.iter().all(|h| h.within_policy));
+            }
             let deadline_ms = deadline.map(|d| d.as_millis() as u64);
             let views = maintain(&client, "drain", hosts, deadline_ms).await?;
             if wait {
@@ -88,7 +95,14 @@ async fn maintain(
 ) -> anyhow::Result<Vec<HostView>> {
     check_names(&hosts)?;
     let views = client
-        .maintain(op, &HostsRequest { hosts, deadline_ms })
+        .maintain(
+            op,
+            &HostsRequest {
+                hosts,
+                deadline_ms,
+                dry_run: false,
+            },
+        )
         .await?;
     print!("{}", host_list(&views));
     Ok(views)
@@ -146,6 +160,58 @@ pub fn progress_line(v: &HostView) -> String {
         line.push_str(&v.blocked.join("; "));
     }
     line
+}
+
+/// `drover host drain --dry-run`: per host and job, within policy or not, and how
+/// long it would take.
+pub fn probe_text(probe: &[HostProbe]) -> String {
+    let mut table = Table::new(&[
+        "HOST",
+        "JOB",
+        "TASKS",
+        "AT ONCE",
+        "WAVES",
+        "ESTIMATE",
+        "WITHIN POLICY",
+    ]);
+    for h in probe {
+        table.row(vec![
+            h.hostname.clone(),
+            "(host)".to_string(),
+            h.tasks.to_string(),
+            "-".to_string(),
+            "-".to_string(),
+            seconds(h.estimate_ms),
+            yes_no(h.within_policy).to_string(),
+        ]);
+        for j in &h.jobs {
+            table.row(vec![
+                String::new(),
+                j.job.clone(),
+                format!("{} ({} on all hosts)", j.tasks_on_host, j.tasks_on_hosts),
+                j.at_once.to_string(),
+                j.waves.to_string(),
+                seconds(j.estimate_ms),
+                match &j.reason {
+                    Some(r) => format!("{}: {r}", yes_no(j.within_policy)),
+                    None => yes_no(j.within_policy).to_string(),
+                },
+            ]);
+        }
+    }
+    table.render()
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+fn seconds(ms: u64) -> String {
+    format!("~{}s", ms.div_ceil(1000))
 }
 
 /// The host table of `drover host list`.

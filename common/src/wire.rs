@@ -432,6 +432,9 @@ pub struct HostsRequest {
     /// Drain only: force what is left this many milliseconds after the request.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Drain only: change nothing, answer what the drain would do ([`HostProbe`]s).
+    #[serde(default)]
+    pub dry_run: bool,
 }
 
 /// Body of POST /v1/agents/{id}/drain: the agent's host is shutting down.
@@ -441,6 +444,45 @@ pub struct SelfDrainRequest {
     /// Force what is left this many milliseconds after the request.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+}
+
+/// `drover host drain --dry-run` (GET /v1/hosts/probe): what a drain of these hosts
+/// would do, per host and job, without changing anything (Aurora's sla_probe_hosts).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostProbe {
+    pub agent_id: String,
+    pub hostname: String,
+    /// Non-terminal tasks on the host.
+    pub tasks: u32,
+    /// Whether every job on it can be drained within its policy.
+    pub within_policy: bool,
+    /// Estimated time until the host is DRAINED (the slowest of its jobs).
+    pub estimate_ms: u64,
+    /// One entry per job with tasks on the host.
+    pub jobs: Vec<JobProbe>,
+}
+
+/// One job's part of a drain probe (its budget is shared across every host probed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobProbe {
+    pub job: String,
+    /// Its tasks on this host.
+    pub tasks_on_host: u32,
+    /// Its tasks on all the hosts probed.
+    pub tasks_on_hosts: u32,
+    /// Whether the drain can go on within the job's policy (false: it would block
+    /// until the deadline).
+    pub within_policy: bool,
+    /// How many tasks the policy lets go at once now.
+    pub at_once: u32,
+    /// Waves of kills the job's tasks need, one after another.
+    pub waves: u32,
+    /// Estimated time for those waves: each a worst-case kill escalation plus the
+    /// time a replacement took to become RUNNING, plus the policy's `min_time`.
+    pub estimate_ms: u64,
+    /// Why the drain would block, when it would.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 /// One maintenance event of a host.

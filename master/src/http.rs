@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::core::{CoreError, Event, MaintenanceOp, Reply};
 use crate::runtime::{ApplyError, Master};
+use drover_common::state::now_ms;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -392,13 +393,18 @@ async fn hosts_request(body: Body, drain: bool) -> Result<HostsRequest, ApiErr> 
             None,
         )
     })?;
-    if !drain && req.deadline_ms.is_some() {
-        return Err(ApiErr::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_json",
-            "deadline_ms applies to drains only; remove it",
-            Some("deadline_ms"),
-        ));
+    for (set, field) in [
+        (req.deadline_ms.is_some(), "deadline_ms"),
+        (req.dry_run, "dry_run"),
+    ] {
+        if set && !drain {
+            return Err(ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("{field} applies to drains only; remove it"),
+                Some(field),
+            ));
+        }
     }
     Ok(req)
 }
@@ -414,6 +420,10 @@ async fn cordon_hosts(State(m): State<Shared>, body: Body) -> Result<Response, A
 
 async fn drain_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, true).await?;
+    if req.dry_run {
+        let probe = m.read(|c| c.drain_probe(&req.hosts, now_ms()))?;
+        return Ok(json(StatusCode::OK, &probe));
+    }
     let event = Event::Maintenance {
         op: MaintenanceOp::Drain {
             deadline_ms: req.deadline_ms,

@@ -201,6 +201,18 @@ fn a_policy_that_can_never_be_met_is_reported_and_forced_by_the_deadline() {
         .wait_for_all("www-data/test/solo", TaskState::Running)
         .unwrap();
     let on = hosts_of(&view)[0].clone();
+    // The dry run predicts the block and changes nothing.
+    let output = cluster
+        .drover(&["host", "drain", &on, "--dry-run"])
+        .unwrap();
+    assert!(!output.status.success(), "{}", describe(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("www-data/test/solo") && text.contains("NO: "),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(host(&cluster, &on).mode, MaintenanceMode::None);
     let output = cluster
         .drover(&["host", "drain", &on, "--deadline", "4s"])
         .unwrap();

@@ -120,6 +120,22 @@ impl Budget {
         Ok(())
     }
 
+    /// How many healthy RUNNING instances the policy lets go at once now.
+    pub(super) fn at_once(&self) -> u32 {
+        let by_disrupted = self.max_disrupted.map(|m| m.saturating_sub(self.disrupted));
+        let by_healthy = self.min_healthy.map(|k| self.healthy.saturating_sub(k));
+        match (by_disrupted, by_healthy) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => self.instances,
+        }
+    }
+
+    /// Whether the policy keeps a minimum healthy time (ms).
+    pub(super) fn min_time_ms(&self) -> u64 {
+        self.min_time_ms
+    }
+
     /// Records that one RUNNING instance was taken down.
     pub(super) fn take(&mut self, healthy: bool) {
         self.healthy -= u32::from(healthy && self.healthy > 0);

@@ -18,6 +18,7 @@
 //! - `views`: read-only views for the admin API and the agents' assignment sets
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
+//! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
 //! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -31,6 +32,7 @@ mod lifecycle;
 mod maintenance;
 mod model;
 mod placement;
+mod probe;
 mod reconciliation;
 mod snapshot;
 mod timers;

@@ -401,3 +401,57 @@ fn quarantine_can_be_turned_off() {
     }
     assert_eq!(w.mode("a1"), MaintenanceMode::None);
 }
+
+#[test]
+fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
+    let mut w = world(4);
+    w.create(spec("p", 3, true, ""));
+    let solo = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+    w.agents_act();
+    w.pass(1_000);
+    let solo_host = w.core.task(&solo[0]).unwrap().agent.clone().unwrap();
+    let p_hosts: Vec<String> = (1..=4)
+        .map(|i| format!("a{i}"))
+        .filter(|a| {
+            w.on_agent(a)
+                .iter()
+                .any(|id| w.core.task(id).unwrap().job == "www/prod/p")
+        })
+        .take(2)
+        .collect();
+    let probe = w.core.drain_probe(&p_hosts, w.now).unwrap();
+    assert_eq!(probe.len(), 2);
+    let p = probe[0]
+        .jobs
+        .iter()
+        .find(|j| j.job == "www/prod/p")
+        .unwrap();
+    assert_eq!(
+        (p.tasks_on_host, p.tasks_on_hosts, p.at_once, p.waves),
+        (1, 2, 1, 2)
+    );
+    assert!(p.within_policy && p.estimate_ms > 0, "{p:?}");
+    let probe = w.core.drain_probe(&[solo_host.clone()], w.now).unwrap();
+    let s = probe[0]
+        .jobs
+        .iter()
+        .find(|j| j.job == "www/prod/solo")
+        .unwrap();
+    assert!(!s.within_policy, "{s:?}");
+    assert!(s
+        .reason
+        .as_deref()
+        .is_some_and(|r| r.contains("can ever be drained")));
+    assert!(!probe[0].within_policy);
+    for h in p_hosts.iter().chain([&solo_host]) {
+        assert_eq!(
+            w.mode(h),
+            MaintenanceMode::None,
+            "a dry run changes nothing"
+        );
+    }
+    assert_eq!(
+        w.core.drain_probe(&hosts(&["nope"]), w.now),
+        Err(CoreError::UnknownHosts(vec!["nope".to_string()]))
+    );
+}

@@ -435,3 +435,71 @@ fn an_agent_stopped_for_a_host_shutdown_drains_its_host_first_and_a_plain_stop_d
         .iter()
         .any(|a| host(&cluster, a).hostname == down_host));
 }
+
+/// The real-cluster drain figure (docs/master.md): one host with 20 single-process
+/// tasks drained; every replacement RUNNING elsewhere soon after the slowest kill
+/// escalation (the target is 1 s; the bound here is 3 s for a loaded CI machine;
+/// timestamps are the master's events, the figure is printed).
+#[test]
+fn a_drain_of_twenty_tasks_finishes_within_a_second_of_the_slowest_kill() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(3)).unwrap();
+    // Everything lands on agent-0 while the others are cordoned.
+    let output = cluster
+        .drover(&["host", "cordon", "agent-1", "agent-2"])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let keys: Vec<String> = (0..20).map(|j| format!("www-data/test/t{j}")).collect();
+    for j in 0..20 {
+        cluster
+            .create_job(&command_job(&format!("t{j}"), 1, true, "sleep 1000"))
+            .unwrap();
+    }
+    let mut old = Vec::new();
+    for key in &keys {
+        let view = cluster.wait_for_all(key, TaskState::Running).unwrap();
+        old.push(view.instances[0].current.clone().unwrap().task_id);
+    }
+    let output = cluster
+        .drover(&["host", "activate", "agent-1", "agent-2"])
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let output = cluster
+        .drover_with_timeout(&["host", "drain", "agent-0", "--wait"], WAIT)
+        .unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    let at = |events: &[drover_common::state::TaskEvent], state: TaskState| {
+        events
+            .iter()
+            .find(|e| e.state == state)
+            .map(|e| e.timestamp_ms)
+    };
+    let (mut start, mut slowest_kill) = (u64::MAX, 0);
+    for id in &old {
+        let t = cluster.task(id).unwrap();
+        let draining = at(&t.events, TaskState::Draining).unwrap();
+        let killed = at(&t.events, TaskState::Killed).unwrap();
+        start = start.min(draining);
+        slowest_kill = slowest_kill.max(killed - draining);
+    }
+    let mut done = 0;
+    for key in &keys {
+        let view = cluster.wait_for_all(key, TaskState::Running).unwrap();
+        let t = view.instances[0].current.clone().unwrap();
+        assert_ne!(
+            host(&cluster, t.agent_id.as_deref().unwrap()).hostname,
+            "agent-0"
+        );
+        done = done.max(at(&t.events, TaskState::Running).unwrap());
+    }
+    let total = done - start;
+    eprintln!(
+        "drain of 20 tasks: slowest kill escalation {slowest_kill} ms, every replacement RUNNING after {total} ms"
+    );
+    assert!(
+        total <= slowest_kill + 3_000,
+        "replacements RUNNING {total} ms after the drain began, slowest kill {slowest_kill} ms"
+    );
+}

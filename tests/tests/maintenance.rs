@@ -503,3 +503,48 @@ fn a_drain_of_twenty_tasks_finishes_within_a_second_of_the_slowest_kill() {
         "replacements RUNNING {total} ms after the drain began, slowest kill {slowest_kill} ms"
     );
 }
+
+#[test]
+fn a_drain_survives_its_agent_crashing_and_restarting_mid_way() {
+    if !running_as_root("maintenance test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(3)).unwrap();
+    // The task ignores SIGTERM: its kill escalation takes finalization_wait (2 s).
+    cluster
+        .create_job(&command_job(
+            "slow",
+            1,
+            true,
+            "trap '' TERM; while true; do sleep 0.1; done",
+        ))
+        .unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/slow", TaskState::Running)
+        .unwrap();
+    let old = view.instances[0].current.clone().unwrap();
+    let on = host(&cluster, old.agent_id.as_deref().unwrap()).hostname;
+    let k: usize = on.trim_start_matches("agent-").parse().unwrap();
+    let output = cluster.drover(&["host", "drain", &on]).unwrap();
+    assert!(output.status.success(), "{}", describe(&output));
+    cluster
+        .wait_for("the task to be DRAINING", WAIT, |c| {
+            (c.task(&old.task_id).ok()?.state == TaskState::Draining).then_some(())
+        })
+        .unwrap();
+    // The agent crashes mid-escalation and comes back; the executor carried on.
+    cluster.kill_agent(k);
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.start_agent_again(k).unwrap();
+    cluster
+        .wait_for("the host to be DRAINED", WAIT, |c| {
+            (host(c, &on).mode == MaintenanceMode::Drained).then_some(())
+        })
+        .unwrap();
+    let ended = cluster.task(&old.task_id).unwrap();
+    assert_eq!(ended.state, TaskState::Killed, "{ended:#?}");
+    let view = cluster
+        .wait_for_all("www-data/test/slow", TaskState::Running)
+        .unwrap();
+    assert_ne!(hosts_of(&view)[0], old.agent_id.clone().unwrap());
+}

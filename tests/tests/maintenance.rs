@@ -5,6 +5,8 @@
 //! killed with SIGKILL mid-drain comes back and finishes the drain; bad host names
 //! change nothing. Each test starts its own cluster, so they run in parallel.
 
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

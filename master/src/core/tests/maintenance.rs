@@ -431,7 +431,10 @@ fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
         (1, 2, 1, 2)
     );
     assert!(p.within_policy && p.estimate_ms > 0, "{p:?}");
-    let probe = w.core.drain_probe(&[solo_host.clone()], w.now).unwrap();
+    let probe = w
+        .core
+        .drain_probe(std::slice::from_ref(&solo_host), w.now)
+        .unwrap();
     let s = probe[0]
         .jobs
         .iter()

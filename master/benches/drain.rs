@@ -1,6 +1,8 @@
-//! Drain decisions at scale: 10,000 agents carrying 100,000 RUNNING tasks (1,000
-//! services of 100 instances: a third without a policy, a third keeping 90% healthy,
-//! a third allowing 5 disrupted at once), then a drain of 1,000 hosts at once. Agents
+//! Drain decisions at scale: 10,000 agents in 100 racks carrying 100,000 RUNNING
+//! tasks, 10 per agent (1,000 services of 100 instances, each pinned to one rack
+//! with `host: limit:2`; a third without a policy, a third keeping 90% healthy, a
+//! third allowing 5 disrupted at once), then a drain of 1,000 hosts at once (10 in
+//! every rack). Agents
 //! are simulated in the core's own terms (status reports: drained tasks KILLED,
 //! replacements RUNNING) between rounds; the numbers are the time the core takes
 //! for the drain request and for each round (a Tick that runs the drain round and
@@ -48,6 +50,11 @@ fn cluster(now: u64) -> Core {
     core
 }
 
+/// The drained hosts: the first 100 of every 1,000 agents, so 10 in every rack.
+fn drained(i: usize) -> bool {
+    (i / 100) % 10 == 0
+}
+
 fn spec(j: usize) -> JobSpec {
     let policy = match j % 3 {
         0 => serde_json::Value::Null,
@@ -57,6 +64,7 @@ fn spec(j: usize) -> JobSpec {
     serde_json::from_value(serde_json::json!({
         "role": "bench", "environment": "prod", "name": format!("job{j}"),
         "instances": PER_JOB, "service": true, "sla_policy": policy,
+        "constraints": {"rack": format!("r{}", j % 100), "host": "limit:2"},
         "task": {"processes": [{"name": "m", "cmdline": "sleep 1000"}],
                  "resources": {"cpu": 0.25, "ram": "128MiB", "disk": "128MiB"}}
     }))
@@ -114,7 +122,15 @@ fn main() {
         t.elapsed()
     );
     now += 1_000;
-    let hosts: Vec<String> = (0..DRAINED).map(agent_id).collect();
+    let hosts: Vec<String> = (0..AGENTS).filter(|i| drained(*i)).map(agent_id).collect();
+    assert_eq!(hosts.len(), DRAINED);
+    let on_drained: u32 = core
+        .host_views_named(&hosts)
+        .unwrap()
+        .iter()
+        .map(|h| h.tasks_left)
+        .sum();
+    println!("{on_drained} tasks on the {DRAINED} hosts to drain");
     let t = Instant::now();
     core.handle(
         Event::Maintenance {

@@ -409,13 +409,14 @@ async fn hosts_request(body: Body, drain: bool) -> Result<HostsRequest, ApiErr> 
     Ok(req)
 }
 
+/// Applies a maintenance request to the hosts it names.
+async fn maintain(m: &Master, op: MaintenanceOp, hosts: Vec<String>) -> Result<Response, ApiErr> {
+    ok_reply(m.apply(Event::Maintenance { op, hosts }).await?)
+}
+
 async fn cordon_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, false).await?;
-    let event = Event::Maintenance {
-        op: MaintenanceOp::Cordon,
-        hosts: req.hosts,
-    };
-    ok_reply(m.apply(event).await?)
+    maintain(&m, MaintenanceOp::Cordon, req.hosts).await
 }
 
 async fn drain_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
@@ -424,22 +425,15 @@ async fn drain_hosts(State(m): State<Shared>, body: Body) -> Result<Response, Ap
         let probe = m.read(|c| c.drain_probe(&req.hosts, now_ms()))?;
         return Ok(json(StatusCode::OK, &probe));
     }
-    let event = Event::Maintenance {
-        op: MaintenanceOp::Drain {
-            deadline_ms: req.deadline_ms,
-        },
-        hosts: req.hosts,
+    let op = MaintenanceOp::Drain {
+        deadline_ms: req.deadline_ms,
     };
-    ok_reply(m.apply(event).await?)
+    maintain(&m, op, req.hosts).await
 }
 
 async fn activate_hosts(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, false).await?;
-    let event = Event::Maintenance {
-        op: MaintenanceOp::Activate,
-        hosts: req.hosts,
-    };
-    ok_reply(m.apply(event).await?)
+    maintain(&m, MaintenanceOp::Activate, req.hosts).await
 }
 
 async fn register(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
@@ -490,13 +484,10 @@ async fn agent_drain(
             "agent_id",
         ));
     }
-    let event = Event::Maintenance {
-        op: MaintenanceOp::Drain {
-            deadline_ms: req.deadline_ms,
-        },
-        hosts: vec![id],
+    let op = MaintenanceOp::Drain {
+        deadline_ms: req.deadline_ms,
     };
-    ok_reply(m.apply(event).await?)
+    maintain(&m, op, vec![id]).await
 }
 
 fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiErr> {

@@ -458,3 +458,43 @@ fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
         Err(CoreError::UnknownHosts(vec!["nope".to_string()]))
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Whatever cordons, drains, activations and task endings happen, a master
+    /// restarted from what was persisted has every host in the mode it had.
+    #[test]
+    fn maintenance_modes_survive_every_restart(
+        ops in proptest::collection::vec((0u8..4, 1usize..5), 1..20),
+    ) {
+        let mut w = world(4);
+        w.create(spec("m", 2, true, ""));
+        w.agents_act();
+        for (op, host) in ops {
+            let name = format!("a{host}");
+            match op {
+                0 => { let _ = w.maint(MaintenanceOp::Cordon, &[&name]); }
+                1 => w.drain(&[&name], None),
+                2 => { let _ = w.maint(MaintenanceOp::Activate, &[&name]); }
+                _ => w.agents_act(),
+            }
+            let before: Vec<(String, MaintenanceMode)> = w
+                .core
+                .host_views()
+                .into_iter()
+                .map(|h| (h.agent_id, h.mode))
+                .collect();
+            let snap = w.snapshot();
+            w.now += 10;
+            w.core = Core::load(cfg(), snap, w.now, 9);
+            let after: Vec<(String, MaintenanceMode)> = w
+                .core
+                .host_views()
+                .into_iter()
+                .map(|h| (h.agent_id, h.mode))
+                .collect();
+            prop_assert_eq!(before, after);
+        }
+    }
+}

@@ -11,13 +11,14 @@ use drover_common::wire::{HostProbe, HostView, HostsRequest, MaintenanceMode};
 use crate::args::HostCommand;
 use crate::client::Client;
 use crate::table::Table;
+use crate::Endpoint;
 
 /// How often `drain --wait` polls.
 const POLL: Duration = Duration::from_millis(250);
 
 /// Runs a `drover host ...` command.
-pub async fn run(master: &str, command: HostCommand) -> anyhow::Result<bool> {
-    let client = Client::new(master)?;
+pub async fn run(master: &Endpoint, command: HostCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
     match command {
         HostCommand::List { json } => {
             let hosts = client.hosts().await?;

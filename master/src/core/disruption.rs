@@ -1,9 +1,10 @@
 //! SLA budgets for drains (Aurora's `sla_policy`, a PodDisruptionBudget): how many
 //! of a job's instances a drain may take down at once. Pure arithmetic over one
 //! job's current tasks, kept up to date within one drain round as tasks are taken.
+//! How long a task has been RUNNING is measured on the monotonic clock.
 
 use drover_common::spec::SlaPolicy;
-use drover_common::state::{TaskState, UnixMillis};
+use drover_common::state::{MonoMillis, TaskState};
 
 use super::model::Job;
 use super::Task;
@@ -26,7 +27,7 @@ pub(super) struct Budget {
     max_disrupted: Option<u32>,
     min_time_ms: u64,
     /// When the next RUNNING task that is not yet healthy becomes healthy.
-    pub(super) next_healthy_at: Option<UnixMillis>,
+    pub(super) next_healthy_at: Option<MonoMillis>,
 }
 
 impl Budget {
@@ -34,7 +35,7 @@ impl Budget {
     pub(super) fn of<'a>(
         job: &Job,
         task: impl Fn(&str) -> Option<&'a Task>,
-        now: UnixMillis,
+        now: MonoMillis,
     ) -> Budget {
         let instances = job.slots.len() as u32;
         let (min_healthy, max_disrupted, min_time_ms) = match &job.spec.sla_policy {
@@ -57,7 +58,7 @@ impl Budget {
             };
             match t.status.state {
                 TaskState::Running => {
-                    let since = t.running_since.unwrap_or(0);
+                    let since = t.running_mono.unwrap_or(0);
                     let at = since.saturating_add(min_time_ms);
                     if at <= now {
                         b.healthy += 1;
@@ -73,12 +74,9 @@ impl Budget {
     }
 
     /// Whether a task counts as healthy under this budget.
-    pub(super) fn is_healthy(&self, t: &Task, now: UnixMillis) -> bool {
+    pub(super) fn is_healthy(&self, t: &Task, now: MonoMillis) -> bool {
         t.status.state == TaskState::Running
-            && t.running_since
-                .unwrap_or(0)
-                .saturating_add(self.min_time_ms)
-                <= now
+            && t.running_mono.unwrap_or(0).saturating_add(self.min_time_ms) <= now
     }
 
     /// Whether the policy can never let one instance go, whatever happens.

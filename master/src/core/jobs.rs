@@ -3,18 +3,14 @@
 use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
-use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
 use super::model::{constraints_of, need_of, new_task, Job, Slot};
-use super::{Change, Core, CoreError, Reply};
+use super::{Change, Core, CoreError, Now, Reply};
 
 impl Core {
-    pub(super) fn create_job(
-        &mut self,
-        spec: JobSpec,
-        now: UnixMillis,
-    ) -> Result<Reply, CoreError> {
+    pub(super) fn create_job(&mut self, spec: JobSpec, now: Now) -> Result<Reply, CoreError> {
         let key = spec.key().to_string();
         let constraints = constraints_of(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
@@ -33,11 +29,11 @@ impl Core {
         let need = need_of(&spec);
         let spec = Arc::new(spec);
         self.job_changes
-            .push(Change::PutJob(spec.clone(), key.clone(), now));
+            .push(Change::PutJob(spec.clone(), key.clone(), now.wall));
         let mut job = Job {
             key: key.clone(),
             spec: spec.clone(),
-            created_ms: now,
+            created_ms: now.wall,
             slots: vec![Slot::default(); spec.instances as usize],
             constraints,
             need,
@@ -48,7 +44,15 @@ impl Core {
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let task = new_task(&id, &key, instance, 0, now, TaskState::Pending, "created");
+            let task = new_task(
+                &id,
+                &key,
+                instance,
+                0,
+                now.wall,
+                TaskState::Pending,
+                "created",
+            );
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
             self.queue.push_back(id.clone());
@@ -121,7 +125,7 @@ impl Core {
         via: TaskState,
         source: EventSource,
         message: &str,
-        now: UnixMillis,
+        now: Now,
     ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
@@ -136,7 +140,7 @@ impl Core {
             let _ = task.status.transition(
                 TaskState::Killed,
                 Some(ExitReason::KilledByRequest),
-                now,
+                now.wall,
                 source,
                 message,
             );
@@ -145,7 +149,7 @@ impl Core {
         }
         if task
             .status
-            .transition(via, None, now, source, message)
+            .transition(via, None, now.wall, source, message)
             .is_err()
         {
             return false;
@@ -166,7 +170,7 @@ impl Core {
         job: &str,
         instances: Option<Vec<u32>>,
         via: TaskState,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         let restart = via == TaskState::Restarting;
         let message = if restart {

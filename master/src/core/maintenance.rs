@@ -12,14 +12,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use drover_common::state::{EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState, UnixMillis};
 use drover_common::wire::{HostEvent, HostView, MaintenanceMode};
 use serde::{Deserialize, Serialize};
 
 use super::disruption::Budget;
 use super::model::Agent;
 use super::timers::Timer;
-use super::{Core, CoreError, Reply};
+use super::{Core, CoreError, Now, Reply};
 
 /// Host events kept per host.
 const HOST_EVENTS_KEPT: usize = 20;
@@ -31,10 +31,11 @@ pub struct HostMaintenance {
     /// Why: `maintenance` (an operator's request) or `quarantined`; absent in NONE.
     #[serde(default)]
     pub reason: Option<String>,
-    /// When the current mode began.
+    /// When the current mode began (wall clock, for people).
     #[serde(default)]
     pub since_ms: UnixMillis,
-    /// While DRAINING: when what is left is forced.
+    /// While DRAINING: when what is left is forced (wall clock, for people and for
+    /// the time left at load; the core forces on the monotonic clock).
     #[serde(default)]
     pub deadline_ms: Option<UnixMillis>,
     /// The latest maintenance events, oldest first.
@@ -63,33 +64,51 @@ impl MaintenanceOp {
     }
 }
 
-/// The drain bookkeeping kept in memory (rebuilt from the records at start).
+/// The drain bookkeeping kept in memory (rebuilt from the records at start). Every
+/// instant here is monotonic.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Drains {
     /// Agents in DRAINING.
     draining: BTreeSet<u32>,
+    /// Per draining agent with a deadline: when what is left is forced.
+    deadlines: HashMap<u32, MonoMillis>,
     /// Per draining agent, why tasks wait, one line per job.
     blocked: HashMap<u32, Vec<String>>,
     /// The earliest drain timer armed and not yet fired.
-    armed_at: Option<UnixMillis>,
+    armed_at: Option<MonoMillis>,
     /// When the last round ran; None: the next event runs one.
-    last_round: Option<UnixMillis>,
+    last_round: Option<MonoMillis>,
     /// Per agent, recent host-side task failures: (when, job, reason).
-    failures: HashMap<u32, VecDeque<(UnixMillis, String, String)>>,
+    failures: HashMap<u32, VecDeque<(MonoMillis, String, String)>>,
 }
 
 impl Drains {
-    /// The drains of agents loaded from the store.
-    pub(super) fn rebuild(agents: &[Agent]) -> Drains {
-        Drains {
-            draining: agents
-                .iter()
-                .enumerate()
-                .filter(|(_, a)| a.rec.maintenance.mode == MaintenanceMode::Draining)
-                .map(|(i, _)| i as u32)
-                .collect(),
-            ..Drains::default()
+    /// The drains of agents loaded from the store at `now`. A deadline keeps what
+    /// was left of it by the wall clock, at most the whole time from the drain's
+    /// start to its deadline (a wall clock step while the master was down cannot
+    /// push it further out than the operator asked for); one that passed while the
+    /// master was down forces what is left at once.
+    pub(super) fn rebuild(agents: &[Agent], now: Now) -> Drains {
+        let mut drains = Drains::default();
+        for (i, a) in agents.iter().enumerate() {
+            let m = &a.rec.maintenance;
+            if m.mode != MaintenanceMode::Draining {
+                continue;
+            }
+            drains.draining.insert(i as u32);
+            if let Some(deadline) = m.deadline_ms {
+                let whole = deadline.saturating_sub(m.since_ms);
+                drains
+                    .deadlines
+                    .insert(i as u32, now.mono_of(deadline, whole));
+            }
         }
+        drains
+    }
+
+    /// The monotonic deadlines armed at load, for their timers.
+    pub(super) fn deadlines(&self) -> Vec<MonoMillis> {
+        self.deadlines.values().copied().collect()
     }
 
     /// A drain timer fired.
@@ -98,19 +117,26 @@ impl Drains {
     }
 
     /// Arms the drain timer for `at` unless one at or before it is armed.
-    fn arm(&mut self, at: UnixMillis) -> bool {
+    fn arm(&mut self, at: MonoMillis) -> bool {
         if self.armed_at.is_none_or(|armed| at < armed) {
             self.armed_at = Some(at);
             return true;
         }
         false
     }
+
+    /// Sets (or, with None, keeps) a draining agent's monotonic deadline.
+    fn set_deadline(&mut self, idx: u32, deadline: Option<MonoMillis>) {
+        if let Some(d) = deadline {
+            self.deadlines.insert(idx, d);
+        }
+    }
 }
 
 impl HostMaintenance {
-    fn set(&mut self, mode: MaintenanceMode, now: UnixMillis, message: String) {
+    fn set(&mut self, mode: MaintenanceMode, now: Now, message: String) {
         self.mode = mode;
-        self.since_ms = now;
+        self.since_ms = now.wall;
         if mode == MaintenanceMode::None {
             self.reason = None;
         }
@@ -120,9 +146,9 @@ impl HostMaintenance {
         self.event(now, message);
     }
 
-    fn event(&mut self, now: UnixMillis, message: String) {
+    fn event(&mut self, now: Now, message: String) {
         self.events.push_back(HostEvent {
-            timestamp_ms: now,
+            timestamp_ms: now.wall,
             message,
         });
         while self.events.len() > HOST_EVENTS_KEPT {
@@ -176,7 +202,7 @@ impl Core {
         &mut self,
         op: MaintenanceOp,
         hosts: &[String],
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         let idxs = self.resolve_hosts(hosts)?;
         // The request is answered after a round with it.
@@ -208,7 +234,7 @@ impl Core {
                     true
                 }
                 (MaintenanceOp::Drain { deadline_ms }, mode) => {
-                    let deadline = deadline_ms.map(|d| now.saturating_add(d));
+                    let deadline = deadline_ms.map(|d| now.mono.saturating_add(d));
                     let message = match deadline_ms {
                         Some(d) => format!("drain requested, deadline in {d} ms"),
                         None => "drain requested, no deadline".to_string(),
@@ -219,14 +245,16 @@ impl Core {
                                 m.reason = Some("maintenance".to_string());
                             }
                             m.set(MaintenanceMode::Draining, now, message);
-                            m.deadline_ms = deadline;
+                            m.deadline_ms = deadline.map(|d| now.wall_of(d));
                             self.drains.draining.insert(idx);
+                            self.drains.set_deadline(idx, deadline);
                             true
                         }
                         // A new deadline replaces the old one; nothing else changes.
                         MaintenanceMode::Draining if deadline.is_some() => {
-                            m.deadline_ms = deadline;
+                            m.deadline_ms = deadline.map(|d| now.wall_of(d));
                             m.event(now, message);
+                            self.drains.set_deadline(idx, deadline);
                             true
                         }
                         _ => false,
@@ -236,6 +264,7 @@ impl Core {
                 (MaintenanceOp::Activate, _) => {
                     m.set(MaintenanceMode::None, now, "activated".to_string());
                     self.drains.draining.remove(&idx);
+                    self.drains.deadlines.remove(&idx);
                     self.drains.blocked.remove(&idx);
                     self.drains.failures.remove(&idx);
                     self.capacity_changed = true;
@@ -246,7 +275,7 @@ impl Core {
             if changed {
                 self.dirty_agents.insert(idx);
             }
-            if let Some(at) = self.agents[idx as usize].rec.maintenance.deadline_ms {
+            if let Some(&at) = self.drains.deadlines.get(&idx) {
                 self.push_timer(at, Timer::Drain);
             }
         }
@@ -259,26 +288,30 @@ impl Core {
     /// (or every task, past the deadline) moves to DRAINING and gets a replacement;
     /// hosts with nothing left become DRAINED. Runs after every event while any
     /// host drains.
-    pub(super) fn drain_round(&mut self, now: UnixMillis) {
+    pub(super) fn drain_round(&mut self, now: Now) {
         if self.drains.draining.is_empty() {
             return;
         }
         if let Some(last) = self.drains.last_round {
             let next = last.saturating_add(self.cfg.drain_round_interval_ms);
-            if now < next {
+            if now.mono < next {
                 if self.drains.arm(next) {
                     self.push_timer(next, Timer::Drain);
                 }
                 return;
             }
         }
-        self.drains.last_round = Some(now);
+        self.drains.last_round = Some(now.mono);
         let mut budgets: HashMap<String, Budget> = HashMap::new();
-        let mut wake: Option<UnixMillis> = None;
+        let mut wake: Option<MonoMillis> = None;
         let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
         for idx in hosts {
             let a = &self.agents[idx as usize];
-            let forced = a.rec.maintenance.deadline_ms.is_some_and(|d| now >= d);
+            let forced = self
+                .drains
+                .deadlines
+                .get(&idx)
+                .is_some_and(|&d| now.mono >= d);
             let host = a.rec.hostname.clone();
             let ids: Vec<String> = a.tasks.iter().cloned().collect();
             let mut blocked: BTreeMap<String, String> = BTreeMap::new();
@@ -308,8 +341,8 @@ impl Core {
                     let tasks = &self.tasks;
                     let budget = budgets
                         .entry(job_key.clone())
-                        .or_insert_with(|| Budget::of(job, |i| tasks.get(i), now));
-                    let healthy = budget.is_healthy(t, now);
+                        .or_insert_with(|| Budget::of(job, |i| tasks.get(i), now.mono));
+                    let healthy = budget.is_healthy(t, now.mono);
                     if !forced {
                         if let Err(why) = budget.check(healthy) {
                             if let Some(at) = budget.next_healthy_at {
@@ -344,6 +377,7 @@ impl Core {
                     "drained: no task left, every ending heard".to_string(),
                 );
                 self.drains.draining.remove(&idx);
+                self.drains.deadlines.remove(&idx);
                 self.drains.blocked.remove(&idx);
                 self.dirty_agents.insert(idx);
             }
@@ -356,7 +390,7 @@ impl Core {
     }
 
     /// Keeps why a host's drain waits, and records a change as a host event.
-    fn note_blocked(&mut self, idx: u32, blocked: Vec<String>, now: UnixMillis) {
+    fn note_blocked(&mut self, idx: u32, blocked: Vec<String>, now: Now) {
         let old = self.drains.blocked.get(&idx);
         if old.map_or(blocked.is_empty(), |o| *o == blocked) {
             return;
@@ -375,7 +409,7 @@ impl Core {
     /// lost) against its host, and quarantines the host (NONE -> SCHEDULED, reason
     /// `quarantined`) once `quarantine_failures` of them from `quarantine_jobs`
     /// different jobs fall within `quarantine_window_ms`.
-    pub(super) fn note_task_end(&mut self, id: &str, now: UnixMillis) {
+    pub(super) fn note_task_end(&mut self, id: &str, now: Now) {
         let limit = self.cfg.quarantine_failures;
         if limit == 0 {
             return;
@@ -395,10 +429,10 @@ impl Core {
         let job = t.job.clone();
         let window = self.cfg.quarantine_window_ms;
         let list = self.drains.failures.entry(idx).or_default();
-        list.push_back((now, job, reason));
+        list.push_back((now.mono, job, reason));
         while list
             .front()
-            .is_some_and(|(at, _, _)| now.saturating_sub(*at) > window)
+            .is_some_and(|(at, _, _)| now.mono.saturating_sub(*at) > window)
         {
             list.pop_front();
         }
@@ -423,6 +457,24 @@ impl Core {
         m.reason = Some("quarantined".to_string());
         m.set(MaintenanceMode::Scheduled, now, message);
         self.dirty_agents.insert(idx);
+    }
+
+    /// A maintenance request's answer shows its hosts as the event left them (after
+    /// the drain round and the placements it ran).
+    pub(super) fn hosts_after_round(
+        &self,
+        reply: Result<Reply, CoreError>,
+    ) -> Result<Reply, CoreError> {
+        match reply {
+            Ok(Reply::Hosts(views)) => Ok(Reply::Hosts(
+                views
+                    .iter()
+                    .filter_map(|v| self.agent_idx.get(&v.agent_id))
+                    .map(|&i| self.host_view_of(i))
+                    .collect(),
+            )),
+            other => other,
+        }
     }
 
     /// GET /v1/hosts: every host, sorted by host name then agent id.

@@ -8,20 +8,16 @@
 
 use std::collections::BTreeMap;
 
-use drover_common::state::{TaskState, UnixMillis};
+use drover_common::state::TaskState;
 use drover_common::wire::{HostProbe, JobProbe};
 
 use super::agents::kill_time_ms;
 use super::disruption::Budget;
-use super::{Core, CoreError};
+use super::{Core, CoreError, Now};
 
 impl Core {
     /// What draining `names` (agent ids or host names) at `now` would do.
-    pub fn drain_probe(
-        &self,
-        names: &[String],
-        now: UnixMillis,
-    ) -> Result<Vec<HostProbe>, CoreError> {
+    pub fn drain_probe(&self, names: &[String], now: Now) -> Result<Vec<HostProbe>, CoreError> {
         let idxs = self.resolve_hosts(names)?;
         // Per job: its RUNNING current tasks on the probed hosts.
         let mut on_hosts: BTreeMap<&str, u32> = BTreeMap::new();
@@ -39,7 +35,7 @@ impl Core {
             let Some(job) = self.jobs.get(key) else {
                 continue;
             };
-            let budget = Budget::of(job, |i| self.tasks.get(i), now);
+            let budget = Budget::of(job, |i| self.tasks.get(i), now.mono);
             let at_once = budget.at_once();
             let (within, reason) = if budget.never() {
                 (false, budget.check(true).err())
@@ -54,6 +50,7 @@ impl Core {
             } else {
                 n.div_ceil(at_once)
             };
+            // From the wall clock records: an estimate for people.
             let startup = job
                 .slots
                 .iter()

@@ -214,6 +214,48 @@ fn a_policy_that_can_never_be_met_is_reported_and_the_deadline_forces_it() {
 }
 
 #[test]
+fn a_drain_deadline_runs_on_the_monotonic_clock_and_survives_restarts_capped() {
+    const HOUR: i64 = 3_600_000;
+    // (wall clock step while running, wall step while the master is down, restart
+    // after, forced by): a step while running moves nothing; a backward step while
+    // down cannot push the deadline past the whole drain's time; a forward one
+    // while down ends it at once, as it ends THROTTLED penalties.
+    for (live_step, down_step, restart_at, forced_by) in [
+        (HOUR, 0, None, 10_000),
+        (-HOUR, 0, None, 10_000),
+        (0, 0, Some(4_000), 10_000),
+        (0, -HOUR, Some(4_000), 14_000),
+        (0, HOUR, Some(4_000), 4_000),
+    ] {
+        let case = format!("live {live_step}, down {down_step}, restart {restart_at:?}");
+        let mut w = world(2);
+        let t = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+        w.agents_act();
+        let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+        let start = w.now;
+        w.drain(&[&host], Some(10_000));
+        w.wall_skew += live_step;
+        if let Some(at) = restart_at {
+            w.pass(at);
+            let snap = w.snapshot();
+            w.wall_skew += down_step;
+            w.core = Core::load(cfg(), snap, w.at(), 9);
+        }
+        while w.now + 500 < start + forced_by {
+            assert_eq!(
+                w.state(&t[0]),
+                TaskState::Running,
+                "{case} at {}",
+                w.now - start
+            );
+            w.pass(250);
+        }
+        w.pass(1_000);
+        assert_eq!(w.state(&t[0]), TaskState::Draining, "{case}");
+    }
+}
+
+#[test]
 fn min_healthy_with_min_time_waits_for_replacements_to_be_healthy_long_enough() {
     let mut w = world(4);
     w.create(spec(
@@ -262,7 +304,7 @@ fn a_drain_goes_on_after_a_master_restart() {
     w.drain(&[&busy[0], &busy[1]], None);
     let snap = w.snapshot();
     w.now += 1_000;
-    w.core = Core::load(cfg(), snap, w.now, 9);
+    w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(w.mode(&busy[0]), MaintenanceMode::Draining);
     for _ in 0..4 {
         w.agents_act();
@@ -288,6 +330,42 @@ fn a_host_lost_while_draining_finishes_through_the_partition_policy() {
     }
     assert_eq!(w.state(&t[0]), TaskState::Killed);
     assert_eq!(w.mode(&host), MaintenanceMode::Drained);
+}
+
+#[test]
+fn drained_hosts_going_silent_are_no_eviction_storm() {
+    // Three of five hosts drained and powered off for maintenance: the guard stays
+    // out of it, so a real loss on the two left is still replaced.
+    let mut w = world(5);
+    let t = w.create(spec("svc", 2, true, ""));
+    w.agents_act();
+    let busy: Vec<String> = t
+        .iter()
+        .map(|id| w.core.task(id).unwrap().agent.clone().unwrap())
+        .collect();
+    let idle: Vec<String> = (1..=5)
+        .map(|i| format!("a{i}"))
+        .filter(|a| !busy.contains(a))
+        .collect();
+    let idle: Vec<&str> = idle.iter().map(String::as_str).collect();
+    w.drain(&idle, None);
+    for a in &idle {
+        assert_eq!(w.mode(a), MaintenanceMode::Drained);
+    }
+    for _ in 0..20 {
+        w.advance(500);
+        for a in &busy {
+            w.heartbeat(a, None);
+        }
+    }
+    assert!(!w.core.guard_engaged(), "{:?}", w.core.cluster_view());
+    // Then one of the two hosts with tasks is lost: replaced as usual.
+    for _ in 0..20 {
+        w.advance(500);
+        w.heartbeat(&busy[1], None);
+    }
+    assert!(!w.core.guard_engaged(), "{:?}", w.core.cluster_view());
+    assert_eq!(w.state(&t[0]), TaskState::Lost);
 }
 
 proptest! {
@@ -391,7 +469,7 @@ fn quarantine_can_be_turned_off() {
             quarantine_failures: 0,
             ..cfg()
         },
-        w.now,
+        w.at(),
         7,
     );
     w.register("a1", 8.0, 16, &[]);
@@ -419,7 +497,7 @@ fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
         })
         .take(2)
         .collect();
-    let probe = w.core.drain_probe(&p_hosts, w.now).unwrap();
+    let probe = w.core.drain_probe(&p_hosts, w.at()).unwrap();
     assert_eq!(probe.len(), 2);
     let p = probe[0]
         .jobs
@@ -433,7 +511,7 @@ fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
     assert!(p.within_policy && p.estimate_ms > 0, "{p:?}");
     let probe = w
         .core
-        .drain_probe(std::slice::from_ref(&solo_host), w.now)
+        .drain_probe(std::slice::from_ref(&solo_host), w.at())
         .unwrap();
     let s = probe[0]
         .jobs
@@ -454,7 +532,7 @@ fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
         );
     }
     assert_eq!(
-        w.core.drain_probe(&hosts(&["nope"]), w.now),
+        w.core.drain_probe(&hosts(&["nope"]), w.at()),
         Err(CoreError::UnknownHosts(vec!["nope".to_string()]))
     );
 }
@@ -487,7 +565,7 @@ proptest! {
                 .collect();
             let snap = w.snapshot();
             w.now += 10;
-            w.core = Core::load(cfg(), snap, w.now, 9);
+            w.core = Core::load(cfg(), snap, w.at(), 9);
             let after: Vec<(String, MaintenanceMode)> = w
                 .core
                 .host_views()

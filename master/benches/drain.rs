@@ -20,7 +20,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::TaskState;
 use drover_common::wire::{self, AgentResources, MaintenanceMode, RegisterRequest, StatusUpdate};
 use drover_common::DesiredState;
-use drover_master::core::{Core, CoreConfig, Event, MaintenanceOp};
+use drover_master::core::{Core, CoreConfig, Event, MaintenanceOp, Now};
 
 const AGENTS: usize = 10_000;
 const JOBS: usize = 1_000;
@@ -41,7 +41,7 @@ fn agent_id(i: usize) -> String {
 }
 
 fn cluster(now: u64) -> Core {
-    let mut core = Core::new(CoreConfig::default(), now, 1);
+    let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
             protocol_version: wire::PROTOCOL_VERSION,
@@ -56,7 +56,7 @@ fn cluster(now: u64) -> Core {
             },
             attributes: [("rack".to_string(), format!("r{}", i % 100))].into(),
         };
-        core.handle(Event::Register(Box::new(req)), now);
+        core.handle(Event::Register(Box::new(req)), Now::both(now));
     }
     core
 }
@@ -112,7 +112,7 @@ fn agents_act(core: &mut Core, seqs: &mut HashMap<String, u64>, now: u64) -> usi
         }
         if !reports.is_empty() {
             reported += reports.len();
-            core.handle(Event::StatusReports { agent: id, reports }, now);
+            core.handle(Event::StatusReports { agent: id, reports }, Now::both(now));
         }
     }
     reported
@@ -123,7 +123,7 @@ fn main() {
     let t = Instant::now();
     let mut core = cluster(now);
     for j in 0..JOBS {
-        core.handle(Event::CreateJob(Box::new(spec(j))), now);
+        core.handle(Event::CreateJob(Box::new(spec(j))), Now::both(now));
     }
     let mut seqs = HashMap::new();
     agents_act(&mut core, &mut seqs, now);
@@ -148,7 +148,7 @@ fn main() {
             op: MaintenanceOp::Drain { deadline_ms: None },
             hosts: hosts.clone(),
         },
-        now,
+        Now::both(now),
     );
     let request = (t.elapsed(), cpu_time() - c);
     println!(
@@ -161,7 +161,7 @@ fn main() {
         let reported = agents_act(&mut core, &mut seqs, now);
         now += 200;
         let (t, c) = (Instant::now(), cpu_time());
-        core.handle(Event::Tick, now);
+        core.handle(Event::Tick, Now::both(now));
         rounds.push(t.elapsed());
         cpu.push(cpu_time() - c);
         let left = core

@@ -6,7 +6,8 @@
 //! - `adopt`: re-adopts, reports or cleans up what the sandbox root holds at start.
 //! - `watching`: starts executors and follows each one's statuses until it is gone.
 //! - `relay`: writes statuses to the durable outbox and relays them to the master.
-//! - `session`: registration, heartbeats and the long poll of the assignment set.
+//! - `session`: registration, heartbeats, the long poll of the assignment set, and
+//!   the self-drain when the host shuts down.
 //! - `gc`: the periodic tick: lease kills, acknowledgements, sandbox collection.
 
 mod adopt;
@@ -41,7 +42,7 @@ use gc::ticker;
 use identity::{load_or_create_agent_id, new_logs_key, read_token, require_logs_key};
 use lease::{restore_last_contact, restore_lease};
 use relay::{flush_outbox, relay, write_outbox};
-use session::{heartbeats, poll_assignments, registrar};
+use session::{heartbeats, poll_assignments, registrar, self_drain};
 
 /// The agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +273,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     });
 
     shutdown.await;
+    if !shared.cfg.shutdown_drain_timeout.is_zero()
+        && *shared.epoch.borrow() > 0
+        && crate::selfdrain::host_is_shutting_down(shared.cfg.shutdown_marker.as_deref())
+    {
+        self_drain(&shared).await;
+    }
     tracing::info!("agent stopping; executors keep running");
     // Drain: give the relay a moment to deliver what is pending (e.g. the KILLED of
     // a job killed just before); whatever remains is sent after the next start.

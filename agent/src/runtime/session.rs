@@ -1,6 +1,7 @@
 //! The session with the master: registration (again whenever the master asks),
-//! heartbeats (with the full task set when asked), and the long poll of the
-//! assignment set, each one converged on by the pure core.
+//! heartbeats (with the full task set when asked), the long poll of the assignment
+//! set, each one converged on by the pure core, and the self-drain at the end of a
+//! session when the host shuts down.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -267,6 +268,39 @@ pub(super) async fn poll_assignments(shared: Arc<Shared>) {
                 tokio::time::sleep(backoff.step()).await;
             }
         }
+    }
+}
+
+/// The host is shutting down: asks the master to drain it (forcing what is left
+/// after three quarters of `shutdown_drain_timeout`, so forced kills still finish
+/// in time) and waits until no task is left running here and every status was
+/// delivered, or the timeout passed.
+pub(super) async fn self_drain(shared: &Shared) {
+    let bound = shared.cfg.shutdown_drain_timeout;
+    let until = Instant::now() + bound;
+    tracing::info!(
+        timeout_ms = bound.as_millis() as u64,
+        "host shutting down: asking the master to drain this host"
+    );
+    if let Err(e) = shared
+        .client
+        .drain_self(&shared.agent_id, bound * 3 / 4)
+        .await
+    {
+        tracing::warn!(error = %e, "cannot ask the master to drain this host; stopping without");
+        return;
+    }
+    loop {
+        let left = lock(&shared.tasks).running();
+        if left == 0 && lock(&shared.outbox).is_empty() {
+            tracing::info!("host drained: no task left here");
+            return;
+        }
+        if Instant::now() >= until {
+            tracing::warn!(tasks_left = left, "shutdown_drain_timeout passed; stopping");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

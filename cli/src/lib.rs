@@ -6,10 +6,12 @@ pub mod client;
 pub mod commands;
 pub mod credentials;
 pub mod dev;
+pub mod hosts;
 pub mod procs;
 pub mod progress;
 pub mod render;
 pub mod specfile;
+pub mod sys;
 pub mod table;
 pub mod target;
 pub mod tls;
@@ -52,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Cluster(command) => commands::cluster(&endpoint, command).await,
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
+        Command::Host(command) => hosts::run(&endpoint, command).await,
         Command::Dev(_) | Command::Tls(_) => Ok(false),
     }
 }

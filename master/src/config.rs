@@ -106,6 +106,16 @@ pub struct Args {
     /// Test switch: accept cron schedules with a leading seconds field.
     #[arg(long)]
     pub cron_seconds: bool,
+    /// Host-side task failures (sandbox setup, executor lost) within
+    /// quarantine_window that quarantine a host; 0 turns quarantine off.
+    #[arg(long, value_name = "N")]
+    pub quarantine_failures: Option<u32>,
+    /// The window of quarantine_failures.
+    #[arg(long, value_name = "DURATION")]
+    pub quarantine_window: Option<String>,
+    /// How many different jobs those failures must come from.
+    #[arg(long, value_name = "N")]
+    pub quarantine_jobs: Option<u32>,
 }
 
 /// The TOML file; every key optional.
@@ -137,6 +147,9 @@ struct FileConfig {
     preemption_reservation: Option<String>,
     cron_grace: Option<String>,
     cron_seconds: Option<bool>,
+    quarantine_failures: Option<u32>,
+    quarantine_window: Option<String>,
+    quarantine_jobs: Option<u32>,
 }
 
 /// The validated configuration.
@@ -355,6 +368,20 @@ impl Config {
                 d.cron_grace_ms,
             )?,
             cron_seconds: args.cron_seconds || file.cron_seconds.unwrap_or(false),
+            drain_round_interval_ms: d.drain_round_interval_ms,
+            quarantine_failures: args
+                .quarantine_failures
+                .or(file.quarantine_failures)
+                .unwrap_or(d.quarantine_failures),
+            quarantine_window_ms: duration(
+                "quarantine_window",
+                args.quarantine_window.or(file.quarantine_window),
+                d.quarantine_window_ms,
+            )?,
+            quarantine_jobs: args
+                .quarantine_jobs
+                .or(file.quarantine_jobs)
+                .unwrap_or(d.quarantine_jobs),
         };
         validate(&core)?;
         Ok(Config {
@@ -419,6 +446,18 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
             field: "agent_loss_rate",
             message: "must be at least 1 (tasks per second), e.g. 100".to_string(),
         });
+    }
+    if c.quarantine_failures > 0 {
+        positive("quarantine_window", c.quarantine_window_ms)?;
+        if c.quarantine_jobs < 1 || c.quarantine_jobs > c.quarantine_failures {
+            return Err(ConfigError::Field {
+                field: "quarantine_jobs",
+                message: format!(
+                    "is {}; use 1 to quarantine_failures ({})",
+                    c.quarantine_jobs, c.quarantine_failures
+                ),
+            });
+        }
     }
     if c.throttle_initial_ms > c.throttle_max_ms {
         return Err(ConfigError::Field {

@@ -8,8 +8,6 @@
 //! restart runs no firing twice. Each scenario is its own test (nextest runs them in
 //! parallel).
 
-use std::time::Duration;
-
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{CronView, JobView};
 use drover_tests::{command_job, describe, running_as_root, Cluster, ClusterConfig, WAIT};

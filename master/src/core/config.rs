@@ -47,6 +47,18 @@ pub struct CoreConfig {
     pub cron_grace_ms: u64,
     /// Test switch: cron schedules may have a leading seconds field (6 fields).
     pub cron_seconds: bool,
+    /// While hosts drain, the drain round runs at most once per this interval
+    /// (a burst of status reports costs one round, not one per report); a
+    /// maintenance request always runs one at once. Not a config key.
+    pub drain_round_interval_ms: u64,
+    /// A host where this many tasks ended for host-side causes (sandbox setup
+    /// failed, executor lost) within `quarantine_window_ms`, of at least
+    /// `quarantine_jobs` different jobs, is quarantined (SCHEDULED). 0: never.
+    pub quarantine_failures: u32,
+    /// The window of `quarantine_failures`.
+    pub quarantine_window_ms: u64,
+    /// How many different jobs the failures must come from.
+    pub quarantine_jobs: u32,
 }
 
 impl Default for CoreConfig {
@@ -71,6 +83,10 @@ impl Default for CoreConfig {
             preemption_reservation_ms: 120_000,
             cron_grace_ms: 15 * 60_000,
             cron_seconds: false,
+            drain_round_interval_ms: 100,
+            quarantine_failures: 5,
+            quarantine_window_ms: 10 * 60_000,
+            quarantine_jobs: 2,
         }
     }
 }

@@ -19,6 +19,9 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `maintenance`: host maintenance modes and the drain round
+//! - `disruption`: the SLA budgets a drain keeps each job within
+//! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
 //! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -27,13 +30,16 @@ mod agents;
 mod clock;
 mod config;
 mod cron;
+mod disruption;
 mod events;
 mod eviction_guard;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod model;
 mod placement;
 mod preemption;
+mod probe;
 mod quota;
 mod reconciliation;
 mod snapshot;
@@ -50,6 +56,7 @@ pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
 pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use maintenance::{HostMaintenance, MaintenanceOp};
 pub use model::Need;
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
@@ -58,6 +65,7 @@ pub use quota::{check as check_quota, Usage};
 pub use snapshot::Snapshot;
 
 use eviction_guard::EvictionGuard;
+use maintenance::Drains;
 use reconciliation::Reconciliation;
 use timers::Timer;
 
@@ -95,6 +103,8 @@ pub struct Core {
     guard: EvictionGuard,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Draining hosts and why they wait.
+    drains: Drains,
     // Per-event scratch.
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
@@ -131,6 +141,7 @@ impl Core {
             guard: EvictionGuard::default(),
             recon: None,
             next_recon_id: 1,
+            drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
@@ -203,6 +214,7 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)
@@ -212,7 +224,9 @@ impl Core {
             Event::CronStart { job } => self.cron_start(&job, now),
             Event::CronDeschedule { job } => self.cron_deschedule(&job, now),
         };
+        self.drain_round(now);
         self.schedule(now);
+        let reply = self.hosts_after_round(reply);
         let effects = self.finish();
         Output { reply, effects }
     }

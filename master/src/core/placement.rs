@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use drover_common::spec::Constraint;
 use drover_common::state::{EventSource, TaskState};
+use drover_common::wire::MaintenanceMode;
 
 use super::model::{Agent, Job, Need};
 use super::timers::Timer;
@@ -272,6 +273,9 @@ fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option
     if !agent.reachable {
         return Some(Misfit::Unreachable);
     }
+    if agent.rec.maintenance.mode != MaintenanceMode::None {
+        return Some(Misfit::Maintenance);
+    }
     // Reserved: freed by preemption for another task (see `preemption`).
     let r = &agent.reserved;
     if agent.used_cpu_milli + r.cpu_milli + need.cpu_milli > agent.cpu_milli {
@@ -312,6 +316,7 @@ pub(super) fn misfit_ignoring_resources(agent: &Agent, job: &Job, counts: &Limit
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Misfit {
     Unreachable,
+    Maintenance,
     Cpu,
     Ram,
     Disk,
@@ -413,6 +418,7 @@ fn explain(
         .map(|(m, n)| {
             let what = match m {
                 Misfit::Unreachable => "agent unreachable".to_string(),
+                Misfit::Maintenance => "host in maintenance".to_string(),
                 Misfit::Cpu => "insufficient cpu".to_string(),
                 Misfit::Ram => "insufficient ram".to_string(),
                 Misfit::Disk => "insufficient disk".to_string(),

@@ -27,6 +27,9 @@ pub(super) enum Timer {
     Reservation { task: String },
     /// The cron job's firing at `at_wall` (wall clock) is due.
     Cron { job: String, at_wall: UnixMillis },
+    /// A drain's deadline passes or a replacement becomes healthy: the drain round
+    /// that runs after every event looks again.
+    Drain,
 }
 
 impl Core {
@@ -141,6 +144,7 @@ impl Core {
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
             Timer::Reservation { task } => self.reservation_expired(&task, now),
             Timer::Cron { job, at_wall } => self.cron_timer(&job, at_wall, now),
+            Timer::Drain => self.drains.fired(),
         }
     }
 }

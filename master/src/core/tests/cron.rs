@@ -14,60 +14,6 @@ fn cron_spec(name: &str, schedule: &str, policy: &str) -> JobSpec {
 
 const KEY: &str = "www/prod/tick";
 
-/// The store's content rebuilt from what the world persisted.
-fn snapshot_of(w: &World) -> Snapshot {
-    let mut jobs = BTreeMap::new();
-    let mut tasks = BTreeMap::new();
-    let mut agents = BTreeMap::new();
-    let mut fired = BTreeMap::new();
-    let mut quotas = BTreeMap::new();
-    for c in &w.persisted {
-        match c {
-            Change::PutJob(spec, key, created) => {
-                jobs.insert(
-                    key.clone(),
-                    JobRecord {
-                        key: key.clone(),
-                        spec: spec.as_ref().clone(),
-                        created_ms: *created,
-                    },
-                );
-            }
-            Change::DeleteJob(key) => {
-                jobs.remove(key);
-                fired.remove(key);
-            }
-            Change::PutTask(t) => {
-                tasks.insert(t.id.clone(), t.as_ref().clone());
-            }
-            Change::DeleteTask(id) => {
-                tasks.remove(id);
-            }
-            Change::PutAgent(a) => {
-                agents.insert(a.id.clone(), a.as_ref().clone());
-            }
-            Change::PutQuota(role, q) => match q {
-                Some(q) => {
-                    quotas.insert(role.clone(), *q);
-                }
-                None => {
-                    quotas.remove(role);
-                }
-            },
-            Change::PutCronFired(job, at) => {
-                fired.insert(job.clone(), *at);
-            }
-        }
-    }
-    Snapshot {
-        jobs: jobs.into_values().collect(),
-        tasks: tasks.into_values().collect(),
-        agents: agents.into_values().collect(),
-        quotas: quotas.into_iter().collect(),
-        cron_fired: fired.into_iter().collect(),
-    }
-}
-
 fn runs(w: &World) -> usize {
     // Tasks of instance 0 ever created (current plus history) = runs.
     let slot = &w.core.jobs[KEY].slots[0];
@@ -271,7 +217,7 @@ fn a_restart_never_runs_a_firing_twice_and_runs_a_missed_one_once_within_grace()
             Some(ExitReason::ExitCode { code: 0 }),
         );
     }
-    let snap = snapshot_of(&w);
+    let snap = w.snapshot();
     // Restarted at once: the firing just handled is not run again.
     let back = Core::load(cfg(), snap.clone(), w.at(), 11);
     assert_eq!(runs_in(&back), 1);

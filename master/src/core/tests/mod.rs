@@ -20,6 +20,7 @@ mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod placement;
 mod preemption;
 mod quota;
@@ -50,6 +51,10 @@ fn cfg() -> CoreConfig {
         preemption_reservation_ms: 30_000,
         cron_grace_ms: 60_000,
         cron_seconds: true,
+        drain_round_interval_ms: 0,
+        quarantine_failures: 3,
+        quarantine_window_ms: 60_000,
+        quarantine_jobs: 2,
     }
 }
 
@@ -233,6 +238,60 @@ impl World {
             .current
             .clone()
             .unwrap()
+    }
+
+    /// The snapshot a store holding everything persisted so far would load.
+    fn snapshot(&self) -> Snapshot {
+        let mut jobs = BTreeMap::new();
+        let mut tasks = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        let mut fired = BTreeMap::new();
+        let mut quotas = BTreeMap::new();
+        for c in &self.persisted {
+            match c {
+                Change::PutJob(spec, key, created) => {
+                    jobs.insert(
+                        key.clone(),
+                        JobRecord {
+                            key: key.clone(),
+                            spec: spec.as_ref().clone(),
+                            created_ms: *created,
+                        },
+                    );
+                }
+                Change::DeleteJob(key) => {
+                    jobs.remove(key);
+                    fired.remove(key);
+                }
+                Change::PutTask(t) => {
+                    tasks.insert(t.id.clone(), t.as_ref().clone());
+                }
+                Change::DeleteTask(id) => {
+                    tasks.remove(id);
+                }
+                Change::PutAgent(a) => {
+                    agents.insert(a.id.clone(), a.as_ref().clone());
+                }
+                Change::PutQuota(role, q) => match q {
+                    Some(q) => {
+                        quotas.insert(role.clone(), *q);
+                    }
+                    None => {
+                        quotas.remove(role);
+                    }
+                },
+                Change::PutCronFired(job, at) => {
+                    fired.insert(job.clone(), *at);
+                }
+            }
+        }
+        Snapshot {
+            jobs: jobs.into_values().collect(),
+            tasks: tasks.into_values().collect(),
+            agents: agents.into_values().collect(),
+            quotas: quotas.into_iter().collect(),
+            cron_fired: fired.into_iter().collect(),
+        }
     }
 
     fn run(&mut self, task: &str) {

@@ -10,6 +10,11 @@
 //!   priority. Standing strictly drops from preemptor to victim, so no task placed by
 //!   preempting can be preempted by a task of equal or lower standing, and no chain
 //!   of preemptions comes back to where it started.
+//! - A victim's job that declares an `sla_policy` (see `disruption`) is honoured:
+//!   no victim set takes more of its instances down than the policy allows at once.
+//!   A job without one may lose any number of tasks (the maintenance default, one
+//!   at a time, is for drains: a full cluster never runs the replacements that
+//!   would let a second go).
 //! - On one agent, the victims are the lowest priorities first; a single victim that
 //!   frees enough is preferred to several; the set is then pruned so that no victim
 //!   in it could be spared (it never frees more than the preemptor needs plus one
@@ -29,6 +34,7 @@ use std::collections::HashMap;
 
 use drover_common::state::{DesiredState, EventSource, ExitReason, MonoMillis, TaskState};
 
+use super::disruption::Budget;
 use super::model::{Agent, Need};
 use super::placement::{misfit_ignoring_resources, LimitCounts};
 use super::timers::Timer;
@@ -231,6 +237,9 @@ impl Core {
         let mut feasible = 0;
         let mut ids: Vec<&str> = Vec::new();
         let mut list: Vec<Candidate> = Vec::new();
+        // Disruption budgets of the victims' jobs that declare an sla_policy.
+        let mut budgets: HashMap<&str, Budget> = HashMap::new();
+        let mut healthy: Vec<Option<bool>> = Vec::new();
         for step in 0..2 * n {
             if step == n && best.is_some() {
                 break;
@@ -256,6 +265,7 @@ impl Core {
             }
             ids.clear();
             list.clear();
+            healthy.clear();
             for tid in &agent.tasks {
                 let Some(t) = self.tasks.get(tid) else {
                     continue;
@@ -275,6 +285,18 @@ impl Core {
                 }
                 let mut vneed = vjob.need;
                 vneed.ports = t.ports.len() as u32;
+                let mut sla = None;
+                if vjob.spec.sla_policy.is_some() {
+                    let b = budgets
+                        .entry(t.job.as_str())
+                        .or_insert_with(|| Budget::of(vjob, |i| self.tasks.get(i), now.mono));
+                    let h = b.is_healthy(t, now.mono);
+                    if b.check(h).is_err() {
+                        continue;
+                    }
+                    sla = Some(h);
+                }
+                healthy.push(sla);
                 ids.push(tid.as_str());
                 list.push(Candidate {
                     need: vneed,
@@ -287,6 +309,26 @@ impl Core {
             if chosen.is_empty() {
                 // Fits without victims (a reservation ended meanwhile): placement
                 // takes it on its next pass.
+                continue;
+            }
+            // Several victims of one job with a policy: all of them within it.
+            let mut trial: HashMap<&str, Budget> = HashMap::new();
+            let within = chosen.iter().all(|&i| {
+                let Some(h) = healthy[i] else {
+                    return true;
+                };
+                let Some(job_key) = self.tasks.get(ids[i]).map(|t| t.job.as_str()) else {
+                    return false;
+                };
+                let Some(b) = budgets.get(job_key) else {
+                    return false;
+                };
+                let b = trial.entry(job_key).or_insert_with(|| b.clone());
+                let ok = b.check(h).is_ok();
+                b.take(h);
+                ok
+            });
+            if !within {
                 continue;
             }
             feasible += 1;

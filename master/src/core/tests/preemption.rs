@@ -307,3 +307,40 @@ fn a_higher_priority_preemptible_task_preempts_a_lower_one_of_its_role_only() {
         1
     );
 }
+
+#[test]
+fn a_victims_sla_policy_bounds_how_many_of_its_instances_go_at_once() {
+    let mut w = World::new();
+    w.register("a1", 2.0, 16, &[]);
+    let batch = w.create(spec(
+        "batch",
+        2,
+        false,
+        r#","tier":"preemptible","sla_policy":{"max_disrupted":1}"#,
+    ));
+    for t in &batch {
+        w.run(t);
+    }
+    // Needs both instances gone: the policy allows one at a time.
+    let mut big = spec("big", 1, false, "");
+    big.task.resources.cpu = 2.0;
+    let big = w.create(big);
+    assert_eq!(w.state(&big[0]), TaskState::Pending);
+    assert!(batch.iter().all(|t| w.state(t) == TaskState::Running));
+    w.handle(Event::Kill {
+        job: "www/prod/big".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    // One instance is within the policy.
+    let small = w.create(spec("small", 1, false, ""));
+    assert_eq!(
+        batch
+            .iter()
+            .filter(|t| w.state(t) == TaskState::Preempting)
+            .count(),
+        1
+    );
+    assert_eq!(w.state(&small[0]), TaskState::Pending);
+}

@@ -12,6 +12,7 @@ pub mod master;
 pub mod outbox;
 pub mod runtime;
 pub mod sandbox;
+pub mod systemd;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

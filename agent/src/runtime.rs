@@ -428,6 +428,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             tracing::error!(error = %e, "log server failed");
         }
     });
+    // Serving: the log server is bound and what ran here is re-adopted.
+    crate::systemd::ready(&systemd_status(&shared));
 
     shutdown.await;
     tracing::info!("agent stopping; executors keep running");
@@ -1355,7 +1357,8 @@ async fn poll_assignments(shared: Arc<Shared>) {
 
 // ---------------------------------------------------------------- lease and GC
 
-/// Checks the exclusive-task lease and collects old sandboxes.
+/// Checks the exclusive-task lease, collects old sandboxes and pings systemd's
+/// watchdog.
 async fn ticker(shared: Arc<Shared>) {
     let gc_every =
         (shared.cfg.sandbox_retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
@@ -1363,6 +1366,8 @@ async fn ticker(shared: Arc<Shared>) {
     let mut next_ack_flush = Instant::now() + ACK_FLUSH;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // systemd's watchdog is pinged from this loop, every TICK at most.
+    let mut watchdog = crate::systemd::watchdog();
     loop {
         tick.tick().await;
         {
@@ -1390,7 +1395,21 @@ async fn ticker(shared: Arc<Shared>) {
             next_gc = Instant::now() + gc_every;
             collect_sandboxes(&shared).await;
         }
+        if watchdog.as_mut().is_some_and(|w| w.due(mono_ms())) {
+            crate::systemd::ping(&systemd_status(&shared));
+        }
     }
+}
+
+/// The one-line status systemd shows for the agent (crate::systemd).
+fn systemd_status(shared: &Shared) -> String {
+    let running = lock(&shared.tasks)
+        .local
+        .values()
+        .filter(|l| !l.state.is_terminal())
+        .count();
+    let registered = *shared.epoch.borrow() > 0;
+    crate::systemd::status(running, registered, lock(&shared.last_contact).elapsed())
 }
 
 /// Removes sandboxes of terminal tasks that left the assignment set more than the

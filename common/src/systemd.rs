@@ -15,13 +15,14 @@ pub struct WatchdogPacer {
 }
 
 impl WatchdogPacer {
-    /// A pacer for a watchdog of `timeout` (WATCHDOG_USEC); the first ping is due
-    /// at once. A timeout under 2 ms is treated as 2 ms.
+    /// A pacer for a watchdog of `timeout` (WATCHDOG_USEC), started (READY=1 or
+    /// the last ping) at `now_ms`: the first ping is due one interval later. A
+    /// timeout under 2 ms is treated as 2 ms.
     pub fn new(timeout: Duration, now_ms: u64) -> WatchdogPacer {
         let every_ms = (timeout.as_millis() as u64 / 2).max(1);
         WatchdogPacer {
             every_ms,
-            next_ms: now_ms,
+            next_ms: now_ms + every_ms,
         }
     }
 
@@ -68,14 +69,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pings_at_half_the_timeout_starting_now() {
+    fn pings_at_half_the_timeout() {
         let mut p = WatchdogPacer::new(Duration::from_secs(10), 1_000);
         assert_eq!(p.every(), Duration::from_secs(5));
-        assert!(p.due(1_000));
-        assert!(!p.due(1_001));
+        assert!(!p.due(1_000));
         assert_eq!(p.until_due_ms(2_000), 4_000);
         assert!(!p.due(5_999));
         assert!(p.due(6_000));
+        assert!(!p.due(6_001));
         // A late loop pings once, then paces from then on.
         assert!(p.due(20_000));
         assert!(!p.due(20_001));
@@ -85,9 +86,10 @@ mod tests {
     #[test]
     fn a_tiny_timeout_still_paces() {
         let mut p = WatchdogPacer::new(Duration::from_micros(1), 0);
-        assert!(p.due(0));
         assert!(!p.due(0));
         assert!(p.due(1));
+        assert!(!p.due(1));
+        assert!(p.due(2));
     }
 
     #[test]

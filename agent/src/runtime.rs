@@ -15,8 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use drover_common::spec::is_valid_name;
 use drover_common::state::{mono_ms, ExitReason, TaskState};
 use drover_common::wire::{
-    task_set_digest, AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus,
-    HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
+    task_set_digest, AgentResources, AgentTaskReport, AgentVersions, Assignment, AssignmentSet,
+    ExecutorStatus, HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch,
+    PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
@@ -108,6 +109,8 @@ struct Shared {
     /// The executor fork server (`executor_fork_server`), when on.
     fork: Option<ForkServer>,
     exe_name: String,
+    /// This agent's and its executor binary's versions, sent at registration.
+    versions: AgentVersions,
     client: MasterClient,
     agent_id: String,
     address: String,
@@ -376,6 +379,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     })?;
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
+    let versions = AgentVersions {
+        agent: env!("CARGO_PKG_VERSION").to_string(),
+        executor: executor_version(&cfg.executor),
+    };
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
         client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
@@ -384,6 +391,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         exec,
         fork,
         exe_name,
+        versions,
         agent_id,
         address,
         tasks: Mutex::new(Tasks::default()),
@@ -494,6 +502,22 @@ async fn self_drain(shared: &Shared) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The version `binary --version` prints (`drover-executor 0.1.0`), or
+/// `unknown: <why>` (then `drover agent list` shows that instead of hiding it).
+fn executor_version(binary: &Path) -> String {
+    match std::process::Command::new(binary).arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            match text.split_whitespace().nth(1) {
+                Some(v) => v.to_string(),
+                None => format!("unknown: {binary:?} --version printed {text:?}"),
+            }
+        }
+        Ok(out) => format!("unknown: {binary:?} --version failed ({})", out.status),
+        Err(e) => format!("unknown: cannot run {binary:?}: {e}"),
     }
 }
 
@@ -1216,6 +1240,7 @@ async fn registrar(shared: Arc<Shared>) {
                 port_range: shared.cfg.port_range,
             },
             attributes: shared.cfg.attributes.clone(),
+            versions: Some(shared.versions.clone()),
         };
         let sent = Instant::now();
         match shared.client.register(&req).await {

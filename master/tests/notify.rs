@@ -7,19 +7,10 @@
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A notify socket bound in `dir`.
 fn bind(dir: &Path) -> (UnixDatagram, std::path::PathBuf) {
@@ -73,7 +64,7 @@ fn the_binary_is_ready_only_once_it_serves_and_a_stopped_one_stops_pinging() {
     let dir = tempfile::tempdir().unwrap();
     let (sock, path) = bind(dir.path());
     let data = dir.path().join("data");
-    let child = Command::new(env!("CARGO_BIN_EXE_drover-master"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_drover-master"))
         .args(["--listen", "127.0.0.1:0", "--data-dir"])
         .arg(&data)
         .env("NOTIFY_SOCKET", &path)
@@ -83,24 +74,30 @@ fn the_binary_is_ready_only_once_it_serves_and_a_stopped_one_stops_pinging() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let child = KillOnDrop(child);
-    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    // The checks in a closure: the master is killed whether they pass or not.
+    let checks = std::panic::catch_unwind(|| {
+        let ready = wait_for(&sock, "READY=1", Duration::from_secs(60));
+        assert!(ready.contains("STATUS=serving on 127.0.0.1:"), "{ready}");
+        // READY means serving: the address is written and the port answers.
+        let addr = std::fs::read_to_string(data.join("master.addr")).unwrap();
+        std::net::TcpStream::connect(addr.trim()).unwrap();
 
-    let ready = wait_for(&sock, "READY=1", Duration::from_secs(60));
-    assert!(ready.contains("STATUS=serving on 127.0.0.1:"), "{ready}");
-    // READY means serving: the address is written and the port answers.
-    let addr = std::fs::read_to_string(data.join("master.addr")).unwrap();
-    std::net::TcpStream::connect(addr.trim()).unwrap();
+        let ping = wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
+        assert!(ping.contains("agents reachable"), "{ping}");
+        wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
 
-    let ping = wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
-    assert!(ping.contains("agents reachable"), "{ping}");
-    wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
-
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_silent(&sock, Duration::from_millis(1500));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
-    wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_silent(&sock, Duration::from_millis(1500));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        wait_for(&sock, "WATCHDOG=1", Duration::from_secs(10));
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Err(panic) = checks {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

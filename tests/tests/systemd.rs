@@ -20,6 +20,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
+use drover_common::wire::{AgentVersions, AgentView};
 use drover_tests::{bin, bin_dir, running_as_root, workspace_root};
 
 /// True when `tool` is on PATH; else prints why `test` is skipped.
@@ -118,11 +119,19 @@ impl Container {
                 c.nspawn.id()
             ))
             .unwrap_or_default();
+            // The container's init: a child of nspawn named systemd (nspawn's
+            // short-lived helpers are not) whose namespaces can be entered.
             c.leader = children
                 .split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
+                .filter_map(|p| p.parse().ok())
+                .find(|p: &u32| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|comm| comm.trim() == "systemd")
+                })
                 .unwrap_or(0);
+            if c.leader != 0 && c.sh("true").is_err() {
+                c.leader = 0;
+            }
         }
         // "running", or "degraded" when some unit of the minimal root failed;
         // "offline" until its systemd answers at all.
@@ -376,6 +385,23 @@ fn packages_install_run_upgrade_and_survive_watchdogs_under_systemd() -> anyhow:
     assert_eq!(c.prop("drover-agent", "ActiveState"), "active");
     assert_ne!(c.prop("drover-agent", "MainPID"), agent_pid);
     assert_eq!(c.task_pids(), pids, "the upgrade touched the tasks");
+    // The agent and executor versions reach `drover agent list`.
+    let version = env!("CARGO_PKG_VERSION").to_string();
+    let want = Some(AgentVersions {
+        agent: version.clone(),
+        executor: version,
+    });
+    c.wait(
+        "the agent's versions in `drover agent list --json`",
+        Duration::from_secs(60),
+        |c| {
+            c.sh("drover agent list --json")
+                .ok()
+                .and_then(|out| serde_json::from_str::<Vec<AgentView>>(&out).ok())
+                .is_some_and(|agents| agents.len() == 1 && agents[0].versions == want)
+        },
+    );
+    assert!(c.sh("drover agent list")?.contains("VERSION"));
     if !cgroups.status.success() {
         assert!(c
             .sh("cat /etc/drover/agent.toml")?

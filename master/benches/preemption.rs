@@ -48,6 +48,7 @@ fn cluster() -> Core {
                 port_range: (31000, 31999),
             },
             attributes: BTreeMap::new(),
+            versions: None,
         };
         core.handle(Event::Register(Box::new(req)), Now::both(1_000));
     }

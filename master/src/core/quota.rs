@@ -113,15 +113,7 @@ impl Core {
             if except == Some(job.key.as_str()) {
                 continue;
             }
-            let active = job.cron.is_some()
-                || job.slots.iter().any(|s| {
-                    s.current.iter().chain(s.history.iter()).any(|id| {
-                        self.tasks
-                            .get(id)
-                            .is_some_and(|t| !t.status.state.is_terminal())
-                    })
-                });
-            if active {
+            if job.cron.is_some() || self.job_active(&job.key) {
                 total = total.plus(Usage::of(&job.need, job.spec.instances));
             }
         }

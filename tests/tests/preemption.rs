@@ -175,12 +175,12 @@ fn cron_of(c: &Cluster, key: &str) -> Option<CronView> {
     jobs.into_iter().find(|j| j.job == key)
 }
 
-fn cron_cluster() -> Cluster {
+fn cron_cluster() -> anyhow::Result<Cluster> {
     let mut config = ClusterConfig::agents(1);
     config
         .master_config
         .push_str("cron_seconds = true\ntask_history_limit = 200\n");
-    Cluster::start(config).unwrap()
+    Cluster::start(config)
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn cron_kill_existing_kills_the_running_run_and_cancel_new_skips() {
     if !running_as_root("cron test") {
         return;
     }
-    let mut cluster = cron_cluster();
+    let mut cluster = cron_cluster().unwrap();
     cluster
         .create_job(&cron_job("kill", 4, "KILL_EXISTING", "sleep 1000"))
         .unwrap();
@@ -273,7 +273,7 @@ fn a_master_restart_runs_no_cron_firing_twice() {
     if !running_as_root("cron restart test") {
         return;
     }
-    let mut cluster = cron_cluster();
+    let mut cluster = cron_cluster().unwrap();
     const KEY: &str = "www-data/test/tick";
     cluster
         .create_job(&cron_job("tick", 2, "KILL_EXISTING", "true"))

@@ -16,12 +16,12 @@ use axum::{Json, Router};
 use drover_common::parse::parse_job_json;
 use drover_common::wire::{
     self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, InstancesRequest, RegisterRequest,
-    StatusUpdateBatch,
+    StatusUpdateBatch, UpdateRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::core::{CoreError, Event, Reply};
+use crate::core::{CoreError, Event, Reply, UpdateAction};
 use crate::runtime::{ApplyError, Master};
 
 /// Largest accepted request body.
@@ -123,6 +123,15 @@ impl From<CoreError> for ApiErr {
                 let field = format!("constraints.{attribute}");
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
             }
+            CoreError::UpdateRunning { .. } => {
+                ApiErr::new(StatusCode::CONFLICT, "update_running", msg, Some("job"))
+            }
+            CoreError::NoActiveUpdate(_) => {
+                ApiErr::new(StatusCode::CONFLICT, "no_active_update", msg, Some("job"))
+            }
+            CoreError::BadUpdate { .. } => {
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_update", msg, None)
+            }
         }
     }
 }
@@ -136,6 +145,14 @@ pub fn router(master: Shared) -> Router {
         .route("/v1/jobs/:role/:env/:name", get(get_job))
         .route("/v1/jobs/:role/:env/:name/kill", post(kill_job))
         .route("/v1/jobs/:role/:env/:name/restart", post(restart_job))
+        .route(
+            "/v1/jobs/:role/:env/:name/update",
+            post(start_update).get(get_update),
+        )
+        .route(
+            "/v1/jobs/:role/:env/:name/update/:action",
+            post(update_action),
+        )
         .route("/v1/tasks/:id", get(get_task))
         .route("/v1/agents", get(list_agents))
         .route("/v1/agents/register", post(register))
@@ -226,7 +243,19 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
 
 async fn create_job(State(m): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let text = read_body(body, MAX_BODY_BYTES).await?;
-    let spec = parse_job_json(&text).map_err(|errs| {
+    let spec = parse_spec(&text)?;
+    match m.apply(Event::CreateJob(Box::new(spec))).await? {
+        Reply::JobCreated { job, tasks } => Ok(json(
+            StatusCode::CREATED,
+            &serde_json::json!({ "job": job, "tasks": tasks }),
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Parses and validates a job spec (all errors at once, the first one's field).
+fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
+    parse_job_json(text).map_err(|errs| {
         let first = errs.errors.first().cloned().unwrap_or(FieldError {
             field: String::new(),
             message: "invalid job spec".to_string(),
@@ -242,12 +271,95 @@ async fn create_job(State(m): State<Shared>, body: Body) -> Result<Response, Api
                 },
             },
         }
+    })
+}
+
+/// POST /v1/jobs/{key}/update: `{"spec": {...}, "instances": "0-3", "user": "..."}`.
+async fn start_update(
+    State(m): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"spec\": {{...}}, \"instances\": \"0-3\"}}: {e}"),
+            None,
+        )
     })?;
-    match m.apply(Event::CreateJob(Box::new(spec))).await? {
-        Reply::JobCreated { job, tasks } => Ok(json(
-            StatusCode::CREATED,
-            &serde_json::json!({ "job": job, "tasks": tasks }),
-        )),
+    let spec_text = raw.get("spec").map(|s| s.to_string()).ok_or_else(|| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body has no `spec`: send {\"spec\": JOB_SPEC}",
+            Some("spec"),
+        )
+    })?;
+    let spec = parse_spec(&spec_text)?;
+    let text_field = |name: &str| raw.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    let instances = match text_field("instances") {
+        None => None,
+        Some(text) => Some(wire::parse_instance_set(&text).map_err(|e| {
+            ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_instances",
+                e,
+                Some("instances"),
+            )
+        })?),
+    };
+    let request = UpdateRequest {
+        spec,
+        instances: text_field("instances"),
+        user: text_field("user"),
+    };
+    let event = Event::StartUpdate {
+        job: key_of(&role, &env, &name),
+        spec: Box::new(request.spec),
+        instances,
+        user: request.user.unwrap_or_else(|| "unknown".to_string()),
+    };
+    match m.apply(event).await? {
+        Reply::Update(view) => Ok(json(StatusCode::CREATED, &view)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// GET /v1/jobs/{key}/update: the job's latest update.
+async fn get_update(
+    State(m): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let key = key_of(&role, &env, &name);
+    m.read(|c| c.update_view(&key))
+        .map(|v| json(StatusCode::OK, &v))
+        .ok_or_else(|| ApiErr::not_found(&format!("update of job {key}"), "job"))
+}
+
+/// POST /v1/jobs/{key}/update/{pause,resume,abort,rollback}.
+async fn update_action(
+    State(m): State<Shared>,
+    Path((role, env, name, action)): Path<(String, String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let action = match action.as_str() {
+        "pause" => UpdateAction::Pause,
+        "resume" => UpdateAction::Resume,
+        "abort" => UpdateAction::Abort,
+        "rollback" => UpdateAction::Rollback,
+        other => {
+            return Err(ApiErr::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no update action `{other}`: pause, resume, abort or rollback"),
+                Some("action"),
+            ))
+        }
+    };
+    let job = key_of(&role, &env, &name);
+    match m.apply(Event::UpdateAction { job, action }).await? {
+        Reply::Update(view) => Ok(json(StatusCode::OK, &view)),
         other => Err(unexpected(other)),
     }
 }
@@ -510,7 +622,8 @@ async fn assignments(
 }
 
 async fn index(State(m): State<Shared>) -> Response {
-    let (jobs, agents) = m.read(|c| (c.job_summaries(None), c.agent_views()));
+    let (jobs, agents, updates) =
+        m.read(|c| (c.job_summaries(None), c.agent_views(), c.update_views()));
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
          <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
@@ -530,6 +643,29 @@ async fn index(State(m): State<Shared>) -> Response {
             if j.service { "service" } else { "batch" },
             escape(&states.join(", ")),
             k = escape(&j.key),
+        );
+    }
+    html.push_str("</table><h2>Updates</h2><table><tr><th>job</th><th>update</th><th>by</th><th>state</th><th>instances</th><th>last event</th></tr>");
+    for u in &updates {
+        let done = u
+            .instances
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.state,
+                    wire::InstanceUpdateState::Updated | wire::InstanceUpdateState::RolledBack
+                )
+            })
+            .count();
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"/v1/jobs/{k}/update\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{done}/{} done</td><td>{}</td></tr>",
+            escape(&u.id),
+            escape(&u.user),
+            u.state,
+            u.instances.len(),
+            escape(u.events.last().map_or("", |e| e.message.as_str())),
+            k = escape(&u.job),
         );
     }
     html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");

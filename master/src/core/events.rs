@@ -7,11 +7,11 @@ use std::sync::Arc;
 use drover_common::spec::JobSpec;
 use drover_common::state::UnixMillis;
 use drover_common::wire::{
-    ActionResponse, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+    ActionResponse, HeartbeatRequest, UpdateView, HeartbeatResponse, RegisterRequest, RegisterResponse,
     StatusAck, StatusUpdate,
 };
 
-use super::{AgentRecord, Task};
+use super::{AgentRecord, Task, UpdateRecord};
 
 /// One change for the store.
 #[derive(Clone, Debug)]
@@ -21,6 +21,14 @@ pub enum Change {
     PutTask(Box<Task>),
     DeleteTask(String),
     PutAgent(Box<AgentRecord>),
+    /// One task config of a job, by its hash.
+    PutConfig {
+        job: String,
+        hash: String,
+        spec: Arc<JobSpec>,
+    },
+    /// A job's update record (the whole record, replacing the stored one).
+    PutUpdate(Box<UpdateRecord>),
 }
 
 /// What the core reacts to.
@@ -48,8 +56,30 @@ pub enum Event {
         agent: String,
         reports: Vec<StatusUpdate>,
     },
+    /// POST .../update: roll the job (or `instances` of it) onto `spec`.
+    StartUpdate {
+        job: String,
+        spec: Box<JobSpec>,
+        instances: Option<Vec<u32>>,
+        user: String,
+    },
+    /// POST .../update/{pause,resume,abort,rollback}.
+    UpdateAction { job: String, action: UpdateAction },
     /// Time passed: fire due timers.
     Tick,
+}
+
+/// What an operator asks of a running update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateAction {
+    /// Start no new batch; the instances in flight finish.
+    Pause,
+    /// Go on in the direction it was going.
+    Resume,
+    /// Stop here, leaving every instance on the config it runs.
+    Abort,
+    /// Put every instance it touched back, in reverse order.
+    Rollback,
 }
 
 /// The answer to the event's sender.
@@ -61,6 +91,7 @@ pub enum Reply {
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),
     Ack(StatusAck),
+    Update(Box<UpdateView>),
 }
 
 /// Why the core refused an event.
@@ -84,6 +115,16 @@ pub enum CoreError {
     Protocol { got: u32, want: u32 },
     #[error("constraint {attribute}: {message}")]
     BadConstraint { attribute: String, message: String },
+    #[error("job {job} is being updated by update {id} ({state}); pause, abort or wait for it first")]
+    UpdateRunning {
+        job: String,
+        id: String,
+        state: String,
+    },
+    #[error("job {0} has no update running")]
+    NoActiveUpdate(String),
+    #[error("update of {job}: {message}")]
+    BadUpdate { job: String, message: String },
 }
 
 /// What the runtime must do after an event.

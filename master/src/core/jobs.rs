@@ -6,7 +6,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
 use drover_common::wire::ActionResponse;
 
-use super::model::{constraints_of, need_of, new_task, Job, Slot};
+use super::model::{constraints_of, new_task, Job};
 use super::{Change, Core, CoreError, Reply};
 
 impl Core {
@@ -30,25 +30,21 @@ impl Core {
             }
             self.drop_job(&key);
         }
-        let need = need_of(&spec);
         let spec = Arc::new(spec);
         self.job_changes
             .push(Change::PutJob(spec.clone(), key.clone(), now));
-        let mut job = Job {
-            key: key.clone(),
+        let mut job = Job::new(key.clone(), spec.clone(), now);
+        job.constraints = constraints;
+        self.job_changes.push(Change::PutConfig {
+            job: key.clone(),
+            hash: job.config.clone(),
             spec: spec.clone(),
-            created_ms: now,
-            slots: vec![Slot::default(); spec.instances as usize],
-            constraints,
-            need,
-            candidates: None,
-            cursor: 0,
-            pending_reason: None,
-        };
+        });
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let task = new_task(&id, &key, instance, 0, now, TaskState::Pending, "created");
+            let mut task = new_task(&id, &key, instance, 0, now, TaskState::Pending, "created");
+            task.config = job.config.clone();
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
             self.queue.push_back(id.clone());
@@ -123,6 +119,19 @@ impl Core {
         message: &str,
         now: UnixMillis,
     ) -> bool {
+        self.stop_task_for(id, via, source, ExitReason::KilledByRequest, message, now)
+    }
+
+    /// `stop_task` with the reason the task ends with (KILLED by request, updated).
+    pub(super) fn stop_task_for(
+        &mut self,
+        id: &str,
+        via: TaskState,
+        source: EventSource,
+        reason: ExitReason,
+        message: &str,
+        now: UnixMillis,
+    ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
         };
@@ -131,11 +140,11 @@ impl Core {
             return false;
         }
         task.desired = DesiredState::Shutdown;
-        task.kill_reason = Some(ExitReason::KilledByRequest);
+        task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
             let _ = task.status.transition(
                 TaskState::Killed,
-                Some(ExitReason::KilledByRequest),
+                Some(reason),
                 now,
                 source,
                 message,

@@ -115,6 +115,7 @@ impl Core {
         let old = self.tasks.get(old_id)?;
         let (job_key, instance, gen, failures) =
             (old.job.clone(), old.instance, old.gen, old.failures);
+        let config = old.config.clone();
         let failed_now = u32::from(old.status.state == TaskState::Failed);
         let name = self.jobs.get(&job_key)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
@@ -130,6 +131,7 @@ impl Core {
         task.failures = failures + failed_now;
         task.flaps = flaps;
         task.throttle_until = until;
+        task.config = config;
         self.tasks.insert(id.clone(), task);
         self.mark(&id);
         match until {
@@ -188,7 +190,11 @@ impl Core {
         task.missing_since = None;
         let agent = task.agent.clone();
         let ports: Vec<u16> = task.ports.iter().map(|(_, p)| *p).collect();
-        let need = self.jobs.get(&task.job).map(|j| j.need).unwrap_or_default();
+        let need = self
+            .jobs
+            .get(&task.job)
+            .map(|j| j.need_for(&task.config))
+            .unwrap_or_default();
         self.mark(id);
         if let Some(idx) = agent.and_then(|a| self.agent_idx.get(&a).copied()) {
             let a = &mut self.agents[idx as usize];

@@ -16,6 +16,7 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `update`: rolling updates, canaries and their reverse-order rollback
 //!
 //! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -30,6 +31,7 @@ mod placement;
 mod reconciliation;
 mod snapshot;
 mod timers;
+mod update;
 mod views;
 
 use std::cmp::Reverse;
@@ -39,10 +41,11 @@ use std::sync::Arc;
 use drover_common::state::{TaskState, UnixMillis};
 
 pub use config::CoreConfig;
-pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
+pub use update::UpdateRecord;
 
 use reconciliation::Reconciliation;
 use timers::Timer;
@@ -72,7 +75,10 @@ pub struct Core {
     start_ms: UnixMillis,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Each job's latest update (running or ended).
+    updates: BTreeMap<String, UpdateRecord>,
     // Per-event scratch.
+    dirty_updates: BTreeSet<String>,
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
     dirty_agents: BTreeSet<u32>,
@@ -104,6 +110,8 @@ impl Core {
             start_ms: now,
             recon: None,
             next_recon_id: 1,
+            updates: BTreeMap::new(),
+            dirty_updates: BTreeSet::new(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
@@ -167,6 +175,7 @@ impl Core {
         let reply = match event {
             Event::CreateJob(spec) => self.create_job(*spec, now),
             Event::Kill { job, instances } => {
+                self.abort_update_for_kill(&job, now);
                 self.stop_instances(&job, instances, TaskState::Killing, now)
             }
             Event::Restart { job, instances } => {
@@ -175,11 +184,19 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::StartUpdate {
+                job,
+                spec,
+                instances,
+                user,
+            } => self.start_update(&job, *spec, instances, &user, now),
+            Event::UpdateAction { job, action } => self.update_action(&job, action, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)
             }
         };
+        self.drive_updates(now);
         self.schedule(now);
         let effects = self.finish();
         Output { reply, effects }
@@ -187,6 +204,11 @@ impl Core {
 
     fn finish(&mut self) -> Vec<Effect> {
         let mut changes = std::mem::take(&mut self.job_changes);
+        for job in std::mem::take(&mut self.dirty_updates) {
+            if let Some(u) = self.updates.get(&job) {
+                changes.push(Change::PutUpdate(Box::new(u.clone())));
+            }
+        }
         for id in std::mem::take(&mut self.dirty_tasks) {
             if let Some(t) = self.tasks.get(&id) {
                 changes.push(Change::PutTask(Box::new(t.clone())));

@@ -49,6 +49,10 @@ pub struct Task {
     pub flaps: u32,
     #[serde(default)]
     pub throttle_until: Option<UnixMillis>,
+    /// The hash of the task config this task runs (its job's `configs`); empty in
+    /// records written before jobs had several configs: the job's own config.
+    #[serde(default)]
+    pub config: String,
     /// When the agent last told us about this task (status or full task set).
     #[serde(skip)]
     pub last_report_ms: UnixMillis,
@@ -96,10 +100,22 @@ pub(super) struct JobConstraints {
     pub(super) names_dedicated: bool,
 }
 
+/// One task config of a job and what its tasks need.
+#[derive(Clone, Debug)]
+pub(super) struct JobConfig {
+    pub(super) spec: Arc<JobSpec>,
+    pub(super) need: Need,
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Job {
     pub(super) key: String,
+    /// The job's newest config: what new instances run and what placement checks.
     pub(super) spec: Arc<JobSpec>,
+    /// The hash of `spec`'s task config.
+    pub(super) config: String,
+    /// Every task config its tasks run, by hash (see drover_common::configs).
+    pub(super) configs: BTreeMap<String, JobConfig>,
     pub(super) created_ms: UnixMillis,
     pub(super) slots: Vec<Slot>,
     pub(super) constraints: JobConstraints,
@@ -220,6 +236,45 @@ pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError
     Ok(out)
 }
 
+impl Job {
+    /// A job on `spec`, its one config registered.
+    pub(super) fn new(key: String, spec: Arc<JobSpec>, created_ms: UnixMillis) -> Job {
+        let config = drover_common::configs::config_hash(&spec);
+        let need = need_of(&spec);
+        let mut configs = BTreeMap::new();
+        configs.insert(
+            config.clone(),
+            JobConfig {
+                spec: spec.clone(),
+                need,
+            },
+        );
+        Job {
+            key,
+            slots: vec![Slot::default(); spec.instances as usize],
+            spec,
+            config,
+            configs,
+            created_ms,
+            constraints: JobConstraints::default(),
+            need,
+            candidates: None,
+            cursor: 0,
+            pending_reason: None,
+        }
+    }
+
+    /// The spec a task of config `hash` runs (the job's newest if unknown).
+    pub(super) fn spec_of(&self, hash: &str) -> &Arc<JobSpec> {
+        self.configs.get(hash).map_or(&self.spec, |c| &c.spec)
+    }
+
+    /// What a task of config `hash` needs.
+    pub(super) fn need_for(&self, hash: &str) -> Need {
+        self.configs.get(hash).map_or(self.need, |c| c.need)
+    }
+}
+
 pub(super) fn need_of(spec: &JobSpec) -> Need {
     let r = &spec.task.resources;
     Need {
@@ -257,6 +312,7 @@ pub(super) fn new_task(
         failures: 0,
         flaps: 0,
         throttle_until: None,
+        config: String::new(),
         last_report_ms: 0,
         missing_since: None,
     }

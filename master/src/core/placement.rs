@@ -118,8 +118,9 @@ impl Core {
             counts,
         ) {
             Ok(idx) => {
-                let need = job.need;
-                let names = job.spec.task.resources.ports.clone();
+                let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
+                let need = job.need_for(config);
+                let names = job.spec_of(config).task.resources.ports.clone();
                 for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
                     if let Some(v) = self.agents[idx as usize].attr(attr) {
                         *per_value.entry(v.to_string()).or_insert(0) += 1;

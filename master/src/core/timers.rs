@@ -23,6 +23,9 @@ pub(super) enum Timer {
     Reconcile,
     /// Next round of reconciliation `id`.
     ReconcileRound { id: u64 },
+    /// An updated instance of the job has been watched long enough: `handle`
+    /// drives the job's update after every event, so firing is all it takes.
+    UpdateWatch { job: String },
 }
 
 impl Core {
@@ -119,6 +122,7 @@ impl Core {
                 self.push_timer(now + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
+            Timer::UpdateWatch { .. } => {}
         }
     }
 }

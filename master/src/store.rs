@@ -270,9 +270,7 @@ impl Store for SqliteStore {
                 .prepare_cached("INSERT OR REPLACE INTO updates (job, record) VALUES (?1, ?2)")
                 .map_err(sql("prepare"))?;
             let mut del_job_configs = tx
-                .prepare_cached(
-                    "DELETE FROM job_configs WHERE job = ?1",
-                )
+                .prepare_cached("DELETE FROM job_configs WHERE job = ?1")
                 .map_err(sql("prepare"))?;
             let mut del_job_update = tx
                 .prepare_cached("DELETE FROM updates WHERE job = ?1")

@@ -47,6 +47,7 @@ fn task(id: &str, state: TaskState) -> Task {
         failures: 1,
         flaps: 2,
         throttle_until: None,
+        config: "abc".to_string(),
         last_report_ms: 0,
         missing_since: None,
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use drover_common::spec::JobSpec;
 use drover_common::state::UnixMillis;
 use drover_common::wire::{
-    ActionResponse, HeartbeatRequest, UpdateView, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    StatusAck, StatusUpdate,
+    ActionResponse, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
+    StatusAck, StatusUpdate, UpdateView,
 };
 
 use super::{AgentRecord, Task, UpdateRecord};
@@ -64,7 +64,10 @@ pub enum Event {
         user: String,
     },
     /// POST .../update/{pause,resume,abort,rollback}.
-    UpdateAction { job: String, action: UpdateAction },
+    UpdateAction {
+        job: String,
+        action: UpdateAction,
+    },
     /// Time passed: fire due timers.
     Tick,
 }
@@ -115,7 +118,9 @@ pub enum CoreError {
     Protocol { got: u32, want: u32 },
     #[error("constraint {attribute}: {message}")]
     BadConstraint { attribute: String, message: String },
-    #[error("job {job} is being updated by update {id} ({state}); pause, abort or wait for it first")]
+    #[error(
+        "job {job} is being updated by update {id} ({state}); pause, abort or wait for it first"
+    )]
     UpdateRunning {
         job: String,
         id: String,

@@ -142,13 +142,9 @@ impl Core {
         task.desired = DesiredState::Shutdown;
         task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
-            let _ = task.status.transition(
-                TaskState::Killed,
-                Some(reason),
-                now,
-                source,
-                message,
-            );
+            let _ = task
+                .status
+                .transition(TaskState::Killed, Some(reason), now, source, message);
             self.mark(id);
             return true;
         }

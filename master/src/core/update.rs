@@ -167,7 +167,11 @@ impl Core {
                 spec.key()
             )));
         }
-        if let Some(u) = self.updates.get(job).filter(|u| !u.view.state.is_terminal()) {
+        if let Some(u) = self
+            .updates
+            .get(job)
+            .filter(|u| !u.view.state.is_terminal())
+        {
             return Err(CoreError::UpdateRunning {
                 job: job.to_string(),
                 id: u.view.id.clone(),
@@ -177,8 +181,8 @@ impl Core {
         let constraints = constraints_of(&spec)?;
         let new_hash = config_hash(&spec);
         let current = self.instance_configs(job);
-        let plan = plan_update(&current, &new_hash, spec.instances, instances.as_deref())
-            .map_err(bad)?;
+        let plan =
+            plan_update(&current, &new_hash, spec.instances, instances.as_deref()).map_err(bad)?;
         let old_config = j.config.clone();
         let before = j.slots.len() as u32;
 
@@ -215,7 +219,11 @@ impl Core {
             progress.push(instance_progress(*i, None, Some(&new_hash)));
         }
         for i in &plan.remove {
-            progress.push(instance_progress(*i, current.get(*i as usize).cloned(), None));
+            progress.push(instance_progress(
+                *i,
+                current.get(*i as usize).cloned(),
+                None,
+            ));
         }
         progress.sort_by_key(|p| p.instance);
         let mut u = UpdateRecord {
@@ -650,7 +658,15 @@ impl Core {
     fn add_instance(&mut self, job: &str, instance: u32, now: UnixMillis) -> Option<String> {
         let name = self.jobs.get(job)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
-        let task = new_task(&id, job, instance, 0, now, TaskState::Pending, "added by update");
+        let task = new_task(
+            &id,
+            job,
+            instance,
+            0,
+            now,
+            TaskState::Pending,
+            "added by update",
+        );
         let j = self.jobs.get_mut(job)?;
         if j.slots.len() <= instance as usize {
             j.slots.resize(instance as usize + 1, Slot::default());
@@ -681,7 +697,8 @@ impl Core {
                     j.constraints = constraints;
                     j.candidates = None;
                 }
-                self.job_changes.push(Change::PutJob(spec, job.clone(), created));
+                self.job_changes
+                    .push(Change::PutJob(spec, job.clone(), created));
             }
             (UpdateState::RolledBack, u.view.instances_before)
         } else {

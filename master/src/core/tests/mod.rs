@@ -20,6 +20,7 @@ mod lifecycle;
 mod placement;
 mod reconciliation;
 mod snapshot;
+mod update;
 mod views;
 
 const GIB: u64 = 1 << 30;

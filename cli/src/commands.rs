@@ -87,6 +87,10 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             );
             Ok(true)
         }
+        JobCommand::Diff { file, instances } => {
+            crate::update::diff(&Client::new(master)?, &file, instances.as_deref()).await
+        }
+        JobCommand::Update(args) => crate::update::update(&Client::new(master)?, args).await,
     }
 }
 

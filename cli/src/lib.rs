@@ -11,6 +11,7 @@ pub mod render;
 pub mod specfile;
 pub mod table;
 pub mod target;
+pub mod update;
 
 use args::{Cli, Command};
 

@@ -309,3 +309,37 @@ fn an_update_finishes_after_the_master_is_killed_and_restarted() {
         .iter()
         .all(|i| i.config.as_deref() == Some(u.to_config.as_str())));
 }
+
+/// The speed bound: a 20-instance service (no health check) updated in
+/// batches of 5 watched 1 s each ends within 6 s of the sum of its watch times.
+#[test]
+fn twenty_instances_in_batches_of_five_take_the_watch_times_plus_at_most_6s() {
+    if !running_as_root("update speed") {
+        return;
+    }
+    let mut c = Cluster::start(ClusterConfig::agents(3)).unwrap();
+    let job = |cmd: &str| {
+        let mut s = drover_tests::command_job("speed", 20, true, cmd);
+        s["constraints"] = json!({"host": "limit:20"});
+        s["update"] = json!({"batch_size": 5, "watch": "1s"});
+        s
+    };
+    c.create_job(&job("sleep 1000")).unwrap();
+    c.wait_for_all(&key("speed"), TaskState::Running).unwrap();
+    let started = Instant::now();
+    let (status, body) = post_update(&c, "speed", &job("sleep 2000"), None);
+    assert_eq!(status, 201, "{body}");
+    let u = wait_update(&mut c, "speed", |_| {});
+    let took = started.elapsed();
+    assert_eq!(u.state, UpdateState::RolledForward, "{u:#?}");
+    let watches = Duration::from_secs(4);
+    println!(
+        "MEASURE update_20x_batch5_watch1s total={:.2}s over_watch={:.2}s",
+        took.as_secs_f64(),
+        (took - watches.min(took)).as_secs_f64()
+    );
+    assert!(
+        took < watches + Duration::from_secs(6),
+        "took {took:?}: more than 6 s over the 4 s of watch times"
+    );
+}

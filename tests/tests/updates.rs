@@ -5,6 +5,9 @@
 //! pause/resume/abort steer an update, an update survives a master kill -9, and
 //! instance counts grow and shrink. Each test runs its own cluster, in parallel.
 
+// The helpers below serve #[test] functions only: a failure is the test's panic.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use drover_common::state::{ExitReason, TaskState};

@@ -46,6 +46,13 @@ pub struct ConfigFile {
     pub executor_recovery_timeout: Option<String>,
     /// Executor `--cgroup-parent`.
     pub cgroup_parent: Option<String>,
+    /// The largest pids limit a task may ask for (`task.resources.pids`); executor
+    /// `--pids-max`.
+    pub max_task_pids: Option<u64>,
+    /// Executor `--log-max-size`: rotate process logs at this size, e.g. `100MiB`.
+    pub executor_log_max_size: Option<String>,
+    /// Executor `--log-max-files`: rotated log files kept per stream.
+    pub executor_log_max_files: Option<u32>,
     /// Fork executors from one resident `drover-executor zygote` instead of exec'ing
     /// the binary per task (default true).
     pub executor_fork_server: Option<bool>,
@@ -79,6 +86,12 @@ pub struct Config {
     pub allow_root: bool,
     pub executor_recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// The largest pids limit a task may ask for.
+    pub max_task_pids: u64,
+    /// Executor `--log-max-size` in bytes, when set.
+    pub executor_log_max_bytes: Option<u64>,
+    /// Executor `--log-max-files`, when set.
+    pub executor_log_max_files: Option<u32>,
     /// Fork executors from a resident fork server (else exec each).
     pub executor_fork_server: bool,
     /// Fallback exclusive lease for a master that does not send its own.
@@ -132,6 +145,9 @@ pub const DEFAULT_LISTEN: &str = "0.0.0.0:7071";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/drover/agent";
 /// Default sandbox root.
 pub const DEFAULT_SANDBOX_ROOT: &str = "/var/lib/drover/sandboxes";
+/// Default of `max_task_pids`.
+pub const DEFAULT_MAX_TASK_PIDS: u64 = 4096;
+
 /// Default port range offered to tasks.
 pub const DEFAULT_PORTS: (u16, u16) = (31000, 32000);
 /// Memory kept back for the host and the agent itself.
@@ -174,6 +190,9 @@ impl ConfigFile {
             allow_root,
             executor_recovery_timeout,
             cgroup_parent,
+            max_task_pids,
+            executor_log_max_size,
+            executor_log_max_files,
             executor_fork_server,
             lease,
             sandbox_retention,
@@ -269,6 +288,26 @@ impl ConfigFile {
                 ));
             }
         }
+        let max_task_pids = self.max_task_pids.unwrap_or(DEFAULT_MAX_TASK_PIDS);
+        if !(1..=drover_common::spec::MAX_PIDS).contains(&max_task_pids) {
+            return Err(invalid(
+                "max_task_pids",
+                format!(
+                    "{max_task_pids} must be between 1 and {}, e.g. 4096",
+                    drover_common::spec::MAX_PIDS
+                ),
+            ));
+        }
+        let executor_log_max_bytes = match self.executor_log_max_size {
+            None => None,
+            Some(t) => Some(size("executor_log_max_size", Some(t), 0)?),
+        };
+        if executor_log_max_bytes == Some(0) {
+            return Err(invalid(
+                "executor_log_max_size",
+                "must be above 0B, e.g. 100MiB".into(),
+            ));
+        }
         let lease = dur("lease", self.lease, Duration::from_secs(10))?;
         let sandbox_retention = dur(
             "sandbox_retention",
@@ -311,6 +350,9 @@ impl ConfigFile {
             allow_root: self.allow_root.unwrap_or(false),
             executor_recovery_timeout,
             cgroup_parent: self.cgroup_parent,
+            max_task_pids,
+            executor_log_max_bytes,
+            executor_log_max_files: self.executor_log_max_files,
             executor_fork_server: self.executor_fork_server.unwrap_or(true),
             lease,
             sandbox_retention,

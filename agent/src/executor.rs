@@ -19,7 +19,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 
-use crate::sandbox::{AgentMeta, Layout};
+use crate::sandbox::{AgentMeta, SandboxIo};
+use drover_common::layout::Layout;
 
 /// How executors are started.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +30,13 @@ pub struct ExecutorSettings {
     pub allow_root: bool,
     pub recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// The host's maximum pids limit per task (`--pids-max`); none: the executor's
+    /// default.
+    pub max_task_pids: Option<u64>,
+    /// `--log-max-size` in bytes, when set.
+    pub log_max_bytes: Option<u64>,
+    /// `--log-max-files`, when set.
+    pub log_max_files: Option<u32>,
 }
 
 /// An executor could not be started or reached.
@@ -480,12 +488,24 @@ impl ExecutorSettings {
             args.push("--cgroup-parent".into());
             args.push(p.clone());
         }
+        if let Some(n) = self.max_task_pids {
+            args.push("--pids-max".into());
+            args.push(n.to_string());
+        }
+        if let Some(n) = self.log_max_bytes {
+            args.push("--log-max-size".into());
+            args.push(format!("{n}B"));
+        }
+        if let Some(n) = self.log_max_files {
+            args.push("--log-max-files".into());
+            args.push(n.to_string());
+        }
         args
     }
 
-    /// Writes the task file and the agent's record into a new sandbox and starts the
-    /// executor in its own session, stdin and stdout null, stderr to
-    /// `.drover/executor.stderr`,
+    /// Creates the task directory (root's, 0711), writes the task file (0600) and the
+    /// agent's record into it and starts the executor in its own session, stdin and
+    /// stdout null, stderr to the task directory's `executor.stderr`,
     /// with the write end of a readiness pipe (`--ready-fd N`), so the agent
     /// learns the moment the executor's socket listens instead of polling for it.
     /// With a fork server the executor is forked by it (same arguments, same
@@ -498,13 +518,12 @@ impl ExecutorSettings {
         fork_server: Option<&ForkServer>,
     ) -> Result<Spawned, ExecutorError> {
         let task_id = &assignment.task.task_id;
-        let sandbox = layout.sandbox(task_id);
-        let drover = layout.drover_dir(task_id);
+        let task_dir = layout.task_dir(task_id);
         let prep = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ExecutorError::Prepare { path, source }
         };
-        fs::create_dir_all(&drover).map_err(prep(&drover))?;
+        crate::sandbox::create_task_dir(layout, task_id).map_err(prep(&task_dir))?;
         let task_file = layout.task_file(task_id);
         let bytes = serde_json::to_vec(&assignment.task).map_err(|e| ExecutorError::Prepare {
             path: task_file.clone(),
@@ -513,35 +532,38 @@ impl ExecutorSettings {
         // Written in place, not through a temp file + rename: the sandbox is new and
         // no executor reads it before the spawn below, and an agent crash before the
         // spawn leaves a sandbox without a live executor either way (LOST on restart).
-        fs::File::create_new(&task_file)
-            .and_then(|mut f| f.write_all(&bytes))
-            .map_err(prep(&task_file))?;
+        crate::sandbox::open_private(
+            &task_file,
+            fs::OpenOptions::new().write(true).create_new(true),
+        )
+        .and_then(|mut f| f.write_all(&bytes))
+        .map_err(prep(&task_file))?;
         // The executor's stdout repeats, as JSON lines, the statuses the agent gets
         // over the socket and `status.json` keeps: nobody reads it here, so it goes
         // to /dev/null instead of costing a file (an inode) per task. Its stderr is
         // kept: `last_stderr_line` explains a death with it. A forked executor is
-        // handed `.drover/` instead of the file and creates `executor.stderr` there on
+        // handed the task directory instead of the file and creates `executor.stderr` there on
         // its first line (most never write one: an inode less per task); an exec'd
         // one gets the file.
-        let err_path = drover.join("executor.stderr");
+        let err_path = layout.task(task_id).stderr_file();
         let open_stderr = || {
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&err_path)
-                .map_err(prep(&err_path))
+            crate::sandbox::open_private(
+                &err_path,
+                fs::OpenOptions::new().create(true).append(true),
+            )
+            .map_err(prep(&err_path))
         };
         let pipe_err = |e: std::io::Error| ExecutorError::Prepare {
-            path: drover.clone(),
+            path: task_dir.clone(),
             source: e,
         };
         let mut ready = ReadyPipe::new().map_err(pipe_err)?;
-        let args = self.run_args(&task_file, &sandbox);
+        let args = self.run_args(&task_file, &task_dir);
         // A forked executor gets one end of a connected pair: the agent follows it on
         // the other, and the executor binds no socket (no inode) while it lasts.
         let mut connection = None;
         let forked = fork_server.and_then(|f| {
-            let area = fs::File::open(&drover).ok()?;
+            let area = fs::File::open(&task_dir).ok()?;
             let (ours, theirs) = std::os::unix::net::UnixStream::pair().ok()?;
             let child = f.fork(task_id, &args, &area, &mut ready, theirs.as_fd())?;
             connection = Some(ours);
@@ -559,7 +581,7 @@ impl ExecutorSettings {
                 if ready.tx.is_none() {
                     ready = ReadyPipe::new().map_err(pipe_err)?;
                 }
-                self.exec(&args, &sandbox, open_stderr()?, &mut ready)?
+                self.exec(&args, &task_dir, open_stderr()?, &mut ready)?
             }
         };
         // Only the child may hold the write end, so that its death reads as EOF.
@@ -597,7 +619,7 @@ impl ExecutorSettings {
         })
     }
 
-    /// Execs the executor binary with `args` in its sandbox, the readiness pipe's
+    /// Execs the executor binary with `args` in its task directory, the readiness pipe's
     /// write end as `--ready-fd`.
     fn exec(
         &self,
@@ -636,7 +658,7 @@ impl ExecutorSettings {
 
     /// Runs `drover-executor cleanup` for a task whose executor died.
     pub async fn cleanup(&self, layout: &Layout, task_id: &str) -> Result<(), ExecutorError> {
-        let sandbox = layout.sandbox(task_id);
+        let sandbox = layout.task_dir(task_id);
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.arg("cleanup")
             .arg("--sandbox")
@@ -781,7 +803,7 @@ fn connect(socket: &Path) -> std::io::Result<UnixStream> {
     UnixStream::from_std(stream)
 }
 
-/// Connects, through the sandbox's `.drover` directory when the socket path is too
+/// Connects, through the task directory when the socket path is too
 /// long for a Unix socket address (see `wire::socket_address`).
 fn connect_std(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
     let (address, _dir) =
@@ -789,9 +811,17 @@ fn connect_std(socket: &Path) -> std::io::Result<std::os::unix::net::UnixStream>
     std::os::unix::net::UnixStream::connect(address)
 }
 
-/// True if `pid` is a running (not zombie) process whose command line mentions
-/// `binary_name` (so a reused pid is not mistaken for the executor).
+/// True if `pid` is a running (not zombie) process of the agent's own user whose
+/// command line mentions `binary_name` (so a reused pid is not mistaken for the
+/// executor, and a task process dressed up as one, which runs as the task user, is
+/// never believed).
 pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ours = fs::metadata(format!("/proc/{pid}"))
+        .is_ok_and(|m| m.uid() == nix::unistd::Uid::effective().as_raw());
+    if !ours {
+        return false;
+    }
     let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => s,
         Err(_) => return false,
@@ -811,8 +841,8 @@ pub fn executor_pid_is_live(pid: u32, binary_name: &str) -> bool {
 
 /// Finds running executors of sandboxes below `sandbox_root` by their command line
 /// (`<binary_name> run ... --sandbox <root>/<task_id>`), or for one forked by the fork
-/// server (whose command line is the zygote's) by its working directory, the
-/// sandbox: task id -> pid. Covers an executor whose pid the agent never recorded
+/// server (whose command line is the zygote's) by its working directory, the task
+/// directory: task id -> pid. Covers an executor whose pid the agent never recorded
 /// (a crash right after the spawn).
 pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap<String, u32> {
     let mut found = HashMap::new();
@@ -843,7 +873,7 @@ pub fn find_running_executors(binary_name: &str, sandbox_root: &Path) -> HashMap
 
 /// The task id an executor runs, if it is one of ours, from its command line and
 /// working directory (pure). An executor forked by the fork server has the zygote's
-/// command line (`<binary_name> zygote ...`) and its sandbox as working directory; the
+/// command line (`<binary_name> zygote ...`) and its task directory as working directory; the
 /// fork server itself works in `/`.
 pub fn executor_task_of(
     cmdline: &[u8],
@@ -875,7 +905,15 @@ pub fn executor_task_of(
 
 /// The last non-empty line the executor wrote to its stderr, for LOST messages.
 pub fn last_stderr_line(layout: &Layout, task_id: &str) -> Option<String> {
-    let text = fs::read_to_string(layout.drover_dir(task_id).join("executor.stderr")).ok()?;
+    use std::io::Read;
+    let mut text = String::new();
+    crate::sandbox::open_private(
+        &layout.task(task_id).stderr_file(),
+        fs::OpenOptions::new().read(true),
+    )
+    .ok()?
+    .read_to_string(&mut text)
+    .ok()?;
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
     Some(line.chars().take(500).collect())
 }
@@ -885,7 +923,7 @@ mod tests {
     #[test]
     fn executor_command_lines_name_their_task() {
         let root = Path::new("/srv/sandboxes");
-        let ours = b"/usr/bin/drover-executor\0run\0--task\0/srv/sandboxes/t1/.drover/agent-task.json\0--sandbox\0/srv/sandboxes/t1\0";
+        let ours = b"/usr/bin/drover-executor\0run\0--task\0/srv/sandboxes/t1/task.json\0--sandbox\0/srv/sandboxes/t1\0";
         let cwd = Some(Path::new("/"));
         let of = |cmdline: &[u8], cwd| executor_task_of(cmdline, cwd, "drover-executor", root);
         assert_eq!(of(ours, cwd), Some("t1".into()));
@@ -914,13 +952,16 @@ mod tests {
             allow_root: true,
             recovery_timeout: Some(Duration::from_secs(60)),
             cgroup_parent: Some("drover".into()),
+            max_task_pids: None,
+            log_max_bytes: None,
+            log_max_files: None,
         };
         assert_eq!(
-            s.run_args(Path::new("/s/t/.drover/agent-task.json"), Path::new("/s/t")),
+            s.run_args(Path::new("/s/t/task.json"), Path::new("/s/t")),
             vec![
                 "run",
                 "--task",
-                "/s/t/.drover/agent-task.json",
+                "/s/t/task.json",
                 "--sandbox",
                 "/s/t",
                 "--no-isolation",
@@ -944,9 +985,51 @@ mod tests {
     }
 
     #[test]
+    fn a_process_of_another_user_is_never_taken_for_an_executor() {
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        // Waits until the child has exec'd `sleep` (its command line says so).
+        let execd = |pid: u32| {
+            for _ in 0..200 {
+                if fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep")) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            panic!("{pid} never exec'd sleep");
+        };
+        // A task user's process named like the executor.
+        let mut impostor = std::process::Command::new("sleep")
+            .arg("30")
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .unwrap();
+        execd(impostor.id());
+        let fooled = executor_pid_is_live(impostor.id(), "sleep");
+        impostor.kill().unwrap();
+        impostor.wait().unwrap();
+        assert!(
+            !fooled,
+            "a process of another user was taken for an executor"
+        );
+        let mut ours = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        execd(ours.id());
+        let live = executor_pid_is_live(ours.id(), "sleep");
+        ours.kill().unwrap();
+        ours.wait().unwrap();
+        assert!(live);
+    }
+
+    #[test]
     fn a_socket_path_too_long_for_sun_path_is_still_reached() {
         let dir = tempfile::tempdir().unwrap();
-        let area = dir.path().join("d".repeat(120)).join(".drover");
+        let area = dir.path().join("d".repeat(120)).join("t");
         std::fs::create_dir_all(&area).unwrap();
         let socket = area.join("executor.sock");
         assert!(socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX);

@@ -1,13 +1,13 @@
-//! The agent's HTTP server: sandbox log files for the CLI (`drover task logs`) and a
-//! health check. Paths can never leave a sandbox: names are validated and the
-//! resolved file must lie inside the task's canonical sandbox directory.
+//! The agent's HTTP server: task log files for the CLI (`drover task logs`) and a
+//! health check. Logs live in the root-owned task directory, out of the task's reach
+//! ([`drover_common::layout`]); names are validated, and each log is opened once,
+//! without following links, and checked for what was opened ([`open_log`]).
 //!
 //! The executor creates a log file on its process's first byte of output, so a
-//! process of the task (one named in the sandbox's `.drover/task.json`) without a
+//! process of the task (one named in the task directory's `task.json`) without a
 //! file has an empty log, served as such; a name the task does not have is a 404.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
@@ -19,7 +19,7 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{ApiError, ApiErrorBody, ExecutorTask};
 use serde::Deserialize;
 
-use crate::sandbox::Layout;
+use drover_common::layout::Layout;
 
 /// The most bytes one log request returns; clients continue from the next offset.
 pub const MAX_CHUNK: u64 = 4 * 1024 * 1024;
@@ -58,8 +58,8 @@ pub enum LogError {
         process: String,
         stream: String,
     },
-    #[error("the {stream} log of `{process}` resolves outside task `{task_id}`'s sandbox")]
-    OutsideSandbox {
+    #[error("the {stream} log of `{process}` in task `{task_id}` is not a regular file")]
+    NotRegularFile {
         task_id: String,
         process: String,
         stream: String,
@@ -79,8 +79,8 @@ impl LogError {
             }
             LogError::UnknownTask(_) => (StatusCode::NOT_FOUND, "not_found", Some("task_id")),
             LogError::UnknownLog { .. } => (StatusCode::NOT_FOUND, "not_found", Some("process")),
-            LogError::OutsideSandbox { .. } => {
-                (StatusCode::FORBIDDEN, "outside_sandbox", Some("process"))
+            LogError::NotRegularFile { .. } => {
+                (StatusCode::FORBIDDEN, "not_a_file", Some("process"))
             }
             LogError::Io(_) => (StatusCode::INTERNAL_SERVER_ERROR, "io_error", None),
         }
@@ -102,13 +102,28 @@ impl IntoResponse for LogError {
     }
 }
 
-/// Resolves a log path, refusing anything that would leave the task's sandbox.
-pub fn resolve_log_path(
+/// What a log request reads.
+#[derive(Debug)]
+pub enum LogSource {
+    /// The log file, opened (a regular file, reached without following any link).
+    File(std::fs::File),
+    /// A process of the task that has written nothing yet: no file, an empty log.
+    Empty,
+}
+
+/// Opens a task's log once, race-free: the task directory, `logs/` and the file are
+/// each opened relative to the one before, none through a symlink
+/// (`O_NOFOLLOW`), and what was opened is checked (`fstat`: a regular file), not what
+/// was named. All three are root's ([`drover_common::layout`]), so a task cannot
+/// put anything there; this holds even if something else did. A missing file of a
+/// process the task has (per the task directory's `task.json`, root's too) is an
+/// empty log; a name the task does not have is [`LogError::UnknownLog`].
+pub fn open_log(
     layout: &Layout,
     task_id: &str,
     process: &str,
     stream: &str,
-) -> Result<PathBuf, LogError> {
+) -> Result<LogSource, LogError> {
     for (field, value) in [("task_id", task_id), ("process", process)] {
         if !is_valid_name(value) {
             return Err(LogError::InvalidName {
@@ -120,84 +135,94 @@ pub fn resolve_log_path(
     if stream != "stdout" && stream != "stderr" {
         return Err(LogError::InvalidStream(stream.to_string()));
     }
-    let sandbox = layout
-        .sandbox(task_id)
-        .canonicalize()
-        .map_err(|_| LogError::UnknownTask(task_id.to_string()))?;
+    let io = |e: std::io::Error| LogError::Io(e.to_string());
+    let not_regular = || LogError::NotRegularFile {
+        task_id: task_id.to_string(),
+        process: process.to_string(),
+        stream: stream.to_string(),
+    };
     let unknown = || LogError::UnknownLog {
         task_id: task_id.to_string(),
         process: process.to_string(),
         stream: stream.to_string(),
     };
-    let file = layout
-        .log_file(task_id, process, stream)
-        .canonicalize()
-        .map_err(|_| unknown())?;
-    let root = layout.root().canonicalize().map_err(|_| unknown())?;
-    if !sandbox.starts_with(&root) || !file.starts_with(&sandbox) {
-        return Err(LogError::OutsideSandbox {
-            task_id: task_id.to_string(),
-            process: process.to_string(),
-            stream: stream.to_string(),
-        });
-    }
-    if !file.is_file() {
-        return Err(unknown());
-    }
-    Ok(file)
-}
-
-/// What a log request reads.
-#[derive(Debug, PartialEq, Eq)]
-pub enum LogSource {
-    /// The log file (canonical, inside the sandbox).
-    File(PathBuf),
-    /// A process of the task that has written nothing yet: no file, an empty log.
-    Empty,
-}
-
-/// Resolves a log like [`resolve_log_path`], except that a missing file of a process
-/// the task has (in the sandbox's `.drover/task.json`) is an empty log, not an error.
-pub fn resolve_log(
-    layout: &Layout,
-    task_id: &str,
-    process: &str,
-    stream: &str,
-) -> Result<LogSource, LogError> {
-    match resolve_log_path(layout, task_id, process, stream) {
-        Ok(file) => Ok(LogSource::File(file)),
-        Err(e @ LogError::UnknownLog { .. }) => {
-            // Only a file that is not there at all (not a dangling symlink, not a
-            // directory) can be a log that was never written.
-            let missing = std::fs::symlink_metadata(layout.log_file(task_id, process, stream))
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
-            if missing && task_has_process(layout, task_id, process) {
+    let dir = match open_nofollow(None, &layout.task_dir(task_id), DIR_FLAGS) {
+        Ok(d) => d,
+        Err(e) if is_missing_or_link(&e) => return Err(LogError::UnknownTask(task_id.to_string())),
+        Err(e) => return Err(io(e)),
+    };
+    let name = format!("{process}.{stream}");
+    let file = open_nofollow(Some(&dir), std::path::Path::new("logs"), DIR_FLAGS)
+        .and_then(|logs| open_nofollow(Some(&logs), std::path::Path::new(&name), FILE_FLAGS));
+    match file {
+        Ok(file) => {
+            if !file.metadata().map_err(io)?.is_file() {
+                return Err(not_regular());
+            }
+            Ok(LogSource::File(file))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Only a file that is not there at all (not a symlink, not a directory)
+            // can be a log that was never written.
+            if task_has_process(&dir, process) {
                 Ok(LogSource::Empty)
             } else {
-                Err(e)
+                Err(unknown())
             }
         }
-        Err(e) => Err(e),
+        Err(e) if is_missing_or_link(&e) => Err(not_regular()),
+        Err(e) => Err(io(e)),
     }
 }
 
-/// Whether the task file in the task's sandbox (itself inside the sandbox root, the
-/// file inside the sandbox, both canonical) names `process`.
-fn task_has_process(layout: &Layout, task_id: &str, process: &str) -> bool {
-    let (Ok(root), Ok(sandbox), Ok(file)) = (
-        layout.root().canonicalize(),
-        layout.sandbox(task_id).canonicalize(),
-        layout.task_file(task_id).canonicalize(),
-    ) else {
-        return false;
-    };
-    if !sandbox.starts_with(&root) || !file.starts_with(&sandbox) {
-        return false;
+/// `open` flags of a directory on the way to a log.
+const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY;
+/// `open` flags of a log: non-blocking, so a FIFO in its place cannot hang a reader.
+const FILE_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK;
+
+/// ENOENT, or what opening a symlink with `O_NOFOLLOW` gives (ELOOP, or ENOTDIR
+/// with `O_DIRECTORY`).
+fn is_missing_or_link(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound
+        || matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+}
+
+/// Opens `path` (relative to `dir` when given) with `flags`, never following a
+/// symlink in its last component, closed on exec.
+#[allow(unsafe_code)]
+fn open_nofollow(
+    dir: Option<&std::fs::File>,
+    path: &std::path::Path,
+    flags: libc::c_int,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: openat reads the NUL-terminated `c` and returns a new descriptor (or
+    // -1), which only this function owns; `at` is open while `dir` is borrowed.
+    let fd = unsafe { libc::openat(at, c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    std::fs::read(&file)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<ExecutorTask>(&bytes).ok())
-        .is_some_and(|t| t.task.processes.iter().any(|p| p.name == process))
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Whether the task file in the task directory `dir` names `process`.
+fn task_has_process(dir: &std::fs::File, process: &str) -> bool {
+    let mut bytes = Vec::new();
+    open_nofollow(Some(dir), std::path::Path::new("task.json"), FILE_FLAGS)
+        .and_then(|mut f| {
+            if !f.metadata()?.is_file() {
+                return Err(std::io::Error::other("task.json is not a regular file"));
+            }
+            f.read_to_end(&mut bytes)
+        })
+        .is_ok()
+        && serde_json::from_slice::<ExecutorTask>(&bytes)
+            .is_ok_and(|t| t.task.processes.iter().any(|p| p.name == process))
 }
 
 async fn get_log(
@@ -207,11 +232,10 @@ async fn get_log(
 ) -> Response {
     let offset = q.offset;
     let read = tokio::task::spawn_blocking(move || -> Result<(u64, Vec<u8>), LogError> {
-        let file = match resolve_log(&layout, &task_id, &process, &stream)? {
-            LogSource::File(f) => f,
-            LogSource::Empty => return Ok((0, Vec::new())),
-        };
-        read_chunk(&file, offset).map_err(|e| LogError::Io(e.to_string()))
+        match open_log(&layout, &task_id, &process, &stream)? {
+            LogSource::File(f) => read_chunk(f, offset).map_err(|e| LogError::Io(e.to_string())),
+            LogSource::Empty => Ok((0, Vec::new())),
+        }
     })
     .await;
     match read {
@@ -229,9 +253,8 @@ async fn get_log(
     }
 }
 
-/// The file's size and at most [`MAX_CHUNK`] bytes of it from `offset`.
-fn read_chunk(file: &std::path::Path, offset: u64) -> std::io::Result<(u64, Vec<u8>)> {
-    let mut f = std::fs::File::open(file)?;
+/// The open file's size and at most [`MAX_CHUNK`] bytes of it from `offset`.
+fn read_chunk(mut f: std::fs::File, offset: u64) -> std::io::Result<(u64, Vec<u8>)> {
     let size = f.metadata()?.len();
     if offset >= size {
         return Ok((size, Vec::new()));
@@ -251,7 +274,7 @@ mod tests {
     fn sandbox_without_logs() -> (tempfile::TempDir, Layout) {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path().join("sandboxes"));
-        std::fs::create_dir_all(layout.drover_dir("t1")).unwrap();
+        std::fs::create_dir_all(layout.task_dir("t1")).unwrap();
         let task = serde_json::json!({
             "task_id": "t1", "role": "r", "environment": "e", "name": "n", "instance": 0,
             "task": {"resources": {"cpu": 0.1, "ram": "1MiB", "disk": "1MiB"},
@@ -266,10 +289,10 @@ mod tests {
     fn a_process_that_wrote_nothing_has_an_empty_log() {
         let (_dir, layout) = sandbox_without_logs();
         for stream in ["stdout", "stderr"] {
-            assert_eq!(
-                resolve_log(&layout, "t1", "main", stream).unwrap(),
+            assert!(matches!(
+                open_log(&layout, "t1", "main", stream).unwrap(),
                 LogSource::Empty
-            );
+            ));
         }
     }
 
@@ -277,11 +300,11 @@ mod tests {
     fn a_process_the_task_does_not_have_is_still_not_found() {
         let (_dir, layout) = sandbox_without_logs();
         assert!(matches!(
-            resolve_log(&layout, "t1", "other", "stdout"),
+            open_log(&layout, "t1", "other", "stdout"),
             Err(LogError::UnknownLog { .. })
         ));
         assert!(matches!(
-            resolve_log(&layout, "t2", "main", "stdout"),
+            open_log(&layout, "t2", "main", "stdout"),
             Err(LogError::UnknownTask(_))
         ));
     }
@@ -293,7 +316,7 @@ mod tests {
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, b"hi").unwrap();
         assert!(matches!(
-            resolve_log(&layout, "t1", "main", "stdout"),
+            open_log(&layout, "t1", "main", "stdout"),
             Ok(LogSource::File(_))
         ));
     }
@@ -304,6 +327,6 @@ mod tests {
         let file = layout.log_file("t1", "main", "stdout");
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::os::unix::fs::symlink(dir.path().join("nowhere"), &file).unwrap();
-        assert!(resolve_log(&layout, "t1", "main", "stdout").is_err());
+        assert!(open_log(&layout, "t1", "main", "stdout").is_err());
     }
 }

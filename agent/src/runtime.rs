@@ -30,7 +30,8 @@ use crate::converge::{
 use crate::executor::{self, ExecutorProcess, ExecutorSettings, ForkServer};
 use crate::master::{MasterClient, MasterError};
 use crate::outbox::{write_atomic, Outbox, OutboxError};
-use crate::sandbox::{classify, Found, Layout};
+use crate::sandbox::{classify, Found, SandboxIo};
+use drover_common::layout::Layout;
 
 /// The agent could not start.
 #[derive(Debug, thiserror::Error)]
@@ -252,7 +253,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         move |source| AgentError::Dir { what, path, source }
     };
     std::fs::create_dir_all(&cfg.data_dir).map_err(dir_err("data_dir", &cfg.data_dir))?;
-    std::fs::create_dir_all(&cfg.sandbox_root)
+    crate::sandbox::prepare_root(&cfg.sandbox_root)
         .map_err(dir_err("sandbox_root", &cfg.sandbox_root))?;
     let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.sandbox_root, &cfg.hostname)
         .map_err(dir_err("agent id in", &cfg.data_dir))?;
@@ -285,6 +286,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         allow_root: cfg.allow_root,
         recovery_timeout: cfg.executor_recovery_timeout,
         cgroup_parent: cfg.cgroup_parent.clone(),
+        max_task_pids: Some(cfg.max_task_pids),
+        log_max_bytes: cfg.executor_log_max_bytes,
+        log_max_files: cfg.executor_log_max_files,
     };
     let exe_name = cfg
         .executor
@@ -492,6 +496,21 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
         }
     }
     let running = executor::find_running_executors(&shared.exe_name, shared.layout.root());
+    match shared.layout.list_old() {
+        Ok(old) => {
+            for id in old {
+                tracing::warn!(task_id = %id, "sandbox of the older layout (task-writable files); not trusting it: cleaning up, reporting LOST");
+                let rx = hold_live(shared, &id, None, false);
+                drop(rx);
+                let shared = shared.clone();
+                let pid = running.get(&id).copied();
+                set.spawn(async move { retire_old_sandbox(&shared, &id, pid).await });
+            }
+        }
+        Err(e) => {
+            tracing::error!(root = %shared.layout.root().display(), error = %e, "cannot scan the sandbox root for old sandboxes");
+        }
+    }
     for id in ids {
         let meta = shared.layout.read_meta(&id);
         if let Some(verdict) = shared.layout.read_final(&id) {
@@ -533,9 +552,52 @@ fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
     }
 }
 
+/// Ends a task whose sandbox has the older layout, in which the task could write the
+/// executor's checkpoint, task file and logs: nothing in it is believed. Its executor
+/// (if one still runs) is killed, then the task's cgroup, the sandbox is removed
+/// (std's `remove_dir_all` never follows a link), and the task is reported LOST.
+async fn retire_old_sandbox(shared: &Shared, id: &str, executor_pid: Option<u32>) {
+    if let Some(pid) = executor_pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    if let Err(e) = shared.exec.cleanup(&shared.layout, id).await {
+        tracing::error!(task_id = %id, error = %e, "cleanup of an old-layout sandbox failed");
+    }
+    let dir = shared.layout.task_dir(id);
+    if let Err(e) = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await {
+        tracing::warn!(task_id = %id, error = %e, "removing an old-layout sandbox panicked");
+    }
+    let seq = lock(&shared.outbox).last_seq(id) + 1;
+    report_lost(
+        shared,
+        id,
+        seq,
+        "found in a sandbox of an older agent's layout, whose status the task could have forged; its processes were killed".into(),
+    );
+}
+
+/// Records and reports task `id` LOST (`executor_lost`) with `seq` and `message`.
+fn report_lost(shared: &Shared, id: &str, seq: u64, message: String) {
+    finish(
+        shared,
+        StatusUpdate {
+            task_id: id.to_string(),
+            seq,
+            state: TaskState::Lost,
+            exit_reason: Some(ExitReason::ExecutorLost),
+            message,
+            timestamp_ms: now_ms(),
+            processes: vec![],
+        },
+    );
+}
+
 /// The executor pid recorded in the sandbox: the agent's `agent.json` (written for
 /// exclusive tasks only), else the executor's own `status.json`.
-fn recorded_executor_pid(layout: &crate::sandbox::Layout, id: &str) -> Option<u32> {
+fn recorded_executor_pid(layout: &Layout, id: &str) -> Option<u32> {
     layout.read_meta(id).executor_pid.or_else(|| {
         layout
             .read_status(id)
@@ -586,7 +648,7 @@ async fn start_task(
     kill_rx: mpsc::UnboundedReceiver<ExitReason>,
 ) {
     let id = assignment.task.task_id.clone();
-    if shared.layout.drover_dir(&id).exists() {
+    if std::fs::symlink_metadata(shared.layout.task_dir(&id)).is_ok() {
         // A sandbox exists: the task ran or runs here. Never start a second copy.
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
@@ -652,7 +714,8 @@ async fn wait_readable(ready: &tokio::net::unix::pipe::Receiver) {
 
 /// Records and reports an agent-decided final status.
 fn finish(shared: &Shared, update: StatusUpdate) {
-    if shared.layout.drover_dir(&update.task_id).is_dir() {
+    if std::fs::symlink_metadata(shared.layout.task_dir(&update.task_id)).is_ok_and(|m| m.is_dir())
+    {
         if let Err(e) = shared.layout.write_final(&update) {
             tracing::warn!(task_id = %update.task_id, error = %e, "could not record final status in the sandbox");
         }
@@ -812,18 +875,7 @@ async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
         None => "executor lost; what remained of the task was killed".to_string(),
     };
     tracing::warn!(task_id = %id, seq, message, "reporting task LOST");
-    finish(
-        shared,
-        StatusUpdate {
-            task_id: id.to_string(),
-            seq,
-            state: TaskState::Lost,
-            exit_reason: Some(ExitReason::ExecutorLost),
-            message,
-            timestamp_ms: now_ms(),
-            processes: vec![],
-        },
-    );
+    report_lost(shared, id, seq, message);
 }
 
 fn request_kill(t: &mut Tasks, task_id: &str, reason: ExitReason) {
@@ -1286,7 +1338,10 @@ async fn collect_sandboxes(shared: &Arc<Shared>) {
         if lock(&shared.outbox).has_pending_for(&id) {
             continue;
         }
-        let dir = shared.layout.sandbox(&id);
+        // The task directory, with the task's `sandbox/`: std's `remove_dir_all` opens
+        // each directory without following links and unlinks relative to it, so a
+        // symlink the task left in `sandbox/` is removed, never followed.
+        let dir = shared.layout.task_dir(&id);
         let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),

@@ -1,22 +1,24 @@
-//! Where a task's files live and what the agent finds there after a restart. The
-//! sandbox root is the source of truth for which tasks this host runs:
-//! `<sandbox_root>/<task_id>/.drover/` holds `task.json` (the task file the agent
-//! gives the executor), the executor's `status.json` (its checkpoint),
-//! `executor.sock` and `logs/`, and the agent's `agent.json` (whether the task is
-//! exclusive, the executor's pid).
+//! What the agent keeps in and finds in the sandbox root after a restart
+//! ([`drover_common::layout`]). The sandbox root is the source of truth for which
+//! tasks this host runs: each `<sandbox_root>/<task_id>/` task directory is root's and
+//! holds `task.json` (the task file the agent gives the executor), the executor's
+//! `status.json` (its checkpoint), `executor.sock` and `logs/`, and the agent's
+//! `agent.json` (whether the task is exclusive, the executor's pid); the task can
+//! write only `sandbox/` in it, so nothing read here is the task's word.
+//!
+//! A task directory of the older layout (the task's own directory with a `.drover/`
+//! in it, from an agent before this layout) is never trusted: [`SandboxIo::list_old`]
+//! finds them and the agent cleans them up and reports them LOST.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 
+use drover_common::layout::{self, Layout};
 use drover_common::spec::is_valid_name;
 use drover_common::wire::{checkpointed_status, ExecutorStatus, StatusUpdate};
 use serde::{Deserialize, Serialize};
-
-/// Paths inside the sandbox root.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    root: PathBuf,
-}
 
 /// What the agent records beside a task's sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,110 +42,159 @@ pub enum Found {
     Orphaned(Option<ExecutorStatus>),
 }
 
-impl Layout {
-    /// A layout rooted at `root`.
-    pub fn new(root: impl Into<PathBuf>) -> Layout {
-        Layout { root: root.into() }
-    }
+/// Which layout a directory below the sandbox root has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Generation {
+    /// A root-owned task directory of this layout.
+    Current,
+    /// A task-owned sandbox with `.drover/` inside (an older agent's).
+    Old,
+}
 
-    /// The sandbox root.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
+/// Creates the sandbox root (mode 0711: tasks reach their own directory by name but
+/// cannot list the task ids), setting the mode of one that exists.
+pub fn prepare_root(root: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(layout::ROOT_DIR_MODE)
+        .create(root)?;
+    fs::set_permissions(root, fs::Permissions::from_mode(layout::ROOT_DIR_MODE))
+}
 
-    /// `<root>/<task_id>`.
-    pub fn sandbox(&self, task_id: &str) -> PathBuf {
-        self.root.join(task_id)
-    }
+/// Creates a new task directory (root's, mode 0711); fails if the name is taken.
+pub fn create_task_dir(layout: &Layout, task_id: &str) -> io::Result<()> {
+    let dir = layout.task_dir(task_id);
+    fs::DirBuilder::new()
+        .mode(layout::ROOT_DIR_MODE)
+        .create(&dir)?;
+    // The umask may have taken the execute bits.
+    fs::set_permissions(&dir, fs::Permissions::from_mode(layout::ROOT_DIR_MODE))
+}
 
-    /// `<root>/<task_id>/.drover`.
-    pub fn drover_dir(&self, task_id: &str) -> PathBuf {
-        self.sandbox(task_id).join(".drover")
-    }
+/// Opens a file root keeps in a task directory: created 0600 when missing, never
+/// through a symlink.
+pub fn open_private(path: &Path, options: &mut fs::OpenOptions) -> io::Result<fs::File> {
+    options
+        .mode(layout::PRIVATE_FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
 
-    /// The executor's checkpoint.
-    pub fn status_file(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("status.json")
-    }
+/// Reads a whole file root keeps in a task directory, never through a symlink.
+fn read_private(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_private(path, fs::OpenOptions::new().read(true))?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
 
-    /// The executor's Unix socket.
-    pub fn socket(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("executor.sock")
+/// Writes `bytes` to a temp file beside `path` (0600, never through a symlink) and
+/// renames it over `path`; fsync'd when `sync`.
+fn write_private_atomic(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = open_private(
+        &tmp,
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+    )?;
+    f.write_all(bytes)?;
+    if sync {
+        f.sync_all()?;
     }
+    drop(f);
+    fs::rename(&tmp, path)
+}
 
-    /// The task file the agent hands the executor. It is the executor's own
-    /// `task.json`, so the executor need not write a copy.
-    pub fn task_file(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("task.json")
-    }
-
-    /// The agent's record beside the sandbox.
-    pub fn meta_file(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("agent.json")
-    }
-
-    /// A process's log file (`stream` is `stdout` or `stderr`).
-    pub fn log_file(&self, task_id: &str, process: &str, stream: &str) -> PathBuf {
-        self.drover_dir(task_id)
-            .join("logs")
-            .join(format!("{process}.{stream}"))
-    }
-
-    /// The task ids of every sandbox below the root that has a `.drover` dir.
-    pub fn list(&self) -> std::io::Result<Vec<String>> {
-        let entries = match fs::read_dir(&self.root) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
-        let mut ids = Vec::new();
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_valid_name(&name) && entry.path().join(".drover").is_dir() {
-                ids.push(name);
-            }
-        }
-        ids.sort();
-        Ok(ids)
-    }
-
+/// The agent's reads and writes in the sandbox root.
+pub trait SandboxIo {
+    /// The task ids of every task directory of this layout below the root.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// The task ids of sandboxes of the older layout (never trusted).
+    fn list_old(&self) -> io::Result<Vec<String>>;
     /// The executor's latest checkpoint, if readable ([`checkpointed_status`]).
-    pub fn read_status(&self, task_id: &str) -> Option<ExecutorStatus> {
-        checkpointed_status(&fs::read(self.status_file(task_id)).ok()?)
+    fn read_status(&self, task_id: &str) -> Option<ExecutorStatus>;
+    /// The agent's record, or the default when missing.
+    fn read_meta(&self, task_id: &str) -> AgentMeta;
+    /// Writes the agent's record atomically (fsync'd when `sync`).
+    fn write_meta(&self, task_id: &str, meta: &AgentMeta, sync: bool) -> io::Result<()>;
+    /// The agent's recorded final verdict (e.g. LOST after the executor died), if any.
+    fn read_final(&self, task_id: &str) -> Option<StatusUpdate>;
+    /// Records the agent's final verdict (fsync'd), so a restart does not decide again.
+    fn write_final(&self, update: &StatusUpdate) -> io::Result<()>;
+}
+
+impl SandboxIo for Layout {
+    fn list(&self) -> io::Result<Vec<String>> {
+        scan(self.root(), Generation::Current)
     }
 
-    /// The agent's record, or the default when missing.
-    pub fn read_meta(&self, task_id: &str) -> AgentMeta {
-        fs::read(self.meta_file(task_id))
+    fn list_old(&self) -> io::Result<Vec<String>> {
+        scan(self.root(), Generation::Old)
+    }
+
+    fn read_status(&self, task_id: &str) -> Option<ExecutorStatus> {
+        checkpointed_status(&read_private(&self.status_file(task_id)).ok()?)
+    }
+
+    fn read_meta(&self, task_id: &str) -> AgentMeta {
+        read_private(&self.meta_file(task_id))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
 
-    /// Writes the agent's record atomically (fsync'd when `sync`).
-    pub fn write_meta(&self, task_id: &str, meta: &AgentMeta, sync: bool) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
-        crate::outbox::write_atomic(&self.meta_file(task_id), &bytes, sync)
+    fn write_meta(&self, task_id: &str, meta: &AgentMeta, sync: bool) -> io::Result<()> {
+        let bytes = serde_json::to_vec(meta).map_err(io::Error::other)?;
+        write_private_atomic(&self.meta_file(task_id), &bytes, sync)
     }
 
-    /// Where the agent records its own final verdict on a task (e.g. LOST after the
-    /// executor died), so a restart does not decide again.
-    pub fn final_file(&self, task_id: &str) -> PathBuf {
-        self.drover_dir(task_id).join("agent-final.json")
-    }
-
-    /// The agent's recorded final verdict, if any.
-    pub fn read_final(&self, task_id: &str) -> Option<StatusUpdate> {
-        let bytes = fs::read(self.final_file(task_id)).ok()?;
+    fn read_final(&self, task_id: &str) -> Option<StatusUpdate> {
+        let bytes = read_private(&self.final_file(task_id)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
-    /// Records the agent's final verdict (fsync'd).
-    pub fn write_final(&self, update: &StatusUpdate) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec(update).map_err(std::io::Error::other)?;
-        crate::outbox::write_atomic(&self.final_file(&update.task_id), &bytes, true)
+    fn write_final(&self, update: &StatusUpdate) -> io::Result<()> {
+        let bytes = serde_json::to_vec(update).map_err(io::Error::other)?;
+        write_private_atomic(&self.final_file(&update.task_id), &bytes, true)
     }
+}
+
+/// The sorted names of the directories (not symlinks) of one generation below `root`.
+fn scan(root: &Path, want: Generation) -> io::Result<Vec<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = match fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let me = nix::unistd::Uid::effective().as_raw();
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // `file_type` is the entry's own type: a symlink is never a task directory.
+        if !is_valid_name(&name) || !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let path = entry.path();
+        // An older sandbox belonged to the task user and kept the executor's files in
+        // `.drover/`; a task directory of this layout is ours and has no `.drover/`
+        // (only we write it). Anything else below the root is not a task directory.
+        let old = fs::symlink_metadata(path.join(layout::OLD_AREA)).is_ok();
+        let generation = match (old, entry.metadata()?.uid() == me) {
+            (true, _) => Generation::Old,
+            (false, true) => Generation::Current,
+            (false, false) => continue,
+        };
+        if generation == want {
+            ids.push(name);
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// Decides what a sandbox found at start means (pure).
@@ -196,16 +247,38 @@ mod tests {
     }
 
     #[test]
-    fn list_finds_only_valid_sandboxes() {
+    fn list_tells_task_dirs_from_old_sandboxes_and_skips_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path());
-        fs::create_dir_all(layout.drover_dir("t1")).unwrap();
-        fs::create_dir_all(dir.path().join("no-drover-dir")).unwrap();
-        fs::create_dir_all(dir.path().join("bad name/.drover")).unwrap();
+        create_task_dir(&layout, "t1").unwrap();
+        fs::create_dir_all(dir.path().join("old/.drover")).unwrap();
+        fs::create_dir_all(dir.path().join("bad name")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("t1"), dir.path().join("link")).unwrap();
+        fs::write(dir.path().join("file"), b"").unwrap();
         assert_eq!(layout.list().unwrap(), vec!["t1".to_string()]);
+        assert_eq!(layout.list_old().unwrap(), vec!["old".to_string()]);
         assert!(Layout::new(dir.path().join("missing"))
             .list()
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn root_files_are_never_read_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path().join("sb"));
+        prepare_root(layout.root()).unwrap();
+        create_task_dir(&layout, "t1").unwrap();
+        let forged = dir.path().join("forged.json");
+        let line = serde_json::to_vec(&status(TaskState::Finished)).unwrap();
+        fs::write(&forged, &line).unwrap();
+        std::os::unix::fs::symlink(&forged, layout.status_file("t1")).unwrap();
+        assert_eq!(layout.read_status("t1"), None);
+        fs::remove_file(layout.status_file("t1")).unwrap();
+        fs::write(layout.status_file("t1"), &line).unwrap();
+        assert_eq!(layout.read_status("t1"), Some(status(TaskState::Finished)));
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(layout.root()), 0o711);
+        assert_eq!(mode(&layout.task_dir("t1")), 0o711);
     }
 }

@@ -186,6 +186,36 @@ async fn a_task_that_ended_while_the_agent_was_down_is_reported_once_not_rerun()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_of_the_older_layout_is_not_believed_but_cleaned_up_and_lost() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    // The task owned this directory: its FINISHED checkpoint may be forged.
+    let old = dirs.sandboxes().join("old1");
+    std::fs::create_dir_all(old.join(".drover")).unwrap();
+    let forged = serde_json::json!({
+        "seq": 9, "task_id": "old1", "state": "FINISHED", "exit_reason": null,
+        "message": "forged", "timestamp_ms": 1, "executor_pid": 1, "processes": []
+    });
+    std::fs::write(old.join(".drover/status.json"), forged.to_string()).unwrap();
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    let lost = master.wait_for_state("old1", TaskState::Lost).await;
+    assert_eq!(lost.exit_reason, Some(ExitReason::ExecutorLost));
+    assert!(lost.message.contains("older"), "{}", lost.message);
+    for _ in 0..100 {
+        if !old.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!old.exists(), "the old sandbox is removed");
+    agent.stop().await;
+    assert!(master
+        .updates_for("old1")
+        .iter()
+        .all(|u| u.state != TaskState::Finished));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_executor_is_cleaned_up_and_reported_lost() {
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();

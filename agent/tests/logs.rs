@@ -1,18 +1,18 @@
 //! The log server: bytes from an offset with the total size, clear 404s, and no way
-//! out of a sandbox (names, `..`, symlinks).
+//! out of a task directory (names, `..`, symlinks, FIFOs, a swap race).
 
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::os::unix::fs::symlink;
 
-use drover_agent::logs::{resolve_log_path, router, LogError, LOG_SIZE_HEADER};
-use drover_agent::sandbox::Layout;
+use drover_agent::logs::{open_log, router, LogError, LogSource, LOG_SIZE_HEADER};
+use drover_common::layout::Layout;
 
 fn sandbox_with_log() -> (tempfile::TempDir, Layout) {
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout::new(dir.path().join("sandboxes"));
-    fs::create_dir_all(layout.drover_dir("t1").join("logs")).unwrap();
+    fs::create_dir_all(layout.task("t1").logs()).unwrap();
     fs::write(layout.log_file("t1", "web", "stdout"), b"hello world\n").unwrap();
     (dir, layout)
 }
@@ -26,55 +26,112 @@ fn names_that_could_climb_out_are_rejected() {
         ("t1", "../../x"),
         ("a/b", "web"),
     ] {
-        let err = resolve_log_path(&layout, task, process, "stdout").unwrap_err();
+        let err = open_log(&layout, task, process, "stdout").unwrap_err();
         assert!(
             matches!(err, LogError::InvalidName { .. }),
             "{task} {process}: {err}"
         );
     }
     assert!(matches!(
-        resolve_log_path(&layout, "t1", "web", "passwd"),
+        open_log(&layout, "t1", "web", "passwd"),
         Err(LogError::InvalidStream(_))
     ));
 }
 
 #[test]
-fn a_symlinked_log_escaping_the_sandbox_is_refused() {
+fn a_symlinked_log_fifo_or_directory_is_refused() {
     let (dir, layout) = sandbox_with_log();
     let secret = dir.path().join("secret");
     fs::write(&secret, b"secret").unwrap();
     symlink(&secret, layout.log_file("t1", "evil", "stdout")).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(layout.log_file("t1", "fifo", "stdout"))
+        .status()
+        .unwrap()
+        .success());
+    fs::create_dir(layout.log_file("t1", "dir", "stdout")).unwrap();
+    for process in ["evil", "fifo", "dir"] {
+        assert!(
+            matches!(
+                open_log(&layout, "t1", process, "stdout"),
+                Err(LogError::NotRegularFile { .. })
+            ),
+            "{process}"
+        );
+    }
+}
+
+#[test]
+fn a_symlinked_task_dir_or_logs_dir_is_not_followed() {
+    let (dir, layout) = sandbox_with_log();
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(outside.join("logs")).unwrap();
+    fs::write(outside.join("logs/web.stdout"), b"x").unwrap();
+    symlink(&outside, layout.task_dir("t2")).unwrap();
     assert!(matches!(
-        resolve_log_path(&layout, "t1", "evil", "stdout"),
-        Err(LogError::OutsideSandbox { .. })
+        open_log(&layout, "t2", "web", "stdout"),
+        Err(LogError::UnknownTask(_))
+    ));
+    fs::create_dir(layout.task_dir("t3")).unwrap();
+    symlink(outside.join("logs"), layout.task("t3").logs()).unwrap();
+    assert!(matches!(
+        open_log(&layout, "t3", "web", "stdout"),
+        Err(LogError::NotRegularFile { .. })
     ));
 }
 
 #[test]
-fn a_symlinked_sandbox_escaping_the_root_is_refused() {
+fn a_log_swapped_with_a_symlink_in_a_loop_never_serves_the_target() {
+    use std::io::Read;
     let (dir, layout) = sandbox_with_log();
-    let outside = dir.path().join("outside");
-    fs::create_dir_all(outside.join(".drover/logs")).unwrap();
-    fs::write(outside.join(".drover/logs/web.stdout"), b"x").unwrap();
-    symlink(&outside, layout.sandbox("t2")).unwrap();
-    assert!(matches!(
-        resolve_log_path(&layout, "t2", "web", "stdout"),
-        Err(LogError::OutsideSandbox { .. })
-    ));
+    let secret = dir.path().join("secret");
+    fs::write(&secret, b"SECRET").unwrap();
+    let log = layout.log_file("t1", "web", "stdout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, log, secret) = (stop.clone(), log.clone(), secret.clone());
+        let (file, link) = (log.with_extension("f"), log.with_extension("l"));
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = fs::write(&file, b"log line\n");
+                let _ = fs::rename(&file, &log);
+                let _ = symlink(&secret, &link);
+                let _ = fs::rename(&link, &log);
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let mut served = 0;
+    for _ in 0..3000 {
+        if let Ok(LogSource::File(mut f)) = open_log(&layout, "t1", "web", "stdout") {
+            let mut text = String::new();
+            f.read_to_string(&mut text).unwrap();
+            assert!(!text.contains("SECRET"), "served the symlink's target");
+            served += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(swapper.join().unwrap() > 0);
+    assert!(served > 0, "the regular file was served some of the time");
 }
 
 #[test]
 fn unknown_tasks_and_processes_are_not_found() {
     let (_dir, layout) = sandbox_with_log();
     assert!(matches!(
-        resolve_log_path(&layout, "nope", "web", "stdout"),
+        open_log(&layout, "nope", "web", "stdout"),
         Err(LogError::UnknownTask(_))
     ));
     assert!(matches!(
-        resolve_log_path(&layout, "t1", "db", "stdout"),
+        open_log(&layout, "t1", "db", "stdout"),
         Err(LogError::UnknownLog { .. })
     ));
-    assert!(resolve_log_path(&layout, "t1", "web", "stdout").is_ok());
+    assert!(matches!(
+        open_log(&layout, "t1", "web", "stdout"),
+        Ok(LogSource::File(_))
+    ));
 }
 
 #[tokio::test]

@@ -226,16 +226,16 @@ pub fn sandboxes(root: &Path) -> Vec<SandboxExecutor> {
         .collect()
 }
 
-/// The executor of one sandbox; None if it is not a sandbox.
+/// The executor of one task directory (`drover_common::layout`); None if it is not
+/// one (it has no `task.json`).
 pub fn inspect(sandbox: PathBuf) -> Option<SandboxExecutor> {
-    let area = sandbox.join(".drover");
-    if !area.is_dir() {
+    let task = drover_common::layout::TaskDir::new(&sandbox);
+    if !task.task_file().is_file() {
         return None;
     }
-    let status: Option<drover_common::wire::ExecutorStatus> =
-        std::fs::read(area.join("status.json"))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let status = std::fs::read(task.status_file())
+        .ok()
+        .and_then(|bytes| drover_common::wire::checkpointed_status(&bytes));
     Some(match status {
         Some(status) => SandboxExecutor {
             sandbox,
@@ -324,8 +324,9 @@ mod tests {
     #[test]
     fn sandboxes_without_a_live_executor_are_reported() {
         let root = tempfile::tempdir().unwrap();
-        let drover = root.path().join("task-1").join(".drover");
+        let drover = root.path().join("task-1");
         std::fs::create_dir_all(&drover).unwrap();
+        std::fs::write(drover.join("task.json"), "{}").unwrap();
         let status = serde_json::json!({
             "seq": 3, "task_id": "task-1", "state": "RUNNING", "exit_reason": null,
             "message": "", "timestamp_ms": 1, "executor_pid": std::process::id(),

@@ -4,6 +4,7 @@
 //! wall clock, in `state::now_ms`.
 
 pub mod configs;
+pub mod layout;
 pub mod parse;
 pub mod spec;
 pub mod state;

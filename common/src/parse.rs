@@ -477,6 +477,7 @@ const RESOURCES: &[Field] = &[
     req("ram", Kind::Size),
     req("disk", Kind::Size),
     opt("ports", Kind::StrList),
+    opt("pids", Kind::U32),
 ];
 
 const TASK: &[Field] = &[

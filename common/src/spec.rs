@@ -134,6 +134,22 @@ pub struct Resources {
     /// Named ports; each gets a number from the host's range at placement.
     #[serde(default)]
     pub ports: Vec<String>,
+    /// The most processes and threads the task may have at once (its cgroup's
+    /// `pids.max`); default [`DEFAULT_PIDS`], at most the host's `max_task_pids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+}
+
+/// `task.resources.pids` when the spec says nothing.
+pub const DEFAULT_PIDS: u64 = 1024;
+/// The largest `task.resources.pids` (and agent `max_task_pids`): Linux's own limit.
+pub const MAX_PIDS: u64 = 4_194_304;
+
+impl Resources {
+    /// The task's pids limit: `pids`, else [`DEFAULT_PIDS`].
+    pub fn pids_limit(&self) -> u64 {
+        self.pids.unwrap_or(DEFAULT_PIDS)
+    }
 }
 
 /// The kind of health check.

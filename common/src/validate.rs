@@ -354,6 +354,17 @@ fn resources(v: &mut Errors, task: &TaskSpec) {
             );
         }
     }
+    if let Some(pids) = r.pids {
+        if !(1..=crate::spec::MAX_PIDS).contains(&pids) {
+            v.push(
+                "task.resources.pids",
+                format!(
+                    "is {pids}; use a number of processes from 1 to {}, e.g. 256",
+                    crate::spec::MAX_PIDS
+                ),
+            );
+        }
+    }
     let mut seen = BTreeSet::new();
     for (i, port) in r.ports.iter().enumerate() {
         let field = format!("task.resources.ports[{i}]");

@@ -81,6 +81,7 @@ fn full_job() -> JobSpec {
                 ram: ByteSize::mib(256),
                 disk: ByteSize(1 << 30),
                 ports: vec!["http".into(), "admin".into()],
+                pids: Some(256),
             },
             max_failures: 2,
             max_concurrency: 1,

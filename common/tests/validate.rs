@@ -83,6 +83,18 @@ fn names_must_be_safe_path_components() {
 }
 
 #[test]
+fn the_pids_limit_is_bounded() {
+    assert!(fields_after(|j| j.task.resources.pids = Some(256)).is_empty());
+    for bad in [0, drover_common::spec::MAX_PIDS + 1] {
+        assert_eq!(
+            fields_after(|j| j.task.resources.pids = Some(bad)),
+            vec!["task.resources.pids"]
+        );
+    }
+    assert!(message_after(|j| j.task.resources.pids = Some(0)).contains("from 1 to"));
+}
+
+#[test]
 fn instances_are_bounded() {
     assert_eq!(fields_after(|j| j.instances = 0), vec!["instances"]);
     assert_eq!(fields_after(|j| j.instances = 10_001), vec!["instances"]);

@@ -141,7 +141,7 @@ fn bench_start() {
             json!({}),
         );
         let (run, t0) = start(&t);
-        let stamp: u128 = wait_file(&run.sandbox.join("stamp"), Duration::from_secs(10))
+        let stamp: u128 = wait_file(&run.sandbox.join("sandbox/stamp"), Duration::from_secs(10))
             .trim()
             .parse()
             .unwrap();
@@ -191,7 +191,7 @@ fn bench_memory() {
             .collect();
         std::thread::sleep(Duration::from_secs(6));
         let (pss, rss) = smaps(runs[0].child.id());
-        let checks = std::fs::read_to_string(runs[0].sandbox.join("rec"))
+        let checks = std::fs::read_to_string(runs[0].sandbox.join("sandbox/rec"))
             .unwrap_or_default()
             .lines()
             .count();
@@ -202,10 +202,7 @@ fn bench_memory() {
 }
 
 fn first_pid(sandbox: &Path) -> i32 {
-    let text = wait_file(
-        &sandbox.join(".drover/status.json"),
-        Duration::from_secs(10),
-    );
+    let text = wait_file(&sandbox.join("status.json"), Duration::from_secs(10));
     let status = drover_common::wire::checkpointed_status(text.as_bytes())
         .expect("a whole status in the checkpoint");
     status.processes[0].pid.expect("the first process's pid") as i32
@@ -249,7 +246,7 @@ fn bench_escalation() {
     )
     .unwrap();
     let died = wait_dead(pid);
-    let rec = recorded(&run.sandbox.join("rec"));
+    let rec = recorded(&run.sandbox.join("sandbox/rec"));
     let at = |what: &str| {
         rec.iter()
             .find(|(_, r)| r == what)
@@ -304,7 +301,7 @@ fn bench_drift() {
         port,
     ));
     std::thread::sleep(Duration::from_millis(12_500));
-    let checks: Vec<u64> = recorded(&run.sandbox.join("rec"))
+    let checks: Vec<u64> = recorded(&run.sandbox.join("sandbox/rec"))
         .into_iter()
         .filter(|(_, r)| r == "GET /health")
         .map(|(t, _)| t)

@@ -124,7 +124,7 @@ def run_agent_style(binary, work, spec):
     os.close(w)
     os.read(r, 1)
     os.close(r)
-    sock_path = os.path.join(sandbox, ".drover", "executor.sock")
+    sock_path = os.path.join(sandbox, "executor.sock")
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
     s.sendall(b'{"op":"subscribe","after_seq":0}\n')

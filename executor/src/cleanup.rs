@@ -1,5 +1,7 @@
 //! `drover-executor cleanup`: what the agent runs after an executor died. Kills
-//! everything left in the task's cgroup and removes the cgroup. Idempotent.
+//! everything left in the task's cgroup and removes the cgroup. Idempotent. It reads
+//! and removes only root's files in the task directory (`task.json`, `executor.sock`),
+//! never anything in the task's `sandbox/`.
 
 use std::path::{Path, PathBuf};
 

@@ -28,6 +28,7 @@ fn task(processes: Vec<ProcessSpec>, order: &[&[&str]]) -> TaskSpec {
             ram: ByteSize::mib(64),
             disk: ByteSize::mib(64),
             ports: vec![],
+            pids: None,
         },
         max_failures: 1,
         max_concurrency: 0,

@@ -15,12 +15,14 @@ drover-executor: runs one Drover task (sandbox, cgroup, processes, health checks
 
 usage:
   drover-executor run --task FILE --sandbox DIR [options]
+      (DIR is the task directory, root's; the processes work in DIR/sandbox)
       --no-isolation            run without a cgroup and without switching users
       --allow-root              allow a task to run as root (its spec must allow it too)
       --recovery-timeout DUR    kill the task when no agent was connected this long [15m]
       --cgroup-parent NAME      the task cgroup is NAME/<task_id> [drover]
       --cgroup-root DIR         where the cgroup filesystem is mounted [/sys/fs/cgroup]
-      --pids-max N              the task cgroup's pids limit [4096]
+      --pids-max N              the most task.resources.pids may ask for; the default
+                                limit (1024) is cut to it [4096]
       --log-max-size SIZE       rotate process logs at this size [100MiB]
       --log-max-files N         rotated log files kept per stream [5]
       --ready-fd N              write a byte to (and close) inherited fd N once the socket listens

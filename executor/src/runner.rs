@@ -48,7 +48,8 @@ pub struct Options {
     pub cgroup_parent: String,
     /// Where the cgroup filesystem is mounted.
     pub cgroup_root: PathBuf,
-    /// The pids limit of the task's cgroup.
+    /// The host's maximum pids limit per task: a task asking for more
+    /// (`task.resources.pids`) fails setup; the default limit is cut to it.
     pub pids_max: u64,
     /// Log rotation: bytes per file.
     pub log_max_bytes: u64,
@@ -112,7 +113,7 @@ struct Runner {
     opts: Options,
     task: ExecutorTask,
     layout: Layout,
-    /// `.drover/status.json`, appended to by [`Runner::flush`].
+    /// `status.json`, appended to by [`Runner::flush`].
     checkpoint: Checkpoint,
     machine: Machine,
     cgroup: Option<FsCgroup>,
@@ -354,11 +355,15 @@ impl Runner {
         }
         let user: TaskUser = sandbox::resolve_user(&task, task.task.allow_root, opts.allow_root)
             .map_err(|e| {
-                let _ = std::fs::create_dir_all(layout.area());
+                use std::os::unix::fs::DirBuilderExt;
+                let _ = std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(drover_common::layout::ROOT_DIR_MODE)
+                    .create(layout.area());
                 fail(e.into(), &layout)
             })?;
         layout.create(&user).map_err(|e| fail(e.into(), &layout))?;
-        // The agent hands over `.drover/task.json` itself: no copy needed (one file
+        // The agent hands over the task directory's `task.json` itself: no copy needed (one file
         // less to create per task). Compared as absolute paths, like the sandbox's.
         let task_file = std::path::absolute(&opts.task_file).unwrap_or(opts.task_file.clone());
         if task_file != layout.task_file() {
@@ -366,13 +371,15 @@ impl Runner {
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
+        let pids = task_pids_limit(task.task.resources.pids, opts.pids_max)
+            .map_err(|e| fail(SetupError::Other(e), &layout))?;
         // A new cgroup's OOM counter starts at 0; a leftover's is read below.
         let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {
             let limits = Limits {
                 cpu: task.task.resources.cpu,
                 memory_bytes: task.task.resources.ram.bytes(),
-                pids: opts.pids_max,
+                pids,
             };
             // A cgroup left over from an earlier executor of this task is emptied and
             // removed first.
@@ -386,7 +393,7 @@ impl Runner {
             name: task.name.clone(),
             instance: task.instance,
             task_id: task.task_id.clone(),
-            sandbox: layout.root.display().to_string(),
+            sandbox: layout.work.display().to_string(),
             ports: task.ports.clone(),
         };
         let render = |text: &str, what: String| {
@@ -394,7 +401,7 @@ impl Runner {
                 .map_err(|e| fail(SetupError::Other(format!("{what}: {e}")), &layout))
         };
         let mut env = ctx.environment();
-        env.push(("HOME".into(), layout.root.display().to_string()));
+        env.push(("HOME".into(), layout.work.display().to_string()));
         env.push(("USER".into(), user.name.clone()));
         for (k, v) in &task.task.env {
             env.push((k.clone(), render(v, format!("task.env.{k}"))?));
@@ -622,7 +629,7 @@ impl Runner {
         self.emit(
             TaskState::Starting,
             None,
-            format!("sandbox {} ready, {isolation}", self.layout.root.display()),
+            format!("sandbox {} ready, {isolation}", self.layout.work.display()),
         );
         if self.health.is_none() && self.machine.any_running() {
             self.emit(TaskState::Running, None, "processes started".into());
@@ -1101,7 +1108,7 @@ impl Runner {
         let name = self.machine.name(idx).to_string();
         let cmdline = self.cmdlines[idx].clone();
         self.spawned += 1;
-        let mut cmd = match spawn::task_command(&cmdline, &self.layout.root, &self.env, &self.iso) {
+        let mut cmd = match spawn::task_command(&cmdline, &self.layout.work, &self.env, &self.iso) {
             Ok(cmd) => cmd,
             Err(error) => {
                 self.machine.failed_to_start(
@@ -1141,7 +1148,7 @@ impl Runner {
                 idx,
                 ExitReason::FailedToStart {
                     process: name,
-                    error: spawn::spawn_error(&cmdline, &self.layout.root, &e),
+                    error: spawn::spawn_error(&cmdline, &self.layout.work, &e),
                 },
                 now,
             ),
@@ -1153,7 +1160,7 @@ impl Runner {
             return;
         }
         // Looked at only when a check is due (a stat per tick otherwise).
-        let snoozed = self.layout.snooze_file().exists();
+        let snoozed = self.layout.snoozed();
         let Some(h) = self.health.as_mut() else {
             return;
         };
@@ -1190,7 +1197,7 @@ impl Runner {
             HealthCheckType::Shell => {
                 let shown = h.command.clone().unwrap_or_default();
                 self.spawned += 1;
-                let cmd = spawn::check_command(&shown, &self.layout.root, &self.env, &self.iso);
+                let cmd = spawn::check_command(&shown, &self.layout.work, &self.env, &self.iso);
                 tokio::spawn(async move {
                     let r = health::check_shell(cmd, &shown, timeout).await;
                     let _ = tx.send(Event::Health(r));
@@ -1238,19 +1245,40 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
     }
 }
 
-/// Binds the executor's socket, through the sandbox's `.drover` directory when the path
-/// is too long for a Unix socket address (see `wire::socket_address`). A socket file
-/// left by an earlier executor of this task (bind says `EADDRINUSE`) is replaced.
+/// The task cgroup's pids limit (pure): what the spec asks for, refused above the
+/// host's maximum `host_max`; without a request [`DEFAULT_PIDS`], cut to `host_max`.
+///
+/// [`DEFAULT_PIDS`]: drover_common::spec::DEFAULT_PIDS
+fn task_pids_limit(requested: Option<u64>, host_max: u64) -> Result<u64, String> {
+    match requested {
+        Some(n) if n > host_max => Err(format!(
+            "task.resources.pids is {n} but this host allows at most {host_max} per task (agent max_task_pids); ask for fewer"
+        )),
+        Some(n) => Ok(n),
+        None => Ok(drover_common::spec::DEFAULT_PIDS.min(host_max)),
+    }
+}
+
+/// Binds the executor's socket, through the task directory when the path is too long
+/// for a Unix socket address (see `wire::socket_address`), and makes it root's alone
+/// (mode 0600). A socket file left by an earlier executor of this task (bind says
+/// `EADDRINUSE`) is replaced.
 fn bind_socket(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
     let (address, _dir) =
         drover_common::wire::socket_address(path, |dir| std::fs::File::open(dir))?;
-    match tokio::net::UnixListener::bind(&address) {
+    let listener = match tokio::net::UnixListener::bind(&address) {
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             std::fs::remove_file(path)?;
-            tokio::net::UnixListener::bind(address)
+            tokio::net::UnixListener::bind(&address)
         }
         other => other,
-    }
+    }?;
+    std::fs::set_permissions(
+        &address,
+        std::fs::Permissions::from_mode(drover_common::layout::PRIVATE_FILE_MODE),
+    )?;
+    Ok(listener)
 }
 
 #[cfg(test)]
@@ -1260,7 +1288,7 @@ mod tests {
     #[tokio::test]
     async fn the_socket_binds_where_it_belongs_even_past_sun_path_max() {
         let dir = tempfile::tempdir().unwrap();
-        let area = dir.path().join("d".repeat(120)).join(".drover");
+        let area = dir.path().join("d".repeat(120)).join("t");
         std::fs::create_dir_all(&area).unwrap();
         let socket = area.join("executor.sock");
         assert!(socket.as_os_str().len() > drover_common::wire::SUN_PATH_MAX);
@@ -1269,6 +1297,20 @@ mod tests {
         let short = dir.path().join("executor.sock");
         let _short_listener = bind_socket(&short).unwrap();
         assert!(short.exists());
+    }
+
+    #[test]
+    fn the_pids_limit_comes_from_the_spec_within_the_host_maximum() {
+        assert_eq!(task_pids_limit(Some(64), 4096), Ok(64));
+        assert_eq!(task_pids_limit(Some(4096), 4096), Ok(4096));
+        assert!(task_pids_limit(Some(4097), 4096)
+            .unwrap_err()
+            .contains("task.resources.pids is 4097"));
+        assert_eq!(
+            task_pids_limit(None, 4096),
+            Ok(drover_common::spec::DEFAULT_PIDS)
+        );
+        assert_eq!(task_pids_limit(None, 100), Ok(100));
     }
 
     #[tokio::test]

@@ -1,27 +1,29 @@
-//! The sandbox on disk: the task's working directory (owned by the task user, mode
-//! 0700) and the executor's area `.drover/` in it (task.json, the status checkpoint
-//! status.json, executor.sock, rotated process logs under `logs/`, created on a
-//! process's first byte of output). Also who the task runs as.
+//! The task directory on disk ([`drover_common::layout`]): root's area (task.json,
+//! the status checkpoint status.json, executor.sock, rotated process logs under
+//! `logs/`, created on a process's first byte of output) and in it `sandbox/`, the
+//! task's working directory (owned by the task user, mode 0700), the only part the
+//! task can write. Also who the task runs as.
 
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
+use drover_common::layout::{self, TaskDir};
 use drover_common::wire::{checkpointed_status, ExecutorStatus, ExecutorTask};
 use nix::unistd::{Gid, Uid, User};
 
-/// `.drover/` of a forked executor whose `executor.stderr` is created on its first
+/// The task directory of a forked executor whose `executor.stderr` is created on its first
 /// line ([`defer_stderr`]).
 static DEFERRED_STDERR: OnceLock<OwnedFd> = OnceLock::new();
 /// Whether [`open_deferred_stderr`] ran.
 static STDERR_OPENED: AtomicBool = AtomicBool::new(false);
 
-/// Makes this process create `executor.stderr` in the directory `dir` (the sandbox's
-/// `.drover/`) only when it first writes to stderr ([`diag!`](crate::diag), a panic),
+/// Makes this process create `executor.stderr` in the directory `dir` (the task
+/// directory) only when it first writes to stderr ([`diag!`](crate::diag), a panic),
 /// and put it on descriptor 2 then; until then descriptor 2 is whatever the caller
 /// left there (/dev/null). An executor that has nothing to say costs no file.
 pub fn defer_stderr(dir: OwnedFd) {
@@ -52,8 +54,8 @@ pub fn open_deferred_stderr() {
         let fd = libc::openat(
             dir.as_raw_fd(),
             c"executor.stderr".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
-            0o644 as libc::c_uint,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            layout::PRIVATE_FILE_MODE as libc::c_uint,
         );
         if fd >= 0 {
             libc::dup2(fd, 2);
@@ -72,11 +74,14 @@ macro_rules! diag {
     }};
 }
 
-/// The sandbox's paths.
+/// The task directory's paths ([`drover_common::layout`]): `dir`, root's, and
+/// `work`, its `sandbox/`, the processes' working directory.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    /// The processes' working directory.
-    pub root: PathBuf,
+    /// The task directory.
+    pub dir: TaskDir,
+    /// `sandbox/`: the processes' working directory, the task user's.
+    pub work: PathBuf,
 }
 
 /// Who the processes run as.
@@ -112,57 +117,101 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> SandboxError + '_ {
 }
 
 impl Layout {
-    /// The layout of the sandbox at `root`.
-    pub fn new(root: &Path) -> Layout {
+    /// The layout of the task directory at `dir`.
+    pub fn new(dir: &Path) -> Layout {
+        let dir = TaskDir::new(dir);
         Layout {
-            root: root.to_path_buf(),
+            work: dir.sandbox(),
+            dir,
         }
     }
-    /// `.drover/`.
-    pub fn area(&self) -> PathBuf {
-        self.root.join(".drover")
+    /// The task directory.
+    pub fn area(&self) -> &Path {
+        self.dir.path()
     }
-    /// `.drover/task.json`.
+    /// `task.json`.
     pub fn task_file(&self) -> PathBuf {
-        self.area().join("task.json")
+        self.dir.task_file()
     }
-    /// `.drover/status.json`.
+    /// `status.json`.
     pub fn status_file(&self) -> PathBuf {
-        self.area().join("status.json")
+        self.dir.status_file()
     }
-    /// `.drover/executor.sock`.
+    /// `executor.sock`.
     pub fn socket(&self) -> PathBuf {
-        self.area().join("executor.sock")
+        self.dir.socket()
     }
-    /// `.drover/logs/`.
+    /// `logs/`.
     pub fn logs(&self) -> PathBuf {
-        self.area().join("logs")
+        self.dir.logs()
     }
-    /// `.healthchecksnooze`: while it exists, health checks pause.
-    pub fn snooze_file(&self) -> PathBuf {
-        self.root.join(".healthchecksnooze")
+    /// Whether `sandbox/.healthchecksnooze` exists (any entry by that name: it is
+    /// never followed).
+    pub fn snoozed(&self) -> bool {
+        fs::symlink_metadata(self.dir.snooze_file()).is_ok()
     }
 
-    /// Creates the directories (idempotent): the root for the task user with mode
-    /// 0700 and `.drover/` for the executor (root when root). `logs/` is created by
-    /// the first log file ([`RotatingLog::open`]): a task whose processes print
-    /// nothing costs no log directory and no log files.
+    /// Creates the task directory (root's, mode 0711 when root; idempotent) and in it
+    /// `sandbox/` for the task user with mode 0700. `sandbox/` is chowned and chmodded
+    /// through a descriptor opened without following links, so an existing entry by
+    /// that name that is not a directory fails setup instead of being followed.
+    /// `logs/` is created by the first log file ([`RotatingLog::open`]): a task whose
+    /// processes print nothing costs no log directory and no log files.
     pub fn create(&self, user: &TaskUser) -> Result<(), SandboxError> {
-        let mut builder = fs::DirBuilder::new();
-        builder.recursive(true).mode(0o700);
-        for dir in [&self.root, &self.area()] {
-            builder.create(dir).map_err(io_err(dir))?;
+        let area = self.area();
+        match fs::DirBuilder::new()
+            .mode(layout::ROOT_DIR_MODE)
+            .create(area)
+        {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::DirBuilder::new()
+                .recursive(true)
+                .mode(layout::ROOT_DIR_MODE)
+                .create(area)
+                .map_err(io_err(area))?,
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(area)(e)),
+            _ => {}
         }
-        fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700))
-            .map_err(io_err(&self.root))?;
+        // Only root (or, without isolation, the user itself) may write the task
+        // directory; a symlink or a file in its place is refused.
+        let meta = fs::symlink_metadata(area).map_err(io_err(area))?;
+        if !meta.is_dir() {
+            return Err(io_err(area)(io::Error::other(
+                "the task directory is not a directory",
+            )));
+        }
+        if user.switch && meta.uid() != 0 {
+            return Err(io_err(area)(io::Error::other(format!(
+                "the task directory is owned by uid {}, not root; it may be an older layout's sandbox: remove it",
+                meta.uid()
+            ))));
+        }
+        if meta.mode() & 0o7777 != layout::ROOT_DIR_MODE {
+            fs::set_permissions(area, fs::Permissions::from_mode(layout::ROOT_DIR_MODE))
+                .map_err(io_err(area))?;
+        }
+        let work = &self.work;
+        match fs::DirBuilder::new()
+            .mode(layout::PRIVATE_DIR_MODE)
+            .create(work)
+        {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(work)(e)),
+            _ => {}
+        }
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(work)
+            .map_err(io_err(work))?;
+        dir.set_permissions(fs::Permissions::from_mode(layout::PRIVATE_DIR_MODE))
+            .map_err(io_err(work))?;
         if user.switch {
-            nix::unistd::chown(
-                &self.root,
+            nix::unistd::fchown(
+                dir.as_raw_fd(),
                 Some(Uid::from_raw(user.uid)),
                 Some(Gid::from_raw(user.gid)),
             )
             .map_err(|e| SandboxError::Io {
-                path: self.root.clone(),
+                path: work.clone(),
                 source: e.into(),
             })?;
         }
@@ -178,7 +227,10 @@ impl Layout {
         // A copy for people and `cleanup`; the agent keeps the original, so no fsync
         // on the way to the first process.
         let tmp = self.task_file().with_extension("json.tmp");
-        fs::write(&tmp, &text)
+        private_file(false)
+            .truncate(true)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&text))
             .and_then(|()| fs::rename(&tmp, self.task_file()))
             .map_err(io_err(&self.task_file()))
     }
@@ -189,10 +241,26 @@ impl Layout {
     }
 }
 
+/// Options for a file root keeps in the task directory: mode 0600 when created, never
+/// through a symlink, closed on exec. Write access (appending when `append`).
+fn private_file(append: bool) -> fs::OpenOptions {
+    let mut options = fs::OpenOptions::new();
+    options
+        .create(true)
+        .mode(layout::PRIVATE_FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    if append {
+        options.append(true);
+    } else {
+        options.write(true);
+    }
+    options
+}
+
 /// Above this size the checkpoint file is rewritten with only the current status.
 const CHECKPOINT_COMPACT_AT: u64 = 64 * 1024;
 
-/// The task's checkpoint, `.drover/status.json`: every status the executor reports is
+/// The task's checkpoint, `status.json` in the task directory: every status the executor reports is
 /// first appended to it as one JSON line, through a descriptor kept open, so a task
 /// costs one inode for all its checkpoints and no rename. A reader takes the last line
 /// that parses ([`checkpointed_status`]): a crash can tear only the line being written,
@@ -244,11 +312,7 @@ impl Checkpoint {
             // unless it is full or ends in a torn line, which the new line would
             // otherwise continue.
             None => {
-                let file = fs::OpenOptions::new()
-                    .read(true)
-                    .append(true)
-                    .create(true)
-                    .open(&self.path)?;
+                let file = private_file(true).read(true).open(&self.path)?;
                 let len = file.metadata()?.len();
                 if fits(len) && (len == 0 || ends_in_newline(&file, len)?) {
                     (file, len)
@@ -269,11 +333,7 @@ impl Checkpoint {
     /// write may have torn): created beside it and renamed over it.
     fn replace_file(&mut self) -> io::Result<fs::File> {
         let tmp = self.path.with_extension("json.tmp");
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
+        let file = private_file(false).truncate(true).open(&tmp)?;
         fs::rename(&tmp, &self.path)?;
         self.renamed = true;
         Ok(file)
@@ -365,7 +425,7 @@ pub fn resolve_user(
 }
 
 fn open_append(path: &Path) -> io::Result<fs::File> {
-    fs::OpenOptions::new().create(true).append(true).open(path)
+    private_file(true).open(path)
 }
 
 /// A log file that rotates: `<name>` then `<name>.1` ... `<name>.<keep>`.
@@ -456,7 +516,7 @@ mod tests {
         }
     }
 
-    /// A sandbox in a temp dir with its `.drover/`.
+    /// A task directory in a temp dir.
     fn sandbox_with_area() -> (tempfile::TempDir, Layout) {
         let dir = tempfile::tempdir().unwrap();
         let layout = Layout::new(dir.path());
@@ -522,6 +582,62 @@ mod tests {
         assert_eq!(layout.read_status(), Some(lost));
     }
 
+    fn me() -> TaskUser {
+        TaskUser {
+            name: "me".into(),
+            uid: Uid::current().as_raw(),
+            gid: Gid::current().as_raw(),
+            groups: vec![],
+            switch: false,
+        }
+    }
+
+    #[test]
+    fn create_makes_a_private_task_dir_around_the_tasks_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(&dir.path().join("root/t1"));
+        layout.create(&me()).unwrap();
+        layout.create(&me()).unwrap();
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(layout.area()), 0o711);
+        assert_eq!(mode(&layout.work), 0o700);
+        assert_eq!(layout.work, dir.path().join("root/t1/sandbox"));
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_sandbox_or_task_dir_is_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::create_dir(&target).unwrap();
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).unwrap();
+        let layout = Layout::new(&dir.path().join("t1"));
+        fs::create_dir(layout.area()).unwrap();
+        std::os::unix::fs::symlink(&target, &layout.work).unwrap();
+        assert!(layout.create(&me()).is_err());
+        let linked = Layout::new(&dir.path().join("t2"));
+        std::os::unix::fs::symlink(&target, linked.area()).unwrap();
+        assert!(linked.create(&me()).is_err());
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "the link's target was not chmodded");
+        assert!(!target.join("sandbox").exists());
+    }
+
+    #[test]
+    fn roots_files_are_never_opened_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        fs::write(&outside, b"keep").unwrap();
+        let log = dir.path().join("p.stdout");
+        std::os::unix::fs::symlink(&outside, &log).unwrap();
+        assert!(RotatingLog::open(log, 100, 1).is_err());
+        let checkpoint = dir.path().join("status.json");
+        std::os::unix::fs::symlink(&outside, &checkpoint).unwrap();
+        assert!(Checkpoint::new(checkpoint)
+            .append(&status(1, TaskState::Running, ""))
+            .is_err());
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
+    }
+
     #[test]
     fn logs_rotate_and_keep_n_files() {
         let dir = tempfile::tempdir().unwrap();
@@ -545,7 +661,7 @@ mod tests {
     #[test]
     fn a_log_creates_its_missing_directory_private() {
         let dir = tempfile::tempdir().unwrap();
-        let logs = dir.path().join(".drover/logs");
+        let logs = dir.path().join("t/logs");
         let mut log = RotatingLog::open(logs.join("p.stderr"), 100, 1).unwrap();
         log.write(b"x").unwrap();
         assert_eq!(fs::read_to_string(logs.join("p.stderr")).unwrap(), "x");

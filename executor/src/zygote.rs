@@ -5,8 +5,8 @@
 //!
 //! Protocol (`wire::ZygoteRequest` / `wire::ZygoteReply`) on the inherited
 //! SOCK_SEQPACKET socket: the zygote says `ready` once; then per request (the `run`
-//! arguments, with the readiness pipe's write end and the stderr file (or `.drover/`,
-//! where the executor then creates `executor.stderr` on its first line) attached by
+//! arguments, with the readiness pipe's write end and the stderr file (or the task
+//! directory, where the executor then creates `executor.stderr` on its first line) attached by
 //! SCM_RIGHTS) it forks, and answers `started` with the child's pidfd attached, or
 //! `failed` when nothing was forked. It exits when the agent's end closes; executors
 //! already forked keep running (each leads its own session), as after an agent crash.
@@ -31,7 +31,7 @@ use crate::runner::Options;
 /// Largest request accepted (a run command line is a few hundred bytes).
 const MAX_MESSAGE: usize = 64 * 1024;
 /// Descriptors a request carries: the readiness pipe's write end, the stderr file (or
-/// the sandbox's `.drover/` directory: stderr deferred, see `sandbox::defer_stderr`);
+/// the task directory: stderr deferred, see `sandbox::defer_stderr`);
 /// optionally one more, the agent's connection to the executor (a connected stream
 /// socket, `Options::agent_fd`).
 const REQUEST_FDS: usize = 2;
@@ -172,9 +172,10 @@ fn start(
     };
     let mut opts = parse(args)?;
     opts.migration_warm = migration_warm;
-    // Opened here so that a missing sandbox is answered instead of failing in the child.
-    let sandbox = File::open(&opts.sandbox)
-        .map_err(|e| format!("sandbox {}: {e}", opts.sandbox.display()))?;
+    // Opened here so that a missing task directory is answered instead of failing in
+    // the child; root's, so it is opened by path, but never through a symlink.
+    let sandbox = open_dir_nofollow(&opts.sandbox)
+        .map_err(|e| format!("task directory {}: {e}", opts.sandbox.display()))?;
     match fork_process().map_err(|e| format!("fork: {e}"))? {
         Some(pid) => {
             // The child is not reaped before this (SIGCHLD is blocked and only the
@@ -189,7 +190,7 @@ fn start(
             Ok((pid as u32, pidfd))
         }
         None => {
-            // A directory instead of a file: `.drover/`, where `executor.stderr` is
+            // A directory instead of a file: the task directory, where `executor.stderr` is
             // created on the executor's first line (until then stderr is /dev/null).
             let deferred = nix::sys::stat::fstat(stderr.as_raw_fd())
                 .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
@@ -236,7 +237,8 @@ fn exit_now(code: i32) -> ! {
 /// In a freshly forked child: undo what the zygote changed (its socket, SIGCHLD's
 /// handler and mask: tasks exec'd later would inherit a blocked mask), then take the
 /// shape an exec'd executor has: own session, stdin and stdout null, stderr to the
-/// given file, working directory the sandbox.
+/// given file, working directory the task directory (root's; the processes work in
+/// its `sandbox/`).
 fn become_executor(
     socket: &OwnedFd,
     null: &File,
@@ -253,6 +255,15 @@ fn become_executor(
     nix::unistd::dup2(stderr.as_raw_fd(), 2)?;
     nix::unistd::fchdir(sandbox.as_raw_fd())?;
     Ok(())
+}
+
+/// Opens a directory for `fchdir`, refusing a symlink in its place.
+fn open_dir_nofollow(path: &std::path::Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// Sends one reply; false when the agent is gone (EPIPE), which ends the zygote.

@@ -30,7 +30,7 @@ fn http_task(
         json!({
             "processes": [{
                 "name": "svc",
-                "cmdline": format!("exec ../{SERVICE} --port {{{{ports.health}}}} --record rec {service_flags}"),
+                "cmdline": format!("exec ../../{SERVICE} --port {{{{ports.health}}}} --record rec {service_flags}"),
             }],
             "resources": {"cpu": 1.0, "ram": "256MiB", "disk": "64MiB", "ports": ["health"]},
         }),
@@ -426,7 +426,7 @@ fn a_killed_client_leaves_the_task_running_and_a_new_client_gets_missed_updates(
     );
     let mut ex = Exec::start(&task, &["--recovery-timeout", "30s"]);
     let running = ex.wait_state(TaskState::Running, LONG);
-    let sock = ex.path(".drover/executor.sock");
+    let sock = ex.area("executor.sock");
     // The agent stand-in: a process that subscribes, then dies by SIGKILL.
     let mut agent = std::process::Command::new("/usr/bin/python3")
         .arg("-c")
@@ -462,7 +462,7 @@ fn a_killed_client_leaves_the_task_running_and_a_new_client_gets_missed_updates(
         running.seq + 1,
         "the replay starts right after after_seq"
     );
-    let checkpoint = checkpointed_status(&std::fs::read(ex.path(".drover/status.json")).unwrap());
+    let checkpoint = checkpointed_status(&std::fs::read(ex.area("status.json")).unwrap());
     assert_eq!(checkpoint, Some(missed));
     // Kill through the socket; the terminal status arrives there, then the executor exits.
     writeln!(s, "{}", json!({"op": "kill"})).unwrap();
@@ -573,7 +573,7 @@ fn process_output_goes_to_rotated_log_files() {
         ],
     );
     assert_eq!(ex.wait_terminal(LONG).state, TaskState::Finished);
-    let logs = ex.path(".drover/logs");
+    let logs = ex.area("logs");
     let read = |f: &str| std::fs::read_to_string(logs.join(f)).unwrap_or_default();
     assert_eq!(read("chatty.stderr"), "oops\n");
     let all = format!(
@@ -616,10 +616,10 @@ fn a_silent_task_leaves_no_log_files_and_reports_every_status() {
         states,
         [TaskState::Starting, TaskState::Running, TaskState::Finished]
     );
-    let checkpoint = checkpointed_status(&std::fs::read(ex.path(".drover/status.json")).unwrap());
+    let checkpoint = checkpointed_status(&std::fs::read(ex.area("status.json")).unwrap());
     assert_eq!(checkpoint, Some(end));
     assert!(
-        !ex.path(".drover/logs").exists(),
+        !ex.area("logs").exists(),
         "logs are created on the first byte of output"
     );
 }

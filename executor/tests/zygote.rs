@@ -101,7 +101,7 @@ fn run_task(ours: &OwnedFd, dir: &Path, name: &str, cmdline: &str) -> Started {
 }
 
 /// `run_task`, handing the executor `connection` (the agent's connection) too, and
-/// with `deferred_stderr` `.drover/` instead of the stderr file.
+/// with `deferred_stderr` the task directory instead of the stderr file.
 fn run_task_with(
     ours: &OwnedFd,
     dir: &Path,
@@ -117,13 +117,13 @@ fn run_task_with(
         json!({}),
     );
     let sandbox = dir.join(name);
-    std::fs::create_dir_all(sandbox.join(".drover")).unwrap();
+    std::fs::create_dir_all(&sandbox).unwrap();
     let task_file = dir.join(format!("{name}.json"));
     std::fs::write(&task_file, serde_json::to_vec(&task).unwrap()).unwrap();
     let stderr = if deferred_stderr {
-        std::fs::File::open(sandbox.join(".drover")).unwrap()
+        std::fs::File::open(&sandbox).unwrap()
     } else {
-        std::fs::File::create(sandbox.join(".drover/executor.stderr")).unwrap()
+        std::fs::File::create(sandbox.join("executor.stderr")).unwrap()
     };
     let (ready_rx, ready_tx) = nix::unistd::pipe().unwrap();
     let request = ZygoteRequest {
@@ -160,7 +160,7 @@ impl Started {
     fn subscribe(&mut self) -> (UnixStream, BufReader<UnixStream>) {
         let mut byte = [0u8; 1];
         assert_eq!(self.ready.read(&mut byte).unwrap(), 1, "readiness byte");
-        let mut s = UnixStream::connect(self.sandbox.join(".drover/executor.sock")).unwrap();
+        let mut s = UnixStream::connect(self.sandbox.join("executor.sock")).unwrap();
         writeln!(s, "{}", json!({"op": "subscribe", "after_seq": 0})).unwrap();
         s.set_read_timeout(Some(LONG)).unwrap();
         let r = BufReader::new(s.try_clone().unwrap());
@@ -222,7 +222,7 @@ fn zygote_forks_executors_reaps_them_and_exits_with_the_agent_leaving_them_runni
         !Path::new(&format!("/proc/{}", short.pid)).exists()
     });
     let checkpoint =
-        checkpointed_status(&std::fs::read(short.sandbox.join(".drover/status.json")).unwrap());
+        checkpointed_status(&std::fs::read(short.sandbox.join("status.json")).unwrap());
     assert_eq!(checkpoint.map(|c| c.state), Some(TaskState::Finished));
 
     // A bad request forks nothing and the zygote keeps serving.
@@ -300,14 +300,14 @@ fn an_executor_given_the_agents_connection_binds_its_socket_only_once_it_closes(
     s.set_read_timeout(Some(LONG)).unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let running = until(&mut r, TaskState::Running);
-    let socket = task.sandbox.join(".drover/executor.sock");
+    let socket = task.sandbox.join("executor.sock");
     assert!(
         !socket.exists(),
         "no socket while the agent's connection lasts"
     );
-    // Handed `.drover/` for its stderr, the executor creates `executor.stderr` only
+    // Handed the task directory for its stderr, the executor creates `executor.stderr` only
     // when it has something to say.
-    let stderr_file = task.sandbox.join(".drover/executor.stderr");
+    let stderr_file = task.sandbox.join("executor.stderr");
     assert!(
         !stderr_file.exists(),
         "no stderr file before the first line"

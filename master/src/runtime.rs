@@ -189,10 +189,16 @@ impl Master {
 
 /// Opens the store in `data_dir`, loads it and starts the writer.
 pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
-    std::fs::create_dir_all(&config.data_dir).map_err(|source| RunError::DataDir {
-        path: config.data_dir.clone(),
-        source,
-    })?;
+    // The store holds every job's `task.env`: the data dir is the master's alone.
+    std::fs::create_dir_all(&config.data_dir)
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o700))
+        })
+        .map_err(|source| RunError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
     let mut store = SqliteStore::open(&config.data_dir.join(DB_FILE))?;
     let started = std::time::Instant::now();
     let snapshot = store.load()?;

@@ -29,6 +29,11 @@ pub enum StoreError {
         path: PathBuf,
         source: rusqlite::Error,
     },
+    #[error("cannot make the store at {path} private (mode 0600): {source}; check the data dir is the master's")]
+    Permissions {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("store {op} failed: {source}")]
     Sql {
         op: &'static str,
@@ -58,6 +63,29 @@ pub trait Store: Send + 'static {
     fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError>;
 }
 
+/// Creates the database file with mode 0600 when missing (SQLite gives its `-wal` and
+/// `-shm` files the database's mode), and makes the three 0600 when they exist.
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?,
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The embedded SQLite store in `<data_dir>/drover.db`.
 pub struct SqliteStore {
     conn: Connection,
@@ -74,6 +102,10 @@ impl SqliteStore {
             path: path.to_path_buf(),
             source,
         };
+        private_files(path).map_err(|source| StoreError::Permissions {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let conn = Connection::open(path).map_err(open_err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;

@@ -71,6 +71,34 @@ fn agent() -> AgentRecord {
 }
 
 #[test]
+fn the_store_and_its_wal_are_readable_by_the_master_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let mode = |suffix: &str| {
+        let file = format!("{}{suffix}", path.display());
+        std::fs::metadata(file).unwrap().permissions().mode() & 0o777
+    };
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .commit(&[Change::PutJob(
+                Arc::new(spec("a")),
+                "www/prod/a".to_string(),
+                5,
+            )])
+            .unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            assert_eq!(mode(suffix), 0o600, "drover.db{suffix}");
+        }
+    }
+    // A store made readable by an older master is made private again on open.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(SqliteStore::open(&path).unwrap());
+    assert_eq!(mode(""), 0o600);
+}
+
+#[test]
 fn committed_changes_load_back_exactly_after_reopening() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(DB_FILE);

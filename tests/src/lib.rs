@@ -404,6 +404,8 @@ pub struct ClusterConfig {
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
+    /// Every agent's TOML config file (`--config`; the flags the harness passes win).
+    pub agent_config: String,
 }
 
 impl ClusterConfig {
@@ -414,6 +416,7 @@ impl ClusterConfig {
                 .map(|k| vec![("rack".to_string(), format!("r{k}"))])
                 .collect(),
             master_config: TEST_MASTER_CONFIG.to_string(),
+            agent_config: String::new(),
         }
     }
 }
@@ -439,6 +442,9 @@ fn reserve_port_block() -> anyhow::Result<(TcpListener, u16)> {
     bail!("no free block of {PORT_BLOCK} ports between 10000 and 19999")
 }
 
+/// How an agent of a cluster was started: attributes, port range, config file text.
+type AgentStart = (Vec<(String, String)>, (u16, u16), String);
+
 /// A running master and agents in a temporary directory.
 pub struct Cluster {
     dir: Option<tempfile::TempDir>,
@@ -448,6 +454,8 @@ pub struct Cluster {
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
+    /// How each agent was started, for `start_agent_again`.
+    agent_starts: Vec<AgentStart>,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
 }
@@ -470,6 +478,7 @@ impl Cluster {
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
+            agent_starts: Vec::new(),
             port_lock: Some(reserve_port_block()?),
         };
         cluster.start_master()?;
@@ -484,7 +493,12 @@ impl Cluster {
         let per_agent = (PORT_BLOCK - 1) / n.max(1);
         for (k, attributes) in config.agents.iter().enumerate() {
             let low = base + k as u32 * per_agent;
-            cluster.start_agent(k, attributes, (low as u16, (low + per_agent - 1) as u16))?;
+            cluster.start_agent(
+                k,
+                attributes,
+                (low as u16, (low + per_agent - 1) as u16),
+                &config.agent_config,
+            )?;
         }
         cluster.wait_for("every agent to register", WAIT, |c| {
             let agents = c.agents().ok()?;
@@ -515,11 +529,33 @@ impl Cluster {
         k: usize,
         attributes: &[(String, String)],
         ports: (u16, u16),
+        config: &str,
     ) -> anyhow::Result<()> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
+        let agent = self.spawn_agent(k, attributes, ports, config)?;
+        self.agents.push(agent);
+        self.sandbox_roots.push(root);
+        self.agent_starts
+            .push((attributes.to_vec(), ports, config.to_string()));
+        Ok(())
+    }
+
+    fn spawn_agent(
+        &self,
+        k: usize,
+        attributes: &[(String, String)],
+        ports: (u16, u16),
+        config: &str,
+    ) -> anyhow::Result<Proc> {
+        let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         let mut command = Command::new(bin("drover-agent")?);
+        if !config.is_empty() {
+            let file = self.dir().join(format!("agent-{k}.toml"));
+            std::fs::write(&file, config)?;
+            command.arg("--config").arg(file);
+        }
         command
             .arg("--master")
             .arg(&self.api.url)
@@ -547,9 +583,25 @@ impl Cluster {
             command.arg("--attribute").arg(format!("{name}={value}"));
         }
         let log = self.dir().join(format!("logs/agent-{k}.log"));
-        self.agents
-            .push(Proc::spawn(&format!("drover-agent {k}"), command, &log)?);
-        self.sandbox_roots.push(root);
+        Proc::spawn(&format!("drover-agent {k}"), command, &log)
+    }
+
+    /// Kills agent `k` (SIGKILL: a crash); its executors keep running, as after a
+    /// real crash. `start_agent_again` starts it with the same settings.
+    pub fn kill_agent(&mut self, k: usize) {
+        if let Some(agent) = self.agents.get_mut(k) {
+            agent.kill();
+        }
+    }
+
+    /// Starts agent `k` again after `kill_agent`, with the same settings and dirs.
+    pub fn start_agent_again(&mut self, k: usize) -> anyhow::Result<()> {
+        let (attributes, ports, config) = self
+            .agent_starts
+            .get(k)
+            .cloned()
+            .ok_or_else(|| anyhow!("no agent {k}"))?;
+        self.agents[k] = self.spawn_agent(k, &attributes, ports, &config)?;
         Ok(())
     }
 
@@ -582,7 +634,8 @@ impl Cluster {
         self.agents.iter().map(Proc::pid).collect()
     }
 
-    /// The sandbox directory of a task, on whichever agent ran it.
+    /// The task directory of a task (root's; the task's own files are in its
+    /// `sandbox/`), on whichever agent ran it.
     pub fn sandbox_of(&self, task_id: &str) -> Option<PathBuf> {
         self.sandbox_roots
             .iter()
@@ -690,7 +743,7 @@ impl Cluster {
             };
             for entry in entries.flatten() {
                 let sandbox = entry.path();
-                let status = std::fs::read(sandbox.join(".drover/status.json"))
+                let status = std::fs::read(sandbox.join("status.json"))
                     .ok()
                     .and_then(|b| drover_common::wire::checkpointed_status(&b));
                 if let Some(pid) = status.map(|s| s.executor_pid) {

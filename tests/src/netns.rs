@@ -678,7 +678,7 @@ rack = "r{k}"
     /// the executor's `status.json`), if that process is a live executor.
     pub fn executor_pid(&self, id: &str) -> Option<u32> {
         self.agents.iter().find_map(|a| {
-            let drover = a.sandbox_root.join(id).join(".drover");
+            let drover = a.sandbox_root.join(id);
             let from_meta = || {
                 let meta: Value =
                     serde_json::from_slice(&std::fs::read(drover.join("agent.json")).ok()?).ok()?;
@@ -694,7 +694,8 @@ rack = "r{k}"
         })
     }
 
-    /// The sandbox of a task on whichever agent has it.
+    /// The task directory of a task (its working directory is `sandbox/` in it) on
+    /// whichever agent has it.
     pub fn sandbox_of(&self, id: &str) -> Option<PathBuf> {
         self.agents
             .iter()

@@ -280,8 +280,7 @@ fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
         if round == 0 {
             // The batch task finishes while the agent is down.
             c.wait_for("short to finish behind the agent's back", WAIT, |c| {
-                let status =
-                    std::fs::read_to_string(short_sandbox.join(".drover/status.json")).ok()?;
+                let status = std::fs::read_to_string(short_sandbox.join("status.json")).ok()?;
                 (status.contains("FINISHED") && c.task_pids(&short_task.task_id).is_empty())
                     .then_some(())
             })
@@ -297,7 +296,7 @@ fn agent_killed_ten_times_keeps_its_tasks_and_reports_a_finish_once() {
     assert_eq!(s.task_id, short_task.task_id);
     assert_eq!(count_state(&s, TaskState::Finished), 1);
     assert_eq!(history_len(&c, &short).unwrap(), 0, "short ran again");
-    let runs = std::fs::read_to_string(short_sandbox.join("runs.txt")).unwrap();
+    let runs = std::fs::read_to_string(short_sandbox.join("sandbox/runs.txt")).unwrap();
     assert_eq!(runs.lines().count(), 1, "short ran {runs:?}");
     let t = c.wait_for_state(&steady, 0, TaskState::Running).unwrap();
     assert_eq!(t.task_id, steady_task.task_id);
@@ -550,7 +549,7 @@ fn finish_while_cut_off(
         .sandbox_of(&task.task_id)
         .ok_or_else(|| anyhow::anyhow!("no sandbox for {}", task.task_id))?;
     c.wait_for("the task to finish on the cut-off agent", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        let status = std::fs::read_to_string(sandbox.join("status.json")).ok()?;
         status.contains("FINISHED").then_some(())
     })?;
     Ok((c, job, task, sandbox, cut_at))
@@ -577,7 +576,7 @@ fn finished_update_sent_during_a_partition_arrives_exactly_once() {
     let t = c.task(&task.task_id).unwrap();
     assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
     assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
-    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    let runs = std::fs::read_to_string(sandbox.join("sandbox/runs.txt")).unwrap();
     assert_eq!(runs.lines().count(), 1);
     let outbox = c.agent(0).data_dir.join("outbox");
     c.wait_for("the outbox to drain", WAIT, |_| {
@@ -698,7 +697,7 @@ fn finished_update_survives_an_agent_restart_during_a_partition() {
         "{t:?}"
     );
     assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
-    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    let runs = std::fs::read_to_string(sandbox.join("sandbox/runs.txt")).unwrap();
     assert_eq!(runs.lines().count(), 1);
     c.check_invariants(&[job], SETTLE).unwrap();
 }
@@ -923,7 +922,7 @@ fn task_finishing_while_the_master_is_down_is_reported_once_and_never_rerun() {
     c.kill_master();
     let sandbox = c.sandbox_of(&task.task_id).unwrap();
     c.wait_for("the task to finish while the master is down", WAIT, |_| {
-        let status = std::fs::read_to_string(sandbox.join(".drover/status.json")).ok()?;
+        let status = std::fs::read_to_string(sandbox.join("status.json")).ok()?;
         status.contains("FINISHED").then_some(())
     })
     .unwrap();
@@ -935,7 +934,7 @@ fn task_finishing_while_the_master_is_down_is_reported_once_and_never_rerun() {
     let t = c.task(&task.task_id).unwrap();
     assert_eq!(count_state(&t, TaskState::Finished), 1, "{t:?}");
     assert_eq!(history_len(&c, &job).unwrap(), 0, "the task ran again");
-    let runs = std::fs::read_to_string(sandbox.join("runs.txt")).unwrap();
+    let runs = std::fs::read_to_string(sandbox.join("sandbox/runs.txt")).unwrap();
     assert_eq!(runs.lines().count(), 1);
     c.check_invariants(&[job], SETTLE).unwrap();
 }

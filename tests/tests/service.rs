@@ -205,7 +205,8 @@ fn service_runs_healthy_is_replaced_when_killed_and_is_killed_by_request() {
     for instance in &view.instances {
         let task = instance.current.as_ref().unwrap();
         let sandbox = cluster.sandbox_of(&task.task_id).unwrap();
-        let posted = std::fs::read_to_string(sandbox.join("lifecycle.log")).unwrap_or_default();
+        let posted =
+            std::fs::read_to_string(sandbox.join("sandbox/lifecycle.log")).unwrap_or_default();
         assert_eq!(posted, "/quitquitquit\n", "task {}", task.task_id);
     }
     cluster

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for drover-executor in the agent's tests: speaks the same socket
 protocol (subscribe / kill), writes status.json and a log, records each start in
-.drover/spawns and each cleanup in .drover/cleanups. The first process's cmdline
+spawns and each cleanup in cleanups, in the task directory. The first process's cmdline
 picks the behaviour: "finish" ends FINISHED at once, "exit-when-done" exits right
 after a terminal state even with no subscriber."""
 import asyncio, json, os, sys, time
@@ -15,7 +15,7 @@ def opt(name):
 
 
 sandbox = opt("--sandbox")
-drover = os.path.join(sandbox, ".drover")
+drover = sandbox  # the task directory
 os.makedirs(os.path.join(drover, "logs"), exist_ok=True)
 
 if args[0] == "cleanup":

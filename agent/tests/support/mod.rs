@@ -296,7 +296,7 @@ impl AgentDirs {
         self.tmp.path().join("sandboxes")
     }
     pub fn drover(&self, task_id: &str) -> PathBuf {
-        self.sandboxes().join(task_id).join(".drover")
+        self.sandboxes().join(task_id)
     }
     /// Pids of every executor the fake executor recorded for the task.
     pub fn spawns(&self, task_id: &str) -> Vec<i32> {

@@ -19,8 +19,8 @@ pub fn executor_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_drover-executor"))
 }
 
-/// The test service's file name; tasks run it as `../drover-test-service` (it is
-/// copied beside the sandbox).
+/// The test service's file name; tasks run it as `../../drover-test-service` (it is
+/// copied beside the task directory).
 pub const SERVICE: &str = "drover-test-service";
 
 /// The test service binary, built on first use when missing.
@@ -102,7 +102,7 @@ fn merge(into: &mut Value, from: Value) {
     }
 }
 
-/// A running executor and its sandbox.
+/// A running executor and its task directory (`sandbox`, given as `--sandbox`).
 pub struct Exec {
     pub dir: tempfile::TempDir,
     pub sandbox: PathBuf,
@@ -270,8 +270,13 @@ impl Exec {
         code
     }
 
-    /// A path in the sandbox.
+    /// A path in the task's working directory (`sandbox/` of the task directory).
     pub fn path(&self, rel: &str) -> PathBuf {
+        self.sandbox.join("sandbox").join(rel)
+    }
+
+    /// A path in the task directory (root's files: socket, checkpoint, logs).
+    pub fn area(&self, rel: &str) -> PathBuf {
         self.sandbox.join(rel)
     }
 }

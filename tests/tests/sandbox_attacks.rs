@@ -1,0 +1,486 @@
+//! Attacks on the sandbox boundary, black-box: a real master, agent and executors
+//! (as root), tasks as `www-data` running hostile shell scripts. Each scenario plants
+//! root-owned canary files and directories outside the sandbox and checks afterwards
+//! that nothing there was created, written, truncated, renamed or deleted (content,
+//! mode, owner, mtime, directory listing), that every attempt the task made on root's
+//! files failed (a successful attempt prints `BREACH`), and that the task ended the
+//! way it should (so the executor kept running and reported it).
+//!
+//! With the root-owned task directory most attacks cannot even reach their target;
+//! each one is still tried for real. Scenarios run in parallel (one cluster each).
+
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use drover_common::state::TaskState;
+use drover_tests::{command_job, running_as_root, Cluster, ClusterConfig, WAIT};
+use serde_json::Value;
+
+/// What a canary looked like: content (files) or names (directories), and metadata.
+#[derive(Debug, PartialEq, Eq)]
+struct Look {
+    content: Option<Vec<u8>>,
+    names: Option<Vec<String>>,
+    mode: u32,
+    uid: u32,
+    mtime_ns: i64,
+    ino: u64,
+}
+
+/// Root-owned files and directories outside every sandbox, and how they looked.
+struct Canaries {
+    dir: PathBuf,
+    before: BTreeMap<PathBuf, Look>,
+}
+
+impl Canaries {
+    /// Plants `<cluster>/canary/` (0755): `file` (0644), `secret` (0600) and `sub/`
+    /// with `inner` (0644).
+    fn plant(cluster: &Cluster) -> Canaries {
+        let dir = cluster.dir().join("canary");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for (name, text, mode) in [
+            ("file", "canary\n", 0o644),
+            ("secret", "SECRET-CANARY\n", 0o600),
+            ("sub/inner", "inner\n", 0o644),
+        ] {
+            std::fs::write(dir.join(name), text).unwrap();
+            std::fs::set_permissions(dir.join(name), PermissionsExt::from_mode(mode)).unwrap();
+        }
+        for d in [dir.clone(), dir.join("sub")] {
+            std::fs::set_permissions(&d, PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        let mut canaries = Canaries {
+            dir,
+            before: BTreeMap::new(),
+        };
+        canaries.before = canaries.look();
+        canaries
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    fn look(&self) -> BTreeMap<PathBuf, Look> {
+        let mut out = BTreeMap::new();
+        for name in ["", "file", "secret", "sub", "sub/inner"] {
+            let path = if name.is_empty() {
+                self.dir.clone()
+            } else {
+                self.dir.join(name)
+            };
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let (content, names) = if meta.is_dir() {
+                let mut names: Vec<String> = std::fs::read_dir(&path)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                (None, Some(names))
+            } else {
+                (Some(std::fs::read(&path).unwrap()), None)
+            };
+            out.insert(
+                path,
+                Look {
+                    content,
+                    names,
+                    mode: meta.mode(),
+                    uid: meta.uid(),
+                    mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                    ino: meta.ino(),
+                },
+            );
+        }
+        out
+    }
+
+    /// Asserts that every canary looks as it did when planted.
+    fn assert_untouched(&self) {
+        let now = self.look();
+        for (path, before) in &self.before {
+            assert_eq!(
+                Some(before),
+                now.get(path),
+                "canary {} changed",
+                path.display()
+            );
+        }
+    }
+}
+
+/// A cluster of one agent with `agent_config`, its canaries planted.
+fn cluster_with(agent_config: &str) -> (Cluster, Canaries) {
+    let mut config = ClusterConfig::agents(1);
+    config.agent_config = agent_config.to_string();
+    let cluster = Cluster::start(config).unwrap();
+    let canaries = Canaries::plant(&cluster);
+    (cluster, canaries)
+}
+
+/// Starts a one-instance batch job running `script` and returns its task id.
+fn start_job(cluster: &mut Cluster, name: &str, script: &str) -> String {
+    start_spec(cluster, command_job(name, 1, false, script))
+}
+
+fn start_spec(cluster: &mut Cluster, spec: Value) -> String {
+    let key = format!("www-data/test/{}", spec["name"].as_str().unwrap());
+    cluster.create_job(&spec).unwrap();
+    cluster
+        .wait_for("the task to be placed", WAIT, |c| {
+            let view = c.job(&key).ok()?;
+            let task = view.instances.first()?.current.as_ref()?;
+            task.agent_id.as_ref()?;
+            Some(task.task_id.clone())
+        })
+        .unwrap()
+}
+
+/// Waits until task `id` is terminal and returns its state.
+fn wait_terminal(cluster: &mut Cluster, id: &str) -> TaskState {
+    cluster
+        .wait_for("the task to end", WAIT, |c| {
+            let task = c.task(id).ok()?;
+            task.state.is_terminal().then_some(task.state)
+        })
+        .unwrap()
+}
+
+/// Waits until task `id` is RUNNING.
+fn wait_running(cluster: &mut Cluster, id: &str) {
+    cluster
+        .wait_for("the task to run", WAIT, |c| {
+            (c.task(id).ok()?.state == TaskState::Running).then_some(())
+        })
+        .unwrap()
+}
+
+/// The whole of a log (all rotated files, oldest first) as root reads it.
+fn log_text(task_dir: &Path, stream: &str) -> String {
+    let mut text = String::new();
+    for n in (1..10).rev() {
+        if let Ok(t) = std::fs::read_to_string(task_dir.join(format!("logs/main.{stream}.{n}"))) {
+            text.push_str(&t);
+        }
+    }
+    text + &std::fs::read_to_string(task_dir.join(format!("logs/main.{stream}")))
+        .unwrap_or_default()
+}
+
+/// Root's side of the task directory is as the layout says: the directory root's
+/// 0711, `sandbox/` the task user's 0700, every log a regular root file 0600.
+fn assert_layout_intact(task_dir: &Path) {
+    let meta = std::fs::symlink_metadata(task_dir).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o711));
+    let sandbox = std::fs::symlink_metadata(task_dir.join("sandbox")).unwrap();
+    assert!(sandbox.is_dir());
+    let www = nix::unistd::User::from_name("www-data")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    assert_eq!(sandbox.uid(), www);
+    for entry in std::fs::read_dir(task_dir.join("logs")).unwrap() {
+        let meta = std::fs::symlink_metadata(entry.unwrap().path()).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(
+            (meta.uid(), meta.mode() & 0o777, meta.nlink()),
+            (0, 0o600, 1)
+        );
+    }
+    for name in ["task.json", "status.json"] {
+        let meta = std::fs::symlink_metadata(task_dir.join(name)).unwrap();
+        assert!(meta.is_file(), "{name}");
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600), "{name}");
+    }
+}
+
+/// Waits for task `id` to FINISH (so its executor ran it to the end), then checks
+/// that no attempt of the task worked (`BREACH` in its stdout), that the canaries
+/// are untouched and root's side of the task directory intact. Returns the task
+/// directory and the task's stdout.
+fn assert_finished_unharmed(
+    cluster: &mut Cluster,
+    canaries: &Canaries,
+    id: &str,
+) -> (PathBuf, String) {
+    assert_eq!(wait_terminal(cluster, id), TaskState::Finished);
+    let task_dir = cluster.sandbox_of(id).unwrap();
+    let out = log_text(&task_dir, "stdout");
+    assert!(!out.contains("BREACH"), "{out}");
+    canaries.assert_untouched();
+    assert_layout_intact(&task_dir);
+    (task_dir, out)
+}
+
+/// Shell lines that each try one thing on root's side and print `BREACH <what>` if
+/// it worked. The task's working directory is `sandbox/`, so `..` is its task
+/// directory and `../..` the sandbox root.
+fn attempts(canaries: &Canaries) -> String {
+    let file = canaries.path("file");
+    let dir = canaries.path("");
+    [
+        "ls .. >/dev/null 2>&1 && echo BREACH listed-task-dir".to_string(),
+        "ls ../.. >/dev/null 2>&1 && echo BREACH listed-sandbox-root".into(),
+        "cat ../task.json >/dev/null 2>&1 && echo BREACH read-task-json".into(),
+        "cat ../status.json >/dev/null 2>&1 && echo BREACH read-checkpoint".into(),
+        "echo forged >> ../status.json 2>/dev/null && echo BREACH wrote-checkpoint".into(),
+        "echo forged > ../task.json 2>/dev/null && echo BREACH wrote-task-json".into(),
+        "echo forged >> ../logs/main.stdout 2>/dev/null && echo BREACH wrote-log".into(),
+        "rm -f ../status.json 2>/dev/null; test -e ../status.json || echo BREACH removed-checkpoint".into(),
+        "mv ../logs ../logs.old 2>/dev/null && echo BREACH renamed-logs".into(),
+        format!("ln -s {dir} ../logs.new 2>/dev/null && echo BREACH linked-in-task-dir"),
+        format!("ln -sf {file} ../logs/main.stdout 2>/dev/null && echo BREACH linked-log"),
+        format!("ln -sf {file} ../logs/main.stdout.1 2>/dev/null && echo BREACH linked-rotated-log"),
+        "mkdir ../x 2>/dev/null && echo BREACH mkdir-in-task-dir".into(),
+        "mv ../sandbox ../sandbox.old 2>/dev/null && echo BREACH renamed-sandbox".into(),
+        "chmod 777 .. 2>/dev/null && echo BREACH chmod-task-dir".into(),
+        "rm -f ../executor.sock 2>/dev/null; echo > /dev/null".into(),
+    ]
+    .join("\n")
+}
+
+/// The older layout's trap, laid inside `sandbox/` where the task may write: a
+/// `.drover/` with its logs symlinked to root's files, and `logs` a symlink.
+fn old_layout_traps(canaries: &Canaries) -> String {
+    let (file, dir) = (canaries.path("file"), canaries.path(""));
+    format!(
+        "mkdir -p .drover/logs\n\
+         ln -sf {file} .drover/logs/main.stdout\n\
+         ln -sf {file} .drover/logs/main.stderr\n\
+         ln -sf {dir} logs\n\
+         ln -sf {file} status.json\n\
+         ln -sf {file} executor.stderr\n"
+    )
+}
+
+#[test]
+fn a_task_cannot_touch_roots_files_nor_list_other_tasks() {
+    if !running_as_root("sandbox attack: reach root's files") {
+        return;
+    }
+    let (mut cluster, canaries) = cluster_with("");
+    let script = format!(
+        "{}\n{}\necho out-line\necho err-line >&2\n",
+        old_layout_traps(&canaries),
+        attempts(&canaries)
+    );
+    let id = start_job(&mut cluster, "reach", &script);
+    let (task_dir, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
+    assert_eq!(out, "out-line\n");
+    let err = log_text(&task_dir, "stderr");
+    assert!(err.contains("err-line"), "{err}");
+}
+
+#[test]
+fn swapping_symlinks_in_a_tight_loop_during_rotation_changes_nothing_outside() {
+    if !running_as_root("sandbox attack: swap race during rotation") {
+        return;
+    }
+    let (mut cluster, canaries) =
+        cluster_with("executor_log_max_size = \"1KiB\"\nexecutor_log_max_files = 2\n");
+    let (file, dir) = (canaries.path("file"), canaries.path(""));
+    // For 4 s: a swapper in the background turns `.drover`, `logs` and the snooze
+    // file into symlinks to root's files and back, and keeps trying root's side; the
+    // foreground writes output fast enough to rotate the logs many times.
+    let script = format!(
+        "end=$(( $(date +%s) + 4 ))\n\
+         (while [ $(date +%s) -lt $end ]; do\n\
+            rm -rf .drover logs .healthchecksnooze; ln -s {dir} .drover; ln -s {dir} logs; ln -s {file} .healthchecksnooze\n\
+            rm -f .drover logs .healthchecksnooze; mkdir -p .drover/logs; ln -s {file} .drover/logs/main.stdout; touch .healthchecksnooze\n\
+            ln -sf {file} ../logs/main.stdout 2>/dev/null && echo BREACH linked-log\n\
+            mv ../logs ../l 2>/dev/null && echo BREACH renamed-logs\n\
+          done) &\n\
+         i=0\n\
+         while [ $(date +%s) -lt $end ]; do i=$((i+1)); echo \"line $i of the output that rotates\"; echo \"err $i\" >&2; done\n\
+         wait\n\
+         echo last-line\n"
+    );
+    let id = start_job(&mut cluster, "swaprace", &script);
+    let (task_dir, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
+    assert!(out.ends_with("last-line\n"), "{out}");
+    for name in ["main.stdout.1", "main.stdout.2", "main.stderr.1"] {
+        assert!(task_dir.join("logs").join(name).is_file(), "{name} rotated");
+    }
+    assert!(!task_dir.join("logs/main.stdout.3").exists(), "keeps 2");
+}
+
+#[test]
+fn fifos_device_nodes_and_hard_links_where_logs_are_expected_change_nothing() {
+    if !running_as_root("sandbox attack: fifos, devices, hard links") {
+        return;
+    }
+    let (mut cluster, canaries) = cluster_with("");
+    let (file, secret) = (canaries.path("file"), canaries.path("secret"));
+    let script = format!(
+        "mkdir -p .drover/logs\n\
+         mkfifo .drover/logs/main.stdout .drover/logs/main.stderr\n\
+         mkfifo ../logs/main.stderr 2>/dev/null && echo BREACH fifo-log\n\
+         mknod null-copy c 1 3 2>/dev/null && echo BREACH mknod\n\
+         mknod ../logs/main.stdout c 1 3 2>/dev/null && echo BREACH mknod-log\n\
+         ln {file} hardlink 2>/dev/null && echo hard-link-allowed-here\n\
+         ln {file} ../logs/main.stdout 2>/dev/null && echo BREACH hard-link-log\n\
+         ln {secret} ../status.json 2>/dev/null && echo BREACH hard-link-checkpoint\n\
+         echo out-line\n"
+    );
+    let id = start_job(&mut cluster, "nodes", &script);
+    let (_, out) = assert_finished_unharmed(&mut cluster, &canaries, &id);
+    assert!(out.ends_with("out-line\n"), "{out}");
+    // The log API serves the real log.
+    let logs = cluster
+        .drover(&["task", "logs", "www-data/test/nodes/0"])
+        .unwrap();
+    assert!(String::from_utf8_lossy(&logs.stdout).ends_with("out-line\n"));
+}
+
+#[test]
+fn a_forged_checkpoint_or_task_file_is_not_believed_by_a_restarted_agent() {
+    if !running_as_root("sandbox attack: forged checkpoint") {
+        return;
+    }
+    let (mut cluster, canaries) = cluster_with("");
+    // The task forges a FINISHED checkpoint and a task file naming a process `evil`
+    // wherever it can write, tries root's copies, starts an impostor whose command
+    // line is its executor's (`drover-executor ... run --sandbox <task dir>`), then
+    // runs on.
+    let forged = r#"{"seq":99,"task_id":"ID","state":"FINISHED","exit_reason":null,"message":"forged","timestamp_ms":1,"executor_pid":1,"processes":[]}"#;
+    let script = format!(
+        "mkdir -p .drover\n\
+         for f in status.json .drover/status.json; do echo '{forged}' > $f; done\n\
+         echo '{forged}' >> ../status.json 2>/dev/null && echo BREACH wrote-checkpoint\n\
+         echo '{{\"task\":{{\"processes\":[{{\"name\":\"evil\"}}]}}}}' > task.json\n\
+         cp task.json ../task.json 2>/dev/null && echo BREACH wrote-task-json\n\
+         bash -c 'exec -a drover-executor bash -c \"sleep 600; true\" run --sandbox '\"$(dirname $DROVER_SANDBOX)\" &\n\
+         echo running\n\
+         exec sleep 600\n"
+    );
+    let id = start_job(&mut cluster, "forger", &script.replace("ID", "forger"));
+    wait_running(&mut cluster, &id);
+    let task_dir = cluster.sandbox_of(&id).unwrap();
+    cluster
+        .wait_for("the task's output", WAIT, |_| {
+            log_text(&task_dir, "stdout")
+                .contains("running")
+                .then_some(())
+        })
+        .unwrap();
+    // The log server believes root's task.json: there is no process `evil`.
+    let evil = cluster
+        .drover(&[
+            "task",
+            "logs",
+            "www-data/test/forger/0",
+            "--process",
+            "evil",
+        ])
+        .unwrap();
+    assert!(
+        !evil.status.success(),
+        "a log of a forged process was served"
+    );
+    // Agent and executor die; the restarted agent finds the sandbox without an
+    // executor (the impostor runs as the task user: not believed) and a checkpoint
+    // that says RUNNING, whatever the task wrote.
+    let checkpoint = std::fs::read(task_dir.join("status.json")).unwrap();
+    let executor = drover_common::wire::checkpointed_status(&checkpoint)
+        .unwrap()
+        .executor_pid;
+    cluster.kill_agent(0);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(executor as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    cluster.start_agent_again(0).unwrap();
+    assert_eq!(wait_terminal(&mut cluster, &id), TaskState::Lost);
+    let task = cluster.task(&id).unwrap();
+    assert!(
+        task.events.iter().all(|e| e.state != TaskState::Finished),
+        "{task:?}"
+    );
+    assert!(!log_text(&task_dir, "stdout").contains("BREACH"));
+    canaries.assert_untouched();
+}
+
+#[test]
+fn the_log_server_never_serves_what_a_task_swaps_in() {
+    if !running_as_root("sandbox attack: log server race") {
+        return;
+    }
+    let (mut cluster, canaries) = cluster_with("");
+    let secret = canaries.path("secret");
+    // For 6 s the task swaps a file and a symlink to a root-only secret wherever a
+    // log of it could be named, and prints a line between swaps.
+    let script = format!(
+        "end=$(( $(date +%s) + 6 ))\n\
+         mkdir -p .drover/logs logs\n\
+         while [ $(date +%s) -lt $end ]; do\n\
+           echo swap\n\
+           for d in .drover/logs logs; do echo x > $d/f; mv -f $d/f $d/main.stdout; ln -sf {secret} $d/l; mv -f $d/l $d/main.stdout; done\n\
+           ln -sf {secret} ../logs/main.stdout 2>/dev/null && echo BREACH linked-log\n\
+         done\n\
+         echo done\n"
+    );
+    let id = start_job(&mut cluster, "lograce", &script);
+    wait_running(&mut cluster, &id);
+    let agent = cluster.agents().unwrap().remove(0).address;
+    let http = reqwest::blocking::Client::new();
+    let url = format!("{agent}/v1/tasks/{id}/logs/main/stdout");
+    let (mut served, started) = (0, Instant::now());
+    for _ in 0..2000 {
+        let resp = http.get(&url).send().unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.text().unwrap();
+        assert!(!body.contains("SECRET"), "the log server served the secret");
+        if status == 200 {
+            served += 1;
+        }
+    }
+    assert!(served > 0, "no log was ever served");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_finished_unharmed(&mut cluster, &canaries, &id);
+}
+
+#[test]
+fn the_pids_limit_comes_from_the_spec_within_the_hosts_maximum() {
+    if !running_as_root("pids limit") {
+        return;
+    }
+    let (mut cluster, _canaries) = cluster_with("max_task_pids = 64\n");
+    let with_pids = |name: &str, pids: Option<u64>| {
+        let mut spec = command_job(name, 1, false, "exec sleep 600");
+        if let Some(n) = pids {
+            spec["task"]["resources"]["pids"] = n.into();
+        }
+        spec
+    };
+    let pids_max = |id: &str| {
+        ["/sys/fs/cgroup/pids/drover", "/sys/fs/cgroup/drover"]
+            .iter()
+            .find_map(|parent| {
+                std::fs::read_to_string(Path::new(parent).join(id).join("pids.max")).ok()
+            })
+            .map(|t| t.trim().to_string())
+    };
+    let small = start_spec(&mut cluster, with_pids("small", Some(16)));
+    let default = start_spec(&mut cluster, with_pids("default", None));
+    let greedy = start_spec(&mut cluster, with_pids("greedy", Some(100)));
+    wait_running(&mut cluster, &small);
+    wait_running(&mut cluster, &default);
+    assert_eq!(pids_max(&small).as_deref(), Some("16"));
+    // The default (1024) is cut to the host's maximum.
+    assert_eq!(pids_max(&default).as_deref(), Some("64"));
+    assert_eq!(wait_terminal(&mut cluster, &greedy), TaskState::Failed);
+    let task = cluster.task(&greedy).unwrap();
+    let said = format!("{task:?}");
+    assert!(said.contains("max_task_pids"), "{said}");
+    for key in ["small", "default"] {
+        cluster.kill_job(&format!("www-data/test/{key}")).unwrap();
+    }
+}

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use drover_common::parse::parse_job_json;
 use drover_common::wire::{
     self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, InstancesRequest, RegisterRequest,
-    StatusUpdateBatch, UpdateRequest,
+    StatusUpdateBatch,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -274,7 +274,8 @@ fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
     })
 }
 
-/// POST /v1/jobs/{key}/update: `{"spec": {...}, "instances": "0-3", "user": "..."}`.
+/// POST /v1/jobs/{key}/update: an `UpdateRequest`, read field by field so the spec
+/// is validated like POST /v1/jobs (all errors, with paths).
 async fn start_update(
     State(m): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -310,16 +311,11 @@ async fn start_update(
             )
         })?),
     };
-    let request = UpdateRequest {
-        spec,
-        instances: text_field("instances"),
-        user: text_field("user"),
-    };
     let event = Event::StartUpdate {
         job: key_of(&role, &env, &name),
-        spec: Box::new(request.spec),
+        spec: Box::new(spec),
         instances,
-        user: request.user.unwrap_or_else(|| "unknown".to_string()),
+        user: text_field("user").unwrap_or_else(|| "unknown".to_string()),
     };
     match m.apply(event).await? {
         Reply::Update(view) => Ok(json(StatusCode::CREATED, &view)),

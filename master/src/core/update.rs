@@ -55,6 +55,9 @@ pub struct UpdateRecord {
     /// The state a pause left (resume goes back to it).
     #[serde(default)]
     pub paused_from: Option<UpdateState>,
+    /// The watch timer armed last (one per deadline, not one per event).
+    #[serde(skip)]
+    pub armed: Option<UnixMillis>,
 }
 
 impl UpdateRecord {
@@ -247,6 +250,7 @@ impl Core {
             in_flight: Vec::new(),
             watched: BTreeMap::new(),
             paused_from: None,
+            armed: None,
         };
         u.event(
             now,
@@ -450,7 +454,8 @@ impl Core {
                 }
             }
         }
-        if let Some(at) = wake {
+        if let Some(at) = wake.filter(|at| u.armed.is_none_or(|a| a <= now || *at < a)) {
+            u.armed = Some(at);
             self.push_timer(
                 at,
                 Timer::UpdateWatch {

@@ -113,7 +113,7 @@ impl Core {
             }
             core.tasks.insert(task.id.clone(), task);
         }
-        core.load_updates(snapshot.updates, now);
+        core.load_updates(snapshot.updates);
         if !core.agents.is_empty() {
             core.start_reconciliation(now);
         }

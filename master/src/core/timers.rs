@@ -23,8 +23,7 @@ pub(super) enum Timer {
     Reconcile,
     /// Next round of reconciliation `id`.
     ReconcileRound { id: u64 },
-    /// An updated instance of the job has been watched long enough: `handle`
-    /// drives the job's update after every event, so firing is all it takes.
+    /// An updated instance of the job has been watched long enough.
     UpdateWatch { job: String },
 }
 
@@ -122,7 +121,7 @@ impl Core {
                 self.push_timer(now + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
-            Timer::UpdateWatch { .. } => {}
+            Timer::UpdateWatch { job } => self.poke_update(&job),
         }
     }
 }

@@ -14,7 +14,7 @@
 //! ([`UpdateRecord`]) is stored whenever it changes, so a restarted master goes on.
 //! Replaced tasks end KILLED with reason `updated` and do not count as flapping.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use drover_common::configs::{config_hash, format_ranges, plan_update};
@@ -58,6 +58,11 @@ pub struct UpdateRecord {
     /// The watch timer armed last (one per deadline, not one per event).
     #[serde(skip)]
     pub armed: Option<UnixMillis>,
+    /// Something it waits for may have happened (its watch timer fired, it was
+    /// started, steered or loaded): drive it in this event even if none of its
+    /// tasks changed.
+    #[serde(skip)]
+    pub poked: bool,
 }
 
 impl UpdateRecord {
@@ -132,7 +137,7 @@ impl Core {
             .collect()
     }
 
-    pub(super) fn load_updates(&mut self, updates: Vec<UpdateRecord>, now: UnixMillis) {
+    pub(super) fn load_updates(&mut self, updates: Vec<UpdateRecord>) {
         for u in updates {
             let newer = self
                 .updates
@@ -142,9 +147,16 @@ impl Core {
                 self.updates.insert(u.view.job.clone(), u);
             }
         }
-        // Watches resume at once: `drive_updates` re-arms what is still due.
-        if self.updates.values().any(|u| !u.view.state.is_terminal()) {
-            self.push_timer(now, Timer::UpdateWatch { job: String::new() });
+        // Running ones are driven at the first event: their watches are re-armed.
+        for u in self.updates.values_mut() {
+            u.poked = !u.view.state.is_terminal();
+        }
+    }
+
+    /// The job's watch timer fired.
+    pub(super) fn poke_update(&mut self, job: &str) {
+        if let Some(u) = self.updates.get_mut(job) {
+            u.poked = true;
         }
     }
 
@@ -251,6 +263,7 @@ impl Core {
             watched: BTreeMap::new(),
             paused_from: None,
             armed: None,
+            poked: true,
         };
         u.event(
             now,
@@ -325,6 +338,7 @@ impl Core {
                 begin_rollback(u, now, "rollback requested".to_string());
             }
         }
+        u.poked = true;
         let view = u.view.clone();
         self.dirty_updates.insert(job.to_string());
         Ok(Reply::Update(Box::new(view)))
@@ -346,16 +360,36 @@ impl Core {
         }
     }
 
-    /// Drives every running update one step (after each event).
+    /// Drives each running update one step, after every event that changed one of
+    /// its job's tasks or poked it (events that touch neither, like most
+    /// heartbeats, cost one pass over the running updates).
     pub(super) fn drive_updates(&mut self, now: UnixMillis) {
-        let active: Vec<String> = self
-            .updates
-            .values()
-            .filter(|u| !u.view.state.is_terminal())
-            .map(|u| u.view.job.clone())
-            .collect();
+        let mut active: Vec<String> = Vec::new();
+        let mut waiting: BTreeSet<&str> = BTreeSet::new();
+        for u in self.updates.values() {
+            if u.view.state.is_terminal() {
+                continue;
+            }
+            if u.poked {
+                active.push(u.view.job.clone());
+            } else {
+                waiting.insert(u.view.job.as_str());
+            }
+        }
+        if !waiting.is_empty() {
+            let mut touched: BTreeSet<String> = BTreeSet::new();
+            for id in &self.dirty_tasks {
+                if let Some(t) = self.tasks.get(id) {
+                    if waiting.contains(t.job.as_str()) && !touched.contains(&t.job) {
+                        touched.insert(t.job.clone());
+                    }
+                }
+            }
+            active.extend(touched);
+        }
         for job in active {
             if let Some(mut u) = self.updates.remove(&job) {
+                u.poked = false;
                 if self.drive(&mut u, now) {
                     self.dirty_updates.insert(job.clone());
                 }

@@ -261,13 +261,20 @@ impl Store for SqliteStore {
         let mut keep = vec![false; changes.len()];
         for (i, c) in changes.iter().enumerate().rev() {
             let key = match c {
-                Change::PutJob(_, key, _) | Change::DeleteJob(key) => (0, key.as_str()),
+                Change::PutJob(_, key, _) => (0, key.as_str()),
                 Change::PutTask(t) => (1, t.id.as_str()),
                 Change::DeleteTask(id) => (1, id.as_str()),
                 Change::PutAgent(a) => (2, a.id.as_str()),
                 Change::PutUpdate(u) => (3, u.view.job.as_str()),
-                // Few and never written twice in a batch that matters: all kept.
+                // Configs are few: all kept. A job's delete is kept even when a
+                // later write of the job supersedes its row: it also deletes the
+                // job's configs and update written before it (all run in order).
                 Change::PutConfig { .. } => {
+                    keep[i] = true;
+                    continue;
+                }
+                Change::DeleteJob(key) => {
+                    seen.insert((0, key.as_str()));
                     keep[i] = true;
                     continue;
                 }

@@ -69,6 +69,7 @@ impl Core {
                 }
             }
             self.blocked.remove(key);
+            self.updates.remove(key);
             self.job_changes.push(Change::DeleteJob(key.to_string()));
         }
     }

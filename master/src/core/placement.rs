@@ -164,7 +164,13 @@ impl Core {
                 let agent = &self.agents[idx as usize];
                 for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
                     if let Some(v) = agent.attr(attr) {
-                        *per_value.entry(v.to_string()).or_insert(0) += 1;
+                        // No allocation for a value already counted.
+                        match per_value.get_mut(v) {
+                            Some(n) => *n += 1,
+                            None => {
+                                per_value.insert(v.to_string(), 1);
+                            }
+                        }
                     }
                 }
             }

@@ -434,6 +434,8 @@ impl Core {
         let back = u.rolling_back();
         let settings = u.view.settings.clone();
         let mut wake: Option<UnixMillis> = None;
+        let mut left: Vec<u32> = Vec::new();
+        let mut failure = false;
         for instance in u.in_flight.clone() {
             let Some(p) = u.progress(instance) else {
                 continue;
@@ -449,12 +451,13 @@ impl Core {
                     if let Some(p) = u.progress(instance) {
                         p.state = state;
                     }
-                    u.in_flight.retain(|i| *i != instance);
+                    left.push(instance);
                     u.watched.remove(&instance);
                     changed = true;
                 }
                 Check::Failed(why) => {
                     changed = true;
+                    failure = true;
                     let Some(p) = u.progress(instance) else {
                         continue;
                     };
@@ -469,7 +472,7 @@ impl Core {
                         format!("instance {instance} failure {failures}: {why}"),
                     );
                     if over {
-                        u.in_flight.retain(|i| *i != instance);
+                        left.push(instance);
                         u.watched.remove(&instance);
                         u.event(
                             now,
@@ -488,6 +491,10 @@ impl Core {
                 }
             }
         }
+        if !left.is_empty() {
+            let left: BTreeSet<u32> = left.into_iter().collect();
+            u.in_flight.retain(|i| !left.contains(i));
+        }
         if let Some(at) = wake.filter(|at| u.armed.is_none_or(|a| a <= now || *at < a)) {
             u.armed = Some(at);
             self.push_timer(
@@ -497,8 +504,9 @@ impl Core {
                 },
             );
         }
-        let failed = u.failed_instances();
-        if failed > settings.max_total_failures && !u.view.state.is_terminal() {
+        // Counted only when this step saw a failure (the count is over every instance).
+        let failed = if failure { u.failed_instances() } else { 0 };
+        if failure && failed > settings.max_total_failures && !u.view.state.is_terminal() {
             if back {
                 u.view.state = UpdateState::Failed;
                 u.paused_from = None;

@@ -28,7 +28,7 @@ pub enum Change {
         spec: Arc<JobSpec>,
     },
     /// A job's update record (the whole record, replacing the stored one).
-    PutUpdate(Box<UpdateRecord>),
+    PutUpdate(Arc<UpdateRecord>),
 }
 
 /// What the core reacts to.

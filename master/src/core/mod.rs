@@ -75,8 +75,9 @@ pub struct Core {
     start_ms: UnixMillis,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
-    /// Each job's latest update (running or ended).
-    updates: BTreeMap<String, UpdateRecord>,
+    /// Each job's latest update (running or ended); shared with the store's batch
+    /// until it is written, copied on the next change only if still shared.
+    updates: BTreeMap<String, Arc<UpdateRecord>>,
     // Per-event scratch.
     dirty_updates: BTreeSet<String>,
     dirty_tasks: BTreeSet<String>,
@@ -206,7 +207,7 @@ impl Core {
         let mut changes = std::mem::take(&mut self.job_changes);
         for job in std::mem::take(&mut self.dirty_updates) {
             if let Some(u) = self.updates.get(&job) {
-                changes.push(Change::PutUpdate(Box::new(u.clone())));
+                changes.push(Change::PutUpdate(u.clone()));
             }
         }
         for id in std::mem::take(&mut self.dirty_tasks) {

@@ -144,11 +144,12 @@ impl Core {
                 .get(&u.view.job)
                 .is_none_or(|old| old.view.created_ms <= u.view.created_ms);
             if newer && self.jobs.contains_key(&u.view.job) {
-                self.updates.insert(u.view.job.clone(), u);
+                self.updates.insert(u.view.job.clone(), Arc::new(u));
             }
         }
         // Running ones are driven at the first event: their watches are re-armed.
         for u in self.updates.values_mut() {
+            let u = Arc::make_mut(u);
             u.poked = !u.view.state.is_terminal();
         }
     }
@@ -156,7 +157,7 @@ impl Core {
     /// The job's watch timer fired.
     pub(super) fn poke_update(&mut self, job: &str) {
         if let Some(u) = self.updates.get_mut(job) {
-            u.poked = true;
+            Arc::make_mut(u).poked = true;
         }
     }
 
@@ -279,7 +280,7 @@ impl Core {
             ),
         );
         let view = u.view.clone();
-        self.updates.insert(job.to_string(), u);
+        self.updates.insert(job.to_string(), Arc::new(u));
         self.dirty_updates.insert(job.to_string());
         Ok(Reply::Update(Box::new(view)))
     }
@@ -298,6 +299,7 @@ impl Core {
             .updates
             .get_mut(job)
             .filter(|u| !u.view.state.is_terminal())
+            .map(Arc::make_mut)
         else {
             return Err(CoreError::NoActiveUpdate(job.to_string()));
         };
@@ -351,6 +353,7 @@ impl Core {
             .updates
             .get_mut(job)
             .filter(|u| !u.view.state.is_terminal())
+            .map(Arc::make_mut)
         {
             u.view.state = UpdateState::Aborted;
             u.paused_from = None;
@@ -388,12 +391,13 @@ impl Core {
             active.extend(touched);
         }
         for job in active {
-            if let Some(mut u) = self.updates.remove(&job) {
+            if let Some(mut shared) = self.updates.remove(&job) {
+                let u = Arc::make_mut(&mut shared);
                 u.poked = false;
-                if self.drive(&mut u, now) {
+                if self.drive(u, now) {
                     self.dirty_updates.insert(job.clone());
                 }
-                self.updates.insert(job, u);
+                self.updates.insert(job, shared);
             }
         }
     }

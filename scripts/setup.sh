@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Drover's commands and tests need on a fresh Debian machine:
-# iproute2 (multi-host tests in network namespaces), procps, the system python3, and the
-# Rust components named in rust-toolchain.toml. Safe to run again.
+# iproute2 (multi-host tests in network namespaces), procps, the system python3,
+# faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
+# executor's layout check), and the Rust components named in rust-toolchain.toml.
+# Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +13,10 @@ command -v pgrep >/dev/null 2>&1 || need+=(procps)
 # Task processes run as other users (www-data), who cannot use a python3 under
 # /root; the examples call the system /usr/bin/python3.
 [ -x /usr/bin/python3 ] || need+=(python3)
+# The clock step tests preload libfaketime into one master or agent.
+command -v faketime >/dev/null 2>&1 || need+=(faketime)
+# executor/tests/layout.rs reads the executor's symbols with nm.
+command -v nm >/dev/null 2>&1 || need+=(binutils)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "setup: installing ${need[*]}"

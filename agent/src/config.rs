@@ -24,6 +24,16 @@ pub struct ConfigFile {
     pub advertise: Option<String>,
     /// Where the agent keeps its id, outbox and bound address.
     pub data_dir: Option<PathBuf>,
+    /// File holding this agent's token for the master (`drv_...`, from `drover
+    /// token create --role agent`); default `<data_dir>/agent.token`.
+    pub token_file: Option<PathBuf>,
+    /// The cluster CA (PEM) the master's certificate must chain to (https master).
+    pub tls_ca: Option<PathBuf>,
+    /// This agent's certificate (PEM, `drover tls issue agent <agent id>`); with
+    /// tls_key, presented to an https master instead of a token.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of tls_cert (PEM).
+    pub tls_key: Option<PathBuf>,
     /// One sandbox per task lives below this directory.
     pub sandbox_root: Option<PathBuf>,
     /// Path of the `drover-executor` binary.
@@ -74,6 +84,12 @@ pub struct Config {
     pub listen: SocketAddr,
     pub advertise: Option<String>,
     pub data_dir: PathBuf,
+    /// The agent token's file (read at start; missing: requests carry no token).
+    pub token_file: PathBuf,
+    /// The cluster CA for an https master.
+    pub tls_ca: Option<PathBuf>,
+    /// The agent's client certificate and key for an https master.
+    pub tls_identity: Option<(PathBuf, PathBuf)>,
     pub sandbox_root: PathBuf,
     pub executor: PathBuf,
     pub cpu: f64,
@@ -143,6 +159,8 @@ pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7071";
 /// Default data dir.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/drover/agent";
+/// The agent token's file name inside the data dir (the default `token_file`).
+pub const TOKEN_FILE: &str = "agent.token";
 /// Default sandbox root.
 pub const DEFAULT_SANDBOX_ROOT: &str = "/var/lib/drover/sandboxes";
 /// Default of `max_task_pids`.
@@ -180,6 +198,10 @@ impl ConfigFile {
             listen,
             advertise,
             data_dir,
+            token_file,
+            tls_ca,
+            tls_cert,
+            tls_key,
             sandbox_root,
             executor,
             cpu,
@@ -227,6 +249,23 @@ impl ConfigFile {
             )
         })?;
         let data_dir = self.data_dir.unwrap_or_else(|| DEFAULT_DATA_DIR.into());
+        let token_file = self.token_file.unwrap_or_else(|| data_dir.join(TOKEN_FILE));
+        let tls_identity = match (self.tls_cert, self.tls_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tls_cert",
+                    "is missing: tls_key needs tls_cert".into(),
+                ))
+            }
+            (Some(_), None) => {
+                return Err(invalid(
+                    "tls_key",
+                    "is missing: tls_cert needs tls_key".into(),
+                ))
+            }
+        };
         let sandbox_root = self
             .sandbox_root
             .unwrap_or_else(|| DEFAULT_SANDBOX_ROOT.into());
@@ -338,6 +377,9 @@ impl ConfigFile {
             listen,
             advertise: self.advertise.map(|a| a.trim_end_matches('/').to_string()),
             data_dir,
+            token_file,
+            tls_ca: self.tls_ca,
+            tls_identity,
             sandbox_root,
             executor,
             cpu,

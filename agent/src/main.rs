@@ -26,6 +26,18 @@ struct Args {
     /// Agent state: id, outbox, bound address.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// File with this agent's token for the master (default <data-dir>/agent.token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// The cluster CA (PEM) for an https master.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// This agent's certificate (PEM) for an https master.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
     /// One sandbox per task below this directory.
     #[arg(long)]
     sandbox_root: Option<PathBuf>,
@@ -73,6 +85,10 @@ impl Args {
             listen: self.listen,
             advertise: self.advertise,
             data_dir: self.data_dir,
+            token_file: self.token_file,
+            tls_ca: self.tls_ca,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
             sandbox_root: self.sandbox_root,
             executor: self.executor,
             cpu: self.cpu,

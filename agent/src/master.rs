@@ -1,11 +1,11 @@
 //! The agent's client of the master's agent API: register, heartbeat, long-poll the
-//! assignment set, post status updates.
+//! assignment set, post status updates; every request carries the agent's token.
 
 use std::time::Duration;
 
 use drover_common::wire::{
     ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
+    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER, LOGS_KEY_HEADER,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -25,17 +25,76 @@ pub enum MasterError {
     },
 }
 
+/// What an agent needs to reach an https master: the cluster CA and its identity.
+#[derive(Clone, Debug)]
+pub struct MasterTls {
+    pub ca: reqwest::Certificate,
+    /// The agent's certificate and key (None: the CA only, with a token).
+    pub identity: Option<reqwest::Identity>,
+}
+
+impl MasterTls {
+    /// Reads the CA and the agent's certificate and key (PEM files).
+    pub fn load(
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<MasterTls, String> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+        };
+        let ca_cert = reqwest::Certificate::from_pem(&read(ca)?)
+            .map_err(|e| format!("tls_ca {}: {e}", ca.display()))?;
+        let identity = match identity {
+            None => None,
+            Some((cert, key)) => {
+                let mut pem = read(cert)?;
+                pem.push(b'\n');
+                pem.extend(read(key)?);
+                Some(
+                    reqwest::Identity::from_pem(&pem)
+                        .map_err(|e| format!("tls_cert/tls_key {}: {e}", cert.display()))?,
+                )
+            }
+        };
+        Ok(MasterTls {
+            ca: ca_cert,
+            identity,
+        })
+    }
+}
+
 /// HTTP client of one master.
 #[derive(Clone, Debug)]
 pub struct MasterClient {
     base: String,
     http: reqwest::Client,
+    /// Sent at registration: what the log server requires from the master.
+    logs_key: Option<String>,
 }
 
 impl MasterClient {
-    /// A client of the master at `base` (`http://host:port`).
-    pub fn new(base: &str) -> MasterClient {
-        let http = reqwest::Client::builder()
+    /// A client of the master at `base` (`http://host:port`) sending `token`
+    /// (`drv_...`) as its bearer token.
+    pub fn new(base: &str, token: Option<&str>) -> MasterClient {
+        MasterClient::with_tls(base, token, None)
+    }
+
+    /// Like `new`, for an https master: `tls` holds the cluster CA and this
+    /// agent's certificate chain and key, presented instead of a token.
+    pub fn with_tls(base: &str, token: Option<&str>, tls: Option<&MasterTls>) -> MasterClient {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let mut builder = reqwest::Client::builder();
+        if let Some(tls) = tls {
+            builder = builder.add_root_certificate(tls.ca.clone());
+            if let Some(identity) = &tls.identity {
+                builder = builder.identity(identity.clone());
+            }
+        }
+        let http = builder
+            .default_headers(headers)
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(50))
@@ -44,6 +103,7 @@ impl MasterClient {
         MasterClient {
             base: base.trim_end_matches('/').to_string(),
             http,
+            logs_key: None,
         }
     }
 
@@ -106,10 +166,25 @@ impl MasterClient {
         self.send(req, url).await
     }
 
+    /// The key sent at registration (header `x-drover-logs-key`) that the agent's
+    /// log server requires from the master.
+    pub fn with_logs_key(mut self, key: String) -> MasterClient {
+        self.logs_key = Some(key);
+        self
+    }
+
     /// POST /v1/agents/register
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, MasterError> {
-        self.post("/v1/agents/register", req, Duration::from_secs(15))
-            .await
+        let url = format!("{}/v1/agents/register", self.base);
+        let mut request = self
+            .http
+            .post(&url)
+            .json(req)
+            .timeout(Duration::from_secs(15));
+        if let Some(key) = &self.logs_key {
+            request = request.header(LOGS_KEY_HEADER, key);
+        }
+        self.send(request, url).await
     }
 
     /// POST /v1/agents/{id}/heartbeat

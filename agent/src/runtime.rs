@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drover_common::spec::is_valid_name;
-use drover_common::state::{ExitReason, TaskState};
+use drover_common::state::{mono_ms, ExitReason, TaskState};
 use drover_common::wire::{
     task_set_digest, AgentResources, AgentTaskReport, Assignment, AssignmentSet, ExecutorStatus,
     HeartbeatRequest, RegisterRequest, StatusUpdate, StatusUpdateBatch, PROTOCOL_VERSION,
@@ -44,6 +44,8 @@ pub enum AgentError {
     },
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
     Bind {
         addr: SocketAddr,
@@ -91,7 +93,7 @@ const ACK_FLUSH: Duration = Duration::from_secs(2);
 #[derive(Default)]
 struct Tasks {
     local: LocalTasks,
-    /// Wall-clock ms when a task was seen terminal (for sandbox retention).
+    /// Monotonic ms when a task was seen terminal (for sandbox retention).
     terminal_at: HashMap<String, u64>,
     /// Kill requests to each watched executor.
     killers: HashMap<String, mpsc::UnboundedSender<ExitReason>>,
@@ -245,6 +247,55 @@ fn new_agent_id(hostname: &str) -> String {
     format!("{host}-{:012x}", h & 0xffff_ffff_ffff)
 }
 
+/// The agent's token for the master from `path` (None, with a warning, when the
+/// file is missing or empty: the master then refuses the agent with 401).
+fn read_token(path: &std::path::Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+        Ok(_) | Err(_) => {
+            tracing::warn!(token_file = %path.display(), "no agent token: the master will refuse this agent; an admin creates one with `drover token create --role agent` and writes it to this file (mode 0600)");
+            None
+        }
+    }
+}
+
+/// A new secret for the log server: 256 random bits, hex.
+fn new_logs_key() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The log server's gate: `Authorization: Bearer <logs key>` (compared in constant
+/// time by `subtle`), else 401; `/health` is open.
+async fn require_logs_key(
+    axum::extract::State(key): axum::extract::State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use subtle::ConstantTimeEq as _;
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        return next.run(request).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::Json(serde_json::json!({"error": {"code": "unauthorized",
+            "message": "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"}})),
+    )
+        .into_response()
+}
+
 /// Runs the agent until `shutdown` completes. Executors are left running: they
 /// outlive the agent, which re-adopts them when it starts again.
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
@@ -302,11 +353,33 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         .then(|| ForkServer::start(&cfg.executor));
     let last_contact = restore_last_contact(&cfg.data_dir);
     let lease = restore_lease(&cfg.data_dir).unwrap_or(cfg.lease);
+    let tls = match &cfg.tls_ca {
+        Some(ca) => {
+            let identity = cfg
+                .tls_identity
+                .as_ref()
+                .map(|(c, k)| (c.as_path(), k.as_path()));
+            Some(crate::master::MasterTls::load(ca, identity).map_err(AgentError::Tls)?)
+        }
+        None => None,
+    };
+    // With a certificate for an https master, the certificate is the identity.
+    let token = if cfg.tls_identity.is_some() {
+        None
+    } else {
+        read_token(&cfg.token_file)
+    };
+    let logs_key = new_logs_key().map_err(|source| AgentError::Dir {
+        what: "reading /dev/urandom for the log server's key",
+        path: PathBuf::from("/dev/urandom"),
+        source,
+    })?;
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
-        client: MasterClient::new(&cfg.master),
+        client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
+            .with_logs_key(logs_key.clone()),
         cfg,
         exec,
         fork,
@@ -338,7 +411,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.spawn(heartbeats(shared.clone()));
     tasks.spawn(poll_assignments(shared.clone()));
     tasks.spawn(ticker(shared.clone()));
-    let app = crate::logs::router(shared.layout.clone());
+    // The log server answers the master only: it proxies reads for authorized
+    // callers (docs/auth.md), with the key this agent gave it at registration.
+    let app = crate::logs::router(shared.layout.clone()).layer(
+        axum::middleware::from_fn_with_state(Arc::new(logs_key), require_logs_key),
+    );
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
         let stopped = async move {
@@ -636,7 +713,10 @@ fn hold_terminal(shared: &Shared, id: &str, state: TaskState, at_ms: u64, exclus
             exclusive,
         },
     );
-    t.terminal_at.insert(id.to_string(), at_ms);
+    // A status stamped before this agent started: its age by the wall clock, once.
+    let age = now_ms().saturating_sub(at_ms);
+    t.terminal_at
+        .insert(id.to_string(), mono_ms().saturating_sub(age));
 }
 
 // ---------------------------------------------------------------- executors
@@ -921,7 +1001,7 @@ fn apply(
                                 exclusive: a.exclusive,
                             },
                         );
-                        t.terminal_at.insert(id.clone(), now_ms());
+                        t.terminal_at.insert(id.clone(), mono_ms());
                         reports.push((
                             id,
                             TaskState::Failed,
@@ -954,7 +1034,7 @@ fn apply(
                             exclusive: false,
                         },
                     );
-                    t.terminal_at.insert(task_id.clone(), now_ms());
+                    t.terminal_at.insert(task_id.clone(), mono_ms());
                     reports.push((task_id, TaskState::Killed, reason));
                 }
             }
@@ -1010,7 +1090,7 @@ async fn write_outbox(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Statu
                     _ => false,
                 };
                 if became_terminal {
-                    t.terminal_at.insert(u.task_id.clone(), now_ms());
+                    t.terminal_at.insert(u.task_id.clone(), mono_ms());
                 }
             }
         }
@@ -1317,7 +1397,7 @@ async fn ticker(shared: Arc<Shared>) {
 /// retention period ago and have nothing left to relay.
 async fn collect_sandboxes(shared: &Arc<Shared>) {
     let retention_ms = shared.cfg.sandbox_retention.as_millis() as u64;
-    let now = now_ms();
+    let now = mono_ms();
     let candidates: Vec<String> = {
         let t = lock(&shared.tasks);
         let Some(desired) = &t.desired else { return };

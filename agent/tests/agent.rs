@@ -45,14 +45,31 @@ async fn runs_assigned_tasks_relays_statuses_and_kills_errant_ones() {
     .expect("a heartbeat with t1's digest and the full set");
     assert_eq!(hb.tasks.unwrap()[0].task_id, "t1");
 
-    // Logs of the task are served.
-    let log = reqwest::get(format!("{}/v1/tasks/t1/logs/main/stdout", reg.address))
+    // Logs of the task are served to the master only: with the key the agent sent
+    // at registration.
+    let url = format!("{}/v1/tasks/t1/logs/main/stdout", reg.address);
+    let key = master
+        .with(|s| s.logs_key.clone())
+        .expect("a logs key at registration");
+    let client = reqwest::Client::new();
+    let log = client
+        .get(&url)
+        .bearer_auth(&key)
+        .send()
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
     assert_eq!(log, "hello from t1\n");
+    let refused = client.get(&url).send().await.unwrap().status().as_u16();
+    assert_eq!(refused, 401);
+    let wrong = client
+        .get(&url)
+        .bearer_auth("0".repeat(key.len()))
+        .send()
+        .await;
+    assert_eq!(wrong.unwrap().status().as_u16(), 401);
 
     // A task the master wants stopped that never ran here is reported KILLED.
     let mut never = assignment("t9", "run");

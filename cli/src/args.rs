@@ -17,6 +17,15 @@ pub struct Cli {
     #[arg(long, global = true, env = "DROVER_MASTER", default_value = DEFAULT_MASTER)]
     pub master: String,
 
+    /// A file holding the bearer token sent to the master (else DROVER_TOKEN, else
+    /// `token` / `token_file` in ~/.config/drover/config.toml).
+    #[arg(long, global = true, env = "DROVER_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// The cluster CA (PEM) that an https:// master's certificate must chain to.
+    #[arg(long, global = true, env = "DROVER_CA", value_name = "FILE.pem")]
+    pub ca: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -30,9 +39,18 @@ pub enum Command {
     /// Inspect tasks and read their logs.
     #[command(subcommand)]
     Task(TaskCommand),
-    /// Inspect agents.
+    /// Inspect agents; forbid or allow one.
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Create, list and revoke API tokens (admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Make a cluster CA and the certificates of masters and agents (offline).
+    #[command(subcommand)]
+    Tls(TlsCommand),
+    /// The fleet at a glance and the eviction guard.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
 }
@@ -189,6 +207,87 @@ pub enum AgentCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Refuse an agent from now on (revokes its tokens; its tasks are replaced
+    /// elsewhere once it counts as unreachable).
+    Forbid {
+        /// The agent id (see `drover agent list`).
+        agent_id: String,
+    },
+    /// Allow a forbidden agent again (it needs a new agent token).
+    Allow {
+        /// The agent id.
+        agent_id: String,
+    },
+}
+
+/// `drover token ...`
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print it (it is shown only this once).
+    Create {
+        /// `admin`, `operator`, `agent`, or job roles (repeatable, e.g. --role
+        /// www-data --role db) whose jobs the token may create, kill, restart and read.
+        #[arg(long = "role", required = true, value_name = "ROLE")]
+        roles: Vec<String>,
+        /// With --role agent: bind the token to this agent id now (else it is bound
+        /// to the id it first registers with).
+        #[arg(long)]
+        agent_id: Option<String>,
+        /// A note shown by `drover token list`.
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// List tokens (never their secrets).
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token: refused from the next request on.
+    Revoke {
+        /// The token id (the part after `drv_` and before the next `_`).
+        token_id: String,
+    },
+}
+
+/// `drover tls ...`
+#[derive(Debug, Subcommand)]
+pub enum TlsCommand {
+    /// Create a cluster CA: DIR/ca.pem and DIR/ca.key (mode 0600).
+    Init {
+        /// Where the CA is written.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Issue a certificate signed by the CA in DIR: DIR/KIND-NAME.pem and .key.
+    Issue {
+        /// `agent` (identity NAME.agent.drover, NAME = the agent id) or `master`
+        /// (identity master.drover, plus NAME as a host name or IP address).
+        kind: crate::tls::Kind,
+        /// The agent id, or the master's host name or IP address.
+        name: String,
+        /// Where the CA is and the certificate is written.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Another host name or IP address the holder is reached at (repeatable).
+        #[arg(long = "san", value_name = "NAME")]
+        extra: Vec<String>,
+    },
+}
+
+/// `drover cluster ...`
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Agents reachable, and whether the eviction guard holds back agent losses.
+    Status {
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release the eviction guard: tasks on the agents lost so far are LOST and
+    /// replaced (at the configured agent_loss_rate). Use it when the agents are
+    /// really gone, not when the master or its network is at fault.
+    ReleaseGuard,
 }
 
 /// `drover dev ...`

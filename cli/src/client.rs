@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, InstancesRequest, JobSummary, JobView,
-    TaskView, UpdateRequest, UpdateView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, InstancesRequest, JobSummary,
+    JobView, TaskView, UpdateRequest, UpdateView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -15,19 +15,12 @@ use serde::{Deserialize, Serialize};
 /// Everything that can go wrong talking to the master or an agent.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The address is not an http:// URL.
-    #[error("`{url}` is not a master address: write e.g. http://127.0.0.1:7070 (--master or DROVER_MASTER)")]
+    /// The address is not an http:// or https:// URL.
+    #[error("`{url}` is not a master address: write e.g. http://127.0.0.1:7070 or https://10.0.0.1:7070 (--master or DROVER_MASTER)")]
     BadAddress { url: String },
     /// No connection to the master.
     #[error("cannot reach the master at {url}: is it running? set --master or DROVER_MASTER")]
     MasterUnreachable {
-        url: String,
-        #[source]
-        source: reqwest::Error,
-    },
-    /// No connection to an agent.
-    #[error("cannot reach the agent at {url}: is it running? `drover agent list` shows whether it is reachable")]
-    AgentUnreachable {
         url: String,
         #[source]
         source: reqwest::Error,
@@ -45,6 +38,9 @@ pub enum ClientError {
     /// The answer could not be read.
     #[error("could not read the answer of {url}: {message} (are the CLI and the master the same version?)")]
     Decode { url: String, message: String },
+    /// A token id that cannot be one.
+    #[error("`{0}` is not a token id: `drover token list` lists them")]
+    BadTokenId(String),
     /// A task id that cannot be one.
     #[error("`{0}` is not a task id: `drover job status KEY` lists them")]
     BadTaskId(String),
@@ -60,6 +56,9 @@ impl ClientError {
     }
 }
 
+/// Where the CLI looks for its token, for 401 answers.
+pub const TOKEN_HINT: &str = "the CLI reads its token from --token-file FILE (or DROVER_TOKEN_FILE), DROVER_TOKEN, or `token` / `token_file` in ~/.config/drover/config.toml";
+
 /// Formats an API error: code, message, the field, and every detail on its own line.
 pub fn describe_api_error(status: u16, error: &ApiError) -> String {
     let mut out = format!("{} (HTTP {status}): {}", error.code, error.message);
@@ -68,6 +67,9 @@ pub fn describe_api_error(status: u16, error: &ApiError) -> String {
     }
     for detail in &error.details {
         let _ = write!(out, "\n  {}: {}", detail.field, detail.message);
+    }
+    if status == 401 {
+        let _ = write!(out, "\n  {TOKEN_HINT}");
     }
     out
 }
@@ -81,6 +83,32 @@ pub struct CreateJobResponse {
     pub tasks: Vec<String>,
 }
 
+/// A token as GET /v1/tokens lists it (never its secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub description: String,
+    pub created_ms: u64,
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_ms: Option<u64>,
+}
+
+/// The answer to POST /v1/tokens: the record and the token's text (shown once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewToken {
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    pub token: String,
+}
+
 /// A piece of a log file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogChunk {
@@ -89,38 +117,80 @@ pub struct LogChunk {
     pub size: Option<u64>,
 }
 
-/// Which server a request goes to, for the error message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Peer {
-    Master,
-    Agent,
-}
-
 /// The admin API client.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// The bearer token sent to the master (never to agents).
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("base", &self.base)
+            .field("token", &self.token.as_ref().map(|_| "(set)"))
+            .finish()
+    }
 }
 
 impl Client {
-    /// A client for the master at `url` (`http://host:port`).
-    pub fn new(url: &str) -> Result<Client, ClientError> {
+    /// A client for the master at `url` (`http://host:port`) sending `token`.
+    pub fn with_token(url: &str, token: Option<String>) -> Result<Client, ClientError> {
+        Client::connect(url, token, None)
+    }
+
+    /// A client for the master at `url` (`http://` or `https://host:port`) sending
+    /// `token`, trusting the cluster CA in `ca` (PEM) for https.
+    pub fn connect(
+        url: &str,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Client, ClientError> {
         let base = url.trim().trim_end_matches('/').to_string();
-        if !base.starts_with("http://") || base.len() <= "http://".len() {
+        let scheme_len = if base.starts_with("https://") {
+            "https://".len()
+        } else if base.starts_with("http://") {
+            "http://".len()
+        } else {
+            0
+        };
+        if scheme_len == 0 || base.len() <= scheme_len {
             return Err(ClientError::BadAddress {
                 url: url.to_string(),
             });
         }
-        let http = reqwest::Client::builder()
+        let bad = |message: String| ClientError::Decode {
+            url: base.clone(),
+            message,
+        };
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| ClientError::Decode {
-                url: base.clone(),
-                message: e.to_string(),
-            })?;
-        Ok(Client { base, http })
+            .timeout(Duration::from_secs(60));
+        if let Some(path) = ca {
+            let pem = std::fs::read(path)
+                .map_err(|e| bad(format!("cannot read the CA {}: {e}", path.display())))?;
+            let cert = reqwest::Certificate::from_pem(&pem)
+                .map_err(|e| bad(format!("the CA {} is not PEM: {e}", path.display())))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder.build().map_err(|e| bad(e.to_string()))?;
+        Ok(Client { base, http, token })
+    }
+
+    /// A request to the master, with the token.
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// A client for the master at `url` (`http://host:port`), without a token.
+    pub fn new(url: &str) -> Result<Client, ClientError> {
+        Client::connect(url, None, None)
     }
 
     /// The master's address.
@@ -137,7 +207,7 @@ impl Client {
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .map_err(|source| unreachable(Peer::Master, &self.base, source))?;
+            .map_err(|source| unreachable(&self.base, source))?;
         check_status(&url, response).await.map(|_| ())
     }
 
@@ -151,8 +221,10 @@ impl Client {
         match role {
             Some(role) => {
                 let url = format!("{}/v1/jobs", self.base);
-                let request = self.http.get(&url).query(&[("role", role)]);
-                send_json(Peer::Master, &self.base, &url, request).await
+                let request = self
+                    .request(reqwest::Method::GET, &url)
+                    .query(&[("role", role)]);
+                send_json(&self.base, &url, request).await
             }
             None => self.get("/v1/jobs").await,
         }
@@ -224,29 +296,74 @@ impl Client {
         self.get(&format!("/v1/tasks/{task_id}")).await
     }
 
+    /// GET /v1/cluster.
+    pub async fn cluster(&self) -> Result<ClusterView, ClientError> {
+        self.get("/v1/cluster").await
+    }
+
+    /// POST /v1/cluster/eviction-guard/release.
+    pub async fn release_guard(&self) -> Result<ClusterView, ClientError> {
+        self.post("/v1/cluster/eviction-guard/release", &serde_json::json!({}))
+            .await
+    }
+
     /// GET /v1/agents.
     pub async fn agents(&self) -> Result<Vec<AgentView>, ClientError> {
         self.get("/v1/agents").await
     }
 
-    /// GET {agent}/v1/tasks/{id}/logs/{process}/{stream}?offset=N.
+    /// GET /v1/tokens.
+    pub async fn tokens(&self) -> Result<Vec<TokenInfo>, ClientError> {
+        self.get("/v1/tokens").await
+    }
+
+    /// POST /v1/tokens: the new token's record and text.
+    pub async fn create_token(&self, request: &serde_json::Value) -> Result<NewToken, ClientError> {
+        self.post("/v1/tokens", request).await
+    }
+
+    /// POST /v1/tokens/{id}/revoke.
+    pub async fn revoke_token(&self, id: &str) -> Result<TokenInfo, ClientError> {
+        if !is_valid_name(id) {
+            return Err(ClientError::BadTokenId(id.to_string()));
+        }
+        self.post(&format!("/v1/tokens/{id}/revoke"), &serde_json::json!({}))
+            .await
+    }
+
+    /// POST /v1/agents/{id}/forbid (`forbid` true) or /allow.
+    pub async fn set_agent_forbidden(
+        &self,
+        agent_id: &str,
+        forbid: bool,
+    ) -> Result<serde_json::Value, ClientError> {
+        let verb = if forbid { "forbid" } else { "allow" };
+        self.post(
+            &format!("/v1/agents/{agent_id}/{verb}"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    /// GET /v1/tasks/{id}/logs/{process}/{stream}?offset=N on the master, which
+    /// reads it from the task's agent.
     pub async fn fetch_log(
         &self,
-        agent_address: &str,
         task_id: &str,
         process: &str,
         stream: &str,
         offset: u64,
     ) -> Result<LogChunk, ClientError> {
-        let agent = agent_address.trim_end_matches('/');
-        let url = format!("{agent}/v1/tasks/{task_id}/logs/{process}/{stream}");
+        if !is_valid_name(task_id) {
+            return Err(ClientError::BadTaskId(task_id.to_string()));
+        }
+        let url = format!("{}/v1/tasks/{task_id}/logs/{process}/{stream}", self.base);
         let response = self
-            .http
-            .get(&url)
+            .request(reqwest::Method::GET, &url)
             .query(&[("offset", offset)])
             .send()
             .await
-            .map_err(|source| unreachable(Peer::Agent, agent, source))?;
+            .map_err(|source| unreachable(&self.base, source))?;
         let size = response
             .headers()
             .get("x-drover-log-size")
@@ -265,8 +382,8 @@ impl Client {
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
-        let request = self.http.get(&url);
-        send_json(Peer::Master, &self.base, &url, request).await
+        let request = self.request(reqwest::Method::GET, &url);
+        send_json(&self.base, &url, request).await
     }
 
     async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
@@ -275,21 +392,19 @@ impl Client {
         body: &B,
     ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
-        let request = self.http.post(&url).json(body);
-        send_json(Peer::Master, &self.base, &url, request).await
+        let request = self.request(reqwest::Method::POST, &url).json(body);
+        send_json(&self.base, &url, request).await
     }
 }
 
-fn unreachable(peer: Peer, base: &str, source: reqwest::Error) -> ClientError {
-    let url = base.to_string();
-    match peer {
-        Peer::Master => ClientError::MasterUnreachable { url, source },
-        Peer::Agent => ClientError::AgentUnreachable { url, source },
+fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
+    ClientError::MasterUnreachable {
+        url: base.to_string(),
+        source,
     }
 }
 
 async fn send_json<T: DeserializeOwned>(
-    peer: Peer,
     base: &str,
     url: &str,
     request: reqwest::RequestBuilder,
@@ -297,7 +412,7 @@ async fn send_json<T: DeserializeOwned>(
     let response = request
         .send()
         .await
-        .map_err(|source| unreachable(peer, base, source))?;
+        .map_err(|source| unreachable(base, source))?;
     let response = check_status(url, response).await?;
     let bytes = response.bytes().await.map_err(|e| ClientError::Decode {
         url: url.to_string(),

@@ -1,5 +1,5 @@
-//! The `job`, `task` and `agent` subcommands: each talks to the master through
-//! `Client` and prints a table, text or the API's JSON.
+//! The `job`, `task`, `agent` and `token` subcommands: each talks to the master
+//! through `Client` and prints a table, text or the API's JSON.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -10,18 +10,21 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{JobView, TaskView};
 use serde::Serialize;
 
-use crate::args::{AgentCommand, JobCommand, TaskCommand};
+use crate::args::{
+    AgentCommand, ClusterCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand,
+};
 use crate::client::Client;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
 use crate::specfile;
 use crate::target::{parse_instance_target, parse_job_target};
+use crate::Endpoint;
 
 /// How often `--wait` and `-f` poll.
 const POLL: Duration = Duration::from_millis(250);
 
 /// Runs a `drover job ...` command; Ok(false) means "exit 1" after printing why.
-pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
+pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool> {
     match command {
         JobCommand::Validate { files } => {
             let (report, ok) = specfile::validate_files(&files);
@@ -36,9 +39,9 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             file,
             wait,
             timeout,
-        } => create(&Client::new(master)?, &file, wait, timeout).await,
+        } => create(&master.client()?, &file, wait, timeout).await,
         JobCommand::Status { key, json } => {
-            let client = Client::new(master)?;
+            let client = master.client()?;
             let target = parse_job_target(&key)?;
             let view = client.job(&target.key).await?;
             if json {
@@ -54,7 +57,7 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             Ok(true)
         }
         JobCommand::List { role, json } => {
-            let client = Client::new(master)?;
+            let client = master.client()?;
             let jobs = client.jobs(role.as_deref()).await?;
             if json {
                 print_json(&jobs)?;
@@ -64,7 +67,7 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             Ok(true)
         }
         JobCommand::Kill { target } => {
-            let client = Client::new(master)?;
+            let client = master.client()?;
             let target = parse_job_target(&target)?;
             let response = client.kill(&target.key, target.instances).await?;
             println!(
@@ -76,7 +79,7 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             Ok(true)
         }
         JobCommand::Restart { target } => {
-            let client = Client::new(master)?;
+            let client = master.client()?;
             let target = parse_job_target(&target)?;
             let response = client.restart(&target.key, target.instances).await?;
             println!(
@@ -88,9 +91,9 @@ pub async fn job(master: &str, command: JobCommand) -> anyhow::Result<bool> {
             Ok(true)
         }
         JobCommand::Diff { file, instances } => {
-            crate::update::diff(&Client::new(master)?, &file, instances.as_deref()).await
+            crate::update::diff(&master.client()?, &file, instances.as_deref()).await
         }
-        JobCommand::Update(args) => crate::update::update(&Client::new(master)?, args).await,
+        JobCommand::Update(args) => crate::update::update(&master.client()?, args).await,
     }
 }
 
@@ -148,8 +151,8 @@ async fn create(
 }
 
 /// Runs a `drover task ...` command.
-pub async fn task(master: &str, command: TaskCommand) -> anyhow::Result<bool> {
-    let client = Client::new(master)?;
+pub async fn task(master: &Endpoint, command: TaskCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
     match command {
         TaskCommand::Show { task_id, json } => {
             let task = client.task(&task_id).await?;
@@ -202,7 +205,7 @@ async fn logs(
             task.task_id
         );
     }
-    let agent_id = task.agent_id.clone().ok_or_else(|| {
+    task.agent_id.as_ref().ok_or_else(|| {
         anyhow!(
             "task {} is {} and has not been placed on an agent, so it has no logs yet{}",
             task.task_id,
@@ -213,25 +216,13 @@ async fn logs(
                 .unwrap_or_default()
         )
     })?;
-    let agents = client.agents().await?;
-    let agent = agents
-        .iter()
-        .find(|a| a.agent_id == agent_id)
-        .ok_or_else(|| {
-            anyhow!(
-                "agent {agent_id} of task {} is not registered any more",
-                task.task_id
-            )
-        })?;
     let stream = if stderr { "stderr" } else { "stdout" };
     let task_id = task.task_id.clone();
     let mut offset = 0u64;
     let mut stdout = std::io::stdout();
     let mut last_state_check = Instant::now();
     loop {
-        let chunk = client
-            .fetch_log(&agent.address, &task_id, &process, stream, offset)
-            .await;
+        let chunk = client.fetch_log(&task_id, &process, stream, offset).await;
         let chunk = match chunk {
             Ok(chunk) => chunk,
             // With -f, a log that does not exist yet may appear.
@@ -292,8 +283,8 @@ fn latest_task(view: &JobView, instance: u32) -> anyhow::Result<TaskView> {
 }
 
 /// Runs a `drover agent ...` command.
-pub async fn agent(master: &str, command: AgentCommand) -> anyhow::Result<bool> {
-    let client = Client::new(master)?;
+pub async fn agent(master: &Endpoint, command: AgentCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
     match command {
         AgentCommand::List { json } => {
             let agents = client.agents().await?;
@@ -304,7 +295,150 @@ pub async fn agent(master: &str, command: AgentCommand) -> anyhow::Result<bool> 
             }
             Ok(true)
         }
+        AgentCommand::Forbid { agent_id } => {
+            let answer = client.set_agent_forbidden(&agent_id, true).await?;
+            println!(
+                "agent {agent_id} is forbidden; revoked tokens: {}",
+                answer["revoked_tokens"]
+            );
+            Ok(true)
+        }
+        AgentCommand::Allow { agent_id } => {
+            client.set_agent_forbidden(&agent_id, false).await?;
+            println!("agent {agent_id} is allowed again; it needs a new agent token (`drover token create --role agent`)");
+            Ok(true)
+        }
     }
+}
+
+/// The body of POST /v1/tokens for `drover token create --role ...`.
+pub fn token_request(
+    roles: &[String],
+    agent_id: Option<&str>,
+    description: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let special = ["admin", "operator", "agent"];
+    let kind = match roles {
+        [one] if special.contains(&one.as_str()) => one.as_str(),
+        _ if roles.iter().any(|r| special.contains(&r.as_str())) => bail!(
+            "--role admin, operator or agent stands alone; job roles may be combined (--role www-data --role db)"
+        ),
+        _ => "roles",
+    };
+    if agent_id.is_some() && kind != "agent" {
+        bail!("--agent-id goes with --role agent");
+    }
+    let mut body = serde_json::json!({ "kind": kind, "description": description });
+    if kind == "roles" {
+        body["roles"] = serde_json::json!(roles);
+    }
+    if let Some(id) = agent_id {
+        body["agent_id"] = serde_json::json!(id);
+    }
+    Ok(body)
+}
+
+/// Runs a `drover token ...` command.
+pub async fn token(master: &Endpoint, command: TokenCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
+    match command {
+        TokenCommand::Create {
+            roles,
+            agent_id,
+            description,
+        } => {
+            let body = token_request(&roles, agent_id.as_deref(), &description)?;
+            let created = client.create_token(&body).await?;
+            eprintln!(
+                "created token {} ({}); it is shown only now:",
+                created.info.id,
+                describe_token(&created.info)
+            );
+            println!("{}", created.token);
+            Ok(true)
+        }
+        TokenCommand::List { json } => {
+            let tokens = client.tokens().await?;
+            if json {
+                print_json(&tokens)?;
+            } else {
+                let mut table = crate::table::Table::new(&["ID", "GRANTS", "STATE", "DESCRIPTION"]);
+                for t in &tokens {
+                    let state = if t.revoked_ms.is_some() {
+                        "revoked"
+                    } else {
+                        "live"
+                    };
+                    table.row(vec![
+                        t.id.clone(),
+                        describe_token(t),
+                        state.to_string(),
+                        t.description.clone(),
+                    ]);
+                }
+                print!("{}", table.render());
+            }
+            Ok(true)
+        }
+        TokenCommand::Revoke { token_id } => {
+            client.revoke_token(&token_id).await?;
+            println!("revoked token {token_id}");
+            Ok(true)
+        }
+    }
+}
+
+/// Runs a `drover tls ...` command (no master needed).
+pub fn tls(command: TlsCommand) -> anyhow::Result<bool> {
+    match command {
+        TlsCommand::Init { dir } => {
+            let (cert, key) = crate::tls::init_ca(&dir)?;
+            println!(
+                "created the cluster CA: {} (give to masters and agents) and {} (keep it offline)",
+                cert.display(),
+                key.display()
+            );
+        }
+        TlsCommand::Issue {
+            kind,
+            name,
+            dir,
+            extra,
+        } => {
+            let (cert, key) = crate::tls::issue(&dir, kind, &name, &extra)?;
+            println!(
+                "issued {} and {} (mode 0600)",
+                cert.display(),
+                key.display()
+            );
+        }
+    }
+    Ok(true)
+}
+
+/// `admin`, `operator`, `roles:www,db`, `agent:a1` or `agent:(unbound)`.
+fn describe_token(t: &crate::client::TokenInfo) -> String {
+    match t.kind.as_str() {
+        "roles" => format!("roles:{}", t.roles.join(",")),
+        "agent" => format!("agent:{}", t.agent_id.as_deref().unwrap_or("(unbound)")),
+        other => other.to_string(),
+    }
+}
+
+/// Runs a `drover cluster ...` command. `status` fails (exit 1) while the eviction
+/// guard is engaged, so scripts notice.
+pub async fn cluster(master: &Endpoint, command: ClusterCommand) -> anyhow::Result<bool> {
+    let client = master.client()?;
+    let (view, json) = match command {
+        ClusterCommand::Status { json } => (client.cluster().await?, json),
+        ClusterCommand::ReleaseGuard => (client.release_guard().await?, false),
+    };
+    if json {
+        print_json(&view)?;
+    } else {
+        print!("{}", render::cluster(&view));
+    }
+    Ok(!view.eviction_guard.engaged)
 }
 
 fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {

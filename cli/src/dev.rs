@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::DevArgs;
 use crate::client::Client;
+use crate::credentials;
 use crate::procs::{sweep_executors, wait_for_address, Binaries, Daemon};
 use crate::progress::{wait_outcome, EventFollower, Outcome};
 use crate::specfile;
@@ -218,8 +219,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
     );
     println!("  logs:     {}", dir.join("logs").display());
     println!(
-        "  try:      DROVER_MASTER={} drover job list   (Ctrl-C stops everything)",
-        cluster.client.base()
+        "  token:    {} (admin)",
+        dir.join("master").join(ADMIN_TOKEN_FILE).display()
+    );
+    println!(
+        "  TLS:      CA {} (agents present certificates from the same dir)",
+        dir.join("tls").join(crate::tls::CA_CERT).display()
+    );
+    println!(
+        "  try:      DROVER_MASTER={} DROVER_CA={} DROVER_TOKEN_FILE={} drover job list   (Ctrl-C stops everything)",
+        cluster.client.base(),
+        dir.join("tls").join(crate::tls::CA_CERT).display(),
+        dir.join("master").join(ADMIN_TOKEN_FILE).display()
     );
 
     let mut follower = EventFollower::new();
@@ -258,6 +269,51 @@ fn keep_for_inspection(temp: Option<tempfile::TempDir>) {
     }
 }
 
+/// The bootstrap admin token's file in the master's data dir.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// The throwaway PKI of a dev cluster, in `DIR/tls`.
+struct DevTls {
+    ca: PathBuf,
+    master_cert: PathBuf,
+    master_key: PathBuf,
+    /// Agent K's (from 1) certificate and key, at index K - 1.
+    agents: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Makes (or, with a kept `--data-dir`, reuses) a cluster CA in `DIR/tls`, the
+/// master's certificate for 127.0.0.1, and one certificate per agent for its agent
+/// id: the one in `DIR/agent-K/agent-id`, else `dev-agent-K` written there.
+fn make_certificates(dir: &Path, agents: u32) -> anyhow::Result<DevTls> {
+    use crate::tls::{init_ca, issue, Kind, CA_CERT};
+    let tls = dir.join("tls");
+    if !tls.join(CA_CERT).exists() {
+        init_ca(&tls)?;
+    }
+    let (master_cert, master_key) = issue(&tls, Kind::Master, "127.0.0.1", &[])?;
+    let mut certs = Vec::new();
+    for k in 1..=agents {
+        let agent_dir = dir.join(format!("agent-{k}"));
+        std::fs::create_dir_all(&agent_dir)?;
+        let id_file = agent_dir.join("agent-id");
+        let id = match std::fs::read_to_string(&id_file) {
+            Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
+            _ => {
+                let id = format!("dev-agent-{k}");
+                std::fs::write(&id_file, format!("{id}\n"))?;
+                id
+            }
+        };
+        certs.push(issue(&tls, Kind::Agent, &id, &[])?);
+    }
+    Ok(DevTls {
+        ca: tls.join(CA_CERT),
+        master_cert,
+        master_key,
+        agents: certs,
+    })
+}
+
 /// Starts the master, then the agents, and waits until every agent registered.
 async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cluster> {
     let config = dir.join("master.toml");
@@ -272,16 +328,25 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         .arg(format!("127.0.0.1:{}", args.port))
         .arg("--data-dir")
         .arg(&master_dir);
+    let tls = make_certificates(dir, args.agents)?;
+    command
+        .arg("--tls-cert")
+        .arg(&tls.master_cert)
+        .arg("--tls-key")
+        .arg(&tls.master_key)
+        .arg("--tls-client-ca")
+        .arg(&tls.ca);
     let mut master = Daemon::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let url = wait_for_address(
         &mut master,
         &master_dir.join("master.addr"),
         STARTUP_TIMEOUT,
     )
-    .await?;
-    let client = Client::new(&url)?;
+    .await?
+    .replacen("http://", "https://", 1);
+    let health = Client::connect(&url, None, Some(&tls.ca))?;
     let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while client.health().await.is_err() {
+    while health.health().await.is_err() {
         master.check_alive()?;
         if Instant::now() > deadline {
             bail!(
@@ -291,6 +356,12 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let admin_token = master_dir.join(ADMIN_TOKEN_FILE);
+    let client = Client::connect(
+        &url,
+        Some(credentials::read_token(&admin_token)?),
+        Some(&tls.ca),
+    )?;
 
     let no_isolation = !nix::unistd::geteuid().is_root();
     if no_isolation {
@@ -304,7 +375,15 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         sandbox_roots.push(root);
-        let command = agent_command(bins, &url, dir, k, ports_base, no_isolation);
+        let mut command = agent_command(bins, &url, dir, k, ports_base, no_isolation);
+        let (cert, key) = &tls.agents[(k - 1) as usize];
+        command
+            .arg("--tls-ca")
+            .arg(&tls.ca)
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key);
         let log = dir.join(format!("logs/agent-{k}.log"));
         agents.push(Daemon::spawn(&format!("drover-agent {k}"), command, &log)?);
     }

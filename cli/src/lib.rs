@@ -4,6 +4,7 @@
 pub mod args;
 pub mod client;
 pub mod commands;
+pub mod credentials;
 pub mod dev;
 pub mod procs;
 pub mod progress;
@@ -11,16 +12,45 @@ pub mod render;
 pub mod specfile;
 pub mod table;
 pub mod target;
+pub mod tls;
 pub mod update;
 
 use args::{Cli, Command};
 
+/// Where the admin API is and the token to send it.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    pub master: String,
+    pub token: Option<String>,
+    /// The cluster CA for an https:// master.
+    pub ca: Option<std::path::PathBuf>,
+}
+
+impl Endpoint {
+    /// A client of the master with the token.
+    pub fn client(&self) -> Result<client::Client, client::ClientError> {
+        client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())
+    }
+}
+
 /// Runs one command line; Ok(false) means the command failed after saying why.
 pub async fn run(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
-        Command::Job(command) => commands::job(&cli.master, command).await,
-        Command::Task(command) => commands::task(&cli.master, command).await,
-        Command::Agent(command) => commands::agent(&cli.master, command).await,
-        Command::Dev(args) => dev::run(args).await,
+        Command::Dev(args) => return dev::run(args).await,
+        Command::Tls(command) => return commands::tls(command),
+        _ => {}
+    }
+    let endpoint = Endpoint {
+        token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
+        master: cli.master,
+        ca: cli.ca,
+    };
+    match cli.command {
+        Command::Job(command) => commands::job(&endpoint, command).await,
+        Command::Task(command) => commands::task(&endpoint, command).await,
+        Command::Agent(command) => commands::agent(&endpoint, command).await,
+        Command::Token(command) => commands::token(&endpoint, command).await,
+        Command::Cluster(command) => commands::cluster(&endpoint, command).await,
+        Command::Dev(_) | Command::Tls(_) => Ok(false),
     }
 }

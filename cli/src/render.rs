@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use drover_common::state::{TaskState, UnixMillis};
-use drover_common::wire::{AgentResources, AgentView, JobSummary, JobView, TaskView};
+use drover_common::wire::{AgentResources, AgentView, ClusterView, JobSummary, JobView, TaskView};
 
 use crate::table::Table;
 
@@ -234,6 +234,25 @@ pub fn task_details(task: &TaskView, agent: Option<&AgentView>) -> String {
 }
 
 /// `drover agent list`.
+/// `drover cluster status`: agents reachable and the eviction guard.
+pub fn cluster(view: &ClusterView) -> String {
+    let g = &view.eviction_guard;
+    let mut out = format!(
+        "agents: {} reachable of {}\n",
+        view.reachable_agents, view.agents
+    );
+    if g.engaged {
+        let since = g.since_ms.map(timestamp).unwrap_or_default();
+        out.push_str(&format!(
+            "EVICTION GUARD ENGAGED since {since}: {}\n  {} task(s) held; release with `drover cluster release-guard`\n",
+            g.message, g.held_tasks
+        ));
+    } else {
+        out.push_str(&format!("eviction guard: {}\n", g.message));
+    }
+    out
+}
+
 pub fn agent_list(agents: &[AgentView]) -> String {
     if agents.is_empty() {
         return "no agents\n".to_string();

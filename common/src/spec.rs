@@ -349,11 +349,14 @@ impl JobSpec {
     }
 }
 
-/// Names become paths and cgroup names: `[A-Za-z0-9_.-]{1,64}`, never `.` or `..`.
+/// Names become paths and cgroup names: `[A-Za-z0-9_.-]{1,64}`, never `.` or `..`,
+/// never starting with `-`.
 pub fn is_valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name != "."
         && name != ".."
+        // A leading `-` reads as a flag to the CLI and to shell tools.
+        && !name.starts_with('-')
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
@@ -620,6 +623,7 @@ mod tests {
     #[test]
     fn names_refuse_paths_and_odd_characters() {
         assert!(is_valid_name("www-data"));
+        assert!(!is_valid_name("-rf"), "a leading dash reads as a flag");
         assert!(is_valid_name("a.b_c-1"));
         for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(65), "é"] {
             assert!(!is_valid_name(bad), "{bad:?}");

@@ -19,6 +19,25 @@ pub fn now_ms() -> UnixMillis {
         .unwrap_or(0)
 }
 
+/// Milliseconds on the monotonic clock (see [`mono_ms`]): only differences mean
+/// anything, and only within one process.
+pub type MonoMillis = u64;
+
+/// Where [`mono_ms`] starts: far enough from zero that a duration subtracted from any
+/// reading (a task's age re-derived at load) never underflows.
+pub const MONO_ORIGIN_MS: MonoMillis = 1 << 40;
+
+/// The monotonic clock (`CLOCK_MONOTONIC` through [`std::time::Instant`]) as
+/// [`MonoMillis`]: [`MONO_ORIGIN_MS`] plus the milliseconds since the first call in
+/// this process. Wall clock steps (NTP, an operator, a VM resumed) do not move it,
+/// nor does the time a suspended machine sleeps. Every timeout is measured on it;
+/// the wall clock ([`now_ms`]) is only for what people read.
+pub fn mono_ms() -> MonoMillis {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    MONO_ORIGIN_MS + origin.elapsed().as_millis() as u64
+}
+
 /// Aurora's task states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

@@ -24,7 +24,7 @@ pub const MAX_DISK: ByteSize = ByteSize(1 << 50);
 pub const DEDICATED: &str = "dedicated";
 
 const NAME_RULE: &str =
-    "use 1 to 64 of the characters A-Z a-z 0-9 _ . - (not `.` or `..`), e.g. www-data";
+    "use 1 to 64 of the characters A-Z a-z 0-9 _ . - (not `.` or `..`, not starting with `-`), e.g. www-data";
 
 /// Every semantic problem in `job`, in field order; empty when the job is valid.
 pub fn validate(job: &JobSpec) -> Vec<FieldError> {

@@ -318,6 +318,10 @@ pub struct ApiError {
     pub details: Vec<FieldError>,
 }
 
+/// Header of `POST /v1/agents/register` carrying the secret the agent's log server
+/// requires (as `Authorization: Bearer <it>`) from the master proxying log reads.
+pub const LOGS_KEY_HEADER: &str = "x-drover-logs-key";
+
 /// A problem at a field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldError {
@@ -393,6 +397,36 @@ pub struct AgentView {
     pub resources: AgentResources,
     pub free: AgentResources,
     pub tasks: Vec<String>,
+}
+
+/// GET /v1/cluster and POST /v1/cluster/eviction-guard/release: the fleet at a
+/// glance and the eviction guard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Agents the master knows.
+    pub agents: u32,
+    /// Agents heartbeating within the agent timeout.
+    pub reachable_agents: u32,
+    pub eviction_guard: EvictionGuardView,
+}
+
+/// The eviction guard: while `engaged`, tasks on unreachable agents are neither
+/// LOST nor replaced (exclusive tasks excepted: their lease ends them anyway).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvictionGuardView {
+    pub engaged: bool,
+    /// When it engaged (wall clock).
+    #[serde(default)]
+    pub since_ms: Option<UnixMillis>,
+    /// Agents that went unreachable in the storm and are still unreachable.
+    pub unreachable_agents: u32,
+    /// The fleet the share is measured against (agents reachable at the start of
+    /// the storm window).
+    pub fleet_agents: u32,
+    /// Tasks whose loss is held back.
+    pub held_tasks: u32,
+    /// What it is doing and how to release it, in words.
+    pub message: String,
 }
 
 /// Body of POST .../kill and .../restart: which instances (`0-3,7`); absent: all.
@@ -525,26 +559,66 @@ pub struct ActionResponse {
     pub tasks: Vec<String>,
 }
 
-/// Parses an instance set like `0-3,7` into sorted, deduplicated numbers.
-pub fn parse_instance_set(text: &str) -> Result<Vec<u32>, String> {
-    let mut out = Vec::new();
+/// The most comma-separated parts an instance set may have (each costs work).
+pub const MAX_INSTANCE_SET_PARTS: usize = 10_000;
+/// The highest instance number an instance set may name (above any job's).
+pub const MAX_INSTANCE: u32 = 100_000;
+
+/// Parses an instance set like `0-3,7` into sorted, merged, disjoint inclusive
+/// ranges. The work is bounded by the number of parts (at most
+/// `MAX_INSTANCE_SET_PARTS`), never by the size of the ranges.
+pub fn parse_instance_ranges(text: &str) -> Result<Vec<(u32, u32)>, String> {
+    let parts = text.split(',').count();
+    if parts > MAX_INSTANCE_SET_PARTS {
+        return Err(format!(
+            "the instance set has {parts} parts; at most {MAX_INSTANCE_SET_PARTS} are accepted: merge them into ranges like 0-99"
+        ));
+    }
+    let mut ranges = Vec::with_capacity(parts);
     for part in text.split(',').map(str::trim) {
-        let bad = || format!("`{part}` is not an instance or range; write e.g. 0-3,7");
-        match part.split_once('-') {
-            Some((lo, hi)) => {
-                let lo: u32 = lo.trim().parse().map_err(|_| bad())?;
-                let hi: u32 = hi.trim().parse().map_err(|_| bad())?;
-                if lo > hi || hi - lo > 100_000 {
-                    return Err(bad());
-                }
-                out.extend(lo..=hi);
+        let bad = || {
+            let shown: String = part.chars().take(40).collect();
+            format!("`{shown}` is not an instance or range; write e.g. 0-3,7")
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (
+                lo.trim().parse::<u32>().map_err(|_| bad())?,
+                hi.trim().parse::<u32>().map_err(|_| bad())?,
+            ),
+            None => {
+                let n = part.parse::<u32>().map_err(|_| bad())?;
+                (n, n)
             }
-            None => out.push(part.parse().map_err(|_| bad())?),
+        };
+        if lo > hi {
+            return Err(bad());
+        }
+        if hi > MAX_INSTANCE {
+            return Err(format!(
+                "instance {hi} in `{part}` is above {MAX_INSTANCE}, the highest any job has"
+            ));
+        }
+        ranges.push((lo, hi));
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match merged.last_mut() {
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => merged.push((lo, hi)),
         }
     }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
+    Ok(merged)
+}
+
+/// Parses an instance set like `0-3,7` into sorted, deduplicated numbers (ranges
+/// merged first, so overlapping parts cost nothing extra; at most
+/// `MAX_INSTANCE + 1` numbers).
+pub fn parse_instance_set(text: &str) -> Result<Vec<u32>, String> {
+    Ok(parse_instance_ranges(text)?
+        .into_iter()
+        .flat_map(|(lo, hi)| lo..=hi)
+        .collect())
 }
 
 #[cfg(test)]
@@ -614,5 +688,26 @@ mod tests {
         assert_eq!(parse_instance_set("0-3,7").unwrap(), vec![0, 1, 2, 3, 7]);
         assert!(parse_instance_set("3-1").is_err());
         assert!(parse_instance_set("x").is_err());
+    }
+
+    #[test]
+    fn instance_sets_merge_ranges_and_bound_the_work() {
+        assert_eq!(
+            parse_instance_ranges("5-9,0-3,4,20,8-12").unwrap(),
+            vec![(0, 12), (20, 20)]
+        );
+        // 8,000 copies of 1-100000: merged into one range, cheap.
+        let many = vec!["1-100000"; 8_000].join(",");
+        let started = std::time::Instant::now();
+        assert_eq!(parse_instance_ranges(&many).unwrap(), vec![(1, 100_000)]);
+        assert_eq!(parse_instance_set(&many).unwrap().len(), 100_000);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let too_many = vec!["1"; MAX_INSTANCE_SET_PARTS + 1].join(",");
+        assert!(parse_instance_ranges(&too_many)
+            .unwrap_err()
+            .contains("at most"));
+        assert!(parse_instance_ranges("0-4000000000")
+            .unwrap_err()
+            .contains("above"));
     }
 }

@@ -11,10 +11,12 @@ pub mod cleanup;
 pub mod health;
 pub mod hub;
 pub mod machine;
+pub mod plan;
 pub mod resident;
 pub mod runner;
 pub mod sandbox;
 pub mod spawn;
+pub mod supervisor;
 pub mod users;
 pub mod zygote;
 

@@ -524,4 +524,4 @@ impl Escalation {
 
 #[cfg(test)]
 #[path = "machine_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -4,7 +4,8 @@ use super::*;
 use drover_common::spec::{ProcessSpec, Resources};
 use drover_common::units::{ByteSize, Duration as D};
 
-fn proc(name: &str) -> ProcessSpec {
+/// A one-shot process `name` (also used by the supervisor's tests).
+pub(crate) fn proc(name: &str) -> ProcessSpec {
     ProcessSpec {
         name: name.into(),
         cmdline: "true".into(),
@@ -16,7 +17,8 @@ fn proc(name: &str) -> ProcessSpec {
     }
 }
 
-fn task(processes: Vec<ProcessSpec>, order: &[&[&str]]) -> TaskSpec {
+/// A task of `processes` ordered in the chains `order`.
+pub(crate) fn task(processes: Vec<ProcessSpec>, order: &[&[&str]]) -> TaskSpec {
     TaskSpec {
         processes,
         order: order

@@ -6,11 +6,10 @@
 use std::cell::Cell;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use drover_common::spec::{HealthCheck, HealthCheckType};
-use drover_common::state::{ExitReason, TaskState};
-use drover_common::template::TemplateContext;
+use drover_common::spec::HealthCheckType;
+use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::{ExecutorStatus, ExecutorTask};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -19,17 +18,15 @@ use tokio::signal::unix::Signal as SignalStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::cgroup::{FsCgroup, Limits, TaskCgroup};
-use crate::health::{self, HealthTracker, Verdict};
+use crate::cgroup::{FsCgroup, TaskCgroup};
+use crate::health;
 use crate::hub::{self, ClientEvent, Hub};
-use crate::machine::{Escalation, Machine, Millis, Phase, Step};
+use crate::machine::{Machine, Millis, Step};
+use crate::plan::{self, HealthProbe, Plan};
 use crate::resident;
 use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
 use crate::spawn::{self, Isolation};
-
-/// How often the runner looks for processes that outlived their parent while it
-/// waits for everything to exit.
-const RESIDUAL_POLL: Millis = 10;
+use crate::supervisor::{self, Command, Supervisor};
 
 /// The executor's settings (its command line).
 #[derive(Clone, Debug)]
@@ -100,35 +97,31 @@ enum Event {
     Posted(String),
 }
 
-struct HealthState {
-    spec: HealthCheck,
-    tracker: HealthTracker,
-    next_at: Millis,
-    in_flight: bool,
-    port: u16,
-    command: Option<String>,
+/// The executor: the pure [`Supervisor`] and the I/O that carries out its commands.
+struct Runner {
+    sup: Supervisor,
+    io: RunnerIo,
 }
 
-struct Runner {
+/// Processes, signals, the cgroup, health checks and statuses: the [`supervisor::Io`]
+/// of a real task.
+struct RunnerIo {
     opts: Options,
     task: ExecutorTask,
     layout: Layout,
-    /// `status.json`, appended to by [`Runner::flush`].
+    /// `status.json`, appended to by [`RunnerIo::flush`].
     checkpoint: Checkpoint,
-    machine: Machine,
     cgroup: Option<FsCgroup>,
     iso: Isolation,
     env: Vec<(String, String)>,
     cmdlines: Vec<String>,
+    /// The process names, by index (the machine's).
+    names: Vec<String>,
     started_at: Instant,
-    state: TaskState,
     seq: u64,
     hub: Hub,
     tx: mpsc::UnboundedSender<Event>,
-    health: Option<HealthState>,
-    escalation: Option<Escalation>,
-    kill_reason: Option<ExitReason>,
-    health_failure: Option<ExitReason>,
+    health: Option<HealthProbe>,
     oom_seen: u64,
     /// Processes (task processes and shell health checks) spawned into the cgroup so far.
     spawned: usize,
@@ -138,27 +131,9 @@ struct Runner {
     empty_at: Cell<Option<usize>>,
     /// The process groups of started processes, tracked only without a cgroup.
     pgids: Vec<i32>,
-    clients: usize,
-    clients_changed: Millis,
-    terminal_delivered: bool,
-    message: String,
-    process_changed: bool,
-    /// Statuses emitted in this step of the loop and not yet reported: [`Runner::flush`]
+    /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
-    /// When the task has been RUNNING for [`SETTLE`]: then the pages only starting
-    /// needed are released ([`resident::release_startup_pages`]).
-    release_at: Option<Millis>,
-}
-
-/// How long a task stays RUNNING before its executor counts as settled.
-const SETTLE: Millis = 2_000;
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Statuses as JSON lines, each serialized once for both the checkpoint and stdout:
@@ -287,7 +262,7 @@ async fn run_async(opts: Options) -> i32 {
                     error: e.to_string(),
                 }),
                 message: e.to_string(),
-                timestamp_ms: unix_ms(),
+                timestamp_ms: now_ms(),
                 executor_pid: std::process::id(),
                 processes: Vec::new(),
             };
@@ -371,98 +346,21 @@ impl Runner {
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
-        let pids = task_pids_limit(task.task.resources.pids, opts.pids_max)
+        let Plan {
+            limits,
+            env,
+            cmdlines,
+            health,
+        } = plan::plan(&task, &layout.work, &user.name, opts.pids_max)
             .map_err(|e| fail(SetupError::Other(e), &layout))?;
         // A new cgroup's OOM counter starts at 0; a leftover's is read below.
         let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {
-            let limits = Limits {
-                cpu: task.task.resources.cpu,
-                memory_bytes: task.task.resources.ram.bytes(),
-                pids,
-            };
             // A cgroup left over from an earlier executor of this task is emptied and
             // removed first.
             cgroup_is_new = cg
                 .create(&limits)
                 .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
-        }
-        let ctx = TemplateContext {
-            role: task.role.clone(),
-            environment: task.environment.clone(),
-            name: task.name.clone(),
-            instance: task.instance,
-            task_id: task.task_id.clone(),
-            sandbox: layout.work.display().to_string(),
-            ports: task.ports.clone(),
-        };
-        let render = |text: &str, what: String| {
-            ctx.render(text)
-                .map_err(|e| fail(SetupError::Other(format!("{what}: {e}")), &layout))
-        };
-        let mut env = ctx.environment();
-        env.push(("HOME".into(), layout.work.display().to_string()));
-        env.push(("USER".into(), user.name.clone()));
-        for (k, v) in &task.task.env {
-            env.push((k.clone(), render(v, format!("task.env.{k}"))?));
-        }
-        let cmdlines = task
-            .task
-            .processes
-            .iter()
-            .map(|p| render(&p.cmdline, format!("process `{}` cmdline", p.name)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let health = match &task.health_check {
-            None => None,
-            Some(hc) => {
-                let port = match hc.kind {
-                    HealthCheckType::Shell => 0,
-                    _ => *task.ports.get(&hc.port).ok_or_else(|| {
-                        fail(SetupError::Other(format!(
-                            "health_check.port `{}` has no assigned port number; add it to task.resources.ports and the task's ports",
-                            hc.port
-                        )), &layout)
-                    })?,
-                };
-                let command =
-                    match (&hc.kind, &hc.command) {
-                        (HealthCheckType::Shell, Some(c)) => {
-                            Some(render(c, "health_check.command".into())?)
-                        }
-                        (HealthCheckType::Shell, None) => return Err(fail(
-                            SetupError::Other(
-                                "health_check.type is shell but health_check.command is missing"
-                                    .into(),
-                            ),
-                            &layout,
-                        )),
-                        _ => None,
-                    };
-                Some(HealthState {
-                    spec: hc.clone(),
-                    tracker: HealthTracker::new(
-                        0,
-                        hc.initial_interval.get(),
-                        hc.max_consecutive_failures,
-                        hc.min_consecutive_successes,
-                    ),
-                    next_at: 0,
-                    in_flight: false,
-                    port,
-                    command,
-                })
-            }
-        };
-        if let Some(http) = task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
-            if !task.ports.contains_key(&http.port) {
-                return Err(fail(
-                    SetupError::Other(format!(
-                        "lifecycle.http.port `{}` has no assigned port number",
-                        http.port
-                    )),
-                    &layout,
-                ));
-            }
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         let iso = Isolation::new(&procs_files, &user);
@@ -503,111 +401,51 @@ impl Runner {
                 }
             }
         });
+        let names = (0..machine.len())
+            .map(|i| machine.name(i).to_string())
+            .collect();
+        let config = supervisor::Config {
+            health_check: task.health_check.clone(),
+            http: task.lifecycle.as_ref().and_then(|l| l.http.clone()),
+            finalization_wait: task.task.finalization_wait.get(),
+            recovery_timeout: opts.recovery_timeout,
+            standalone: opts.standalone,
+        };
         Ok(Runner {
-            opts,
-            task,
-            checkpoint: Checkpoint::new(layout.status_file()),
-            layout,
-            machine,
-            cgroup,
-            iso,
-            env,
-            cmdlines,
-            started_at: Instant::now(),
-            state: TaskState::Starting,
-            seq: 0,
-            hub,
-            tx,
-            health,
-            escalation: None,
-            kill_reason: None,
-            health_failure: None,
-            oom_seen,
-            spawned: 0,
-            empty_at: Cell::new(None),
-            pgids: Vec::new(),
-            clients: 0,
-            clients_changed: 0,
-            terminal_delivered: false,
-            message: String::new(),
-            process_changed: false,
-            pending: Vec::new(),
-            release_at: None,
+            sup: Supervisor::new(machine, config),
+            io: RunnerIo {
+                opts,
+                task,
+                checkpoint: Checkpoint::new(layout.status_file()),
+                layout,
+                cgroup,
+                iso,
+                env,
+                cmdlines,
+                names,
+                started_at: Instant::now(),
+                seq: 0,
+                hub,
+                tx,
+                health,
+                oom_seen,
+                spawned: 0,
+                empty_at: Cell::new(None),
+                pgids: Vec::new(),
+                pending: Vec::new(),
+            },
         })
     }
 
     fn now(&self) -> Millis {
-        self.started_at.elapsed().as_millis() as Millis
+        self.io.now()
     }
 
-    /// Records a new status (next `seq`). It is reported by the next
-    /// [`Runner::flush`], which the loop calls before it waits for anything.
-    fn emit(&mut self, state: TaskState, exit_reason: Option<ExitReason>, message: String) {
-        self.seq += 1;
-        if state != self.state {
-            self.release_at = (state == TaskState::Running).then(|| self.now() + SETTLE);
-        }
-        self.state = state;
-        self.message = message.clone();
-        let status = ExecutorStatus {
-            seq: self.seq,
-            task_id: self.task.task_id.clone(),
-            state,
-            exit_reason,
-            message,
-            timestamp_ms: unix_ms(),
-            executor_pid: std::process::id(),
-            processes: self.machine.statuses(),
-        };
-        self.pending.push(status);
-    }
-
-    /// Checkpoints the latest pending status (one appended line however many changes
-    /// this step made: e.g. STARTING and RUNNING), and only then reports every pending
-    /// status, each with its own `seq`, on stdout and the socket. So no change is ever
-    /// reported before a checkpoint holding it or a later one. A terminal status no
-    /// agent has taken is synced to the disk first ([`Runner::sync_untaken_terminal`]).
+    /// Reports what is pending ([`RunnerIo::flush`]), syncing a terminal status no
+    /// agent has taken.
     fn flush(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let (lines, last) = status_lines(&self.pending);
-        if let Err(e) = self.checkpoint.append_line(&lines[last..]) {
-            crate::diag!(
-                "drover-executor: cannot checkpoint {}: {e}",
-                self.layout.status_file().display()
-            );
-        }
-        self.sync_untaken_terminal();
-        write_stdout(&lines);
-        for status in self.pending.drain(..) {
-            self.hub.publish(status);
-        }
-    }
-
-    /// Syncs the checkpoint (`fdatasync`) when it holds a terminal status and no agent
-    /// is connected to take it: the executor may then wait for one for the recovery
-    /// timeout, and the status must outlive a power loss in that time, or a finished
-    /// task would be reported LOST and rerun. Called again when the last agent goes
-    /// before it read the status. Other checkpoints are not synced: after a host crash
-    /// every task that had not ended is LOST whatever its checkpoint says, and a status
-    /// an agent takes is in the agent's outbox, fsync'd before it is relayed, within
-    /// about a millisecond (so a power loss in that window reports the task LOST, as
-    /// for one still running).
-    fn sync_untaken_terminal(&mut self) {
-        if self.state.is_terminal() && self.clients == 0 && !self.terminal_delivered {
-            if let Err(e) = self.checkpoint.sync() {
-                crate::diag!(
-                    "drover-executor: cannot sync {}: {e}",
-                    self.layout.status_file().display()
-                );
-            }
-        }
-    }
-
-    /// Emits the current state again with the current process list.
-    fn emit_same(&mut self, message: String) {
-        self.emit(self.state, None, message);
+        let sync = self.sup.terminal_untaken();
+        self.io.flush(sync);
     }
 
     async fn main_loop(
@@ -618,43 +456,36 @@ impl Runner {
         let (mut term, mut int) = signals;
         // Start the first processes before anything else: that is what the task waits
         // for; the STARTING checkpoint follows.
-        let now = self.now();
-        for idx in self.machine.to_start(now) {
-            self.start_process(idx, now);
-        }
-        let isolation = match &self.cgroup {
+        let isolation = match &self.io.cgroup {
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),
         };
-        self.emit(
-            TaskState::Starting,
-            None,
-            format!("sandbox {} ready, {isolation}", self.layout.work.display()),
+        let ready = format!(
+            "sandbox {} ready, {isolation}",
+            self.io.layout.work.display()
         );
-        if self.health.is_none() && self.machine.any_running() {
-            self.emit(TaskState::Running, None, "processes started".into());
-        }
+        let now = self.now();
+        self.sup.begin(now, ready, &mut self.io);
         loop {
             // What the events emitted goes out before `tick` acts (its kill step may
             // wait for the cgroup to empty).
             self.flush();
-            if self.tick() {
-                self.emit_same("processes changed".into());
-            }
+            let now = self.now();
+            self.sup.tick(now, &mut self.io);
             self.flush();
-            if self.state.is_terminal() {
+            if self.sup.state().is_terminal() {
                 break;
             }
-            let deadline = self.next_deadline();
-            let sleep_until = self.started_at + Duration::from_millis(deadline);
+            let deadline = self.sup.next_deadline(self.now());
+            let sleep_until = self.io.started_at + Duration::from_millis(deadline);
             tokio::select! {
                 ev = rx.recv() => match ev {
                     Some(ev) => self.handle(ev),
                     None => break,
                 },
                 _ = tokio::time::sleep_until(sleep_until) => {}
-                Some(_) = async { term.as_mut()?.recv().await } => self.request_kill(ExitReason::KilledByRequest, "SIGTERM"),
-                Some(_) = async { int.as_mut()?.recv().await } => self.request_kill(ExitReason::KilledByRequest, "SIGINT"),
+                Some(_) = async { term.as_mut()?.recv().await } => self.kill_requested("SIGTERM"),
+                Some(_) = async { int.as_mut()?.recv().await } => self.kill_requested("SIGINT"),
             }
             // Handle everything already queued before deciding.
             while let Ok(ev) = rx.try_recv() {
@@ -662,20 +493,21 @@ impl Runner {
             }
         }
         self.flush();
-        self.cleanup_cgroup();
-        if !self.opts.standalone {
+        self.io.cleanup_cgroup();
+        if !self.io.opts.standalone {
             // Keep serving until an agent has read the terminal status.
-            while !self.terminal_delivered {
+            while !self.sup.terminal_delivered() {
                 self.flush();
-                self.sync_untaken_terminal();
-                let deadline = self.recovery_deadline();
+                self.io.sync_terminal(self.sup.terminal_untaken());
+                let deadline = self.sup.recovery_deadline(self.now());
                 tokio::select! {
                     ev = rx.recv() => match ev {
                         Some(ev) => self.handle(ev),
                         None => break,
                     },
-                    _ = tokio::time::sleep_until(self.started_at + Duration::from_millis(deadline)) => {
-                        if self.clients == 0 && self.now() >= self.recovery_deadline() {
+                    _ = tokio::time::sleep_until(self.io.started_at + Duration::from_millis(deadline)) => {
+                        let now = self.now();
+                        if !self.sup.has_clients() && now >= self.sup.recovery_deadline(now) {
                             break;
                         }
                     }
@@ -689,102 +521,113 @@ impl Runner {
         // refused), and an unlink would free an inode per task, which a journal-less
         // ext4 makes every later file creation on the host pay for (see
         // `Checkpoint`). The sandbox GC removes it with the sandbox.
-        if self.state == TaskState::Finished {
+        if self.sup.state() == TaskState::Finished {
             0
         } else {
             1
         }
     }
 
-    fn recovery_deadline(&self) -> Millis {
-        if self.clients > 0 || self.opts.standalone {
-            return self.now() + 3_600_000;
-        }
-        self.clients_changed + self.opts.recovery_timeout.as_millis() as Millis
-    }
-
-    fn next_deadline(&self) -> Millis {
+    /// A signal asked for the kill escalation.
+    fn kill_requested(&mut self, from: &str) {
         let now = self.now();
-        let mut next = now + 3_600_000;
-        if self.escalation.is_none() {
-            if let Some(t) = self.machine.next_wakeup(now) {
-                next = next.min(t);
-            }
-            if let Some(h) = &self.health {
-                next = next.min(h.next_at);
-            }
-        } else if self.machine.phase() == Phase::Finalizing {
-            if let Some(t) = self.machine.next_wakeup(now) {
-                next = next.min(t);
-            }
-        }
-        if let Some(e) = &self.escalation {
-            if let Some(d) = e.deadline() {
-                next = next.min(d);
-            }
-            if self.waiting_on_residue() {
-                next = next.min(now + RESIDUAL_POLL);
-            }
-        }
-        if !self.opts.standalone {
-            next = next.min(self.recovery_deadline());
-        }
-        if let Some(at) = self.release_at {
-            next = next.min(at);
-        }
-        next
-    }
-
-    /// In the escalation, every tracked process exited but something it left behind
-    /// (a shell's child, a daemon) may still run.
-    fn waiting_on_residue(&self) -> bool {
-        match &self.escalation {
-            Some(e) if e.deadline().is_some() => match e.step() {
-                Step::PostGraceful | Step::PostShutdown => !self.machine.any_regular_running(),
-                _ => !self.machine.any_running(),
-            },
-            _ => false,
-        }
-    }
-
-    fn residue_alive(&self) -> bool {
-        match &self.cgroup {
-            Some(_) => !self.cgroup_empty(),
-            None => self
-                .pgids
-                .iter()
-                .any(|&g| killpg(Pid::from_raw(g), None).is_ok()),
-        }
+        self.sup
+            .kill_requested(now, ExitReason::KilledByRequest, from, &mut self.io);
     }
 
     fn handle(&mut self, ev: Event) {
+        let now = self.now();
         match ev {
             Event::Exited { idx, status } => {
-                let reason = self.exit_reason(idx, status);
-                self.machine.exited(idx, reason);
-                self.process_changed = true;
+                let reason = self.io.exit_reason(idx, status);
+                self.sup.process_exited(idx, reason);
                 // Forget process groups that are gone, so that a recycled id is never
                 // signalled (they matter only without a cgroup).
-                self.pgids
+                self.io
+                    .pgids
                     .retain(|&g| killpg(Pid::from_raw(g), None).is_ok());
             }
-            Event::Health(result) => self.health_result(result),
-            Event::Client(ClientEvent::Connected) => {
-                self.clients += 1;
-                self.clients_changed = self.now();
-            }
-            Event::Client(ClientEvent::Gone) => {
-                self.clients = self.clients.saturating_sub(1);
-                self.clients_changed = self.now();
-            }
+            Event::Health(result) => self.sup.health_result(now, result, &mut self.io),
+            Event::Client(ClientEvent::Connected) => self.sup.client_connected(now),
+            Event::Client(ClientEvent::Gone) => self.sup.client_gone(now),
             Event::Client(ClientEvent::Kill(reason)) => {
-                self.request_kill(reason, "a socket client")
+                self.sup
+                    .kill_requested(now, reason, "a socket client", &mut self.io)
             }
-            Event::Client(ClientEvent::TerminalDelivered) => self.terminal_delivered = true,
-            Event::Posted(what) => {
-                if !self.state.is_terminal() {
-                    self.emit_same(what);
-                }
+            Event::Client(ClientEvent::TerminalDelivered) => self.sup.delivered_terminal(),
+            Event::Posted(what) => self.sup.posted(now, what, &mut self.io),
+        }
+    }
+}
+
+impl RunnerIo {
+    fn now(&self) -> Millis {
+        self.started_at.elapsed().as_millis() as Millis
+    }
+
+    /// Records a new status (next `seq`). It is reported by the next
+    /// [`RunnerIo::flush`], which the loop calls before it waits for anything.
+    fn emit(
+        &mut self,
+        state: TaskState,
+        exit_reason: Option<ExitReason>,
+        message: String,
+        processes: Vec<drover_common::wire::ProcessStatus>,
+    ) {
+        self.seq += 1;
+        let status = ExecutorStatus {
+            seq: self.seq,
+            task_id: self.task.task_id.clone(),
+            state,
+            exit_reason,
+            message,
+            timestamp_ms: now_ms(),
+            executor_pid: std::process::id(),
+            processes,
+        };
+        self.pending.push(status);
+    }
+
+    /// Checkpoints the latest pending status (one appended line however many changes
+    /// this step made: e.g. STARTING and RUNNING), and only then reports every pending
+    /// status, each with its own `seq`, on stdout and the socket. So no change is ever
+    /// reported before a checkpoint holding it or a later one. A terminal status no
+    /// agent has taken (`sync`, [`Supervisor::terminal_untaken`]) is synced to the disk
+    /// first ([`RunnerIo::sync_terminal`]).
+    fn flush(&mut self, sync: bool) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let (lines, last) = status_lines(&self.pending);
+        if let Err(e) = self.checkpoint.append_line(&lines[last..]) {
+            crate::diag!(
+                "drover-executor: cannot checkpoint {}: {e}",
+                self.layout.status_file().display()
+            );
+        }
+        self.sync_terminal(sync);
+        write_stdout(&lines);
+        for status in self.pending.drain(..) {
+            self.hub.publish(status);
+        }
+    }
+
+    /// Syncs the checkpoint (`fdatasync`) when `untaken`: it holds a terminal status
+    /// and no agent is connected to take it. The executor may then wait for one for the
+    /// recovery timeout, and the status must outlive a power loss in that time, or a
+    /// finished task would be reported LOST and rerun. Called again when the last agent
+    /// goes before it read the status. Other checkpoints are not synced: after a host
+    /// crash every task that had not ended is LOST whatever its checkpoint says, and a
+    /// status an agent takes is in the agent's outbox, fsync'd before it is relayed,
+    /// within about a millisecond (so a power loss in that window reports the task
+    /// LOST, as for one still running).
+    fn sync_terminal(&mut self, untaken: bool) {
+        if untaken {
+            if let Err(e) = self.checkpoint.sync() {
+                crate::diag!(
+                    "drover-executor: cannot sync {}: {e}",
+                    self.layout.status_file().display()
+                );
             }
         }
     }
@@ -799,7 +642,7 @@ impl Runner {
             Ok(s) => match (s.code(), s.signal()) {
                 (Some(code), _) => match spawn::shell_start_error(code, &self.cmdlines[idx]) {
                     Some(error) => ExitReason::FailedToStart {
-                        process: self.machine.name(idx).to_string(),
+                        process: self.names[idx].clone(),
                         error,
                     },
                     None => ExitReason::ExitCode { code },
@@ -808,7 +651,7 @@ impl Runner {
                 (None, None) => ExitReason::ExitCode { code: -1 },
             },
             Err(e) => ExitReason::FailedToStart {
-                process: self.machine.name(idx).to_string(),
+                process: self.names[idx].clone(),
                 error: format!("waiting for the process failed: {e}"),
             },
         };
@@ -824,115 +667,47 @@ impl Runner {
         reason
     }
 
-    fn health_result(&mut self, result: Result<(), String>) {
-        let now = self.now();
-        let Some(h) = self.health.as_mut() else {
+    /// POSTs the lifecycle endpoint of an escalation step; the answer comes back as
+    /// [`Event::Posted`].
+    fn post(&self, step: Step) {
+        let Some(http) = self.task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) else {
             return;
         };
-        h.in_flight = false;
-        if self.escalation.is_some() || self.state.is_terminal() {
-            return;
+        let endpoint = if step == Step::PostGraceful {
+            http.graceful_shutdown_endpoint.clone()
+        } else {
+            http.shutdown_endpoint.clone()
+        };
+        let port = self.task.ports.get(&http.port).copied().unwrap_or(0);
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let r = health::http_request(port, "POST", &endpoint, Duration::from_secs(1)).await;
+            let what = match r {
+                Ok(resp) => format!("POST {endpoint} answered {}", resp.code),
+                Err(e) => format!("POST {endpoint} failed: {e}"),
+            };
+            let _ = tx.send(Event::Posted(what));
+        });
+    }
+
+    /// SIGTERMs the process group and the process of each pid, then what the
+    /// processes left behind (the cgroup's pids, or the started process groups).
+    fn terminate(&self, pids: &[u32]) {
+        for &pid in pids {
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
         }
-        match h.tracker.record(now, result) {
-            Verdict::Unchanged => {}
-            Verdict::BecameHealthy => {
-                if self.state == TaskState::Starting {
-                    self.emit(TaskState::Running, None, "health check passed".into());
-                }
+        // What the processes left behind gets the same chance to stop.
+        if self.cgroup.is_some() {
+            for pid in self.cgroup_pids().unwrap_or_default() {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
             }
-            Verdict::Unhealthy { last_error } => {
-                self.health_failure = Some(ExitReason::HealthCheckFailed {
-                    last_error: last_error.clone(),
-                });
-                self.emit_same(format!(
-                    "health check failed: {last_error}; stopping the task"
-                ));
-                self.start_escalation(true);
+        } else {
+            for &g in &self.pgids {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
             }
         }
     }
-
-    fn request_kill(&mut self, reason: ExitReason, from: &str) {
-        if self.state.is_terminal() || self.kill_reason.is_some() {
-            return;
-        }
-        let message = format!("kill requested by {from}: {reason}");
-        self.kill_reason = Some(reason);
-        self.emit(TaskState::Killing, None, message);
-        if self.escalation.is_none() {
-            self.start_escalation(true);
-        }
-    }
-
-    fn start_escalation(&mut self, use_http: bool) {
-        let now = self.now();
-        let http = self.task.lifecycle.as_ref().and_then(|l| l.http.clone());
-        let (esc, step) = Escalation::start(
-            now,
-            http.as_ref(),
-            use_http,
-            self.task.task.finalization_wait.get(),
-        );
-        self.escalation = Some(esc);
-        self.perform(step);
-    }
-
-    fn perform(&mut self, step: Step) {
-        match step {
-            Step::PostGraceful | Step::PostShutdown => {
-                let Some(http) = self.task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) else {
-                    return;
-                };
-                let endpoint = if step == Step::PostGraceful {
-                    http.graceful_shutdown_endpoint.clone()
-                } else {
-                    http.shutdown_endpoint.clone()
-                };
-                let port = self.task.ports.get(&http.port).copied().unwrap_or(0);
-                let tx = self.tx.clone();
-                tokio::spawn(async move {
-                    let r =
-                        health::http_request(port, "POST", &endpoint, Duration::from_secs(1)).await;
-                    let what = match r {
-                        Ok(resp) => format!("POST {endpoint} answered {}", resp.code),
-                        Err(e) => format!("POST {endpoint} failed: {e}"),
-                    };
-                    let _ = tx.send(Event::Posted(what));
-                });
-            }
-            Step::Terminate => {
-                let mut targets = self.machine.finalize();
-                for i in self.machine.stop_all() {
-                    if !targets.contains(&i) {
-                        targets.push(i);
-                    }
-                }
-                let pids = self.machine.running_pids();
-                for (idx, pid) in pids {
-                    if targets.contains(&idx) {
-                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
-                    }
-                }
-                // What the processes left behind gets the same chance to stop.
-                if self.cgroup.is_some() {
-                    for pid in self.cgroup_pids().unwrap_or_default() {
-                        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-                    }
-                } else {
-                    for &g in &self.pgids {
-                        let _ = killpg(Pid::from_raw(g), Signal::SIGTERM);
-                    }
-                }
-            }
-            Step::KillAll => {
-                self.machine.stop_all();
-                self.machine.abandon_waiting();
-                self.kill_everything();
-            }
-        }
-    }
-
     /// Whether the task's cgroup holds no process (true without one): known since the
     /// last spawn, else one read (`TaskCgroup::is_empty`: one `cgroup.procs` on v1,
     /// not one per hierarchy). Unreadable counts as empty: it cannot be waited for, and
@@ -1005,127 +780,20 @@ impl Runner {
         }
     }
 
-    /// Decides and acts on everything due now. Returns whether processes changed
-    /// (and a status should go out).
-    fn tick(&mut self) -> bool {
-        let mut changed = std::mem::take(&mut self.process_changed);
-        if self.state.is_terminal() {
-            return false;
-        }
-        let now = self.now();
-        if self.release_at.is_some_and(|at| now >= at) {
-            self.release_at = None;
-            resident::release_startup_pages();
-        }
-        if !self.opts.standalone && self.clients == 0 && now >= self.recovery_deadline() {
-            let after = self.opts.recovery_timeout;
-            self.request_kill(
-                ExitReason::AgentLost,
-                &format!("the recovery timeout: no agent connected for {after:?}"),
-            );
-        }
-        // Start what the machine allows (regular processes only when no escalation
-        // runs; final processes during finalization).
-        if self.escalation.is_none() || self.machine.phase() == Phase::Finalizing {
-            for _ in 0..4 {
-                let starts = self.machine.to_start(now);
-                if starts.is_empty() {
-                    break;
-                }
-                for idx in starts {
-                    self.start_process(idx, now);
-                    changed = true;
-                }
-            }
-        }
-        if self.escalation.is_none() && self.machine.regular_done() {
-            // Regular work is over: stop ephemeral processes, run final ones.
-            self.start_escalation(false);
-            for idx in self.machine.to_start(now) {
-                self.start_process(idx, now);
-            }
-            changed = true;
-        }
-        // Health checks.
-        if self.escalation.is_none() {
-            self.maybe_check_health(now);
-        }
-        // Escalation steps.
-        let residue_wait = self.waiting_on_residue();
-        if let Some(mut esc) = self.escalation.take() {
-            let mut step = None;
-            if residue_wait {
-                let all_gone = !self.residue_alive();
-                if all_gone {
-                    step = esc.on_all_exited(now);
-                }
-            }
-            if step.is_none() {
-                step = esc.on_time(now);
-            }
-            self.escalation = Some(esc);
-            if let Some(step) = step {
-                self.perform(step);
-                changed = true;
-                if step == Step::Terminate {
-                    for idx in self.machine.to_start(now) {
-                        self.start_process(idx, now);
-                    }
-                }
-            }
-            let done = self.machine.phase() == Phase::Finalizing
-                && self.machine.finals_done()
-                && (self
-                    .escalation
-                    .as_ref()
-                    .is_some_and(|e| e.deadline().is_none())
-                    || !self.residue_alive());
-            if done {
-                self.finish();
-                return false;
-            }
-        }
-        changed
-    }
-
-    fn finish(&mut self) {
-        self.machine.abandon_waiting();
-        let (state, reason) = if let Some(r) = self.kill_reason.clone() {
-            (TaskState::Killed, r)
-        } else if let Some(r) = self.health_failure.clone() {
-            (TaskState::Failed, r)
-        } else {
-            self.machine.outcome()
-        };
-        let message = match state {
-            TaskState::Finished => "all processes succeeded".to_string(),
-            _ => reason.to_string(),
-        };
-        self.emit(state, Some(reason), message);
-    }
-
-    fn start_process(&mut self, idx: usize, now: Millis) {
-        let name = self.machine.name(idx).to_string();
+    /// Starts process `idx` (its output pumped into its logs, its exit reported as
+    /// [`Event::Exited`]): its pid, or why it did not start.
+    fn start_process(&mut self, idx: usize) -> Result<u32, ExitReason> {
+        let name = self.names[idx].clone();
         let cmdline = self.cmdlines[idx].clone();
         self.spawned += 1;
-        let mut cmd = match spawn::task_command(&cmdline, &self.layout.work, &self.env, &self.iso) {
-            Ok(cmd) => cmd,
-            Err(error) => {
-                self.machine.failed_to_start(
-                    idx,
-                    ExitReason::FailedToStart {
-                        process: name,
-                        error,
-                    },
-                    now,
-                );
-                return;
-            }
-        };
+        let mut cmd = spawn::task_command(&cmdline, &self.layout.work, &self.env, &self.iso)
+            .map_err(|error| ExitReason::FailedToStart {
+                process: name.clone(),
+                error,
+            })?;
         match cmd.spawn() {
             Ok(mut child) => {
                 let pid = child.id().unwrap_or(0);
-                self.machine.started(idx, pid, now);
                 if self.cgroup.is_none() {
                     // Signalled and probed (one kill(2) per exit) only without a cgroup.
                     self.pgids.push(pid as i32);
@@ -1143,45 +811,29 @@ impl Runner {
                     let status = child.wait().await;
                     let _ = tx.send(Event::Exited { idx, status });
                 });
+                Ok(pid)
             }
-            Err(e) => self.machine.failed_to_start(
-                idx,
-                ExitReason::FailedToStart {
-                    process: name,
-                    error: spawn::spawn_error(&cmdline, &self.layout.work, &e),
-                },
-                now,
-            ),
+            Err(e) => Err(ExitReason::FailedToStart {
+                process: name,
+                error: spawn::spawn_error(&cmdline, &self.layout.work, &e),
+            }),
         }
     }
 
-    fn maybe_check_health(&mut self, now: Millis) {
-        if self.health.as_ref().is_none_or(|h| now < h.next_at) {
-            return;
-        }
-        // Looked at only when a check is due (a stat per tick otherwise).
-        let snoozed = self.layout.snoozed();
-        let Some(h) = self.health.as_mut() else {
+    /// Starts one health check; its result comes back as [`Event::Health`].
+    fn check_health(&mut self) {
+        let Some(h) = self.health.as_ref() else {
             return;
         };
-        let interval = (h.spec.interval.get().as_millis() as Millis).max(1);
-        // Drift-free: the next check is due one interval after this one was due.
-        while h.next_at <= now {
-            h.next_at += interval;
-        }
-        if h.in_flight || snoozed {
-            return;
-        }
-        h.in_flight = true;
         let tx = self.tx.clone();
-        let timeout = h.spec.timeout.get();
-        match h.spec.kind {
+        let timeout = h.timeout;
+        match h.kind {
             HealthCheckType::Http => {
                 let (port, endpoint, code, body) = (
                     h.port,
-                    h.spec.endpoint.clone(),
-                    h.spec.expected_response_code,
-                    h.spec.expected_response.clone(),
+                    h.endpoint.clone(),
+                    h.expected_code,
+                    h.expected_body.clone(),
                 );
                 tokio::spawn(async move {
                     let r = health::check_http(port, &endpoint, code, &body, timeout).await;
@@ -1202,6 +854,44 @@ impl Runner {
                     let r = health::check_shell(cmd, &shown, timeout).await;
                     let _ = tx.send(Event::Health(r));
                 });
+            }
+        }
+    }
+}
+
+impl supervisor::Io for RunnerIo {
+    fn start(&mut self, idx: usize) -> Result<u32, ExitReason> {
+        self.start_process(idx)
+    }
+
+    fn residue_alive(&mut self) -> bool {
+        match &self.cgroup {
+            Some(_) => !self.cgroup_empty(),
+            None => self
+                .pgids
+                .iter()
+                .any(|&g| killpg(Pid::from_raw(g), None).is_ok()),
+        }
+    }
+
+    fn snoozed(&mut self) -> bool {
+        self.layout.snoozed()
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Emit {
+                state,
+                exit_reason,
+                message,
+                processes,
+            } => self.emit(state, exit_reason, message, processes),
+            Command::CheckHealth => self.check_health(),
+            Command::Post(step) => self.post(step),
+            Command::Terminate { pids } => self.terminate(&pids),
+            Command::KillAll => self.kill_everything(),
+            Command::ReleaseStartupPages => {
+                resident::release_startup_pages();
             }
         }
     }
@@ -1245,20 +935,6 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(mut from: R, path: PathBuf, max: 
     }
 }
 
-/// The task cgroup's pids limit (pure): what the spec asks for, refused above the
-/// host's maximum `host_max`; without a request [`DEFAULT_PIDS`], cut to `host_max`.
-///
-/// [`DEFAULT_PIDS`]: drover_common::spec::DEFAULT_PIDS
-fn task_pids_limit(requested: Option<u64>, host_max: u64) -> Result<u64, String> {
-    match requested {
-        Some(n) if n > host_max => Err(format!(
-            "task.resources.pids is {n} but this host allows at most {host_max} per task (agent max_task_pids); ask for fewer"
-        )),
-        Some(n) => Ok(n),
-        None => Ok(drover_common::spec::DEFAULT_PIDS.min(host_max)),
-    }
-}
-
 /// Binds the executor's socket, through the task directory when the path is too long
 /// for a Unix socket address (see `wire::socket_address`), and makes it root's alone
 /// (mode 0600). A socket file left by an earlier executor of this task (bind says
@@ -1297,20 +973,6 @@ mod tests {
         let short = dir.path().join("executor.sock");
         let _short_listener = bind_socket(&short).unwrap();
         assert!(short.exists());
-    }
-
-    #[test]
-    fn the_pids_limit_comes_from_the_spec_within_the_host_maximum() {
-        assert_eq!(task_pids_limit(Some(64), 4096), Ok(64));
-        assert_eq!(task_pids_limit(Some(4096), 4096), Ok(4096));
-        assert!(task_pids_limit(Some(4097), 4096)
-            .unwrap_err()
-            .contains("task.resources.pids is 4097"));
-        assert_eq!(
-            task_pids_limit(None, 4096),
-            Ok(drover_common::spec::DEFAULT_PIDS)
-        );
-        assert_eq!(task_pids_limit(None, 100), Ok(100));
     }
 
     #[tokio::test]

@@ -17,8 +17,9 @@ use drover_common::wire::{
     self, AgentResources, AssignmentSet, RegisterRequest, StatusUpdate, StatusUpdateBatch,
 };
 use drover_common::{DesiredState, TaskState};
-use drover_master::core::{Core, CoreConfig, Event, Reply};
-use drover_master::Config;
+use drover_master::auth::Grant;
+use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
+use drover_master::{Config, Handle};
 use serde_json::json;
 
 /// GET `url` and read its JSON answer as T (panics on failure: a bench aborts).
@@ -46,8 +47,26 @@ fn config(dir: &std::path::Path) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
+        insecure: false,
+        tls: None,
         core: CoreConfig::default(),
     }
+}
+
+/// A client that sends a new token of `grant` with every request.
+fn client(h: &Handle, grant: Grant) -> reqwest::Client {
+    let (_, token) = h.tokens.create(grant, String::new(), "bench", 0).unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {token}").parse().unwrap();
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+fn agent_client(h: &Handle) -> reqwest::Client {
+    client(h, Grant::Agent { agent_id: None })
 }
 
 fn job(name: &str, instances: u32) -> serde_json::Value {
@@ -74,13 +93,13 @@ fn register_req(id: &str) -> RegisterRequest {
 
 /// A fake agent: long-polls, and reports each new task's states in one batch.
 async fn fake_agent(
+    http: reqwest::Client,
     base: String,
     id: String,
     finals: Vec<TaskState>,
     done: Arc<AtomicUsize>,
     stop: Arc<AtomicUsize>,
 ) {
-    let http = reqwest::Client::new();
     http.post(format!("{base}/v1/agents/register"))
         .json(&register_req(&id))
         .send()
@@ -137,6 +156,7 @@ async fn latency() {
     let done = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicUsize::new(0));
     let agent = tokio::spawn(fake_agent(
+        agent_client(&h),
         base.clone(),
         "lat".to_string(),
         vec![TaskState::Starting, TaskState::Running],
@@ -144,7 +164,7 @@ async fn latency() {
         stop.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let http = reqwest::Client::new();
+    let http = client(&h, Grant::Admin);
     let mut samples = Vec::new();
     for i in 0..200 {
         let t0 = Instant::now();
@@ -175,6 +195,7 @@ async fn throughput() {
     let mut agents = Vec::new();
     for i in 0..4 {
         agents.push(tokio::spawn(fake_agent(
+            agent_client(&h),
             base.clone(),
             format!("tp{i}"),
             vec![TaskState::Starting, TaskState::Running, TaskState::Finished],
@@ -184,7 +205,7 @@ async fn throughput() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t0 = Instant::now();
-    let http = reqwest::Client::new();
+    let http = client(&h, Grant::Admin);
     let r = create_job(&http, &base, &job("oneshot", 5_000)).await;
     if std::env::var_os("E2E_DEBUG").is_some() {
         let v: serde_json::Value = r.json().await.unwrap();
@@ -225,18 +246,19 @@ fn rss_bytes() -> u64 {
 
 fn memory() {
     let before = rss_bytes();
-    let mut core = Core::new(CoreConfig::default(), 1_000, 1);
+    let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..100 {
         core.handle(
             Event::Register(Box::new(register_req(&format!("m{i}")))),
-            1_000,
+            Now::both(1_000),
         );
     }
     let mut ids = Vec::new();
     for j in 0..100 {
         let spec = serde_json::from_value(job(&format!("mem{j}"), 1_000)).unwrap();
-        if let Ok(Reply::JobCreated { tasks, .. }) =
-            core.handle(Event::CreateJob(Box::new(spec)), 2_000).reply
+        if let Ok(Reply::JobCreated { tasks, .. }) = core
+            .handle(Event::CreateJob(Box::new(spec)), Now::both(2_000))
+            .reply
         {
             ids.extend(tasks);
         }
@@ -267,7 +289,7 @@ fn memory() {
                     agent,
                     reports: updates,
                 },
-                3_000,
+                Now::both(3_000),
             );
         }
     }
@@ -284,9 +306,11 @@ async fn restart() {
     let dir = tempfile::tempdir().unwrap();
     let h = drover_master::start(config(dir.path())).await.unwrap();
     let base = format!("http://{}", h.addr);
-    let http = reqwest::Client::new();
-    for i in 0..20 {
-        http.post(format!("{base}/v1/agents/register"))
+    let http = client(&h, Grant::Admin);
+    let agents: Vec<reqwest::Client> = (0..20).map(|_| agent_client(&h)).collect();
+    for (i, agent) in agents.iter().enumerate() {
+        agent
+            .post(format!("{base}/v1/agents/register"))
             .json(&register_req(&format!("r{i}")))
             .send()
             .await
@@ -298,7 +322,9 @@ async fn restart() {
     h.stop().await.unwrap();
     let t0 = Instant::now();
     let h = drover_master::start(config(dir.path())).await.unwrap();
-    let r = reqwest::get(format!("http://{}/v1/jobs", h.addr))
+    let r = http
+        .get(format!("http://{}/v1/jobs", h.addr))
+        .send()
         .await
         .unwrap();
     let jobs: serde_json::Value = r.json().await.unwrap();
@@ -311,10 +337,10 @@ async fn restart() {
     );
     // Every agent comes back with its full task set; the master reconciles.
     let base = format!("http://{}", h.addr);
-    for i in 0..20 {
+    for (i, agent) in agents.iter().enumerate() {
         let id = format!("r{i}");
         let set: AssignmentSet = get_json(
-            &http,
+            agent,
             format!("{base}/v1/agents/{id}/assignments?after_version=0&wait_ms=0"),
         )
         .await;
@@ -336,7 +362,8 @@ async fn restart() {
                     .collect(),
             ),
         };
-        http.post(format!("{base}/v1/agents/{id}/heartbeat"))
+        agent
+            .post(format!("{base}/v1/agents/{id}/heartbeat"))
             .json(&req)
             .send()
             .await
@@ -346,7 +373,9 @@ async fn restart() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let el = t0.elapsed();
-    let v: serde_json::Value = reqwest::get(format!("{base}/v1/jobs"))
+    let v: serde_json::Value = http
+        .get(format!("{base}/v1/jobs"))
+        .send()
         .await
         .unwrap()
         .json()

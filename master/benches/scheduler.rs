@@ -9,14 +9,14 @@
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use drover_common::spec::JobSpec;
 use drover_common::wire::{self, AgentResources, RegisterRequest};
-use drover_master::core::{Core, CoreConfig, Event};
+use drover_master::core::{Core, CoreConfig, Event, Now};
 
 const AGENTS: usize = 10_000;
 const JOBS: usize = 100;
 const PER_JOB: u32 = 1_000;
 
 fn cluster() -> Core {
-    let mut core = Core::new(CoreConfig::default(), 1_000, 1);
+    let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
             protocol_version: wire::PROTOCOL_VERSION,
@@ -35,7 +35,7 @@ fn cluster() -> Core {
             ]
             .into(),
         };
-        core.handle(Event::Register(Box::new(req)), 1_000);
+        core.handle(Event::Register(Box::new(req)), Now::both(1_000));
     }
     core
 }
@@ -73,7 +73,7 @@ fn place_all(c: &mut Criterion) {
             || (cluster(), specs.clone()),
             |(mut core, specs)| {
                 for s in specs {
-                    core.handle(Event::CreateJob(Box::new(s)), 2_000);
+                    core.handle(Event::CreateJob(Box::new(s)), Now::both(2_000));
                 }
                 core
             },
@@ -84,7 +84,7 @@ fn place_all(c: &mut Criterion) {
     // One checked run: everything placed.
     let mut core = cluster();
     for s in jobs() {
-        core.handle(Event::CreateJob(Box::new(s)), 2_000);
+        core.handle(Event::CreateJob(Box::new(s)), Now::both(2_000));
     }
     let placed = core
         .agent_views()

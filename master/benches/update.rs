@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use drover_common::state::TaskState;
 use drover_common::wire::{self, AgentResources, RegisterRequest, StatusUpdate, UpdateState};
-use drover_master::core::{Core, CoreConfig, Event, Reply};
+use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
 
 const AGENTS: usize = 1_000;
 const INSTANCES: u32 = 10_000;
@@ -86,7 +86,7 @@ fn answer(core: &mut Core, now: u64, seqs: &mut BTreeMap<String, u64>) -> Durati
     let mut slowest = Duration::ZERO;
     for (agent, reports) in per_agent {
         let t = Cpu::now();
-        core.handle(Event::StatusReports { agent, reports }, now);
+        core.handle(Event::StatusReports { agent, reports }, Now::both(now));
         slowest = slowest.max(t.elapsed());
     }
     slowest
@@ -101,13 +101,13 @@ fn heartbeat_all(core: &mut Core, now: u64) {
             assignments_version: version,
             tasks: None,
         };
-        core.handle(Event::Heartbeat { agent, request }, now);
+        core.handle(Event::Heartbeat { agent, request }, Now::both(now));
     }
 }
 
 fn main() {
     let mut now = 1_000;
-    let mut core = Core::new(CoreConfig::default(), now, 1);
+    let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
             protocol_version: wire::PROTOCOL_VERSION,
@@ -122,10 +122,10 @@ fn main() {
             },
             attributes: BTreeMap::new(),
         };
-        core.handle(Event::Register(Box::new(req)), now);
+        core.handle(Event::Register(Box::new(req)), Now::both(now));
     }
     let mut seqs = BTreeMap::new();
-    core.handle(Event::CreateJob(Box::new(spec("v1"))), now);
+    core.handle(Event::CreateJob(Box::new(spec("v1"))), Now::both(now));
     answer(&mut core, now, &mut seqs);
     now += 10_000;
     heartbeat_all(&mut core, now);
@@ -138,7 +138,7 @@ fn main() {
             instances: None,
             user: "bench".into(),
         },
-        now,
+        Now::both(now),
     );
     let mut batch_decisions = vec![t.elapsed()];
     assert!(matches!(out.reply, Ok(Reply::Update(_))), "{:?}", out.reply);
@@ -152,7 +152,7 @@ fn main() {
         now = wake;
         let before = core.update_view("bench/prod/big").unwrap().events.len();
         let t = Cpu::now();
-        core.handle(Event::Tick, now);
+        core.handle(Event::Tick, Now::both(now));
         let took = t.elapsed();
         let u = core.update_view("bench/prod/big").unwrap();
         if u.events[before..]

@@ -10,6 +10,7 @@ use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
+use crate::tls::TlsFiles;
 
 /// Command-line flags of `drover-master`; each overrides the TOML key of the same
 /// name (with `_` for `-`).
@@ -26,9 +27,24 @@ pub struct Args {
     /// Address to listen on (`127.0.0.1:0` picks a free port; see <data_dir>/master.addr).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// Where the store (drover.db) and master.addr live.
+    /// Where the store (drover.db), master.addr, admin.token and audit.log live.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Allow listening on a non-loopback address without TLS: bearer tokens then
+    /// cross the network in clear text. Logged as a warning at every start.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The master's TLS certificate chain (PEM, from `drover tls issue master NAME`);
+    /// with tls_key and tls_client_ca the API is served over TLS only.
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of tls_cert (PEM).
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_key: Option<PathBuf>,
+    /// The cluster CA (PEM, from `drover tls init`): agents' client certificates
+    /// must chain to it.
+    #[arg(long, value_name = "FILE.pem")]
+    pub tls_client_ca: Option<PathBuf>,
     /// A task that ran shorter than this is flapping and is replaced THROTTLED.
     #[arg(long, value_name = "DURATION")]
     pub flapping_threshold: Option<String>,
@@ -70,6 +86,16 @@ pub struct Args {
     /// How long a task may be missing from an agent's task set before it is LOST.
     #[arg(long, value_name = "DURATION")]
     pub missing_grace: Option<String>,
+    /// The eviction guard engages when more than this share (0 to 1) of the agents
+    /// go unreachable within eviction_guard_window.
+    #[arg(long, value_name = "SHARE")]
+    pub eviction_guard_share: Option<f64>,
+    /// How close together agents must go unreachable to count as one storm.
+    #[arg(long, value_name = "DURATION")]
+    pub eviction_guard_window: Option<String>,
+    /// Tasks made LOST by agent loss, at most, per second.
+    #[arg(long, value_name = "N")]
+    pub agent_loss_rate: Option<u32>,
 }
 
 /// The TOML file; every key optional.
@@ -78,6 +104,10 @@ pub struct Args {
 struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
+    insecure: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
     flapping_threshold: Option<String>,
     throttle_initial: Option<String>,
     throttle_max: Option<String>,
@@ -91,6 +121,9 @@ struct FileConfig {
     restart_grace: Option<String>,
     exclusive_lease: Option<String>,
     missing_grace: Option<String>,
+    eviction_guard_share: Option<f64>,
+    eviction_guard_window: Option<String>,
+    agent_loss_rate: Option<u32>,
 }
 
 /// The validated configuration.
@@ -98,6 +131,10 @@ struct FileConfig {
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Plain HTTP on a non-loopback address was explicitly allowed.
+    pub insecure: bool,
+    /// Serve TLS with these files (None: plain HTTP).
+    pub tls: Option<TlsFiles>,
     pub core: CoreConfig,
 }
 
@@ -166,6 +203,43 @@ impl Config {
             field: "listen",
             message: format!("`{listen_text}` is not an address; write host:port, e.g. 127.0.0.1:7070 (port 0 picks a free one)"),
         })?;
+        let insecure = args.insecure || file.insecure.unwrap_or(false);
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+            args.tls_client_ca.or(file.tls_client_ca),
+        ) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(client_ca)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            }),
+            (cert, key, _) => {
+                let field = if cert.is_none() {
+                    "tls_cert"
+                } else if key.is_none() {
+                    "tls_key"
+                } else {
+                    "tls_client_ca"
+                };
+                return Err(ConfigError::Field {
+                    field,
+                    message: "is missing: TLS needs tls_cert, tls_key and tls_client_ca together (see docs/auth.md)".to_string(),
+                });
+            }
+        };
+        if !listen.ip().is_loopback() && !insecure && tls.is_none() {
+            return Err(ConfigError::Field {
+                field: "listen",
+                message: format!(
+                    "`{listen}` is not a loopback address, and this master serves plain HTTP: \
+                     bearer tokens and agent traffic would cross the network in clear text. \
+                     Listen on 127.0.0.1, set tls_cert, tls_key and tls_client_ca, or pass \
+                     --insecure (insecure = true) to accept that"
+                ),
+            });
+        }
         let data_dir = args
             .data_dir
             .or(file.data_dir)
@@ -244,11 +318,26 @@ impl Config {
                 args.missing_grace.or(file.missing_grace),
                 d.missing_grace_ms,
             )?,
+            eviction_guard_share_permille: share_permille(
+                args.eviction_guard_share.or(file.eviction_guard_share),
+                d.eviction_guard_share_permille,
+            )?,
+            eviction_guard_window_ms: duration(
+                "eviction_guard_window",
+                args.eviction_guard_window.or(file.eviction_guard_window),
+                d.eviction_guard_window_ms,
+            )?,
+            agent_loss_rate: args
+                .agent_loss_rate
+                .or(file.agent_loss_rate)
+                .unwrap_or(d.agent_loss_rate),
         };
         validate(&core)?;
         Ok(Config {
             listen,
             data_dir,
+            insecure,
+            tls,
             core,
         })
     }
@@ -263,6 +352,19 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
+}
+
+fn share_permille(share: Option<f64>, default: u32) -> Result<u32, ConfigError> {
+    match share {
+        None => Ok(default),
+        Some(s) if (0.0..=1.0).contains(&s) => Ok((s * 1000.0).round() as u32),
+        Some(s) => Err(ConfigError::Field {
+            field: "eviction_guard_share",
+            message: format!(
+                "{s} is not a share; write a number from 0 to 1, e.g. 0.5 (1 never engages)"
+            ),
+        }),
+    }
 }
 
 fn positive(field: &'static str, ms: u64) -> Result<(), ConfigError> {
@@ -286,6 +388,13 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
     positive("reconcile_backoff_initial", c.reconcile_backoff_initial_ms)?;
     positive("reconcile_backoff_max", c.reconcile_backoff_max_ms)?;
     positive("exclusive_lease", c.exclusive_lease_ms)?;
+    positive("eviction_guard_window", c.eviction_guard_window_ms)?;
+    if c.agent_loss_rate == 0 {
+        return Err(ConfigError::Field {
+            field: "agent_loss_rate",
+            message: "must be at least 1 (tasks per second), e.g. 100".to_string(),
+        });
+    }
     if c.throttle_initial_ms > c.throttle_max_ms {
         return Err(ConfigError::Field {
             field: "throttle_initial",
@@ -358,6 +467,44 @@ mod tests {
             Config::merge(a, FileConfig::default()).unwrap_err().field(),
             Some("agent_timeout")
         );
+    }
+
+    #[test]
+    fn eviction_guard_keys_are_read_and_checked() {
+        let file: FileConfig = toml::from_str(
+            "eviction_guard_share = 0.6\neviction_guard_window = \"20s\"\nagent_loss_rate = 7",
+        )
+        .unwrap();
+        let c = Config::merge(args(), file).unwrap();
+        assert_eq!(c.core.eviction_guard_share_permille, 600);
+        assert_eq!(c.core.eviction_guard_window_ms, 20_000);
+        assert_eq!(c.core.agent_loss_rate, 7);
+        let mut a = args();
+        a.eviction_guard_share = Some(1.5);
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("eviction_guard_share")
+        );
+        let mut a = args();
+        a.agent_loss_rate = Some(0);
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("agent_loss_rate")
+        );
+    }
+
+    #[test]
+    fn a_non_loopback_listen_needs_insecure() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7070".to_string());
+        let e = Config::merge(a.clone(), FileConfig::default()).unwrap_err();
+        assert_eq!(e.field(), Some("listen"));
+        assert!(e.to_string().contains("--insecure"), "{e}");
+        a.insecure = true;
+        assert!(Config::merge(a, FileConfig::default()).unwrap().insecure);
+        let file: FileConfig =
+            toml::from_str("listen = \"10.0.0.1:7070\"\ninsecure = true").unwrap();
+        assert!(Config::merge(args(), file).is_ok());
     }
 
     #[test]

@@ -1,12 +1,21 @@
 //! drover-master: the cluster's brain. A pure core (jobs, tasks, agents, lifecycle
 //! rules, reconciliation, the scheduler) driven by events, a SQLite store with group
-//! commit, and a thin async runtime serving the admin and agent HTTP APIs.
+//! commit, a thin async runtime, and the admin and agent HTTP APIs behind bearer
+//! tokens with per-role permissions.
 
+pub mod audit;
+pub mod auth;
 pub mod config;
 pub mod core;
+mod guard;
 pub mod http;
+pub mod ratelimit;
 pub mod runtime;
+pub mod server;
 pub mod store;
+pub mod tls;
+pub mod tokens;
 
 pub use config::{Args, Config, ConfigError};
-pub use runtime::{run, serve, start, Handle, Master, RunError};
+pub use runtime::{Master, RunError};
+pub use server::{run, serve, start, Handle};

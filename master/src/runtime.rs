@@ -1,8 +1,8 @@
 //! The thin runtime around the pure core: one lock around the core, effects executed
 //! in order (store batches handed to the group-commit writer under the lock, so the
 //! store sees them in seq order), callers answered after their batch committed, one
-//! timer task that ticks the core when its earliest timer is due, and the HTTP
-//! server with shutdown passed in.
+//! timer task that ticks the core when its earliest timer is due. The HTTP server
+//! around it is `server`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,12 +10,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use drover_common::state::{now_ms, UnixMillis};
-use tokio::net::TcpListener;
+use drover_common::state::{mono_ms, now_ms, MonoMillis};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::core::{Core, CoreError, Effect, Event, Reply};
+use crate::core::{Core, CoreError, Effect, Event, Now, Reply};
 use crate::store::{CommitState, Notifier, SqliteStore, Store, StoreError, Writer, DB_FILE};
 
 /// Why an event could not be applied.
@@ -47,6 +46,15 @@ pub enum RunError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot open the token registry: {0}")]
+    Tokens(#[from] crate::tokens::TokenError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("cannot open the audit log in {path}: {source}")]
+    Audit {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("http server failed: {0}")]
     Serve(std::io::Error),
     #[error("the store failed while running; restart the master to reload the committed state")]
@@ -63,8 +71,9 @@ pub struct Master {
     inner: Mutex<Inner>,
     commit: Arc<CommitState>,
     notifier: Arc<Notifier>,
-    timer: watch::Sender<Option<UnixMillis>>,
-    stopping: watch::Sender<bool>,
+    /// The core's next timer (monotonic).
+    timer: watch::Sender<Option<MonoMillis>>,
+    pub(crate) stopping: watch::Sender<bool>,
 }
 
 impl Master {
@@ -113,13 +122,20 @@ impl Master {
         }
         let (reply, seq) = {
             let mut inner = self.lock();
-            let out = inner.core.handle(event, now_ms());
+            let out = inner.core.handle(event, now());
             let mut notify = Vec::new();
             let mut persist = None;
             for e in out.effects {
                 match e {
                     Effect::Persist { seq, changes } => persist = Some((seq, changes)),
                     Effect::Notify { agent } => notify.push(agent),
+                    Effect::EvictionGuard { engaged, message } => {
+                        if engaged {
+                            tracing::warn!(eviction_guard = "engaged", "{message}");
+                        } else {
+                            tracing::warn!(eviction_guard = "released", "{message}");
+                        }
+                    }
                     Effect::WakeAt(at) => {
                         self.timer.send_if_modified(|cur| {
                             let changed = *cur != Some(at);
@@ -165,7 +181,7 @@ impl Master {
         loop {
             let next = *rx.borrow_and_update();
             let wait_ms = match next {
-                Some(at) => at.saturating_sub(now_ms()),
+                Some(at) => at.saturating_sub(mono_ms()),
                 None => 1_000,
             };
             tokio::select! {
@@ -184,6 +200,14 @@ impl Master {
     /// Stops the writer after it committed what is queued.
     pub fn close(&self) {
         self.lock().writer.close();
+    }
+}
+
+/// Both clocks, read once per event: the core's one source of time.
+fn now() -> Now {
+    Now {
+        mono: mono_ms(),
+        wall: now_ms(),
     }
 }
 
@@ -207,7 +231,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         snapshot.tasks.len(),
         snapshot.agents.len(),
     );
-    let core = Core::load(config.core.clone(), snapshot, now_ms(), seed);
+    let core = Core::load(config.core.clone(), snapshot, now(), seed);
     tracing::info!(
         jobs,
         tasks,
@@ -239,127 +263,4 @@ pub fn seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     t ^ (u64::from(std::process::id()) << 32)
-}
-
-/// Runs the master on `listener` until `shutdown` resolves: serves HTTP, fires
-/// timers, then stops accepting, lets requests finish and flushes the store.
-pub async fn serve(
-    master: Arc<Master>,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), RunError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let app = crate::http::router(master.clone());
-    let timers = {
-        let mut rx = stop_rx.clone();
-        tokio::spawn(master.clone().run_timers(async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }))
-    };
-    let mut failed_rx = master.commit_state().subscribe();
-    let failed_master = master.clone();
-    let store_failed = async move {
-        loop {
-            if failed_master.commit_state().failed() {
-                return;
-            }
-            if failed_rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let stopping_master = master.clone();
-    let stop = async move {
-        tokio::select! {
-            _ = shutdown => {}
-            _ = store_failed => {}
-        }
-        let _ = stop_tx.send(true);
-        stopping_master.stopping.send_replace(true);
-    };
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-        .map_err(RunError::Serve);
-    let _ = timers.await;
-    let failed = master.commit_state().failed();
-    let m = master.clone();
-    let _ = tokio::task::spawn_blocking(move || m.close()).await;
-    result?;
-    if failed {
-        return Err(RunError::StoreFailed);
-    }
-    Ok(())
-}
-
-/// Opens the store, binds `config.listen` and writes master.addr: what `run` and
-/// `start` do before serving.
-async fn open_and_bind(
-    config: &Config,
-) -> Result<(Arc<Master>, TcpListener, SocketAddr), RunError> {
-    let master = open(config, seed())?;
-    let bind_err = |source| RunError::Bind {
-        addr: config.listen,
-        source,
-    };
-    let listener = TcpListener::bind(config.listen).await.map_err(bind_err)?;
-    let addr = listener.local_addr().map_err(bind_err)?;
-    write_addr_file(&config.data_dir, addr)?;
-    Ok((master, listener, addr))
-}
-
-/// Opens the store, binds, writes master.addr and serves until `shutdown`.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), RunError> {
-    let (master, listener, addr) = open_and_bind(&config).await?;
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
-    serve(master, listener, shutdown).await
-}
-
-/// A master running inside this process (tests, benches, embedding).
-pub struct Handle {
-    /// The bound address.
-    pub addr: SocketAddr,
-    /// The shared state, for inspection.
-    pub master: Arc<Master>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    join: Option<tokio::task::JoinHandle<Result<(), RunError>>>,
-}
-
-impl Handle {
-    /// Stops accepting, finishes requests, flushes the store and waits for all that.
-    pub async fn stop(mut self) -> Result<(), RunError> {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match self.join.take() {
-            Some(j) => j.await.unwrap_or(Ok(())),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// Starts a master in this process (binds, writes master.addr, serves).
-pub async fn start(config: Config) -> Result<Handle, RunError> {
-    let (master, listener, addr) = open_and_bind(&config).await?;
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let join = tokio::spawn(serve(master.clone(), listener, async move {
-        let _ = rx.await;
-    }));
-    Ok(Handle {
-        addr,
-        master,
-        stop: Some(tx),
-        join: Some(join),
-    })
 }

@@ -136,13 +136,14 @@ async fn api_errors_are_json_with_codes_and_fields() {
             &json!({"task_digest": 0, "assignments_version": 0}),
         )
         .await;
-    assert_eq!(s, 200);
-    assert_eq!(v["reregister"], true);
+    // An agent token that never registered is bound to no agent yet.
+    assert_eq!(s, 403, "{v}");
+    assert_eq!(v["error"]["code"], "forbidden");
     let (s, e) = c
         .get("/v1/agents/ghost/assignments?after_version=0&wait_ms=10")
         .await;
-    assert_eq!(s, 404);
-    assert_eq!(e["error"]["code"], "not_found");
+    assert_eq!(s, 403);
+    assert_eq!(e["error"]["field"], "permission");
     let (s, e) = c
         .post(
             "/v1/agents/register",
@@ -158,7 +159,13 @@ async fn api_errors_are_json_with_codes_and_fields() {
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
-    let r = reqwest::get(format!("http://{}/", h.addr)).await.unwrap();
+    let r = c
+        .http
+        .get(format!("http://{}/", h.addr))
+        .bearer_auth(&c.admin)
+        .send()
+        .await
+        .unwrap();
     assert!(r.text().await.unwrap().contains("www/prod/dup"));
     h.stop().await.unwrap();
 }
@@ -178,10 +185,7 @@ async fn the_long_poll_answers_as_soon_as_a_task_is_placed_and_times_out_unchang
     assert_eq!(unchanged.version, version);
 
     let poller = {
-        let c = Client {
-            base: c.base.clone(),
-            http: c.http.clone(),
-        };
+        let c = c.clone();
         let mut a = FakeAgent {
             id: agent.id.clone(),
             version,
@@ -235,7 +239,7 @@ async fn a_restarted_master_has_every_acknowledged_job_and_task() {
     h.stop().await.unwrap();
 
     let h = start(dir.path()).await;
-    let c = Client::new(&h);
+    let c = c.reconnect(&h);
     let addr = std::fs::read_to_string(dir.path().join("master.addr")).unwrap();
     assert_eq!(addr.trim(), h.addr.to_string());
     assert_eq!(c.get("/v1/jobs").await.1, before);
@@ -273,11 +277,15 @@ async fn stopping_ends_long_polls_at_once_instead_of_waiting_them_out() {
     let c = Client::new(&h);
     let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
     agent.poll(&c, 10).await;
-    let url = format!(
-        "{}/v1/agents/agent-1/assignments?after_version={}&wait_ms=60000",
-        c.base, agent.version
+    let path = format!(
+        "/v1/agents/agent-1/assignments?after_version={}&wait_ms=60000",
+        agent.version
     );
-    let poll = tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() });
+    let request = c
+        .http
+        .get(format!("{}{path}", c.base))
+        .bearer_auth(c.token_for(&path, None));
+    let poll = tokio::spawn(async move { request.send().await.unwrap().status().as_u16() });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     h.stop().await.unwrap();
@@ -296,12 +304,14 @@ async fn long_poll_answers_say_how_long_the_master_held_them() {
     let mut agent = FakeAgent::register(&c, "agent-1", 4.0).await;
     agent.poll(&c, 10).await;
     let held = |after: u64, wait_ms: u64| {
-        let url = format!(
-            "{}/v1/agents/agent-1/assignments?after_version={after}&wait_ms={wait_ms}",
-            c.base
-        );
+        let path =
+            format!("/v1/agents/agent-1/assignments?after_version={after}&wait_ms={wait_ms}");
+        let request = c
+            .http
+            .get(format!("{}{path}", c.base))
+            .bearer_auth(c.token_for(&path, None));
         async move {
-            let response = reqwest::get(url).await.unwrap();
+            let response = request.send().await.unwrap();
             assert_eq!(response.status().as_u16(), 200);
             response.headers()["x-drover-held-ms"]
                 .to_str()

@@ -44,6 +44,7 @@ fn task(id: &str, state: TaskState) -> Task {
         processes: Vec::new(),
         created_ms: 5,
         running_since: None,
+        running_mono: None,
         failures: 1,
         flaps: 2,
         throttle_until: None,

@@ -19,7 +19,8 @@
 //! Run: `scripts/release.sh` (release binaries, the executor linked on its own) then
 //! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench e2e`.
 //! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`
-//! or `BENCH_ONLY=throughput` runs one part.
+//! or `BENCH_ONLY=throughput` runs one part; `BENCH_TLS=1` runs the cluster over
+//! mTLS (docs/auth.md).
 
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         bail!("the e2e bench needs root (task users, cgroups)");
     }
     println!("binaries: {}", drover_tests::bin_dir().display());
+    println!("mTLS: {}", std::env::var_os("BENCH_TLS").is_some());
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "latency" {
         let runs = env_number("BENCH_LATENCY_RUNS", 30);
@@ -62,10 +64,18 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// `n` agents; with `BENCH_TLS` set, agents and master speak mTLS (the admin API
+/// TLS with a token); else plain HTTP with tokens.
+fn config(n: usize) -> ClusterConfig {
+    let mut config = ClusterConfig::agents(n);
+    config.tls = std::env::var_os("BENCH_TLS").is_some();
+    config
+}
+
 /// create -> RUNNING (sleep service) and create -> FINISHED (true), `runs` times
 /// each, waiting `gap_ms` before each job.
 fn latency(runs: usize, gap_ms: u64) -> anyhow::Result<()> {
-    let cluster = Cluster::start(ClusterConfig::agents(1))?;
+    let cluster = Cluster::start(config(1))?;
     println!("-- latency, {runs} runs, {gap_ms} ms pause before each job");
     for (kind, service, cmdline, goal) in [
         (
@@ -138,7 +148,7 @@ fn latency(runs: usize, gap_ms: u64) -> anyhow::Result<()> {
 
 /// `tasks` one-shot `true` tasks in batch jobs of `job_size` instances on 4 agents.
 fn throughput(tasks: usize, job_size: usize) -> anyhow::Result<()> {
-    let mut cluster = Cluster::start(ClusterConfig::agents(4))?;
+    let mut cluster = Cluster::start(config(4))?;
     let per_job = job_size.clamp(1, tasks.max(1));
     let jobs = tasks.div_ceil(per_job);
     let cpu_before = cluster_cpu(&mut cluster);

@@ -6,6 +6,7 @@
 //! The binaries must be built first: `cargo build --workspace --bins` (CI does).
 //! `DROVER_BIN_DIR` overrides where they are looked for.
 
+pub mod load;
 pub mod netns;
 
 use std::net::TcpListener;
@@ -89,14 +90,38 @@ pub fn running_as_root(test: &str) -> bool {
     false
 }
 
-/// Runs the `drover` CLI with `args` (and `--master url` when given).
-pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
+/// The `drover` CLI with `args`, `DROVER_MASTER=url` and `DROVER_TOKEN=token` when
+/// given, and nothing from this environment or the user's config file.
+fn cli(master: Option<&str>, token: Option<&str>, args: &[&str]) -> anyhow::Result<Command> {
     let mut command = Command::new(bin("drover")?);
-    command.args(args).env_remove("DROVER_MASTER");
+    command
+        .args(args)
+        .env_remove("DROVER_MASTER")
+        .env_remove("DROVER_TOKEN")
+        .env_remove("DROVER_TOKEN_FILE")
+        .env("DROVER_CONFIG", "/nonexistent/drover-test-config.toml");
     if let Some(url) = master {
         command.env("DROVER_MASTER", url);
     }
-    command
+    if let Some(token) = token {
+        command.env("DROVER_TOKEN", token);
+    }
+    command.env_remove("DROVER_CA");
+    Ok(command)
+}
+
+/// Runs the `drover` CLI with `args` (and `--master url` when given), no token.
+pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
+    drover_as(master, None, args)
+}
+
+/// Runs the `drover` CLI with `args`, the master's url and a token.
+pub fn drover_as(
+    master: Option<&str>,
+    token: Option<&str>,
+    args: &[&str],
+) -> anyhow::Result<Output> {
+    cli(master, token, args)?
         .stdin(Stdio::null())
         .output()
         .context("cannot run drover")
@@ -106,15 +131,11 @@ pub fn drover(master: Option<&str>, args: &[&str]) -> anyhow::Result<Output> {
 /// `timeout` (then the output says so in stderr).
 pub fn drover_with_timeout(
     master: Option<&str>,
+    token: Option<&str>,
     args: &[&str],
     timeout: Duration,
 ) -> anyhow::Result<Output> {
-    let mut command = Command::new(bin("drover")?);
-    command.args(args).env_remove("DROVER_MASTER");
-    if let Some(url) = master {
-        command.env("DROVER_MASTER", url);
-    }
-    let child = command
+    let child = cli(master, token, args)?
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -223,10 +244,47 @@ pub fn log_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
+/// A cluster CA in `<dir>/tls`, the master's certificate for 127.0.0.1 and
+/// `master_names`, and for each agent K in `0..agents` the agent id `<prefix>-K`
+/// written to `<dir>/agent-K/agent-id` and its certificate. Returns the CA's path.
+pub fn make_certificates(
+    dir: &Path,
+    prefix: &str,
+    agents: usize,
+    master_names: &[String],
+) -> anyhow::Result<PathBuf> {
+    let tls = dir.join("tls");
+    drover::tls::init_ca(&tls)?;
+    drover::tls::issue(&tls, drover::tls::Kind::Master, "127.0.0.1", master_names)?;
+    for k in 0..agents {
+        let id = format!("{prefix}-{k}");
+        let data_dir = dir.join(format!("agent-{k}"));
+        std::fs::create_dir_all(&data_dir)?;
+        std::fs::write(data_dir.join("agent-id"), format!("{id}\n"))?;
+        drover::tls::issue(&tls, drover::tls::Kind::Agent, &id, &[])?;
+    }
+    Ok(tls.join("ca.pem"))
+}
+
+/// The master's certificate in `<dir>/tls` (`drover tls issue master 127.0.0.1`).
+pub const MASTER_CERT: &str = "master-127.0.0.1.pem";
+/// Its key.
+pub const MASTER_KEY: &str = "master-127.0.0.1.key";
+
 /// Starts `drover-master` with `<dir>/master.toml`, data dir `<dir>/master`, log
-/// `<dir>/logs/master.log`, listening on `listen`, and waits until it has written
-/// its bound address to `master.addr`; returns the process and that address.
+/// `<dir>/logs/master.log`, listening on `listen` (with TLS when `<dir>/tls` holds
+/// a cluster CA and the master's certificate), and waits until it has written its
+/// bound address to `master.addr`; returns the process and that address.
 pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> {
+    spawn_master_with_env(dir, listen, &[])
+}
+
+/// `spawn_master` with extra environment variables (e.g. libfaketime's).
+pub fn spawn_master_with_env(
+    dir: &Path,
+    listen: &str,
+    env: &[(String, String)],
+) -> anyhow::Result<(Proc, String)> {
     let master_dir = dir.join("master");
     let addr_file = master_dir.join("master.addr");
     let _ = std::fs::remove_file(&addr_file);
@@ -238,7 +296,19 @@ pub fn spawn_master(dir: &Path, listen: &str) -> anyhow::Result<(Proc, String)> 
         .arg(listen)
         .arg("--data-dir")
         .arg(&master_dir)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    let tls = dir.join("tls");
+    if tls.join("ca.pem").is_file() {
+        // A cluster with a CA (the fault tests' NetCluster) serves mTLS.
+        command
+            .arg("--tls-cert")
+            .arg(tls.join(MASTER_CERT))
+            .arg("--tls-key")
+            .arg(tls.join(MASTER_KEY))
+            .arg("--tls-client-ca")
+            .arg(tls.join("ca.pem"));
+    }
     let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let deadline = Instant::now() + WAIT;
     loop {
@@ -286,6 +356,11 @@ pub fn poll_for<C, T>(
 pub struct AdminApi {
     /// `http://host:port` of the master.
     pub url: String,
+    /// The bearer token sent with every request (the master's bootstrap admin
+    /// token once the master is up).
+    pub token: Option<String>,
+    /// The cluster CA trusted for an https master.
+    pub ca: Option<PathBuf>,
     http: reqwest::blocking::Client,
 }
 
@@ -294,6 +369,8 @@ impl AdminApi {
     pub fn new() -> anyhow::Result<AdminApi> {
         Ok(AdminApi {
             url: String::new(),
+            token: None,
+            ca: None,
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()?,
@@ -323,8 +400,74 @@ impl AdminApi {
         read_answer(path, status, text).map(Some)
     }
 
+    /// Trusts the cluster CA in `ca` (PEM) for an https master.
+    pub fn trust_ca(&mut self, ca: &Path) -> anyhow::Result<()> {
+        let cert = reqwest::Certificate::from_pem(&std::fs::read(ca)?)?;
+        self.http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .add_root_certificate(cert)
+            .build()?;
+        self.ca = Some(ca.to_path_buf());
+        Ok(())
+    }
+
+    /// The HTTP client (it trusts the cluster CA, if one), e.g. for a test's own
+    /// requests.
+    pub fn http(&self) -> reqwest::blocking::Client {
+        self.http.clone()
+    }
+
+    /// A request with the token.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.url));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// Reads the bootstrap admin token from the master's data dir into `token`.
+    pub fn use_admin_token(&mut self, master_dir: &Path) -> anyhow::Result<()> {
+        let path = master_dir.join("admin.token");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no admin token at {}", path.display()))?;
+        self.token = Some(text.trim().to_string());
+        Ok(())
+    }
+
+    /// Creates a token (`{"kind": ...}` body of POST /v1/tokens) and returns its text.
+    pub fn create_token(&self, body: &Value) -> anyhow::Result<String> {
+        let (status, answer) = self.post("/v1/tokens", body)?;
+        if status != 201 {
+            bail!("creating a token answered HTTP {status}: {answer}");
+        }
+        answer["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("no token in {answer}"))
+    }
+
+    /// Writes a new agent token to `<agent_dir>/agent.token` (the agent's default
+    /// token file) unless one is there (a restarted agent keeps its token).
+    pub fn give_agent_token(&self, agent_dir: &Path) -> anyhow::Result<()> {
+        let path = agent_dir.join("agent.token");
+        if path.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(agent_dir)?;
+        let token = self.create_token(&json!({"kind": "agent"}))?;
+        drover::credentials::write_token_file(&path, &token)?;
+        Ok(())
+    }
+
+    /// GET a path of the admin API: the status and the body's text, whatever they are.
+    pub fn get_status(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let (status, text) = self.get_text(path)?;
+        Ok((status.as_u16(), text))
+    }
+
     fn get_text(&self, path: &str) -> anyhow::Result<(reqwest::StatusCode, String)> {
-        let response = self.http.get(format!("{}{path}", self.url)).send()?;
+        let response = self.request(reqwest::Method::GET, path).send()?;
         let status = response.status();
         Ok((status, response.text()?))
     }
@@ -332,8 +475,7 @@ impl AdminApi {
     /// POST JSON to a path of the admin API; returns the status and the JSON body.
     pub fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
         let response = self
-            .http
-            .post(format!("{}{path}", self.url))
+            .request(reqwest::Method::POST, path)
             .json(body)
             .send()?;
         let status = response.status().as_u16();
@@ -404,8 +546,15 @@ pub struct ClusterConfig {
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
+    /// Serve mTLS (a CA per cluster, agent certificates) instead of plain HTTP with
+    /// agent tokens.
+    pub tls: bool,
     /// Every agent's TOML config file (`--config`; the flags the harness passes win).
     pub agent_config: String,
+    /// Extra environment of the master process.
+    pub master_env: Vec<(String, String)>,
+    /// Extra environment per agent (by index; missing entries: none).
+    pub agent_env: Vec<Vec<(String, String)>>,
 }
 
 impl ClusterConfig {
@@ -416,7 +565,10 @@ impl ClusterConfig {
                 .map(|k| vec![("rack".to_string(), format!("r{k}"))])
                 .collect(),
             master_config: TEST_MASTER_CONFIG.to_string(),
+            tls: false,
             agent_config: String::new(),
+            master_env: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -451,6 +603,8 @@ pub struct Cluster {
     /// The admin API (`url` is the master's); the cluster derefs to it.
     pub api: AdminApi,
     listen: String,
+    master_env: Vec<(String, String)>,
+    agent_env: Vec<Vec<(String, String)>>,
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
@@ -458,6 +612,8 @@ pub struct Cluster {
     agent_starts: Vec<AgentStart>,
     /// Held for the cluster's life: the first port of its agents' port block.
     port_lock: Option<(TcpListener, u16)>,
+    /// Agents present certificates from `<dir>/tls` to an https master.
+    tls: bool,
 }
 
 impl Cluster {
@@ -475,12 +631,18 @@ impl Cluster {
             dir: Some(dir),
             api: AdminApi::new()?,
             listen: "127.0.0.1:0".to_string(),
+            master_env: config.master_env.clone(),
+            agent_env: config.agent_env.clone(),
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
             agent_starts: Vec::new(),
             port_lock: Some(reserve_port_block()?),
+            tls: config.tls,
         };
+        if config.tls {
+            cluster.make_certificates(config.agents.len())?;
+        }
         cluster.start_master()?;
         let base = u32::from(
             cluster
@@ -512,16 +674,27 @@ impl Cluster {
         temp_dir_path(&self.dir)
     }
 
+    /// The cluster CA in `<dir>/tls`, the master's certificate for 127.0.0.1 and
+    /// one certificate per agent for the agent id written to its data dir
+    /// (`bb-agent-K`).
+    fn make_certificates(&mut self, agents: usize) -> anyhow::Result<()> {
+        let ca = make_certificates(self.dir(), "bb-agent", agents, &[])?;
+        self.api.trust_ca(&ca)
+    }
+
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let (master, addr) = spawn_master(self.dir(), &self.listen)?;
+        let (master, addr) = spawn_master_with_env(self.dir(), &self.listen, &self.master_env)?;
         let addr = addr.trim_start_matches("http://").to_string();
-        self.api.url = format!("http://{addr}");
+        let scheme = if self.tls { "https" } else { "http" };
+        self.api.url = format!("{scheme}://{addr}");
         // A restarted master must come back on the same address for the agents.
         self.listen = addr;
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
             c.healthy().then_some(())
-        })
+        })?;
+        let master_dir = self.dir().join("master");
+        self.api.use_admin_token(&master_dir)
     }
 
     fn start_agent(
@@ -533,6 +706,10 @@ impl Cluster {
     ) -> anyhow::Result<()> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
+        if !self.tls {
+            self.api
+                .give_agent_token(&self.dir().join(format!("agent-{k}")))?;
+        }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
         let agent = self.spawn_agent(k, attributes, ports, config)?;
         self.agents.push(agent);
@@ -551,6 +728,16 @@ impl Cluster {
     ) -> anyhow::Result<Proc> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         let mut command = Command::new(bin("drover-agent")?);
+        if self.tls {
+            let tls = self.dir().join("tls");
+            command
+                .arg("--tls-ca")
+                .arg(tls.join("ca.pem"))
+                .arg("--tls-cert")
+                .arg(tls.join(format!("agent-bb-agent-{k}.pem")))
+                .arg("--tls-key")
+                .arg(tls.join(format!("agent-bb-agent-{k}.key")));
+        }
         if !config.is_empty() {
             let file = self.dir().join(format!("agent-{k}.toml"));
             std::fs::write(&file, config)?;
@@ -576,6 +763,9 @@ impl Cluster {
             .arg("--ports")
             .arg(format!("{}-{}", ports.0, ports.1))
             .env("RUST_LOG", "info");
+        if let Some(env) = self.agent_env.get(k) {
+            command.envs(env.iter().map(|(k, v)| (k, v)));
+        }
         if !attributes.iter().any(|(name, _)| name == "host") {
             command.arg("--attribute").arg(format!("host=agent-{k}"));
         }
@@ -645,7 +835,7 @@ impl Cluster {
 
     /// Runs the `drover` CLI against this cluster.
     pub fn drover(&self, args: &[&str]) -> anyhow::Result<Output> {
-        drover(Some(&self.api.url), args)
+        drover_as(Some(&self.api.url), self.api.token.as_deref(), args)
     }
 
     /// Writes `spec` to `<cluster dir>/<file>` and runs `drover job create <that file>
@@ -661,7 +851,12 @@ impl Cluster {
 
     /// Runs the `drover` CLI against this cluster, killing it after `timeout`.
     pub fn drover_with_timeout(&self, args: &[&str], timeout: Duration) -> anyhow::Result<Output> {
-        drover_with_timeout(Some(&self.api.url), args, timeout)
+        drover_with_timeout(
+            Some(&self.api.url),
+            self.api.token.as_deref(),
+            args,
+            timeout,
+        )
     }
 
     /// Polls `check` every 100 ms until it returns Some, or fails after `timeout`

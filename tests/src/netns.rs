@@ -409,6 +409,7 @@ impl NetCluster {
             dir: Some(dir),
             _claim: claim,
         };
+        cluster.make_certificates(&namespaces)?;
         cluster.start_master()?;
         for (k, ns) in namespaces.into_iter().enumerate() {
             let agent = cluster.write_agent_config(k, ns)?;
@@ -429,6 +430,15 @@ impl NetCluster {
         temp_dir_path(&self.dir)
     }
 
+    /// The cluster CA in `<dir>/tls`, the master's certificate (for 127.0.0.1 and
+    /// every namespace's master-side address) and one certificate per agent for the
+    /// agent id written to its data dir (`ft-agent-K`).
+    fn make_certificates(&mut self, namespaces: &[NetNs]) -> anyhow::Result<()> {
+        let hosts: Vec<String> = namespaces.iter().map(|ns| ns.host_ip.clone()).collect();
+        let ca = crate::make_certificates(self.dir(), "ft-agent", namespaces.len(), &hosts)?;
+        self.api.trust_ca(&ca)
+    }
+
     fn start_master(&mut self) -> anyhow::Result<()> {
         let (master, addr) = spawn_master(self.dir(), &format!("0.0.0.0:{}", self.port))?;
         let port = addr
@@ -436,11 +446,13 @@ impl NetCluster {
             .and_then(|(_, p)| p.parse::<u16>().ok())
             .ok_or_else(|| anyhow!("the master wrote `{addr}` to master.addr, not host:port"))?;
         self.port = port;
-        self.api.url = format!("http://127.0.0.1:{port}");
+        self.api.url = format!("https://127.0.0.1:{port}");
         self.master = Some(master);
         self.wait_for("the master to answer /health", WAIT, |c| {
             c.healthy().then_some(())
-        })
+        })?;
+        let master_dir = self.dir().join("master");
+        self.api.use_admin_token(&master_dir)
     }
 
     fn write_agent_config(&self, k: usize, ns: NetNs) -> anyhow::Result<NetAgent> {
@@ -453,8 +465,12 @@ impl NetCluster {
         )?;
         std::fs::set_permissions(&sandbox_root, std::fs::Permissions::from_mode(0o755))?;
         let config = self.dir().join(format!("agent-{k}.toml"));
+        let tls = self.dir().join("tls");
         let text = format!(
-            r#"master = "http://{host}:{port}"
+            r#"master = "https://{host}:{port}"
+tls_ca = "{ca}"
+tls_cert = "{cert}"
+tls_key = "{key}"
 listen = "{ns_ip}:0"
 data_dir = "{data}"
 sandbox_root = "{sandboxes}"
@@ -471,6 +487,9 @@ host = "agent-{k}"
 rack = "r{k}"
 "#,
             host = ns.host_ip,
+            ca = tls.join("ca.pem").display(),
+            cert = tls.join(format!("agent-ft-agent-{k}.pem")).display(),
+            key = tls.join(format!("agent-ft-agent-{k}.key")).display(),
             port = self.port,
             ns_ip = ns.ns_ip,
             data = data_dir.display(),

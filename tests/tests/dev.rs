@@ -34,7 +34,7 @@ fn drover_dev_runs_hello_world_until_running_and_cleans_up() {
     assert!(output.status.success(), "{text}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("Drover dev cluster is up"), "{text}");
-    assert!(stdout.contains("API:      http://127.0.0.1:"), "{text}");
+    assert!(stdout.contains("API:      https://127.0.0.1:"), "{text}");
     assert!(
         stdout.contains("RUNNING"),
         "prints the task's state changes: {text}"

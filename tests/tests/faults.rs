@@ -389,14 +389,19 @@ fn master_killed_during_a_burst_of_200_submissions_keeps_every_acknowledged_job(
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     let next = Arc::new(AtomicUsize::new(0));
     let url = c.url.clone();
+    let token = c.token.clone().unwrap_or_default();
+    let http = c.http();
     let mut threads = Vec::new();
     for _ in 0..4 {
-        let (acked, next, url) = (acked.clone(), next.clone(), url.clone());
+        let (acked, next, url, token, http) = (
+            acked.clone(),
+            next.clone(),
+            url.clone(),
+            token.clone(),
+            http.clone(),
+        );
         threads.push(std::thread::spawn(move || {
-            let http = reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap();
+            let http = http.clone();
             loop {
                 let n = next.fetch_add(1, Ordering::SeqCst);
                 if n >= 200 {
@@ -406,6 +411,7 @@ fn master_killed_during_a_burst_of_200_submissions_keeps_every_acknowledged_job(
                 let spec = fault_job(&name, 1, false, FOREVER, json!({}));
                 let ok = http
                     .post(format!("{url}/v1/jobs"))
+                    .bearer_auth(&token)
                     .json(&spec)
                     .send()
                     .is_ok_and(|r| r.status().is_success());

@@ -11,6 +11,34 @@ use drover_tests::{command_job, describe, running_as_root, Cluster, ClusterConfi
 use serde_json::json;
 
 #[test]
+fn a_cluster_over_mtls_runs_a_job_and_refuses_plain_http() {
+    if !running_as_root("mTLS test") {
+        return;
+    }
+    let mut config = ClusterConfig::agents(1);
+    config.tls = true;
+    let mut cluster = Cluster::start(config).unwrap();
+    assert!(cluster.url.starts_with("https://"), "{}", cluster.url);
+    let spec = command_job("tls", 2, false, "echo over mtls");
+    cluster.create_job(&spec).unwrap();
+    cluster
+        .wait_for_all("www-data/test/tls", TaskState::Finished)
+        .unwrap();
+    let agents = cluster.agents().unwrap();
+    assert_eq!(agents[0].agent_id, "bb-agent-0");
+    // The agent API over plain HTTP gets no answer from the TLS listener.
+    let plain = cluster.url.replacen("https://", "http://", 1);
+    let answer = reqwest::blocking::Client::new()
+        .post(format!("{plain}/v1/agents/register"))
+        .body("{}")
+        .send();
+    assert!(
+        answer.is_err() || !answer.unwrap().status().is_success(),
+        "plain HTTP was served"
+    );
+}
+
+#[test]
 fn batch_job_runs_every_instance_to_finished() {
     if !running_as_root("batch test") {
         return;

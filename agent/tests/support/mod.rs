@@ -47,6 +47,8 @@ pub struct MasterState {
     pub exclusive_lease_ms: Option<u64>,
     /// Answer 503 to registrations (a master the agent cannot reach).
     pub fail_registrations: bool,
+    /// The key the agent's log server requires (header of its last registration).
+    pub logs_key: Option<String>,
 }
 
 fn unknown_agent() -> Response {
@@ -86,6 +88,7 @@ impl FakeMaster {
             arrivals: BTreeMap::new(),
             exclusive_lease_ms: None,
             fail_registrations: false,
+            logs_key: None,
         };
         let master = FakeMaster {
             state: Arc::new(Mutex::new(state)),
@@ -149,12 +152,20 @@ impl FakeMaster {
     }
 }
 
-async fn register(State(m): State<FakeMaster>, Json(req): Json<RegisterRequest>) -> Response {
+async fn register(
+    State(m): State<FakeMaster>,
+    headers: axum::http::HeaderMap,
+    Json(req): Json<RegisterRequest>,
+) -> Response {
     let id = req.agent_id.clone();
     m.with(|s| {
         if s.fail_registrations {
             return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
         }
+        s.logs_key = headers
+            .get(drover_common::wire::LOGS_KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         s.registrations.push(req);
         s.forgot_agent = false;
         Json(RegisterResponse {

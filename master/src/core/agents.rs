@@ -2,21 +2,16 @@
 //! arms the partition timers of their tasks (the task is LOST when one fires).
 
 use drover_common::spec::JobSpec;
-use drover_common::state::UnixMillis;
 use drover_common::wire::{
     self, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
 };
 
 use super::model::{cpu_to_milli, Agent};
 use super::timers::Timer;
-use super::{AgentRecord, Core, CoreError, Reply};
+use super::{AgentRecord, Core, CoreError, Now, Reply};
 
 impl Core {
-    pub(super) fn register(
-        &mut self,
-        req: RegisterRequest,
-        now: UnixMillis,
-    ) -> Result<Reply, CoreError> {
+    pub(super) fn register(&mut self, req: RegisterRequest, now: Now) -> Result<Reply, CoreError> {
         if req.protocol_version != wire::PROTOCOL_VERSION {
             return Err(CoreError::Protocol {
                 got: req.protocol_version,
@@ -39,26 +34,35 @@ impl Core {
             None => {
                 let idx = self.agents.len() as u32;
                 self.agent_idx.insert(req.agent_id.clone(), idx);
-                self.agents.push(Agent::new(AgentRecord {
-                    id: req.agent_id.clone(),
-                    hostname: req.hostname,
-                    address: req.address,
-                    resources: req.resources,
-                    attributes: req.attributes,
-                    version: 0,
-                    last_heartbeat_ms: now,
-                }));
+                self.agents.push(Agent::new(
+                    AgentRecord {
+                        id: req.agent_id.clone(),
+                        hostname: req.hostname,
+                        address: req.address,
+                        resources: req.resources,
+                        attributes: req.attributes,
+                        version: 0,
+                        last_heartbeat_ms: now.wall,
+                    },
+                    now.mono,
+                ));
                 self.index_dirty = true;
                 idx
             }
         };
         let a = &mut self.agents[idx as usize];
-        a.rec.last_heartbeat_ms = now;
+        a.rec.last_heartbeat_ms = now.wall;
+        a.last_seen = now.mono;
+        let returned = !a.reachable;
         a.reachable = true;
+        a.unreachable_since = None;
         a.seen = true;
         a.want_full_set = true;
         self.capacity_changed = true;
         self.dirty_agents.insert(idx);
+        if returned {
+            self.evaluate_guard(now);
+        }
         Ok(Reply::Registered(RegisterResponse {
             agent_id: req.agent_id,
             heartbeat_interval_ms: self.cfg.heartbeat_interval_ms,
@@ -70,7 +74,7 @@ impl Core {
         &mut self,
         agent: &str,
         req: HeartbeatRequest,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         let Some(&idx) = self.agent_idx.get(agent) else {
             return Ok(Reply::Heartbeat(HeartbeatResponse {
@@ -78,15 +82,22 @@ impl Core {
                 reregister: true,
             }));
         };
-        {
+        let returned = {
             let a = &mut self.agents[idx as usize];
-            a.rec.last_heartbeat_ms = now;
+            a.rec.last_heartbeat_ms = now.wall;
+            a.last_seen = now.mono;
             a.seen = true;
-            if !a.reachable {
+            let returned = !a.reachable;
+            if returned {
                 a.reachable = true;
+                a.unreachable_since = None;
                 a.want_full_set = true;
                 self.capacity_changed = true;
             }
+            returned
+        };
+        if returned {
+            self.evaluate_guard(now);
         }
         if let Some(reports) = req.tasks {
             self.reconcile_agent(idx, &reports, req.assignments_version, now);
@@ -101,45 +112,60 @@ impl Core {
         }))
     }
 
-    pub(super) fn sweep_agents(&mut self, now: UnixMillis) {
-        let grace_until = self.start_ms + self.cfg.restart_grace_ms;
-        for idx in 0..self.agents.len() {
-            let a = &mut self.agents[idx];
-            if !a.reachable
-                || now.saturating_sub(a.rec.last_heartbeat_ms) <= self.cfg.agent_timeout_ms
-            {
+    /// Finds agents silent longer than the agent timeout (monotonic), lets the
+    /// eviction guard judge them together, then arms their tasks' partition timers.
+    pub(super) fn sweep_agents(&mut self, now: Now) {
+        let mut lost = Vec::new();
+        for (idx, a) in self.agents.iter_mut().enumerate() {
+            if !a.reachable || now.mono.saturating_sub(a.last_seen) <= self.cfg.agent_timeout_ms {
                 continue;
             }
             a.reachable = false;
-            let last = a.rec.last_heartbeat_ms;
-            let agent_id = a.rec.id.clone();
-            let tasks: Vec<String> = a.tasks.iter().cloned().collect();
-            for id in tasks {
-                let Some(t) = self.tasks.get(&id) else {
-                    continue;
-                };
-                let Some(job) = self.jobs.get(&t.job) else {
-                    continue;
-                };
-                let policy = &job.spec.partition_policy;
-                if !policy.reschedule {
-                    continue;
-                }
-                let mut at = now + policy.delay.get().as_millis() as u64;
-                if policy.exclusive {
-                    at = at.max(last + self.cfg.exclusive_lease_ms + kill_time_ms(&job.spec));
-                }
-                if !self.agents[idx].seen {
-                    at = at.max(grace_until);
-                }
-                self.push_timer(
-                    at,
-                    Timer::Partition {
-                        agent: agent_id.clone(),
-                        task: id,
-                    },
-                );
+            a.unreachable_since = Some(now.mono);
+            lost.push(idx);
+        }
+        if lost.is_empty() {
+            return;
+        }
+        self.evaluate_guard(now);
+        for idx in lost {
+            self.arm_partition_timers(idx, now);
+        }
+    }
+
+    /// The partition timers of the tasks on agent `idx`, just found unreachable.
+    fn arm_partition_timers(&mut self, idx: usize, now: Now) {
+        let grace_until = self.start_mono + self.cfg.restart_grace_ms;
+        let settle = self.settle_ms();
+        let a = &self.agents[idx];
+        let (last, seen) = (a.last_seen, a.seen);
+        let agent_id = a.rec.id.clone();
+        let tasks: Vec<String> = a.tasks.iter().cloned().collect();
+        for id in tasks {
+            let Some(t) = self.tasks.get(&id) else {
+                continue;
+            };
+            let Some(job) = self.jobs.get(&t.job) else {
+                continue;
+            };
+            let policy = &job.spec.partition_policy;
+            if !policy.reschedule {
+                continue;
             }
+            let mut at = now.mono + (policy.delay.get().as_millis() as u64).max(settle);
+            if policy.exclusive {
+                at = at.max(last + self.cfg.exclusive_lease_ms + kill_time_ms(&job.spec));
+            }
+            if !seen {
+                at = at.max(grace_until);
+            }
+            self.push_timer(
+                at,
+                Timer::Partition {
+                    agent: agent_id.clone(),
+                    task: id,
+                },
+            );
         }
     }
 }

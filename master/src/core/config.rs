@@ -1,7 +1,8 @@
 //! The thresholds of the lifecycle rules ([`CoreConfig`]); the runtime's config
 //! file fills them, tests shorten them.
 
-/// Every threshold of the lifecycle rules, in milliseconds (tests shorten them).
+/// Every threshold of the lifecycle rules, durations in milliseconds on the
+/// monotonic clock (tests shorten them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoreConfig {
     /// A task that ran shorter than this is flapping (Aurora: 5 min).
@@ -32,6 +33,13 @@ pub struct CoreConfig {
     /// A task the agent does not report is LOST only once it has been missing from
     /// its full task sets this long (a terminal update may be on its way).
     pub missing_grace_ms: u64,
+    /// The eviction guard engages when more than this share (per mille) of the
+    /// fleet went unreachable within `eviction_guard_window_ms`.
+    pub eviction_guard_share_permille: u32,
+    /// The window in which agents going unreachable count as one storm.
+    pub eviction_guard_window_ms: u64,
+    /// Tasks made LOST by agent loss, at most, per second.
+    pub agent_loss_rate: u32,
 }
 
 impl Default for CoreConfig {
@@ -50,6 +58,9 @@ impl Default for CoreConfig {
             restart_grace_ms: 30_000,
             exclusive_lease_ms: 10_000,
             missing_grace_ms: 5_000,
+            eviction_guard_share_permille: 500,
+            eviction_guard_window_ms: 60_000,
+            agent_loss_rate: 100,
         }
     }
 }

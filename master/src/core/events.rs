@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
-use drover_common::state::UnixMillis;
+use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
-    ActionResponse, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    StatusAck, StatusUpdate, UpdateView,
+    ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
+    RegisterResponse, StatusAck, StatusUpdate, UpdateView,
 };
 
 use super::{AgentRecord, Task, UpdateRecord};
@@ -70,6 +70,10 @@ pub enum Event {
     },
     /// Time passed: fire due timers.
     Tick,
+    /// An operator releases the eviction guard (POST
+    /// /v1/cluster/eviction-guard/release): the agents lost so far are handled
+    /// as ordinary losses, at the loss rate.
+    ReleaseEvictionGuard,
 }
 
 /// What an operator asks of a running update.
@@ -89,12 +93,17 @@ pub enum UpdateAction {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
     None,
-    JobCreated { job: String, tasks: Vec<String> },
+    JobCreated {
+        job: String,
+        tasks: Vec<String>,
+    },
     Action(ActionResponse),
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),
     Ack(StatusAck),
     Update(Box<UpdateView>),
+    /// The cluster and its eviction guard after the event.
+    Cluster(ClusterView),
 }
 
 /// Why the core refused an event.
@@ -139,8 +148,10 @@ pub enum Effect {
     Persist { seq: u64, changes: Vec<Change> },
     /// The agent's assignment set changed: wake its long poll once `seq` is committed.
     Notify { agent: String },
-    /// Call `handle(Event::Tick)` at this time (the earliest pending timer).
-    WakeAt(UnixMillis),
+    /// Call `handle(Event::Tick)` at this monotonic time (the earliest pending timer).
+    WakeAt(MonoMillis),
+    /// The eviction guard engaged or released: say so loudly (the runtime logs it).
+    EvictionGuard { engaged: bool, message: String },
 }
 
 /// The result of `handle`.

@@ -3,18 +3,14 @@
 use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
-use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
 use super::model::{constraints_of, new_task, Job};
-use super::{Change, Core, CoreError, Reply};
+use super::{Change, Core, CoreError, Now, Reply};
 
 impl Core {
-    pub(super) fn create_job(
-        &mut self,
-        spec: JobSpec,
-        now: UnixMillis,
-    ) -> Result<Reply, CoreError> {
+    pub(super) fn create_job(&mut self, spec: JobSpec, now: Now) -> Result<Reply, CoreError> {
         let key = spec.key().to_string();
         let constraints = constraints_of(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
@@ -32,8 +28,8 @@ impl Core {
         }
         let spec = Arc::new(spec);
         self.job_changes
-            .push(Change::PutJob(spec.clone(), key.clone(), now));
-        let mut job = Job::new(key.clone(), spec.clone(), now);
+            .push(Change::PutJob(spec.clone(), key.clone(), now.wall));
+        let mut job = Job::new(key.clone(), spec.clone(), now.wall);
         job.constraints = constraints;
         self.job_changes.push(Change::PutConfig {
             job: key.clone(),
@@ -43,7 +39,15 @@ impl Core {
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let mut task = new_task(&id, &key, instance, 0, now, TaskState::Pending, "created");
+            let mut task = new_task(
+                &id,
+                &key,
+                instance,
+                0,
+                now.wall,
+                TaskState::Pending,
+                "created",
+            );
             task.config = job.config.clone();
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
@@ -118,7 +122,7 @@ impl Core {
         via: TaskState,
         source: EventSource,
         message: &str,
-        now: UnixMillis,
+        now: Now,
     ) -> bool {
         self.stop_task_for(id, via, source, ExitReason::KilledByRequest, message, now)
     }
@@ -131,7 +135,7 @@ impl Core {
         source: EventSource,
         reason: ExitReason,
         message: &str,
-        now: UnixMillis,
+        now: Now,
     ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
@@ -143,15 +147,15 @@ impl Core {
         task.desired = DesiredState::Shutdown;
         task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
-            let _ = task
-                .status
-                .transition(TaskState::Killed, Some(reason), now, source, message);
+            let _ =
+                task.status
+                    .transition(TaskState::Killed, Some(reason), now.wall, source, message);
             self.mark(id);
             return true;
         }
         if task
             .status
-            .transition(via, None, now, source, message)
+            .transition(via, None, now.wall, source, message)
             .is_err()
         {
             return false;
@@ -172,7 +176,7 @@ impl Core {
         job: &str,
         instances: Option<Vec<u32>>,
         via: TaskState,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         let restart = via == TaskState::Restarting;
         let message = if restart {

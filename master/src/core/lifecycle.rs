@@ -4,12 +4,12 @@
 
 use std::collections::HashSet;
 
-use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::{StatusAck, StatusUpdate};
 
 use super::model::new_task;
 use super::timers::Timer;
-use super::{Core, CoreError, Reply};
+use super::{Core, CoreError, Now, Reply};
 
 impl Core {
     /// Applies an agent's status reports in order and acknowledges, per task, the
@@ -18,7 +18,7 @@ impl Core {
         &mut self,
         agent: &str,
         reports: Vec<StatusUpdate>,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         if !self.agent_idx.contains_key(agent) {
             return Err(CoreError::UnknownAgent(agent.to_string()));
@@ -34,7 +34,7 @@ impl Core {
         Ok(Reply::Ack(StatusAck { acked }))
     }
 
-    pub(super) fn apply_status_report(&mut self, agent: &str, u: StatusUpdate, now: UnixMillis) {
+    pub(super) fn apply_status_report(&mut self, agent: &str, u: StatusUpdate, now: Now) {
         let Some(task) = self.tasks.get_mut(&u.task_id) else {
             return;
         };
@@ -45,7 +45,7 @@ impl Core {
             return;
         }
         task.last_seq = Some(u.seq);
-        task.last_report_ms = now;
+        task.last_report_ms = now.mono;
         task.missing_since = None;
         if !u.processes.is_empty() {
             task.processes = u.processes;
@@ -61,12 +61,12 @@ impl Core {
                 let _ = task.status.transition(
                     TaskState::Starting,
                     None,
-                    now,
+                    now.wall,
                     EventSource::Executor,
                     &u.message,
                 );
                 self.push_timer(
-                    now + self.cfg.transient_timeout_ms,
+                    now.mono + self.cfg.transient_timeout_ms,
                     Timer::Transient {
                         task: id,
                         state: TaskState::Starting,
@@ -80,13 +80,14 @@ impl Core {
                         .transition(
                             TaskState::Running,
                             None,
-                            now,
+                            now.wall,
                             EventSource::Executor,
                             &u.message,
                         )
                         .is_ok() =>
             {
-                task.running_since = Some(now);
+                task.running_since = Some(now.wall);
+                task.running_mono = Some(now.mono);
             }
             s if s.is_terminal() && !from.is_terminal() => {
                 let (to, reason) = if from.is_stopping() {
@@ -108,7 +109,7 @@ impl Core {
     pub(super) fn create_replacement(
         &mut self,
         old_id: &str,
-        now: UnixMillis,
+        now: Now,
         throttle: Option<(u64, u32)>,
         why: &str,
     ) -> Option<String> {
@@ -119,23 +120,31 @@ impl Core {
         let failed_now = u32::from(old.status.state == TaskState::Failed);
         let name = self.jobs.get(&job_key)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
-        let (initial, flaps, until) = match throttle {
-            Some((penalty, flaps)) => (TaskState::Throttled, flaps, Some(now + penalty)),
+        let (initial, flaps, penalty) = match throttle {
+            Some((penalty, flaps)) => (TaskState::Throttled, flaps, Some(penalty)),
             None => (TaskState::Pending, 0, None),
         };
-        let message = match until {
-            Some(u) => format!("{why}; throttled for {} ms (flapping)", u - now),
+        let message = match penalty {
+            Some(p) => format!("{why}; throttled for {p} ms (flapping)"),
             None => format!("{why}; replaces {old_id}"),
         };
-        let mut task = new_task(&id, &job_key, instance, gen + 1, now, initial, &message);
+        let mut task = new_task(
+            &id,
+            &job_key,
+            instance,
+            gen + 1,
+            now.wall,
+            initial,
+            &message,
+        );
         task.failures = failures + failed_now;
         task.flaps = flaps;
-        task.throttle_until = until;
+        task.throttle_until = penalty.map(|p| now.wall + p);
         task.config = config;
         self.tasks.insert(id.clone(), task);
         self.mark(&id);
-        match until {
-            Some(at) => self.push_timer(at, Timer::Throttle { task: id.clone() }),
+        match penalty {
+            Some(p) => self.push_timer(now.mono + p, Timer::Throttle { task: id.clone() }),
             None => self.queue.push_back(id.clone()),
         }
         let limit = self.cfg.task_history_limit;
@@ -175,14 +184,14 @@ impl Core {
         reason: Option<ExitReason>,
         source: EventSource,
         message: &str,
-        now: UnixMillis,
+        now: Now,
     ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
         };
         if task
             .status
-            .transition(to, reason, now, source, message)
+            .transition(to, reason, now.wall, source, message)
             .is_err()
         {
             return false;
@@ -217,7 +226,7 @@ impl Core {
     }
 
     /// After a task the master wanted running ended: replace it as its job says.
-    pub(super) fn replace_after_end(&mut self, id: &str, now: UnixMillis) {
+    pub(super) fn replace_after_end(&mut self, id: &str, now: Now) {
         let Some(task) = self.tasks.get(id) else {
             return;
         };
@@ -254,7 +263,7 @@ impl Core {
         if !replace {
             return;
         }
-        let ran = task.running_since.map(|s| now.saturating_sub(s));
+        let ran = task.running_mono.map(|s| now.mono.saturating_sub(s));
         let flapping = natural && ran.is_none_or(|r| r < self.cfg.flapping_threshold_ms);
         let throttle = if flapping {
             let shift = task.flaps.min(20);
@@ -278,7 +287,7 @@ impl Core {
         id: &str,
         reason: ExitReason,
         source: EventSource,
-        now: UnixMillis,
+        now: Now,
     ) {
         let message = reason.to_string();
         let stopping = self

@@ -6,11 +6,14 @@
 //!
 //! One concern per file, each an `impl Core` block or a small type:
 //! - `events`: the vocabulary with the runtime (Event, Reply, CoreError, Effect, Change)
+//! - `clock`: `Now`, the monotonic and the wall clock reading of an event
 //! - `config`: the thresholds of the lifecycle rules (CoreConfig)
 //! - `model`: Task, Job and Agent records, their stored forms, a job's needs and constraints
 //! - `jobs`: create, kill and restart
 //! - `lifecycle`: status reports, the end of a task, its replacement, THROTTLED, LOST
 //! - `agents`: registration, heartbeats, the sweep that finds silent agents
+//! - `eviction_guard`: no agent-loss replacements while much of the fleet vanished
+//!   at once (the fault is likely the master's or the network's), a rate otherwise
 //! - `reconciliation`: an agent's full task set against the master's, Mesos's rounds
 //! - `timers`: the deadlines armed and what each does when it fires
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
@@ -22,8 +25,10 @@
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
+mod clock;
 mod config;
 mod events;
+mod eviction_guard;
 mod jobs;
 mod lifecycle;
 mod model;
@@ -38,8 +43,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 
-use drover_common::state::{TaskState, UnixMillis};
+use drover_common::state::{MonoMillis, TaskState};
 
+pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
 use model::{Agent, Job};
@@ -47,6 +53,7 @@ pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
 pub use update::UpdateRecord;
 
+use eviction_guard::EvictionGuard;
 use reconciliation::Reconciliation;
 use timers::Timer;
 
@@ -69,10 +76,13 @@ pub struct Core {
     /// changes (one failed try blocks the whole job: its tasks are identical).
     blocked: BTreeMap<String, VecDeque<String>>,
     capacity_changed: bool,
-    timers: BinaryHeap<Reverse<(UnixMillis, Timer)>>,
+    /// Armed timers by monotonic deadline.
+    timers: BinaryHeap<Reverse<(MonoMillis, Timer)>>,
     rng: u64,
     seq: u64,
-    start_ms: UnixMillis,
+    /// When this master started (monotonic): the restart grace counts from here.
+    start_mono: MonoMillis,
+    guard: EvictionGuard,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
     /// Each job's latest update (running or ended); shared with the store's batch
@@ -91,7 +101,7 @@ pub struct Core {
 
 impl Core {
     /// An empty master started at `now`; `seed` makes task ids unique across runs.
-    pub fn new(cfg: CoreConfig, now: UnixMillis, seed: u64) -> Core {
+    pub fn new(cfg: CoreConfig, now: Now, seed: u64) -> Core {
         let mut core = Core {
             cfg,
             jobs: BTreeMap::new(),
@@ -108,7 +118,8 @@ impl Core {
             timers: BinaryHeap::new(),
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             seq: 0,
-            start_ms: now,
+            start_mono: now.mono,
+            guard: EvictionGuard::default(),
             recon: None,
             next_recon_id: 1,
             updates: BTreeMap::new(),
@@ -120,8 +131,8 @@ impl Core {
             quiet_agents: BTreeSet::new(),
             job_changes: Vec::new(),
         };
-        core.push_timer(now + core.sweep_interval(), Timer::AgentSweep);
-        core.push_timer(now + core.cfg.reconcile_interval_ms, Timer::Reconcile);
+        core.push_timer(now.mono + core.sweep_interval(), Timer::AgentSweep);
+        core.push_timer(now.mono + core.cfg.reconcile_interval_ms, Timer::Reconcile);
         core
     }
 
@@ -171,8 +182,9 @@ impl Core {
         }
     }
 
-    /// Applies one event at `now`.
-    pub fn handle(&mut self, event: Event, now: UnixMillis) -> Output {
+    /// Applies one event at `now`: durations on `now.mono`, timestamps from
+    /// `now.wall`.
+    pub fn handle(&mut self, event: Event, now: Now) -> Output {
         let reply = match event {
             Event::CreateJob(spec) => self.create_job(*spec, now),
             Event::Kill { job, instances } => {
@@ -196,6 +208,7 @@ impl Core {
                 self.tick(now);
                 Ok(Reply::None)
             }
+            Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
         };
         self.drive_updates(now);
         self.schedule(now);
@@ -241,6 +254,9 @@ impl Core {
         // Served with the next answer the agent gets anyway, never before committed.
         for idx in std::mem::take(&mut self.quiet_agents) {
             self.agents[idx as usize].last_change_seq = self.seq;
+        }
+        if let Some(e) = self.take_guard_change() {
+            effects.push(e);
         }
         if let Some(at) = self.next_wake() {
             effects.push(Effect::WakeAt(at));

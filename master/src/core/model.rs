@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use drover_common::spec::{Constraint, JobSpec};
 use drover_common::state::{
-    DesiredState, EventSource, ExitReason, TaskState, TaskStatus, UnixMillis,
+    DesiredState, EventSource, ExitReason, MonoMillis, TaskState, TaskStatus, UnixMillis,
 };
 use drover_common::wire::{AgentResources, ProcessStatus};
 use serde::{Deserialize, Serialize};
@@ -38,27 +38,36 @@ pub struct Task {
     pub last_seq: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// Wall clock, for people.
     pub created_ms: UnixMillis,
+    /// When it became RUNNING (wall clock, for people).
     #[serde(default)]
     pub running_since: Option<UnixMillis>,
+    /// When it became RUNNING on the monotonic clock (how long it ran decides
+    /// flapping); re-derived from `running_since` at load.
+    #[serde(skip)]
+    pub running_mono: Option<MonoMillis>,
     /// FAILED tasks of this instance before this one.
     #[serde(default)]
     pub failures: u32,
     /// Consecutive flapping terminations of this instance before this one.
     #[serde(default)]
     pub flaps: u32,
+    /// When its THROTTLED penalty ends (wall clock, for people and for the penalty
+    /// left at load).
     #[serde(default)]
     pub throttle_until: Option<UnixMillis>,
     /// The hash of the task config this task runs (its job's `configs`); empty in
     /// records written before jobs had several configs: the job's own config.
     #[serde(default)]
     pub config: String,
-    /// When the agent last told us about this task (status or full task set).
+    /// When the agent last told us about this task (status or full task set),
+    /// monotonic.
     #[serde(skip)]
-    pub last_report_ms: UnixMillis,
-    /// Since when the agent's full task sets lack this task.
+    pub last_report_ms: MonoMillis,
+    /// Since when the agent's full task sets lack this task, monotonic.
     #[serde(skip)]
-    pub missing_since: Option<UnixMillis>,
+    pub missing_since: Option<MonoMillis>,
 }
 
 /// The stored form of an agent.
@@ -70,6 +79,8 @@ pub struct AgentRecord {
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
     pub version: u64,
+    /// Wall clock of the last heartbeat, for people (timeouts use the monotonic
+    /// `Agent::last_seen`).
     pub last_heartbeat_ms: UnixMillis,
 }
 
@@ -149,6 +160,10 @@ pub(super) struct Agent {
     /// Non-terminal tasks placed here.
     pub(super) tasks: BTreeSet<String>,
     pub(super) reachable: bool,
+    /// The last registration or heartbeat, monotonic.
+    pub(super) last_seen: MonoMillis,
+    /// When the sweep found it silent (monotonic); None while reachable.
+    pub(super) unreachable_since: Option<MonoMillis>,
     /// Heartbeated or registered since the master started.
     pub(super) seen: bool,
     pub(super) want_full_set: bool,
@@ -162,7 +177,8 @@ pub(super) struct Agent {
 }
 
 impl Agent {
-    pub(super) fn new(rec: AgentRecord) -> Agent {
+    /// An agent last seen at monotonic `now`.
+    pub(super) fn new(rec: AgentRecord, now: MonoMillis) -> Agent {
         let cpu_milli = cpu_to_milli(rec.resources.cpu);
         let rec_version = rec.version;
         let next_port = rec.resources.port_range.0;
@@ -176,6 +192,8 @@ impl Agent {
             next_port,
             tasks: BTreeSet::new(),
             reachable: true,
+            last_seen: now,
+            unreachable_since: None,
             seen: false,
             want_full_set: true,
             last_change_seq: 0,
@@ -309,6 +327,7 @@ pub(super) fn new_task(
         processes: Vec::new(),
         created_ms: now,
         running_since: None,
+        running_mono: None,
         failures: 0,
         flaps: 0,
         throttle_until: None,

@@ -10,11 +10,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use drover_common::spec::Constraint;
-use drover_common::state::{EventSource, TaskState, UnixMillis};
+use drover_common::state::{EventSource, TaskState};
 
 use super::model::{Agent, Job, Need};
 use super::timers::Timer;
-use super::Core;
+use super::{Core, Now};
 
 /// Per-pass counts of a job's active tasks per (limit attribute, value).
 type LimitCounts = Vec<HashMap<String, u32>>;
@@ -22,7 +22,7 @@ type LimitCounts = Vec<HashMap<String, u32>>;
 impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
-    pub(super) fn schedule(&mut self, now: UnixMillis) {
+    pub(super) fn schedule(&mut self, now: Now) {
         let retry = self.take_capacity_changed() && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
@@ -97,7 +97,7 @@ impl Core {
         job_key: &str,
         id: &str,
         limits: &mut HashMap<String, LimitCounts>,
-        now: UnixMillis,
+        now: Now,
     ) -> bool {
         if !limits.contains_key(job_key) {
             let counts = self.limit_counts(job_key);
@@ -431,7 +431,7 @@ impl Core {
     }
 
     /// Records a placement made by the scheduler.
-    pub(super) fn place(&mut self, id: &str, idx: u32, ports: Vec<(String, u16)>, now: UnixMillis) {
+    pub(super) fn place(&mut self, id: &str, idx: u32, ports: Vec<(String, u16)>, now: Now) {
         let version = self.bump_agent(idx);
         let agent_id = self.agents[idx as usize].rec.id.clone();
         let Some(task) = self.tasks.get_mut(id) else {
@@ -442,7 +442,7 @@ impl Core {
             .transition(
                 TaskState::Assigned,
                 None,
-                now,
+                now.wall,
                 EventSource::Master,
                 &format!("assigned to {agent_id}"),
             )
@@ -453,11 +453,11 @@ impl Core {
         task.agent = Some(agent_id);
         task.ports = ports;
         task.assigned_version = version;
-        task.last_report_ms = now;
+        task.last_report_ms = now.mono;
         self.agents[idx as usize].tasks.insert(id.to_string());
         self.mark(id);
         self.push_timer(
-            now + self.cfg.transient_timeout_ms,
+            now.mono + self.cfg.transient_timeout_ms,
             Timer::Transient {
                 task: id.to_string(),
                 state: TaskState::Assigned,

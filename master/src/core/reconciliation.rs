@@ -4,17 +4,18 @@
 
 use std::collections::HashMap;
 
-use drover_common::state::{EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState};
 use drover_common::wire;
 
 use super::timers::Timer;
-use super::Core;
+use super::{Core, Now};
 
 /// A reconciliation in progress (Mesos's algorithm).
 #[derive(Clone, Debug)]
 pub(super) struct Reconciliation {
     id: u64,
-    start: UnixMillis,
+    /// When it started (monotonic).
+    start: MonoMillis,
     backoff_ms: u64,
 }
 
@@ -25,7 +26,7 @@ impl Core {
         idx: u32,
         reports: &[wire::AgentTaskReport],
         agent_version: u64,
-        now: UnixMillis,
+        now: Now,
     ) {
         let held: HashMap<&str, TaskState> = reports
             .iter()
@@ -39,16 +40,16 @@ impl Core {
             };
             match held.get(id.as_str()) {
                 Some(state) if !state.is_terminal() => {
-                    task.last_report_ms = now;
+                    task.last_report_ms = now.mono;
                     task.missing_since = None;
                 }
                 // Terminal on the agent: its update is on the way.
-                Some(_) => task.last_report_ms = now,
+                Some(_) => task.last_report_ms = now.mono,
                 None => {
                     if agent_version < task.assigned_version {
                         continue; // the agent has not seen it yet
                     }
-                    let since = *task.missing_since.get_or_insert(now);
+                    let since = *task.missing_since.get_or_insert(now.mono);
                     if task.status.state.is_stopping() {
                         self.lose_task(
                             &id,
@@ -56,7 +57,7 @@ impl Core {
                             EventSource::Reconciliation,
                             now,
                         );
-                    } else if now.saturating_sub(since) >= self.cfg.missing_grace_ms {
+                    } else if now.mono.saturating_sub(since) >= self.cfg.missing_grace_ms {
                         self.lose_task(
                             &id,
                             ExitReason::ExecutorLost,
@@ -73,12 +74,12 @@ impl Core {
         a.want_full_set = still_missing;
     }
 
-    pub(super) fn start_reconciliation(&mut self, now: UnixMillis) {
+    pub(super) fn start_reconciliation(&mut self, now: Now) {
         let id = self.next_recon_id;
         self.next_recon_id += 1;
         self.recon = Some(Reconciliation {
             id,
-            start: now,
+            start: now.mono,
             backoff_ms: self.cfg.reconcile_backoff_initial_ms,
         });
         for a in &mut self.agents {
@@ -87,12 +88,12 @@ impl Core {
             }
         }
         self.push_timer(
-            now + self.cfg.reconcile_backoff_initial_ms,
+            now.mono + self.cfg.reconcile_backoff_initial_ms,
             Timer::ReconcileRound { id },
         );
     }
 
-    pub(super) fn reconcile_round(&mut self, id: u64, now: UnixMillis) {
+    pub(super) fn reconcile_round(&mut self, id: u64, now: Now) {
         let Some(recon) = self.recon.clone() else {
             return;
         };
@@ -120,7 +121,7 @@ impl Core {
             backoff_ms: backoff,
             ..recon
         });
-        self.push_timer(now + backoff, Timer::ReconcileRound { id });
+        self.push_timer(now.mono + backoff, Timer::ReconcileRound { id });
     }
 
     /// Whether a reconciliation is in progress.

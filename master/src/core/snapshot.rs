@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use drover_common::state::{TaskState, UnixMillis};
+use drover_common::state::TaskState;
 
 use drover_common::spec::JobSpec;
 
 use super::model::{constraints_of, need_of, Agent, Job, JobConfig, Slot};
 use super::timers::Timer;
-use super::{AgentRecord, Core, CoreConfig, JobRecord, Task, UpdateRecord};
+use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task, UpdateRecord};
 
 /// Everything the store holds, as loaded at start.
 #[derive(Clone, Debug, Default)]
@@ -25,14 +25,21 @@ pub struct Snapshot {
 impl Core {
     /// A master restarted at `now` with the stored state. Agents count as alive from
     /// `now` on; nothing is replaced because of them before the restart grace.
-    pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: UnixMillis, seed: u64) -> Core {
+    ///
+    /// Monotonic readings do not survive a restart, so the deadlines are re-derived
+    /// from what is stored: a THROTTLED penalty keeps what was left of it by the
+    /// wall clock (at most `throttle_max`), an ASSIGNED or STARTING task keeps what
+    /// was left of its transient timeout (at most the whole timeout, and never
+    /// before the restart grace), a RUNNING task's age counts up to the flapping
+    /// threshold; a wall clock step while the master was down moves none of them
+    /// past those bounds. Agent timeouts, missing grace and reconciliation start
+    /// afresh.
+    pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: Now, seed: u64) -> Core {
         let mut core = Core::new(cfg, now, seed);
         for rec in snapshot.agents {
-            let mut rec = rec;
-            rec.last_heartbeat_ms = now;
             let idx = core.agents.len() as u32;
             core.agent_idx.insert(rec.id.clone(), idx);
-            core.agents.push(Agent::new(rec));
+            core.agents.push(Agent::new(rec, now.mono));
         }
         for job in snapshot.jobs {
             let constraints = constraints_of(&job.spec).unwrap_or_default();
@@ -58,7 +65,7 @@ impl Core {
         }
         let mut tasks = snapshot.tasks;
         tasks.sort_by(|a, b| (&a.job, a.instance, a.gen).cmp(&(&b.job, b.instance, b.gen)));
-        let grace_until = now + core.cfg.restart_grace_ms;
+        let grace_until = now.mono + core.cfg.restart_grace_ms;
         for task in tasks {
             let Some(job) = core.jobs.get_mut(&task.job) else {
                 continue;
@@ -76,6 +83,10 @@ impl Core {
             }
             slot.current = Some(task.id.clone());
             let state = task.status.state;
+            let mut task = task;
+            task.running_mono = task
+                .running_since
+                .map(|s| now.mono_of(s, core.cfg.flapping_threshold_ms));
             if state.is_on_agent() {
                 if let Some(&idx) = task.agent.as_ref().and_then(|a| core.agent_idx.get(a)) {
                     let agent = &mut core.agents[idx as usize];
@@ -91,7 +102,10 @@ impl Core {
             match state {
                 TaskState::Pending => core.queue.push_back(task.id.clone()),
                 TaskState::Throttled => {
-                    let at = task.throttle_until.unwrap_or(now).max(now);
+                    let at = now.mono_of(
+                        task.throttle_until.unwrap_or(now.wall).max(now.wall),
+                        core.cfg.throttle_max_ms,
+                    );
                     core.push_timer(
                         at,
                         Timer::Throttle {
@@ -100,7 +114,9 @@ impl Core {
                     );
                 }
                 TaskState::Assigned | TaskState::Starting => {
-                    let at = (task.status.since() + core.cfg.transient_timeout_ms).max(grace_until);
+                    let timeout = core.cfg.transient_timeout_ms;
+                    let since = now.mono_of(task.status.since(), timeout);
+                    let at = (since + timeout).max(grace_until);
                     core.push_timer(
                         at,
                         Timer::Transient {

@@ -1,12 +1,12 @@
 //! Timers: the deadlines the core arms (transient states, THROTTLED penalties,
 //! partition waits, the agent sweep, reconciliation rounds) and what each does when
-//! it fires on `Event::Tick`.
+//! it fires on `Event::Tick`. Every deadline is on the monotonic clock.
 
 use std::cmp::Reverse;
 
-use drover_common::state::{EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{EventSource, ExitReason, MonoMillis, TaskState};
 
-use super::Core;
+use super::{Core, Now};
 
 /// A timer; stale ones are recognised when they fire and ignored.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,18 +34,18 @@ impl Core {
             .max(50)
     }
 
-    pub(super) fn push_timer(&mut self, at: UnixMillis, timer: Timer) {
+    pub(super) fn push_timer(&mut self, at: MonoMillis, timer: Timer) {
         self.timers.push(Reverse((at, timer)));
     }
 
-    /// The earliest armed timer.
-    pub fn next_wake(&self) -> Option<UnixMillis> {
+    /// The earliest armed timer (monotonic).
+    pub fn next_wake(&self) -> Option<MonoMillis> {
         self.timers.peek().map(|Reverse((at, _))| *at)
     }
 
-    pub(super) fn tick(&mut self, now: UnixMillis) {
+    pub(super) fn tick(&mut self, now: Now) {
         while let Some(Reverse((at, _))) = self.timers.peek() {
-            if *at > now {
+            if *at > now.mono {
                 break;
             }
             let Some(Reverse((_, timer))) = self.timers.pop() else {
@@ -55,7 +55,7 @@ impl Core {
         }
     }
 
-    pub(super) fn fire(&mut self, timer: Timer, now: UnixMillis) {
+    pub(super) fn fire(&mut self, timer: Timer, now: Now) {
         match timer {
             Timer::Transient { task, state } => {
                 let Some(t) = self.tasks.get(&task) else {
@@ -64,9 +64,18 @@ impl Core {
                 if t.status.state != state {
                     return;
                 }
-                let due = t.status.since() + self.cfg.transient_timeout_ms;
-                if due > now {
-                    self.push_timer(due, Timer::Transient { task, state });
+                // Stuck on an agent that is unreachable: the guard decides, as for
+                // the agent's loss.
+                let on_unreachable = t
+                    .agent
+                    .as_ref()
+                    .and_then(|a| self.agent_idx.get(a))
+                    .is_some_and(|&idx| !self.agents[idx as usize].reachable);
+                let again = Timer::Transient {
+                    task: task.clone(),
+                    state,
+                };
+                if on_unreachable && !self.loss_may_go(&task, again, now) {
                     return;
                 }
                 self.lose_task(
@@ -87,7 +96,7 @@ impl Core {
                     .transition(
                         TaskState::Pending,
                         None,
-                        now,
+                        now.wall,
                         EventSource::Master,
                         "penalty over",
                     )
@@ -110,15 +119,22 @@ impl Core {
                 if t.agent.as_deref() != Some(agent.as_str()) || t.status.state.is_terminal() {
                     return;
                 }
+                let again = Timer::Partition {
+                    agent,
+                    task: task.clone(),
+                };
+                if !self.loss_may_go(&task, again, now) {
+                    return;
+                }
                 self.lose_task(&task, ExitReason::AgentLost, EventSource::Master, now);
             }
             Timer::AgentSweep => {
                 self.sweep_agents(now);
-                self.push_timer(now + self.sweep_interval(), Timer::AgentSweep);
+                self.push_timer(now.mono + self.sweep_interval(), Timer::AgentSweep);
             }
             Timer::Reconcile => {
                 self.start_reconciliation(now);
-                self.push_timer(now + self.cfg.reconcile_interval_ms, Timer::Reconcile);
+                self.push_timer(now.mono + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
             Timer::UpdateWatch { job } => self.poke_update(&job),

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use drover_common::configs::{config_hash, format_ranges, plan_update};
 use drover_common::spec::JobSpec;
-use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState, UnixMillis};
+use drover_common::state::{DesiredState, EventSource, ExitReason, MonoMillis, TaskState};
 use drover_common::wire::{
     InstanceProgress, InstanceUpdateState, UpdateEvent, UpdateState, UpdateView,
 };
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{constraints_of, need_of, new_task, JobConfig, Slot};
 use super::timers::Timer;
-use super::{Change, Core, CoreError, Reply, UpdateAction};
+use super::{Change, Core, CoreError, Now, Reply, UpdateAction};
 
 /// Events kept per update (the oldest are dropped beyond this).
 const MAX_EVENTS: usize = 500;
@@ -55,9 +55,11 @@ pub struct UpdateRecord {
     /// The state a pause left (resume goes back to it).
     #[serde(default)]
     pub paused_from: Option<UpdateState>,
-    /// The watch timer armed last (one per deadline, not one per event).
+    /// The watch timer armed last, monotonic (one per deadline, not one per event;
+    /// not stored: a restarted master re-arms it from the tasks' re-derived
+    /// `running_mono`).
     #[serde(skip)]
-    pub armed: Option<UnixMillis>,
+    pub armed: Option<MonoMillis>,
     /// Something it waits for may have happened (its watch timer fired, it was
     /// started, steered or loaded): drive it in this event even if none of its
     /// tasks changed.
@@ -78,9 +80,9 @@ impl UpdateRecord {
         self.view.instances.get_mut(pos)
     }
 
-    fn event(&mut self, now: UnixMillis, message: String) {
+    fn event(&mut self, now: Now, message: String) {
         self.view.events.push(UpdateEvent {
-            at_ms: now,
+            at_ms: now.wall,
             message,
         });
         if self.view.events.len() > MAX_EVENTS {
@@ -107,7 +109,8 @@ impl UpdateRecord {
 enum Check {
     Done,
     Failed(String),
-    Waiting(Option<UnixMillis>),
+    /// Until the monotonic instant its watch ends, if it is being watched.
+    Waiting(Option<MonoMillis>),
 }
 
 impl Core {
@@ -168,7 +171,7 @@ impl Core {
         spec: JobSpec,
         instances: Option<Vec<u32>>,
         user: &str,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         let bad = |message: String| CoreError::BadUpdate {
             job: job.to_string(),
@@ -244,10 +247,10 @@ impl Core {
         progress.sort_by_key(|p| p.instance);
         let mut u = UpdateRecord {
             view: UpdateView {
-                id: format!("{}-{now}", job.replace('/', "-")),
+                id: format!("{}-{}", job.replace('/', "-"), now.wall),
                 job: job.to_string(),
                 user: user.to_string(),
-                created_ms: now,
+                created_ms: now.wall,
                 state: UpdateState::RollingForward,
                 settings,
                 to_config: new_hash,
@@ -290,7 +293,7 @@ impl Core {
         &mut self,
         job: &str,
         action: UpdateAction,
-        now: UnixMillis,
+        now: Now,
     ) -> Result<Reply, CoreError> {
         if !self.jobs.contains_key(job) {
             return Err(CoreError::NoJob(job.to_string()));
@@ -348,7 +351,7 @@ impl Core {
 
     /// A kill of the job (or some instances) while it is updated ends the update
     /// as ABORTED: what was killed stays killed, nothing else changes.
-    pub(super) fn abort_update_for_kill(&mut self, job: &str, now: UnixMillis) {
+    pub(super) fn abort_update_for_kill(&mut self, job: &str, now: Now) {
         if let Some(u) = self
             .updates
             .get_mut(job)
@@ -366,7 +369,7 @@ impl Core {
     /// Drives each running update one step, after every event that changed one of
     /// its job's tasks or poked it (events that touch neither, like most
     /// heartbeats, cost one pass over the running updates).
-    pub(super) fn drive_updates(&mut self, now: UnixMillis) {
+    pub(super) fn drive_updates(&mut self, now: Now) {
         let mut active: Vec<String> = Vec::new();
         let mut waiting: BTreeSet<&str> = BTreeSet::new();
         for u in self.updates.values() {
@@ -403,7 +406,7 @@ impl Core {
     }
 
     /// One step of one update; whether its record changed.
-    fn drive(&mut self, u: &mut UpdateRecord, now: UnixMillis) -> bool {
+    fn drive(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
         let mut changed = false;
         if !self.jobs.contains_key(&u.view.job) {
             u.view.state = UpdateState::Aborted;
@@ -433,11 +436,11 @@ impl Core {
     }
 
     /// Looks at each instance in flight; failures may fail the update.
-    fn check_in_flight(&mut self, u: &mut UpdateRecord, now: UnixMillis) -> bool {
+    fn check_in_flight(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
         let mut changed = false;
         let back = u.rolling_back();
         let settings = u.view.settings.clone();
-        let mut wake: Option<UnixMillis> = None;
+        let mut wake: Option<MonoMillis> = None;
         let mut left: Vec<u32> = Vec::new();
         let mut failure = false;
         for instance in u.in_flight.clone() {
@@ -490,7 +493,7 @@ impl Core {
                 }
                 Check::Waiting(at) => {
                     if let Some(at) = at {
-                        wake = Some(wake.map_or(at, |w: UnixMillis| w.min(at)));
+                        wake = Some(wake.map_or(at, |w: MonoMillis| w.min(at)));
                     }
                 }
             }
@@ -499,7 +502,7 @@ impl Core {
             let left: BTreeSet<u32> = left.into_iter().collect();
             u.in_flight.retain(|i| !left.contains(i));
         }
-        if let Some(at) = wake.filter(|at| u.armed.is_none_or(|a| a <= now || *at < a)) {
+        if let Some(at) = wake.filter(|at| u.armed.is_none_or(|a| a <= now.mono || *at < a)) {
             u.armed = Some(at);
             self.push_timer(
                 at,
@@ -553,7 +556,7 @@ impl Core {
         u: &mut UpdateRecord,
         instance: u32,
         want: Option<&str>,
-        now: UnixMillis,
+        now: Now,
         settings: &drover_common::spec::UpdateConfig,
     ) -> Check {
         let current = self.current_of(&u.view.job, instance);
@@ -597,10 +600,10 @@ impl Core {
             }
             return Check::Waiting(None);
         }
-        match (state, task.running_since) {
+        match (state, task.running_mono) {
             (TaskState::Running, Some(since)) => {
                 let due = since + settings.watch.0.as_millis() as u64;
-                if due <= now {
+                if due <= now.mono {
                     Check::Done
                 } else {
                     Check::Waiting(Some(due))
@@ -610,7 +613,7 @@ impl Core {
         }
     }
 
-    fn start_forward_batch(&mut self, u: &mut UpdateRecord, now: UnixMillis) -> bool {
+    fn start_forward_batch(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
         let size = u.view.settings.batch_size.max(1) as usize;
         let end = (u.next + size).min(u.view.instances.len());
         if u.next >= end {
@@ -629,7 +632,7 @@ impl Core {
         true
     }
 
-    fn start_back_batch(&mut self, u: &mut UpdateRecord, now: UnixMillis) -> bool {
+    fn start_back_batch(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
         let size = u.view.settings.batch_size.max(1) as usize;
         let end = (u.back_next + size).min(u.back.len());
         if u.back_next >= end {
@@ -649,13 +652,7 @@ impl Core {
     }
 
     /// Puts one instance on config `to` (None: removes it) and adds it to the batch.
-    fn move_instance(
-        &mut self,
-        u: &mut UpdateRecord,
-        instance: u32,
-        to: Option<&str>,
-        now: UnixMillis,
-    ) {
+    fn move_instance(&mut self, u: &mut UpdateRecord, instance: u32, to: Option<&str>, now: Now) {
         let job = u.view.job.clone();
         u.in_flight.push(instance);
         u.watched.remove(&instance);
@@ -706,7 +703,7 @@ impl Core {
     }
 
     /// A first task for a new instance (slots grow up to it).
-    fn add_instance(&mut self, job: &str, instance: u32, now: UnixMillis) -> Option<String> {
+    fn add_instance(&mut self, job: &str, instance: u32, now: Now) -> Option<String> {
         let name = self.jobs.get(job)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
         let task = new_task(
@@ -714,7 +711,7 @@ impl Core {
             job,
             instance,
             0,
-            now,
+            now.wall,
             TaskState::Pending,
             "added by update",
         );
@@ -729,7 +726,7 @@ impl Core {
     }
 
     /// The last batch is done: the job takes its final shape.
-    fn finish_update(&mut self, u: &mut UpdateRecord, now: UnixMillis) {
+    fn finish_update(&mut self, u: &mut UpdateRecord, now: Now) {
         let job = u.view.job.clone();
         let (state, count) = if u.view.state == UpdateState::RollingBack {
             let restored = self.jobs.get(&job).and_then(|j| {
@@ -809,7 +806,7 @@ fn instance_progress(instance: u32, from: Option<String>, to: Option<&str>) -> I
 
 /// Turns the update around: every instance started forward goes back, the last
 /// started first (seed 001: (6,7,8-FAIL) rolls back as (8,7,6) (5,4,3) (2,1,0)).
-fn begin_rollback(u: &mut UpdateRecord, now: UnixMillis, why: String) {
+fn begin_rollback(u: &mut UpdateRecord, now: Now, why: String) {
     let started: Vec<u32> = u.view.instances[..u.next]
         .iter()
         .map(|p| p.instance)

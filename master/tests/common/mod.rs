@@ -3,14 +3,18 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use drover_common::wire::{
     self, AgentResources, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
     StatusAck, StatusUpdate, StatusUpdateBatch,
 };
 use drover_common::TaskState;
+use drover_master::auth::Grant;
 use drover_master::core::CoreConfig;
+use drover_master::tokens::Tokens;
 use drover_master::{Config, Handle};
 use serde_json::Value;
 
@@ -18,6 +22,8 @@ pub fn config(dir: &Path) -> Config {
     Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: dir.to_path_buf(),
+        insecure: false,
+        tls: None,
         core: CoreConfig {
             agent_timeout_ms: 5_000,
             heartbeat_interval_ms: 500,
@@ -31,9 +37,20 @@ pub async fn start(dir: &Path) -> Handle {
     drover_master::start(config(dir)).await.unwrap()
 }
 
+/// A token of `grant` made directly in the master's registry.
+pub fn token(h: &Handle, grant: Grant) -> String {
+    h.tokens.create(grant, String::new(), "test", 0).unwrap().1
+}
+
+/// A JSON client that sends an admin token to admin routes and, to an agent's
+/// routes, an agent token of its own per agent id (made on first use).
+#[derive(Clone)]
 pub struct Client {
     pub base: String,
     pub http: reqwest::Client,
+    pub admin: String,
+    tokens: Arc<Tokens>,
+    agents: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl Client {
@@ -41,6 +58,48 @@ impl Client {
         Client {
             base: format!("http://{}", h.addr),
             http: reqwest::Client::new(),
+            admin: token(h, Grant::Admin),
+            tokens: h.tokens.clone(),
+            agents: Default::default(),
+        }
+    }
+
+    /// The same client (same tokens, as a restarted agent keeps its token) for a
+    /// restarted master `h` on the same data dir.
+    pub fn reconnect(&self, h: &Handle) -> Client {
+        Client {
+            base: format!("http://{}", h.addr),
+            tokens: h.tokens.clone(),
+            ..self.clone()
+        }
+    }
+
+    /// The token a request to `path` (with `body`) is sent with.
+    pub fn token_for(&self, path: &str, body: Option<&Value>) -> String {
+        let parts: Vec<&str> = path.split(['/', '?']).collect();
+        let agent = match parts.as_slice() {
+            ["", "v1", "agents", "register", ..] => body
+                .and_then(|b| b["agent_id"].as_str())
+                .map(str::to_string),
+            ["", "v1", "agents", id, "heartbeat" | "assignments" | "updates", ..] => {
+                Some(id.to_string())
+            }
+            _ => None,
+        };
+        match agent {
+            None => self.admin.clone(),
+            Some(id) => self
+                .agents
+                .lock()
+                .unwrap()
+                .entry(id)
+                .or_insert_with(|| {
+                    self.tokens
+                        .create(Grant::Agent { agent_id: None }, String::new(), "test", 0)
+                        .unwrap()
+                        .1
+                })
+                .clone(),
         }
     }
 
@@ -48,6 +107,7 @@ impl Client {
         let r = self
             .http
             .post(format!("{}{path}", self.base))
+            .bearer_auth(self.token_for(path, Some(body)))
             .json(body)
             .send()
             .await
@@ -60,6 +120,7 @@ impl Client {
         let r = self
             .http
             .post(format!("{}{path}", self.base))
+            .bearer_auth(self.token_for(path, serde_json::from_str(&body).ok().as_ref()))
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -73,12 +134,31 @@ impl Client {
         let r = self
             .http
             .get(format!("{}{path}", self.base))
+            .bearer_auth(self.token_for(path, None))
             .send()
             .await
             .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
+}
+
+/// The body of a registration of agent `id` (small resources).
+pub fn register_body(id: &str) -> Value {
+    serde_json::to_value(RegisterRequest {
+        protocol_version: wire::PROTOCOL_VERSION,
+        agent_id: id.to_string(),
+        hostname: "h".to_string(),
+        address: "http://127.0.0.1:9".to_string(),
+        resources: AgentResources {
+            cpu: 4.0,
+            ram_bytes: 1 << 30,
+            disk_bytes: 1 << 30,
+            port_range: (31000, 31100),
+        },
+        attributes: Default::default(),
+    })
+    .unwrap()
 }
 
 pub fn job(name: &str, instances: u32, service: bool) -> Value {

@@ -9,7 +9,7 @@ fn a_silent_agent_s_tasks_are_lost_and_replaced_elsewhere_and_killed_when_it_ret
     let t = w.create(spec("svc", 1, true, ""));
     w.run(&t[0]);
     w.register("a2", 8.0, 16, &[]);
-    for _ in 0..8 {
+    for _ in 0..10 {
         w.advance(500);
         w.heartbeat("a2", None);
     }

@@ -14,6 +14,8 @@ use proptest::prelude::*;
 use super::*;
 
 mod agents;
+mod clocks;
+mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
@@ -40,6 +42,9 @@ fn cfg() -> CoreConfig {
         restart_grace_ms: 6_000,
         exclusive_lease_ms: 2_000,
         missing_grace_ms: 1_000,
+        eviction_guard_share_permille: 500,
+        eviction_guard_window_ms: 10_000,
+        agent_loss_rate: 1_000,
     }
 }
 
@@ -75,23 +80,46 @@ fn spec(name: &str, instances: u32, service: bool, extra: &str) -> JobSpec {
 
 struct World {
     core: Core,
+    /// The monotonic clock.
     now: u64,
+    /// How far the wall clock is from the monotonic one (steps move it).
+    wall_skew: i64,
     seqs: HashMap<String, u64>,
     persisted: Vec<Change>,
 }
 
 impl World {
     fn new() -> World {
+        World::with(cfg())
+    }
+
+    fn with(cfg: CoreConfig) -> World {
         World {
-            core: Core::new(cfg(), 1_000_000, 7),
+            core: Core::new(
+                cfg,
+                Now {
+                    mono: 1_000_000,
+                    wall: 1_000_000,
+                },
+                7,
+            ),
             now: 1_000_000,
+            wall_skew: 0,
             seqs: HashMap::new(),
             persisted: Vec::new(),
         }
     }
 
+    /// Both clocks now.
+    fn at(&self) -> Now {
+        Now {
+            mono: self.now,
+            wall: self.now.saturating_add_signed(self.wall_skew),
+        }
+    }
+
     fn handle(&mut self, e: Event) -> Output {
-        let out = self.core.handle(e, self.now);
+        let out = self.core.handle(e, self.at());
         for e in &out.effects {
             if let Effect::Persist { changes, .. } = e {
                 self.persisted.extend(changes.iter().cloned());
@@ -123,7 +151,7 @@ impl World {
             state,
             exit_reason: reason,
             message: String::new(),
-            timestamp_ms: self.now,
+            timestamp_ms: self.at().wall,
             processes: Vec::new(),
         };
         self.handle(Event::StatusReports {

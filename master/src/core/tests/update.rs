@@ -374,7 +374,7 @@ fn a_restarted_master_finishes_the_update() {
     snap.tasks = tasks.into_values().collect();
     snap.agents = agents.into_values().collect();
     snap.updates = updates.into_values().collect();
-    w.core = Core::load(cfg(), snap, w.now, 9);
+    w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(view(&w).state, UpdateState::RollingForward);
     let v = until_done(&mut w, 60_000);
     assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");

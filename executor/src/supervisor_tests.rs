@@ -1,0 +1,352 @@
+//! Unit tests of the task-level rules: a fake [`Io`] records the commands and answers
+//! with made-up pids; no process, signal or cgroup is involved.
+
+use super::*;
+use crate::machine::tests::{proc, task};
+use drover_common::spec::ProcessSpec;
+
+const OK: ExitReason = ExitReason::ExitCode { code: 0 };
+const BAD: ExitReason = ExitReason::ExitCode { code: 3 };
+
+fn config() -> Config {
+    Config {
+        health_check: None,
+        http: None,
+        finalization_wait: Duration::from_secs(30),
+        recovery_timeout: Duration::from_secs(60),
+        standalone: false,
+    }
+}
+
+/// An HTTP health check: every 1 s, failures ignored for the first 10 s, more than
+/// one failure in a row is fatal, one success is healthy.
+fn health_check() -> HealthCheck {
+    serde_json::from_str(
+        r#"{"interval":"1s","initial_interval":"10s","max_consecutive_failures":1,"min_consecutive_successes":1}"#,
+    )
+    .unwrap()
+}
+
+fn http() -> HttpLifecycle {
+    serde_json::from_str(r#"{"graceful_shutdown_wait":"5s","shutdown_wait":"5s"}"#).unwrap()
+}
+
+/// Records commands; process `idx` gets pid `100 + idx` unless it is in `unstartable`.
+#[derive(Default)]
+struct Fake {
+    commands: Vec<Command>,
+    started: Vec<usize>,
+    unstartable: Vec<usize>,
+    residue: bool,
+    snoozed: bool,
+}
+
+impl Io for Fake {
+    fn start(&mut self, idx: usize) -> Result<u32, ExitReason> {
+        self.started.push(idx);
+        if self.unstartable.contains(&idx) {
+            return Err(ExitReason::FailedToStart {
+                process: format!("p{idx}"),
+                error: "binary not found".into(),
+            });
+        }
+        Ok(100 + idx as u32)
+    }
+    fn residue_alive(&mut self) -> bool {
+        self.residue
+    }
+    fn snoozed(&mut self) -> bool {
+        self.snoozed
+    }
+    fn command(&mut self, command: Command) {
+        self.commands.push(command);
+    }
+}
+
+impl Fake {
+    /// The states of the emitted statuses, in order.
+    fn states(&self) -> Vec<TaskState> {
+        self.commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Emit { state, .. } => Some(*state),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The exit reason of the last emitted status.
+    fn last_reason(&self) -> Option<ExitReason> {
+        self.commands.iter().rev().find_map(|c| match c {
+            Command::Emit { exit_reason, .. } => Some(exit_reason.clone()),
+            _ => None,
+        })?
+    }
+
+    fn count(&self, wanted: &Command) -> usize {
+        self.commands.iter().filter(|c| *c == wanted).count()
+    }
+
+    fn has(&self, pred: impl Fn(&Command) -> bool) -> bool {
+        self.commands.iter().any(pred)
+    }
+}
+
+fn supervisor(processes: Vec<ProcessSpec>, config: Config) -> Supervisor {
+    Supervisor::new(Machine::new(&task(processes, &[])).unwrap(), config)
+}
+
+/// A supervisor of one process `a` with a client connected, begun at time 0.
+fn begun_with_one_process(config: Config) -> (Supervisor, Fake) {
+    let mut s = supervisor(vec![proc("a")], config);
+    let mut io = Fake::default();
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    (s, io)
+}
+
+/// Ticks every 10 ms from `from` until the task is terminal or `until` passes.
+fn run_until(s: &mut Supervisor, io: &mut Fake, from: Millis, until: Millis) -> Millis {
+    let mut now = from;
+    while now <= until && !s.state().is_terminal() {
+        s.tick(now, io);
+        now += 10;
+    }
+    now
+}
+
+#[test]
+fn a_one_shot_task_is_running_at_once_and_finishes_when_its_process_succeeds() {
+    let (mut s, mut io) = begun_with_one_process(config());
+    assert_eq!(io.started, vec![0]);
+    assert_eq!(io.states(), vec![TaskState::Starting, TaskState::Running]);
+    s.process_exited(0, OK);
+    run_until(&mut s, &mut io, 5, 100);
+    assert_eq!(s.state(), TaskState::Finished);
+    assert_eq!(io.last_reason(), Some(OK));
+    assert!(
+        io.has(|c| matches!(c, Command::Terminate { pids } if pids.is_empty())),
+        "finalization stops what is left, and no process of the task still runs"
+    );
+}
+
+#[test]
+fn a_process_that_cannot_start_fails_the_task() {
+    let mut s = supervisor(vec![proc("a")], config());
+    let mut io = Fake {
+        unstartable: vec![0],
+        ..Fake::default()
+    };
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    assert_eq!(
+        io.states(),
+        vec![TaskState::Starting],
+        "nothing runs: no RUNNING"
+    );
+    run_until(&mut s, &mut io, 1, 100);
+    assert_eq!(s.state(), TaskState::Failed);
+    assert!(matches!(
+        io.last_reason(),
+        Some(ExitReason::FailedToStart { .. })
+    ));
+}
+
+#[test]
+fn a_kill_request_beats_the_process_outcome_and_only_the_first_counts() {
+    let (mut s, mut io) = begun_with_one_process(config());
+    s.kill_requested(5, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+    assert_eq!(s.state(), TaskState::Killing);
+    assert!(
+        io.has(|c| *c == Command::Terminate { pids: vec![100] }),
+        "without an HTTP lifecycle the escalation starts at SIGTERM"
+    );
+    s.kill_requested(6, ExitReason::AgentLost, "a socket client", &mut io);
+    assert_eq!(
+        io.states()
+            .iter()
+            .filter(|s| **s == TaskState::Killing)
+            .count(),
+        1
+    );
+    // The process dies of the SIGTERM with a failure of its own.
+    s.process_exited(0, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 10, 100);
+    assert_eq!(s.state(), TaskState::Killed);
+    assert_eq!(io.last_reason(), Some(ExitReason::KilledByRequest));
+    let emitted = io.commands.len();
+    s.kill_requested(200, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+    s.tick(300, &mut io);
+    assert_eq!(
+        io.commands.len(),
+        emitted,
+        "a terminal task ignores everything"
+    );
+}
+
+#[test]
+fn a_health_failure_beats_the_process_outcome_and_a_kill_beats_both() {
+    for kill_too in [false, true] {
+        let mut cfg = config();
+        cfg.health_check = Some(health_check());
+        let mut s = supervisor(vec![proc("a")], cfg);
+        let mut io = Fake::default();
+        s.client_connected(0);
+        s.begin(0, "ready".into(), &mut io);
+        assert_eq!(
+            io.states(),
+            vec![TaskState::Starting],
+            "RUNNING waits for health"
+        );
+        s.tick(0, &mut io);
+        assert_eq!(io.count(&Command::CheckHealth), 1);
+        s.health_result(1, Ok(()), &mut io);
+        assert_eq!(s.state(), TaskState::Running);
+        // After the initial interval, two failures in a row are one too many.
+        s.health_result(11_000, Err("503".into()), &mut io);
+        assert_eq!(s.state(), TaskState::Running);
+        s.health_result(12_000, Err("refused".into()), &mut io);
+        assert!(io.has(|c| matches!(c, Command::Terminate { .. })));
+        assert_eq!(
+            s.state(),
+            TaskState::Running,
+            "no KILLING for a health failure"
+        );
+        if kill_too {
+            s.kill_requested(12_001, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+        }
+        s.process_exited(0, ExitReason::Signal { signal: 15 });
+        run_until(&mut s, &mut io, 12_010, 13_000);
+        let (state, reason) = if kill_too {
+            (TaskState::Killed, ExitReason::KilledByRequest)
+        } else {
+            (
+                TaskState::Failed,
+                ExitReason::HealthCheckFailed {
+                    last_error: "refused".into(),
+                },
+            )
+        };
+        assert_eq!(s.state(), state);
+        assert_eq!(io.last_reason(), Some(reason));
+    }
+}
+
+#[test]
+fn health_checks_run_on_a_fixed_schedule_one_at_a_time_and_not_while_snoozed() {
+    let mut cfg = config();
+    cfg.health_check = Some(health_check());
+    let (mut s, mut io) = begun_with_one_process(cfg);
+    s.tick(0, &mut io);
+    assert_eq!(io.count(&Command::CheckHealth), 1);
+    assert_eq!(s.next_deadline(1), 1_000);
+    // Still in flight a second later: not started twice; the schedule moves on.
+    s.tick(1_000, &mut io);
+    assert_eq!(io.count(&Command::CheckHealth), 1);
+    s.health_result(1_100, Ok(()), &mut io);
+    // A late wakeup does not shift the schedule.
+    s.tick(2_700, &mut io);
+    assert_eq!(io.count(&Command::CheckHealth), 2);
+    assert_eq!(s.next_deadline(2_700), 3_000);
+    s.health_result(2_800, Ok(()), &mut io);
+    io.snoozed = true;
+    s.tick(3_000, &mut io);
+    assert_eq!(io.count(&Command::CheckHealth), 2, "snoozed: skipped");
+}
+
+#[test]
+fn the_recovery_timeout_kills_the_task_as_agent_lost_only_without_a_client() {
+    let mut s = supervisor(vec![proc("a")], config());
+    let mut io = Fake::default();
+    s.begin(0, "ready".into(), &mut io);
+    s.client_connected(1_000);
+    s.tick(100_000, &mut io);
+    assert_eq!(s.state(), TaskState::Running, "a client is connected");
+    s.client_gone(100_000);
+    assert_eq!(s.next_deadline(100_001), 160_000);
+    s.tick(159_999, &mut io);
+    assert_eq!(s.state(), TaskState::Running);
+    s.tick(160_000, &mut io);
+    assert_eq!(s.state(), TaskState::Killing);
+    s.process_exited(0, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 160_010, 161_000);
+    assert_eq!(s.state(), TaskState::Killed);
+    assert_eq!(io.last_reason(), Some(ExitReason::AgentLost));
+    assert!(s.terminal_untaken(), "no agent took the terminal status");
+    s.client_connected(161_000);
+    assert!(!s.terminal_untaken());
+    s.delivered_terminal();
+    assert!(s.terminal_delivered());
+}
+
+#[test]
+fn standalone_has_no_recovery_timeout() {
+    let mut cfg = config();
+    cfg.standalone = true;
+    let mut s = supervisor(vec![proc("a")], cfg);
+    let mut io = Fake::default();
+    s.begin(0, "ready".into(), &mut io);
+    s.tick(10_000_000, &mut io);
+    assert_eq!(s.state(), TaskState::Running);
+}
+
+#[test]
+fn the_http_lifecycle_posts_then_skips_ahead_once_everything_exited() {
+    let mut cfg = config();
+    cfg.http = Some(http());
+    let (mut s, mut io) = begun_with_one_process(cfg);
+    s.kill_requested(100, ExitReason::KilledByRequest, "a socket client", &mut io);
+    assert!(io.has(|c| *c == Command::Post(Step::PostGraceful)));
+    s.posted(150, "POST /quitquitquit answered 200".into(), &mut io);
+    assert_eq!(io.states().last(), Some(&TaskState::Killing));
+    // Still running at the graceful wait's end: the shutdown POST.
+    s.tick(5_100, &mut io);
+    assert!(io.has(|c| *c == Command::Post(Step::PostShutdown)));
+    // The process exits, something it left runs on: wait for it, polling.
+    s.process_exited(0, OK);
+    io.residue = true;
+    s.tick(5_200, &mut io);
+    assert_eq!(s.next_deadline(5_200), 5_200 + RESIDUAL_POLL);
+    assert!(!io.has(|c| matches!(c, Command::Terminate { .. })));
+    io.residue = false;
+    run_until(&mut s, &mut io, 5_210, 6_000);
+    assert!(
+        io.has(|c| matches!(c, Command::Terminate { .. })),
+        "skipped ahead to SIGTERM"
+    );
+    assert_eq!(s.state(), TaskState::Killed);
+    assert_eq!(
+        io.count(&Command::KillAll),
+        0,
+        "nothing was left to SIGKILL"
+    );
+}
+
+#[test]
+fn what_outlives_finalization_wait_is_killed() {
+    let mut s = supervisor(vec![proc("a")], config());
+    let mut io = Fake {
+        residue: true,
+        ..Fake::default()
+    };
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    s.kill_requested(0, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+    s.process_exited(0, BAD);
+    s.tick(29_990, &mut io);
+    assert_eq!(io.count(&Command::KillAll), 0);
+    s.tick(30_000, &mut io);
+    assert_eq!(io.count(&Command::KillAll), 1);
+    assert_eq!(s.state(), TaskState::Killed);
+}
+
+#[test]
+fn running_for_a_while_releases_the_startup_pages_once() {
+    let (mut s, mut io) = begun_with_one_process(config());
+    assert_eq!(s.next_deadline(0), SETTLE);
+    s.tick(SETTLE - 1, &mut io);
+    assert_eq!(io.count(&Command::ReleaseStartupPages), 0);
+    s.tick(SETTLE, &mut io);
+    s.tick(SETTLE + 10, &mut io);
+    assert_eq!(io.count(&Command::ReleaseStartupPages), 1);
+}

@@ -1,0 +1,71 @@
+//! The audit log: one JSON line per mutating admin request (who, what, when,
+//! result) appended to `<data_dir>/audit.log` and echoed to the log under the
+//! `drover_master::audit` target. docs/auth.md describes the fields.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use crate::auth::Principal;
+
+/// The audit log file's name inside the data dir.
+pub const AUDIT_FILE: &str = "audit.log";
+
+/// One line of the audit log.
+#[derive(Debug, Serialize)]
+struct Line<'a> {
+    ts_ms: u64,
+    token_id: &'a str,
+    grant: String,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+}
+
+/// The append-only audit log.
+pub struct Audit {
+    path: PathBuf,
+    file: Mutex<Option<std::fs::File>>,
+}
+
+impl Audit {
+    /// Opens (creating, mode 0600) `<data_dir>/audit.log` for appending.
+    pub fn open(data_dir: &Path) -> std::io::Result<Audit> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let path = data_dir.join(AUDIT_FILE);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok(Audit {
+            path,
+            file: Mutex::new(Some(file)),
+        })
+    }
+
+    /// Appends one request's line (a failed write is logged, never fatal).
+    pub fn record(&self, who: &Principal, method: &str, path: &str, status: u16) {
+        let line = Line {
+            ts_ms: drover_common::state::now_ms(),
+            token_id: &who.token_id,
+            grant: who.grant.describe(),
+            method,
+            path,
+            status,
+        };
+        tracing::info!(target: "drover_master::audit", token = %line.token_id, grant = %line.grant, method, path, status, "audit");
+        let Ok(mut text) = serde_json::to_string(&line) else {
+            return;
+        };
+        text.push('\n');
+        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = file.as_mut() {
+            if let Err(e) = f.write_all(text.as_bytes()) {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot append to the audit log");
+            }
+        }
+    }
+}

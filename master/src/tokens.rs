@@ -1,0 +1,528 @@
+//! The token registry: bearer tokens (only the SHA-256 of their secrets), forbidden
+//! agent ids and the keys agents' log servers require from the master, durable in
+//! the master's SQLite file (tables `tokens`, `forbidden_agents`, `agent_log_keys`,
+//! on a connection of their own, apart from the core's store)
+//! and mirrored in memory so a request is checked without touching the disk. A
+//! revocation is written, then applied to the mirror before it is answered: the next
+//! request with that token is refused.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
+
+use rusqlite::{params, Connection};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{self, AuthError, Grant, NewToken, Principal};
+
+/// The bootstrap admin token's file inside the data dir (mode 0600).
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+
+/// A token as listed: everything but its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    #[serde(flatten)]
+    pub grant: Grant,
+    /// Free text given at creation.
+    #[serde(default)]
+    pub description: String,
+    pub created_ms: u64,
+    /// The token id that created it (empty for the bootstrap token).
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_ms: Option<u64>,
+}
+
+struct Entry {
+    hash: [u8; 32],
+    info: TokenInfo,
+}
+
+/// Why the registry failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("token store: {op}: {source}")]
+    Sql {
+        op: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("stored token {id} is not valid: {message}")]
+    Decode { id: String, message: String },
+    #[error(transparent)]
+    Random(#[from] auth::NoRandomness),
+    #[error("no token {0}; `drover token list` shows them")]
+    NoToken(String),
+    #[error(
+        "agent {agent_id} is bound to another token; revoke that one first (`drover token list`)"
+    )]
+    AgentTaken { agent_id: String },
+    #[error("agent {0} is forbidden; an admin allows it again with `drover agent allow {0}`")]
+    Forbidden(String),
+    #[error("cannot write the bootstrap token to {path}: {source}")]
+    BootstrapFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> TokenError {
+    move |source| TokenError::Sql { op, source }
+}
+
+/// The registry: the mirror behind a lock, the connection behind another.
+pub struct Tokens {
+    conn: Mutex<Connection>,
+    entries: RwLock<HashMap<String, Entry>>,
+    forbidden: RwLock<HashSet<String>>,
+    log_keys: RwLock<HashMap<String, String>>,
+}
+
+impl Tokens {
+    /// Opens the tables in the SQLite file at `path` (creating them) and loads them.
+    pub fn open(path: &Path) -> Result<Tokens, TokenError> {
+        let conn = Connection::open(path).map_err(sql("open"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(sql("open"))?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS tokens (
+                id TEXT PRIMARY KEY, hash BLOB NOT NULL, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS forbidden_agents (
+                id TEXT PRIMARY KEY, since_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS agent_log_keys (
+                id TEXT PRIMARY KEY, key TEXT NOT NULL);",
+        )
+        .map_err(sql("create tables"))?;
+        let mut entries = HashMap::new();
+        {
+            let mut stmt = conn
+                .prepare("SELECT id, hash, record FROM tokens")
+                .map_err(sql("load tokens"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(sql("load tokens"))?;
+            for row in rows {
+                let (id, hash, record) = row.map_err(sql("load tokens"))?;
+                let decode = |message: String| TokenError::Decode {
+                    id: id.clone(),
+                    message,
+                };
+                let hash: [u8; 32] = hash
+                    .try_into()
+                    .map_err(|_| decode("the hash is not 32 bytes".to_string()))?;
+                let info: TokenInfo =
+                    serde_json::from_str(&record).map_err(|e| decode(e.to_string()))?;
+                entries.insert(id, Entry { hash, info });
+            }
+        }
+        let forbidden = {
+            let mut stmt = conn
+                .prepare("SELECT id FROM forbidden_agents")
+                .map_err(sql("load forbidden agents"))?;
+            let rows = stmt
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(sql("load forbidden agents"))?;
+            rows.collect::<Result<HashSet<_>, _>>()
+                .map_err(sql("load forbidden agents"))?
+        };
+        let log_keys = {
+            let mut stmt = conn
+                .prepare("SELECT id, key FROM agent_log_keys")
+                .map_err(sql("load agent log keys"))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(sql("load agent log keys"))?;
+            rows.collect::<Result<HashMap<_, _>, _>>()
+                .map_err(sql("load agent log keys"))?
+        };
+        Ok(Tokens {
+            conn: Mutex::new(conn),
+            entries: RwLock::new(entries),
+            forbidden: RwLock::new(forbidden),
+            log_keys: RwLock::new(log_keys),
+        })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
+        self.entries.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Entry>> {
+        self.entries.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Who holds the token in this `Authorization` header.
+    pub fn authenticate(&self, header: Option<&[u8]>) -> Result<Principal, AuthError> {
+        let (id, secret) = auth::parse_bearer(header)?;
+        let entries = self.read();
+        let entry = entries.get(id).ok_or(AuthError::Unknown)?;
+        if !auth::secret_matches(secret, &entry.hash) || entry.info.revoked_ms.is_some() {
+            return Err(AuthError::Unknown);
+        }
+        Ok(Principal {
+            token_id: entry.info.id.clone(),
+            grant: entry.info.grant.clone(),
+        })
+    }
+
+    fn put(&self, conn: &Connection, hash: &[u8; 32], info: &TokenInfo) -> Result<(), TokenError> {
+        let record = serde_json::to_string(info).map_err(|e| TokenError::Decode {
+            id: info.id.clone(),
+            message: e.to_string(),
+        })?;
+        conn.execute(
+            "INSERT OR REPLACE INTO tokens (id, hash, record) VALUES (?1, ?2, ?3)",
+            params![info.id, hash.as_slice(), record],
+        )
+        .map_err(sql("write token"))?;
+        Ok(())
+    }
+
+    /// Creates a token; its text is returned once and never stored.
+    pub fn create(
+        &self,
+        grant: Grant,
+        description: String,
+        created_by: &str,
+        now_ms: u64,
+    ) -> Result<(TokenInfo, String), TokenError> {
+        let NewToken { id, hash, text } = auth::generate()?;
+        let info = TokenInfo {
+            id: id.clone(),
+            grant,
+            description,
+            created_ms: now_ms,
+            created_by: created_by.to_string(),
+            revoked_ms: None,
+        };
+        let conn = self.conn();
+        self.put(&conn, &hash, &info)?;
+        self.write().insert(
+            id,
+            Entry {
+                hash,
+                info: info.clone(),
+            },
+        );
+        Ok((info, text))
+    }
+
+    /// Every token, without secrets, oldest first.
+    pub fn list(&self) -> Vec<TokenInfo> {
+        let mut out: Vec<TokenInfo> = self.read().values().map(|e| e.info.clone()).collect();
+        out.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        out
+    }
+
+    /// Revokes a token: refused from the moment this returns.
+    pub fn revoke(&self, id: &str, now_ms: u64) -> Result<TokenInfo, TokenError> {
+        let conn = self.conn();
+        let (hash, mut info) = {
+            let entries = self.read();
+            let e = entries
+                .get(id)
+                .ok_or_else(|| TokenError::NoToken(id.to_string()))?;
+            (e.hash, e.info.clone())
+        };
+        if info.revoked_ms.is_none() {
+            info.revoked_ms = Some(now_ms);
+            self.put(&conn, &hash, &info)?;
+            if let Some(e) = self.write().get_mut(id) {
+                e.info.revoked_ms = info.revoked_ms;
+            }
+        }
+        Ok(info)
+    }
+
+    /// The live token bound to `agent_id`, if one.
+    fn owner_of(&self, agent_id: &str) -> Option<String> {
+        self.read()
+            .values()
+            .find(|e| {
+                e.info.revoked_ms.is_none()
+                    && matches!(&e.info.grant, Grant::Agent { agent_id: Some(a) } if a == agent_id)
+            })
+            .map(|e| e.info.id.clone())
+    }
+
+    /// Binds an agent token to `agent_id` at registration: Ok if it is (now) bound
+    /// to it, Err if it is bound to another agent, the agent id belongs to another
+    /// live token, or the agent is forbidden.
+    pub fn bind_agent(&self, principal: &Principal, agent_id: &str) -> Result<(), TokenError> {
+        if self.is_forbidden(agent_id) {
+            return Err(TokenError::Forbidden(agent_id.to_string()));
+        }
+        let conn = self.conn();
+        match &principal.grant {
+            Grant::Agent {
+                agent_id: Some(bound),
+            } if bound == agent_id => return Ok(()),
+            Grant::Agent { agent_id: None } => {}
+            _ => {
+                return Err(TokenError::AgentTaken {
+                    agent_id: agent_id.to_string(),
+                })
+            }
+        }
+        if self
+            .owner_of(agent_id)
+            .is_some_and(|owner| owner != principal.token_id)
+        {
+            return Err(TokenError::AgentTaken {
+                agent_id: agent_id.to_string(),
+            });
+        }
+        let (hash, mut info) = {
+            let entries = self.read();
+            let e = entries
+                .get(&principal.token_id)
+                .ok_or_else(|| TokenError::NoToken(principal.token_id.clone()))?;
+            (e.hash, e.info.clone())
+        };
+        match &info.grant {
+            Grant::Agent { agent_id: None } => {}
+            Grant::Agent {
+                agent_id: Some(bound),
+            } if bound == agent_id => return Ok(()),
+            _ => {
+                return Err(TokenError::AgentTaken {
+                    agent_id: agent_id.to_string(),
+                })
+            }
+        }
+        info.grant = Grant::Agent {
+            agent_id: Some(agent_id.to_string()),
+        };
+        self.put(&conn, &hash, &info)?;
+        if let Some(e) = self.write().get_mut(&principal.token_id) {
+            e.info.grant = info.grant;
+        }
+        Ok(())
+    }
+
+    /// Records the key agent `agent_id`'s log server requires (sent at registration).
+    pub fn set_log_key(&self, agent_id: &str, key: &str) -> Result<(), TokenError> {
+        let unchanged = self
+            .log_keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent_id)
+            .is_some_and(|k| k == key);
+        if unchanged {
+            return Ok(());
+        }
+        self.conn()
+            .execute(
+                "INSERT OR REPLACE INTO agent_log_keys (id, key) VALUES (?1, ?2)",
+                params![agent_id, key],
+            )
+            .map_err(sql("write agent log key"))?;
+        self.log_keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent_id.to_string(), key.to_string());
+        Ok(())
+    }
+
+    /// The key agent `agent_id`'s log server requires, if it sent one.
+    pub fn log_key(&self, agent_id: &str) -> Option<String> {
+        self.log_keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(agent_id)
+            .cloned()
+    }
+
+    /// Whether an agent id is forbidden.
+    pub fn is_forbidden(&self, agent_id: &str) -> bool {
+        self.forbidden
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(agent_id)
+    }
+
+    /// Forbids an agent id and revokes the tokens bound to it; returns their ids.
+    pub fn forbid_agent(&self, agent_id: &str, now_ms: u64) -> Result<Vec<String>, TokenError> {
+        {
+            let conn = self.conn();
+            conn.execute(
+                "INSERT OR REPLACE INTO forbidden_agents (id, since_ms) VALUES (?1, ?2)",
+                params![agent_id, now_ms as i64],
+            )
+            .map_err(sql("forbid agent"))?;
+        }
+        self.forbidden
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent_id.to_string());
+        let bound: Vec<String> = self
+            .read()
+            .values()
+            .filter(|e| {
+                e.info.revoked_ms.is_none()
+                    && matches!(&e.info.grant, Grant::Agent { agent_id: Some(a) } if a == agent_id)
+            })
+            .map(|e| e.info.id.clone())
+            .collect();
+        for id in &bound {
+            self.revoke(id, now_ms)?;
+        }
+        Ok(bound)
+    }
+
+    /// Allows a forbidden agent id again (it needs a new agent token).
+    pub fn allow_agent(&self, agent_id: &str) -> Result<bool, TokenError> {
+        let conn = self.conn();
+        let n = conn
+            .execute(
+                "DELETE FROM forbidden_agents WHERE id = ?1",
+                params![agent_id],
+            )
+            .map_err(sql("allow agent"))?;
+        self.forbidden
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(agent_id);
+        Ok(n > 0)
+    }
+
+    /// At the first start (no token at all), creates an admin token and writes its
+    /// text to `<data_dir>/admin.token`, mode 0600. Later starts leave it alone.
+    pub fn bootstrap(&self, data_dir: &Path, now_ms: u64) -> Result<Option<PathBuf>, TokenError> {
+        if !self.read().is_empty() {
+            return Ok(None);
+        }
+        let path = data_dir.join(ADMIN_TOKEN_FILE);
+        let (_, text) = self.create(
+            Grant::Admin,
+            "bootstrap admin token".to_string(),
+            "",
+            now_ms,
+        )?;
+        write_private(&path, &format!("{text}\n")).map_err(|source| TokenError::BootstrapFile {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Some(path))
+    }
+}
+
+/// Writes a file only its owner can read (created 0600, then renamed into place).
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn header(text: &str) -> Vec<u8> {
+        format!("Bearer {text}").into_bytes()
+    }
+
+    #[test]
+    fn tokens_survive_a_reopen_and_revocation_is_immediate() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("drover.db");
+        let tokens = Tokens::open(&db).unwrap();
+        let path = tokens.bootstrap(dir.path(), 1).unwrap().unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let admin = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            tokens
+                .authenticate(Some(&header(admin.trim())))
+                .unwrap()
+                .grant,
+            Grant::Admin
+        );
+        let (info, text) = tokens
+            .create(
+                Grant::Roles {
+                    roles: vec!["www".into()],
+                },
+                String::new(),
+                "x",
+                2,
+            )
+            .unwrap();
+        let stored: Vec<u8> = Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT hash FROM tokens WHERE id = ?1", [&info.id], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let (_, secret) = auth::parse_token(&text).unwrap();
+        assert_ne!(stored, secret.as_bytes(), "only the hash is stored");
+        drop(tokens);
+        let tokens = Tokens::open(&db).unwrap();
+        assert!(tokens.bootstrap(dir.path(), 3).unwrap().is_none());
+        assert!(tokens.authenticate(Some(&header(&text))).is_ok());
+        tokens.revoke(&info.id, 4).unwrap();
+        assert_eq!(
+            tokens.authenticate(Some(&header(&text))),
+            Err(AuthError::Unknown)
+        );
+        drop(tokens);
+        let tokens = Tokens::open(&db).unwrap();
+        assert_eq!(
+            tokens.authenticate(Some(&header(&text))),
+            Err(AuthError::Unknown)
+        );
+    }
+
+    #[test]
+    fn an_agent_token_binds_to_one_agent_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(&dir.path().join("drover.db")).unwrap();
+        let (_, a) = tokens
+            .create(Grant::Agent { agent_id: None }, String::new(), "", 1)
+            .unwrap();
+        let (_, b) = tokens
+            .create(Grant::Agent { agent_id: None }, String::new(), "", 1)
+            .unwrap();
+        let pa = tokens.authenticate(Some(&header(&a))).unwrap();
+        let pb = tokens.authenticate(Some(&header(&b))).unwrap();
+        tokens.bind_agent(&pa, "agent-a").unwrap();
+        assert!(tokens.bind_agent(&pb, "agent-a").is_err(), "taken by a");
+        let pa = tokens.authenticate(Some(&header(&a))).unwrap();
+        assert!(tokens.bind_agent(&pa, "agent-b").is_err(), "a is bound");
+        tokens.bind_agent(&pb, "agent-b").unwrap();
+        let revoked = tokens.forbid_agent("agent-b", 2).unwrap();
+        assert_eq!(revoked.len(), 1);
+        assert!(tokens.authenticate(Some(&header(&b))).is_err());
+        let (_, c) = tokens
+            .create(Grant::Agent { agent_id: None }, String::new(), "", 3)
+            .unwrap();
+        let pc = tokens.authenticate(Some(&header(&c))).unwrap();
+        assert!(matches!(
+            tokens.bind_agent(&pc, "agent-b"),
+            Err(TokenError::Forbidden(_))
+        ));
+        assert!(tokens.allow_agent("agent-b").unwrap());
+        tokens.bind_agent(&pc, "agent-b").unwrap();
+    }
+}

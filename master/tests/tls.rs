@@ -1,0 +1,150 @@
+//! mTLS between agents and the master, in one process: certificates from `drover
+//! tls` (the CLI's code), a master serving TLS, agents' client certificates bound
+//! to their agent ids; plain HTTP and foreign certificates refused.
+
+#![allow(clippy::unwrap_used)] // unwrap is how tests fail
+
+mod common;
+
+use std::path::Path;
+
+use common::{config, register_body, token};
+use drover::tls::{init_ca, issue, Kind};
+use drover_master::auth::Grant;
+use drover_master::tls::TlsFiles;
+use serde_json::json;
+
+fn client(dir: &Path, ca: &Path, agent: Option<&str>) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    let mut builder = reqwest::Client::builder().add_root_certificate(ca);
+    if let Some(name) = agent {
+        let mut pem = std::fs::read(dir.join(format!("agent-{name}.pem"))).unwrap();
+        pem.extend(std::fs::read(dir.join(format!("agent-{name}.key"))).unwrap());
+        builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    builder.build().unwrap()
+}
+
+async fn status(request: reqwest::RequestBuilder) -> u16 {
+    request.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn agent_certificates_are_bound_to_their_agent_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("tls");
+    init_ca(&pki).unwrap();
+    issue(&pki, Kind::Master, "127.0.0.1", &[]).unwrap();
+    issue(&pki, Kind::Agent, "a1", &[]).unwrap();
+    issue(&pki, Kind::Agent, "a2", &[]).unwrap();
+    let mut cfg = config(&dir.path().join("master"));
+    cfg.tls = Some(TlsFiles {
+        cert: pki.join("master-127.0.0.1.pem"),
+        key: pki.join("master-127.0.0.1.key"),
+        client_ca: pki.join("ca.pem"),
+    });
+    let h = drover_master::start(cfg).await.unwrap();
+    let base = format!("https://127.0.0.1:{}", h.addr.port());
+    let ca = pki.join("ca.pem");
+    let (a1, a2, anon) = (
+        client(&pki, &ca, Some("a1")),
+        client(&pki, &ca, Some("a2")),
+        client(&pki, &ca, None),
+    );
+
+    let register = |c: &reqwest::Client, id: &str| {
+        c.post(format!("{base}/v1/agents/register"))
+            .json(&register_body(id))
+    };
+    assert_eq!(status(register(&a1, "a1")).await, 200);
+    // a2's certificate cannot register as, heartbeat for, poll or report for a1.
+    assert_eq!(status(register(&a2, "a1")).await, 403);
+    let heartbeat = json!({"task_digest": 0, "assignments_version": 0});
+    assert_eq!(
+        status(
+            a2.post(format!("{base}/v1/agents/a1/heartbeat"))
+                .json(&heartbeat)
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        status(
+            a2.post(format!("{base}/v1/agents/a1/updates"))
+                .json(&json!({"updates": []}))
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        status(a2.get(format!(
+            "{base}/v1/agents/a1/assignments?after_version=0&wait_ms=0"
+        )))
+        .await,
+        403
+    );
+    assert_eq!(
+        status(
+            a1.post(format!("{base}/v1/agents/a1/heartbeat"))
+                .json(&heartbeat)
+        )
+        .await,
+        200
+    );
+    // Without a certificate, the agent API is refused even with an agent token.
+    let agent_token = token(&h, Grant::Agent { agent_id: None });
+    assert_eq!(
+        status(register(&anon, "a3").bearer_auth(&agent_token)).await,
+        401
+    );
+    // The admin API takes tokens over TLS, without a client certificate.
+    let admin = token(&h, Grant::Admin);
+    assert_eq!(
+        status(anon.get(format!("{base}/v1/agents")).bearer_auth(&admin)).await,
+        200
+    );
+    // Forbidding an agent refuses its certificate too.
+    assert_eq!(
+        status(
+            anon.post(format!("{base}/v1/agents/a1/forbid"))
+                .bearer_auth(&admin)
+                .json(&json!({}))
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        status(
+            a1.post(format!("{base}/v1/agents/a1/heartbeat"))
+                .json(&heartbeat)
+        )
+        .await,
+        403
+    );
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/health", h.addr.port()))
+        .send()
+        .await;
+    assert!(
+        plain.is_err() || !plain.unwrap().status().is_success(),
+        "plain HTTP was served"
+    );
+    // A certificate from another CA fails the handshake.
+    let other = dir.path().join("other");
+    init_ca(&other).unwrap();
+    issue(&other, Kind::Agent, "a1", &[]).unwrap();
+    let foreign = {
+        let mut pem = std::fs::read(other.join("agent-a1.pem")).unwrap();
+        pem.extend(std::fs::read(other.join("agent-a1.key")).unwrap());
+        reqwest::Client::builder()
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap(),
+            )
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .build()
+            .unwrap()
+    };
+    assert!(register(&foreign, "a1").send().await.is_err());
+    h.stop().await.unwrap();
+}

@@ -374,11 +374,46 @@ fn a_restarted_master_finishes_the_update() {
     snap.tasks = tasks.into_values().collect();
     snap.agents = agents.into_values().collect();
     snap.updates = updates.into_values().collect();
+    // The new process's monotonic clock starts elsewhere (here: far lower); the
+    // wall clock went on 3 s while the master was down.
+    let wall = w.at().wall + 3_000;
+    w.now = 50_000;
+    w.wall_skew = wall as i64 - 50_000;
     w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(view(&w).state, UpdateState::RollingForward);
     let v = until_done(&mut w, 60_000);
     assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
     assert!(configs(&w).iter().all(|c| *c == new));
+}
+
+/// Watches run on the monotonic clock: a wall clock step forward does not end a
+/// watch early, a step back does not stretch it; events carry the wall clock.
+#[test]
+fn wall_clock_steps_neither_shorten_nor_stretch_a_watch() {
+    let mut w = world(3);
+    w.create(web(2, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(2, "sleep 200", 1, ""), None).unwrap();
+    play(&mut w, 250); // instance 0's new task RUNNING; its 2 s watch begins
+    let state_of = |w: &World, i: usize| view(w).instances[i].state;
+    assert_eq!(state_of(&w, 0), InstanceUpdateState::Updating);
+    w.wall_skew += 3_600_000;
+    play(&mut w, 1_000);
+    assert_eq!(
+        state_of(&w, 0),
+        InstanceUpdateState::Updating,
+        "an hour's wall clock step forward does not end a 2 s watch"
+    );
+    w.wall_skew -= 7_200_000;
+    play(&mut w, 1_500);
+    assert_eq!(
+        state_of(&w, 0),
+        InstanceUpdateState::Updated,
+        "a step back does not stretch it"
+    );
+    let last = view(&w).events.last().unwrap().at_ms;
+    assert!(last.abs_diff(w.at().wall) < 5_000, "events on the wall clock");
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
 }
 
 #[derive(Clone, Debug)]

@@ -20,19 +20,25 @@
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
 //! - `update`: rolling updates, canaries and their reverse-order rollback
+//! - `maintenance`: host maintenance modes and the drain round
+//! - `disruption`: the SLA budgets a drain keeps each job within
+//! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
-//! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
+//! A new concern (preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
 mod clock;
 mod config;
+mod disruption;
 mod events;
 mod eviction_guard;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod model;
 mod placement;
+mod probe;
 mod reconciliation;
 mod snapshot;
 mod timers;
@@ -48,12 +54,14 @@ use drover_common::state::{MonoMillis, TaskState};
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
+pub use maintenance::{HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
 pub use update::UpdateRecord;
 
 use eviction_guard::EvictionGuard;
+use maintenance::Drains;
 use reconciliation::Reconciliation;
 use timers::Timer;
 
@@ -88,6 +96,8 @@ pub struct Core {
     /// Each job's latest update (running or ended); shared with the store's batch
     /// until it is written, copied on the next change only if still shared.
     updates: BTreeMap<String, Arc<UpdateRecord>>,
+    /// Draining hosts and why they wait.
+    drains: Drains,
     // Per-event scratch.
     dirty_updates: BTreeSet<String>,
     dirty_tasks: BTreeSet<String>,
@@ -124,6 +134,7 @@ impl Core {
             next_recon_id: 1,
             updates: BTreeMap::new(),
             dirty_updates: BTreeSet::new(),
+            drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
@@ -204,6 +215,7 @@ impl Core {
                 user,
             } => self.start_update(&job, *spec, instances, &user, now),
             Event::UpdateAction { job, action } => self.update_action(&job, action, now),
+            Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)
@@ -211,7 +223,9 @@ impl Core {
             Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
         };
         self.drive_updates(now);
+        self.drain_round(now);
         self.schedule(now);
+        let reply = self.hosts_after_round(reply);
         let effects = self.finish();
         Output { reply, effects }
     }

@@ -11,7 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
-use super::CoreError;
+use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -82,6 +82,9 @@ pub struct AgentRecord {
     /// Wall clock of the last heartbeat, for people (timeouts use the monotonic
     /// `Agent::last_seen`).
     pub last_heartbeat_ms: UnixMillis,
+    /// The host's maintenance mode and its history.
+    #[serde(default)]
+    pub maintenance: HostMaintenance,
 }
 
 /// The stored form of a job.

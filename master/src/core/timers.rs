@@ -25,6 +25,9 @@ pub(super) enum Timer {
     ReconcileRound { id: u64 },
     /// An updated instance of the job has been watched long enough.
     UpdateWatch { job: String },
+    /// A drain's deadline passes or a replacement becomes healthy: the drain round
+    /// that runs after every event looks again.
+    Drain,
 }
 
 impl Core {
@@ -138,6 +141,7 @@ impl Core {
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
             Timer::UpdateWatch { job } => self.poke_update(&job),
+            Timer::Drain => self.drains.fired(),
         }
     }
 }

@@ -19,6 +19,7 @@ mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod placement;
 mod reconciliation;
 mod snapshot;
@@ -45,6 +46,10 @@ fn cfg() -> CoreConfig {
         eviction_guard_share_permille: 500,
         eviction_guard_window_ms: 10_000,
         agent_loss_rate: 1_000,
+        drain_round_interval_ms: 0,
+        quarantine_failures: 3,
+        quarantine_window_ms: 60_000,
+        quarantine_jobs: 2,
     }
 }
 
@@ -228,6 +233,59 @@ impl World {
             .current
             .clone()
             .unwrap()
+    }
+
+    /// The snapshot a store holding everything persisted so far would load.
+    fn snapshot(&self) -> Snapshot {
+        let mut jobs = BTreeMap::new();
+        let mut tasks = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        let mut configs = BTreeMap::new();
+        let mut updates = BTreeMap::new();
+        for c in &self.persisted {
+            match c {
+                Change::PutJob(spec, key, created) => {
+                    jobs.insert(
+                        key.clone(),
+                        JobRecord {
+                            key: key.clone(),
+                            spec: spec.as_ref().clone(),
+                            created_ms: *created,
+                        },
+                    );
+                }
+                Change::DeleteJob(key) => {
+                    jobs.remove(key);
+                    configs.retain(|(job, _), _| job != key);
+                    updates.remove(key);
+                }
+                Change::PutTask(t) => {
+                    tasks.insert(t.id.clone(), t.as_ref().clone());
+                }
+                Change::DeleteTask(id) => {
+                    tasks.remove(id);
+                }
+                Change::PutAgent(a) => {
+                    agents.insert(a.id.clone(), a.as_ref().clone());
+                }
+                Change::PutConfig { job, hash, spec } => {
+                    configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
+                }
+                Change::PutUpdate(u) => {
+                    updates.insert(u.view.job.clone(), u.as_ref().clone());
+                }
+            }
+        }
+        Snapshot {
+            jobs: jobs.into_values().collect(),
+            tasks: tasks.into_values().collect(),
+            agents: agents.into_values().collect(),
+            configs: configs
+                .into_iter()
+                .map(|((job, hash), spec)| (job, hash, spec))
+                .collect(),
+            updates: updates.into_values().collect(),
+        }
     }
 
     fn run(&mut self, task: &str) {

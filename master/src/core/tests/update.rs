@@ -55,7 +55,7 @@ fn play_failing(w: &mut World, ms: u64, fails: &dyn Fn(&Task) -> bool) {
                         );
                     }
                 }
-                TaskState::Killing | TaskState::Restarting => {
+                TaskState::Killing | TaskState::Restarting | TaskState::Draining => {
                     w.report(&id, TaskState::Killed, None);
                 }
                 _ => {}
@@ -332,48 +332,7 @@ fn a_restarted_master_finishes_the_update() {
     play(&mut w, 1_000);
     assert_eq!(view(&w).state, UpdateState::RollingForward);
     // Rebuild from what was persisted, as the store would load it.
-    let mut snap = Snapshot::default();
-    let mut jobs = BTreeMap::new();
-    let mut tasks = BTreeMap::new();
-    let mut agents = BTreeMap::new();
-    let mut updates = BTreeMap::new();
-    for c in &w.persisted {
-        match c {
-            Change::PutJob(spec, key, created) => {
-                jobs.insert(key.clone(), (spec.as_ref().clone(), *created));
-            }
-            Change::DeleteJob(key) => {
-                jobs.remove(key);
-            }
-            Change::PutTask(t) => {
-                tasks.insert(t.id.clone(), t.as_ref().clone());
-            }
-            Change::DeleteTask(id) => {
-                tasks.remove(id);
-            }
-            Change::PutAgent(a) => {
-                agents.insert(a.id.clone(), a.as_ref().clone());
-            }
-            Change::PutConfig { job, hash, spec } => {
-                snap.configs
-                    .push((job.clone(), hash.clone(), spec.as_ref().clone()))
-            }
-            Change::PutUpdate(u) => {
-                updates.insert(u.view.job.clone(), u.as_ref().clone());
-            }
-        }
-    }
-    snap.jobs = jobs
-        .into_iter()
-        .map(|(key, (spec, created_ms))| JobRecord {
-            key,
-            spec,
-            created_ms,
-        })
-        .collect();
-    snap.tasks = tasks.into_values().collect();
-    snap.agents = agents.into_values().collect();
-    snap.updates = updates.into_values().collect();
+    let snap = w.snapshot();
     // The new process's monotonic clock starts elsewhere (here: far lower); the
     // wall clock went on 3 s while the master was down.
     let wall = w.at().wall + 3_000;
@@ -412,8 +371,62 @@ fn wall_clock_steps_neither_shorten_nor_stretch_a_watch() {
         "a step back does not stretch it"
     );
     let last = view(&w).events.last().unwrap().at_ms;
-    assert!(last.abs_diff(w.at().wall) < 5_000, "events on the wall clock");
+    assert!(
+        last.abs_diff(w.at().wall) < 5_000,
+        "events on the wall clock"
+    );
     assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+}
+
+/// A drain during an update: the tasks it takes (new config or old) are a
+/// disruption, not a failure of the new config; the update rolls forward with no
+/// failure counted (it allows none), and the drained host ends up empty.
+#[test]
+fn tasks_a_drain_takes_during_an_update_are_no_update_failures() {
+    let mut w = world(8); // one instance per host
+    w.create(web(6, "sleep 100", 2, ""));
+    play(&mut w, 1_000);
+    let new_spec = web(6, "sleep 200", 2, "");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    // Batch (0,1) RUNNING on the new config, being watched.
+    for _ in 0..20 {
+        if w.state(&w.current(KEY, 0)) == TaskState::Running {
+            break;
+        }
+        play(&mut w, 250);
+    }
+    let watched = w.current(KEY, 0);
+    assert_eq!(w.state(&watched), TaskState::Running);
+    assert_eq!(view(&w).instances[0].state, InstanceUpdateState::Updating);
+    let host = w.core.task(&watched).unwrap().agent.clone().unwrap();
+    w.handle(Event::Maintenance {
+        op: MaintenanceOp::Drain { deadline_ms: None },
+        hosts: vec![host.clone()],
+    })
+    .reply
+    .unwrap();
+    let v = until_done(&mut w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert!(
+        v.instances.iter().all(|p| p.failures == 0),
+        "no failure counted: {v:#?}"
+    );
+    assert!(!v.events.iter().any(|e| e.message.contains("failure")));
+    assert!(configs(&w).iter().all(|c| *c == new));
+    let drained: Vec<&Task> = w
+        .core
+        .tasks
+        .values()
+        .filter(|t| t.status.exit_reason == Some(ExitReason::Drained))
+        .collect();
+    assert!(
+        !drained.is_empty(),
+        "the drain took tasks during the update"
+    );
+    assert_eq!(w.state(&watched), TaskState::Killed);
+    let on_host = w.core.agents[w.core.agent_idx[&host] as usize].tasks.len();
+    assert_eq!(on_host, 0, "the drained host is empty");
 }
 
 #[derive(Clone, Debug)]

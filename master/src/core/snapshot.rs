@@ -89,7 +89,6 @@ impl Core {
             }
             slot.current = Some(task.id.clone());
             let state = task.status.state;
-            let mut task = task;
             // The age counts up to what a decision needs: the flapping threshold,
             // the job's SLA `min_time` (a drain's healthy instances) or its update
             // `watch` (an update's watched instances).

@@ -290,17 +290,21 @@ impl Core {
         source: EventSource,
         now: Now,
     ) {
-        let message = reason.to_string();
-        let stopping = self
-            .tasks
-            .get(id)
-            .is_some_and(|t| t.status.state.is_stopping());
+        let task = self.tasks.get(id);
+        let stopping = task.is_some_and(|t| t.status.state.is_stopping());
         let to = if stopping {
             TaskState::Killed
         } else {
             TaskState::Lost
         };
-        let reason = if stopping { None } else { Some(reason) };
+        // A stopping task gone from its agent ended as it was asked to: with the
+        // reason it was stopped for (killed by request, drained, updated).
+        let reason = match task.and_then(|t| t.kill_reason.clone()) {
+            Some(asked) if stopping => asked,
+            _ => reason,
+        };
+        let message = reason.to_string();
+        let reason = Some(reason);
         if self.end_task(id, to, reason, source, &message, now) {
             self.replace_after_end(id, now);
         }

@@ -114,11 +114,26 @@ pub(super) struct JobConstraints {
     pub(super) names_dedicated: bool,
 }
 
-/// One task config of a job and what its tasks need.
+/// One task config of a job and what placing its tasks takes: its needs, its
+/// constraints and its cached candidate agents.
 #[derive(Clone, Debug)]
 pub(super) struct JobConfig {
     pub(super) spec: Arc<JobSpec>,
     pub(super) need: Need,
+    pub(super) constraints: JobConstraints,
+    pub(super) candidates: Option<(u64, Arc<Vec<u32>>)>,
+}
+
+impl JobConfig {
+    /// A config of `spec` (its constraints were checked when it was accepted).
+    pub(super) fn new(spec: Arc<JobSpec>) -> JobConfig {
+        JobConfig {
+            need: need_of(&spec),
+            constraints: constraints_of(&spec).unwrap_or_default(),
+            spec,
+            candidates: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -263,13 +278,7 @@ impl Job {
         let config = drover_common::configs::config_hash(&spec);
         let need = need_of(&spec);
         let mut configs = BTreeMap::new();
-        configs.insert(
-            config.clone(),
-            JobConfig {
-                spec: spec.clone(),
-                need,
-            },
-        );
+        configs.insert(config.clone(), JobConfig::new(spec.clone()));
         Job {
             key,
             slots: vec![Slot::default(); spec.instances as usize],
@@ -288,6 +297,17 @@ impl Job {
     /// The spec a task of config `hash` runs (the job's newest if unknown).
     pub(super) fn spec_of(&self, hash: &str) -> &Arc<JobSpec> {
         self.configs.get(hash).map_or(&self.spec, |c| &c.spec)
+    }
+
+    /// Swaps the placement inputs of the newest config (needs, constraints, cached
+    /// candidates) with those of config `hash`: the scheduler tries a task of an
+    /// older config by its own; a second swap puts them back.
+    pub(super) fn swap_placement(&mut self, hash: &str) {
+        if let Some(c) = self.configs.get_mut(hash) {
+            std::mem::swap(&mut self.need, &mut c.need);
+            std::mem::swap(&mut self.constraints, &mut c.constraints);
+            std::mem::swap(&mut self.candidates, &mut c.candidates);
+        }
     }
 
     /// What a task of config `hash` needs.

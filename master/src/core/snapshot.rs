@@ -7,7 +7,7 @@ use drover_common::state::TaskState;
 use drover_common::spec::JobSpec;
 
 use super::maintenance::Drains;
-use super::model::{constraints_of, need_of, Agent, Job, JobConfig, Slot};
+use super::model::{constraints_of, Agent, Job, JobConfig, Slot};
 use super::timers::Timer;
 use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task, UpdateRecord};
 
@@ -55,9 +55,9 @@ impl Core {
         }
         for (key, hash, spec) in snapshot.configs {
             if let Some(job) = core.jobs.get_mut(&key) {
-                let need = need_of(&spec);
-                let spec = Arc::new(spec);
-                job.configs.entry(hash).or_insert(JobConfig { spec, need });
+                job.configs
+                    .entry(hash)
+                    .or_insert_with(|| JobConfig::new(Arc::new(spec)));
             }
         }
         // Instances an update is removing keep their slots until their tasks end.

@@ -212,10 +212,9 @@ impl Core {
         let Some(j) = self.jobs.get_mut(job) else {
             return Err(CoreError::NoJob(job.to_string()));
         };
-        j.configs.entry(new_hash.clone()).or_insert(JobConfig {
-            spec: spec.clone(),
-            need: need_of(&spec),
-        });
+        j.configs
+            .entry(new_hash.clone())
+            .or_insert_with(|| JobConfig::new(spec.clone()));
         j.spec = spec.clone();
         j.config = new_hash.clone();
         j.need = need_of(&spec);

@@ -429,6 +429,151 @@ fn tasks_a_drain_takes_during_an_update_are_no_update_failures() {
     assert_eq!(on_host, 0, "the drained host is empty");
 }
 
+/// A batch job of `n` instances running `cmd`, updated 2 at a time.
+fn batch_job(n: u32, cmd: &str) -> JobSpec {
+    let text = format!(
+        r#"{{"role":"www","environment":"prod","name":"web","instances":{n},
+        "service":false,
+        "task":{{"processes":[{{"name":"main","cmdline":"{cmd}"}}],
+                "resources":{{"cpu":0.5,"ram":"64MiB","disk":"64MiB"}}}},
+        "update":{{"batch_size":2,"watch":"2s"}}}}"#
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Plays a batch job's agents: placed tasks run and finish at once (or fail, if
+/// their config runs `false`); stopping tasks end.
+fn finish_all(w: &mut World) {
+    let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
+    for id in ids {
+        let Some(t) = w.core.task(&id) else { continue };
+        let fails = w.core.jobs[&t.job].spec_of(&t.config).task.processes[0].cmdline == "false";
+        match t.status.state {
+            TaskState::Assigned => {
+                w.run(&id);
+                if fails {
+                    w.report(
+                        &id,
+                        TaskState::Failed,
+                        Some(ExitReason::ExitCode { code: 1 }),
+                    );
+                } else {
+                    w.report(
+                        &id,
+                        TaskState::Finished,
+                        Some(ExitReason::ExitCode { code: 0 }),
+                    );
+                }
+            }
+            TaskState::Killing | TaskState::Restarting => {
+                w.report(&id, TaskState::Killed, None);
+            }
+            _ => {}
+        }
+    }
+    w.pass(250);
+}
+
+/// Updating a batch job: each instance, finished on the old config, runs once more
+/// on the new one, batch by batch; a new task that FINISHES is done without waiting
+/// out the watch; the old tasks keep their FINISHED end in the history.
+#[test]
+fn a_batch_job_update_runs_each_instance_again_on_the_new_config() {
+    let mut w = world(3);
+    let old = w.create(batch_job(3, "echo v1"));
+    finish_all(&mut w);
+    for id in &old {
+        assert_eq!(w.state(id), TaskState::Finished);
+    }
+    let new_spec = batch_job(3, "echo v2");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    for _ in 0..40 {
+        if view(&w).state.is_terminal() {
+            break;
+        }
+        finish_all(&mut w);
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert_eq!(batches(&v, "batch: instances "), ["0,1", "2"]);
+    for i in 0..3 {
+        let t = w.core.task(&w.current(KEY, i)).unwrap();
+        assert_eq!(t.config, new, "instance {i}");
+        assert_eq!(t.status.state, TaskState::Finished, "instance {i}");
+    }
+    for id in &old {
+        assert_eq!(
+            w.state(id),
+            TaskState::Finished,
+            "an ended task keeps its end"
+        );
+    }
+    // A new config that fails rolls back: each instance runs the old one again.
+    let bad = batch_job(3, "false");
+    update(&mut w, bad, None).unwrap();
+    for _ in 0..80 {
+        if view(&w).state.is_terminal() {
+            break;
+        }
+        finish_all(&mut w);
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledBack, "{v:#?}");
+    assert_eq!(batches(&v, "rollback batch: instances "), ["1,0"]);
+    assert!(configs(&w).iter().all(|c| *c == new), "{:?}", configs(&w));
+}
+
+/// Tasks of a job's older config are placed by that config, not the newest: after
+/// a canary whose config wants `rack: a` (one host, which the canary takes), an
+/// old-config instance restarted still finds a place on rack b.
+#[test]
+fn tasks_of_an_older_config_are_placed_by_their_own_constraints() {
+    let mut w = World::new();
+    for i in 1..4 {
+        w.register(&format!("a{i}"), 8.0, 16, &[("rack", "b")]);
+    }
+    w.create(web(3, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 3);
+    w.register("a0", 8.0, 16, &[("rack", "a")]);
+    let old = configs(&w)[1].clone();
+    let mut canary = serde_json::to_value(web(3, "sleep 200", 1, "")).unwrap();
+    canary["constraints"]["rack"] = serde_json::json!("a");
+    let canary: JobSpec = serde_json::from_value(canary).unwrap();
+    update(&mut w, canary, Some(vec![0])).unwrap();
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+    let agent_of = |w: &World, i: u32| {
+        let t = w.core.task(&w.current(KEY, i)).unwrap();
+        (
+            t.agent.clone().unwrap_or_default(),
+            t.status.state,
+            t.config.clone(),
+        )
+    };
+    assert_eq!(
+        agent_of(&w, 0).0,
+        "a0",
+        "the canary runs where its config says"
+    );
+    w.handle(Event::Restart {
+        job: KEY.to_string(),
+        instances: Some(vec![1]),
+    })
+    .reply
+    .unwrap();
+    play(&mut w, 1_000);
+    let (agent, state, config) = agent_of(&w, 1);
+    assert_eq!(
+        state,
+        TaskState::Running,
+        "{:?}",
+        w.core.task_view(&w.current(KEY, 1))
+    );
+    assert_eq!(config, old);
+    assert_ne!(agent, "a0");
+}
+
 #[derive(Clone, Debug)]
 struct Case {
     instances: u32,

@@ -121,6 +121,7 @@ fn main() {
                 port_range: (31000, 31999),
             },
             attributes: BTreeMap::new(),
+            versions: None,
         };
         core.handle(Event::Register(Box::new(req)), Now::both(now));
     }

@@ -8,7 +8,8 @@
 //! - `relay`: writes statuses to the durable outbox and relays them to the master.
 //! - `session`: registration, heartbeats, the long poll of the assignment set, and
 //!   the self-drain when the host shuts down.
-//! - `gc`: the periodic tick: lease kills, acknowledgements, sandbox collection.
+//! - `gc`: the periodic tick: lease kills, acknowledgements, sandbox collection,
+//!   the systemd watchdog.
 
 mod adopt;
 mod gc;

@@ -40,6 +40,7 @@ impl Core {
             candidates: None,
             cursor: 0,
             pending_reason: None,
+            limit_cache: None,
         };
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {

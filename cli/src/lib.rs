@@ -11,6 +11,7 @@ pub mod procs;
 pub mod progress;
 pub mod render;
 pub mod specfile;
+pub mod sys;
 pub mod table;
 pub mod target;
 pub mod tls;

@@ -16,6 +16,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod selfdrain;
 mod sys;
+pub mod systemd;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

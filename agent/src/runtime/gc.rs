@@ -1,6 +1,7 @@
 //! The agent's periodic tick: reaps finished watchers, records acknowledgements, kills
 //! exclusive tasks once the master is silent past the lease, and collects the
-//! sandboxes of tasks that ended and left the assignment set (GC).
+//! sandboxes of tasks that ended and left the assignment set (GC), and pings systemd's
+//! watchdog (`crate::systemd`): a tick that stops turning stops the pings.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,8 @@ use crate::host::HostAction;
 /// How often lease and garbage collection are checked.
 const TICK: Duration = Duration::from_millis(250);
 
-/// Checks the exclusive-task lease and collects old sandboxes.
+/// Checks the exclusive-task lease, collects old sandboxes and pings systemd's
+/// watchdog.
 pub(super) async fn ticker(shared: Arc<Shared>) {
     let gc_every =
         (shared.cfg.sandbox_retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
@@ -25,6 +27,8 @@ pub(super) async fn ticker(shared: Arc<Shared>) {
     let mut next_ack_flush = Instant::now() + ACK_FLUSH;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // systemd's watchdog is pinged from this loop, every TICK at most.
+    let mut watchdog = crate::systemd::watchdog();
     loop {
         tick.tick().await;
         {
@@ -51,6 +55,9 @@ pub(super) async fn ticker(shared: Arc<Shared>) {
         if Instant::now() >= next_gc {
             next_gc = Instant::now() + gc_every;
             collect_sandboxes(&shared).await;
+        }
+        if watchdog.as_mut().is_some_and(|w| w.due(mono_ms())) {
+            crate::systemd::ping(&super::systemd_status(&shared));
         }
     }
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use drover_common::layout::Layout;
 use drover_common::state::ExitReason;
-use drover_common::wire::StatusUpdate;
+use drover_common::wire::{AgentVersions, StatusUpdate};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -82,6 +82,8 @@ struct Shared {
     /// The executor fork server (`executor_fork_server`), when on.
     fork: Option<ForkServer>,
     exe_name: String,
+    /// This agent's and its executor binary's versions, sent at registration.
+    versions: AgentVersions,
     client: MasterClient,
     agent_id: String,
     address: String,
@@ -104,6 +106,29 @@ struct Shared {
     spawned: Mutex<JoinSet<()>>,
     /// Permits for executors between spawn and socket (`MAX_STARTING`).
     starting: Arc<tokio::sync::Semaphore>,
+}
+
+/// The one-line status systemd shows for the agent (`crate::systemd`).
+fn systemd_status(shared: &Shared) -> String {
+    let running = lock(&shared.tasks).running();
+    let registered = *shared.epoch.borrow() > 0;
+    crate::systemd::status(running, registered, lock(&shared.last_contact).elapsed())
+}
+
+/// The version `binary --version` prints (`drover-executor 0.1.0`), or
+/// `unknown: <why>` (then `drover agent list` shows that instead of hiding it).
+fn executor_version(binary: &Path) -> String {
+    match std::process::Command::new(binary).arg("--version").output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            match text.split_whitespace().nth(1) {
+                Some(v) => v.to_string(),
+                None => format!("unknown: {binary:?} --version printed {text:?}"),
+            }
+        }
+        Ok(out) => format!("unknown: {binary:?} --version failed ({})", out.status),
+        Err(e) => format!("unknown: cannot run {binary:?}: {e}"),
+    }
 }
 
 /// Locks a mutex, carrying on after a panic elsewhere (the data stays consistent:
@@ -219,6 +244,10 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     })?;
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
+    let versions = AgentVersions {
+        agent: env!("CARGO_PKG_VERSION").to_string(),
+        executor: executor_version(&cfg.executor),
+    };
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
         client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
@@ -227,6 +256,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         exec,
         fork,
         exe_name,
+        versions,
         agent_id,
         address,
         tasks: Mutex::new(Host::default()),
@@ -271,6 +301,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             tracing::error!(error = %e, "log server failed");
         }
     });
+    // Serving: the log server is bound and what ran here is re-adopted.
+    crate::systemd::ready(&systemd_status(&shared));
 
     shutdown.await;
     if !shared.cfg.shutdown_drain_timeout.is_zero()

@@ -99,6 +99,7 @@ pub(super) async fn registrar(shared: Arc<Shared>) {
                 port_range: shared.cfg.port_range,
             },
             attributes: shared.cfg.attributes.clone(),
+            versions: Some(shared.versions.clone()),
         };
         let sent = Instant::now();
         match shared.client.register(&req).await {

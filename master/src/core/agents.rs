@@ -27,6 +27,7 @@ impl Core {
                     self.index_dirty = true;
                 }
                 a.rec.attributes = req.attributes;
+                a.rec.versions = req.versions;
                 a.cpu_milli = cpu_to_milli(req.resources.cpu);
                 a.rec.resources = req.resources;
                 idx
@@ -44,6 +45,7 @@ impl Core {
                         version: 0,
                         last_heartbeat_ms: now.wall,
                         maintenance: Default::default(),
+                        versions: req.versions,
                     },
                     now.mono,
                 ));

@@ -212,6 +212,8 @@ pub enum ExitReason {
     HealthCheckFailed { last_error: String },
     /// Killed because someone asked (job kill, restart).
     KilledByRequest,
+    /// Replaced by a rolling update (or its rollback) with a task of another config.
+    Updated,
     /// Its host went into maintenance.
     Drained,
     /// Killed for a production task's resources.
@@ -258,6 +260,7 @@ impl fmt::Display for ExitReason {
                 write!(f, "health check failed: {last_error}")
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
+            ExitReason::Updated => write!(f, "updated"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
             ExitReason::Preempted => write!(f, "preempted"),
             ExitReason::AgentLost => write!(f, "agent lost"),

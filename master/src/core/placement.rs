@@ -1,13 +1,15 @@
 //! Pure placement: PENDING tasks onto agents with enough free cpu, ram, disk and
 //! ports, honouring value constraints, `limit:N` per attribute value, dedicated hosts
-//! and the implicit one-per-host of services. Fast paths: candidate agents are
+//! and the implicit one-per-host of services, each task by its own config's needs
+//! and constraints. Fast paths: candidate agents are
 //! precomputed per job from an attribute index, each job keeps a rotating cursor so
 //! the next task starts at the last good agent, and once one task of a job does not
 //! fit, its identical siblings are not tried again in the same pass. A job's counts
-//! per `limit:N` attribute value are kept between passes ([`LimitCache`]): updated
-//! from the tasks each event changed, counted afresh only when the agent index
-//! changes. Also the glue the scheduler works through: the attribute index and
-//! `place`, which records a placement.
+//! per `limit:N` attribute value for its newest config are kept between passes
+//! ([`LimitCache`]): updated from the tasks each event changed, counted afresh only
+//! when the agent index or the job's limits change (another config's counts are
+//! counted per pass). Also the glue the scheduler works through: the attribute index
+//! and `place`, which records a placement.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,16 +22,17 @@ use super::model::{Agent, Job, Need};
 use super::timers::Timer;
 use super::{Core, Now};
 
-/// Counts of a job's active tasks (on an agent, not terminal) per limit attribute
-/// (in `JobConstraints::limits` order) and value.
+/// Per-pass counts of a job's active tasks per (limit attribute, value).
 type LimitCounts = Vec<HashMap<String, u32>>;
 
 /// A job's limit counts kept across scheduling passes: valid for one agent index
-/// generation (an agent's attributes may change with a new one), and the tasks
-/// counted in them, so a task's change is applied once.
+/// generation (an agent's attributes may change with a new one) and the limits they
+/// were counted for, with the tasks counted in them, so a task's change is applied
+/// once.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LimitCache {
     gen: u64,
+    limits: Vec<(String, u32)>,
     counts: LimitCounts,
     counted: HashSet<String>,
 }
@@ -41,8 +44,8 @@ impl LimitCache {
     }
 
     /// Counts task `id` in (`on`) or out, on `agent`.
-    fn apply(&mut self, limits: &[(String, u32)], id: &str, agent: &Agent, on: bool) {
-        for ((attr, _), per_value) in limits.iter().zip(self.counts.iter_mut()) {
+    fn apply(&mut self, id: &str, agent: &Agent, on: bool) {
+        for ((attr, _), per_value) in self.limits.iter().zip(self.counts.iter_mut()) {
             let Some(v) = agent.attr(attr) else {
                 continue;
             };
@@ -78,6 +81,7 @@ impl Core {
             return;
         }
         self.rebuild_index_if_dirty();
+        let mut limits: HashMap<String, LimitCounts> = HashMap::new();
         if retry {
             let jobs: Vec<String> = self.blocked.keys().cloned().collect();
             for job in jobs {
@@ -90,7 +94,7 @@ impl Core {
                         }
                         break;
                     };
-                    if !self.try_place(&job, &id, now) {
+                    if !self.try_place(&job, &id, &mut limits, now) {
                         break;
                     }
                     if let Some(q) = self.blocked.get_mut(&job) {
@@ -107,13 +111,14 @@ impl Core {
                 continue;
             }
             let job = task.job.clone();
-            // A job with blocked tasks blocks its newcomers too: they are identical.
+            // A job with blocked tasks blocks its newcomers too (one queue per job,
+            // whatever their config).
             self.prune_blocked_front(&job);
             if let Some(q) = self.blocked.get_mut(&job).filter(|q| !q.is_empty()) {
                 q.push_back(id);
                 continue;
             }
-            if !self.try_place(&job, &id, now) {
+            if !self.try_place(&job, &id, &mut limits, now) {
                 self.blocked.entry(job).or_default().push_back(id);
             }
         }
@@ -140,8 +145,8 @@ impl Core {
         }
     }
 
-    /// Applies the tasks this event changed so far to their jobs' limit counts
-    /// (placements made by `try_place` are counted there).
+    /// Applies the tasks this event changed so far to their jobs' kept limit counts
+    /// (placements made by `try_place_as` are counted there).
     fn sync_limit_counts(&mut self) {
         for id in &self.dirty_tasks {
             let Some(t) = self.tasks.get(id) else {
@@ -163,31 +168,87 @@ impl Core {
                 continue;
             }
             match agent {
-                Some(agent) => cache.apply(&job.constraints.limits, id, agent, on),
+                Some(agent) => cache.apply(id, agent, on),
                 // Counted on an agent it no longer names: count afresh.
                 None => job.limit_cache = None,
             }
         }
     }
 
-    /// Places one task of `job` or records why it cannot be placed.
-    fn try_place(&mut self, job_key: &str, id: &str, now: Now) -> bool {
+    /// Places one task of `job` or records why it cannot be placed. A task of
+    /// another config than the job's newest (during or after an update) is placed
+    /// by its own config's needs and constraints.
+    fn try_place(
+        &mut self,
+        job_key: &str,
+        id: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: Now,
+    ) -> bool {
+        let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
+        let Some(job) = self.jobs.get(job_key) else {
+            return false;
+        };
+        if config == job.config || !job.configs.contains_key(config) {
+            return self.try_place_as(job_key, job_key, id, limits, now);
+        }
+        let config = config.to_string();
+        let key = format!("{job_key}\u{0}{config}");
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
+        }
+        let placed = self.try_place_as(job_key, &key, id, limits, now);
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
+        }
+        placed
+    }
+
+    /// `try_place` with the job's placement inputs as they stand; `key` names the
+    /// limit counts of the config tried (counts of the job's other configs are
+    /// dropped after a placement, to be counted again).
+    fn try_place_as(
+        &mut self,
+        job_key: &str,
+        key: &str,
+        id: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: Now,
+    ) -> bool {
+        // The newest config's counts are kept between passes; another config's
+        // are counted for this pass.
         let gen = self.index_gen;
         let Some(job) = self.jobs.get(job_key) else {
             return false;
         };
-        let stale = !job.constraints.limits.is_empty()
-            && job.limit_cache.as_ref().is_none_or(|c| c.gen != gen);
-        if stale {
-            let cache = self.limit_cache_of(job_key);
-            if let Some(job) = self.jobs.get_mut(job_key) {
-                job.limit_cache = Some(cache);
+        let kept = key == job_key && !job.constraints.limits.is_empty();
+        if kept {
+            let stale = job
+                .limit_cache
+                .as_ref()
+                .is_none_or(|c| c.gen != gen || c.limits != job.constraints.limits);
+            if stale {
+                let cache = self.limit_cache_of(job_key);
+                if let Some(job) = self.jobs.get_mut(job_key) {
+                    job.limit_cache = Some(cache);
+                }
             }
+        } else if !limits.contains_key(key) {
+            let counts = self.limit_cache_of(job_key).counts;
+            limits.insert(key.to_string(), counts);
         }
         let Some(job) = self.jobs.get_mut(job_key) else {
             return false;
         };
-        let mut cache = job.limit_cache.take().unwrap_or_default();
+        let mut cache = if kept {
+            job.limit_cache.take().unwrap_or_default()
+        } else {
+            LimitCache {
+                counts: limits.remove(key).unwrap_or_default(),
+                limits: job.constraints.limits.clone(),
+                ..LimitCache::default()
+            }
+        };
         let found = find_agent(
             &self.agents,
             &self.attr_index,
@@ -196,31 +257,39 @@ impl Core {
             job,
             &cache.counts,
         );
+        if kept {
+            if let Ok(idx) = found {
+                cache.apply(id, &self.agents[idx as usize], true);
+            }
+            job.limit_cache = Some(cache);
+        } else {
+            if let Ok(idx) = found {
+                cache.apply(id, &self.agents[idx as usize], true);
+                // Placed by another config's limits: the newest's kept counts miss
+                // it until the next pass; count them afresh.
+                job.limit_cache = None;
+            }
+            limits.insert(key.to_string(), cache.counts);
+        }
         match found {
             Ok(idx) => {
-                if !job.constraints.limits.is_empty() {
-                    cache.apply(
-                        &job.constraints.limits,
-                        id,
-                        &self.agents[idx as usize],
-                        true,
-                    );
-                    job.limit_cache = Some(cache);
-                }
+                let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
                 let need = job.need;
-                let names = job.spec.task.resources.ports.clone();
+                let mixed = job.configs.len() > 1;
+                let names = job.spec_of(config).task.resources.ports.clone();
                 let agent = &mut self.agents[idx as usize];
                 agent.used_cpu_milli += need.cpu_milli;
                 agent.used_ram += need.ram;
                 agent.used_disk += need.disk;
                 let ports = take_ports(agent, &names);
+                if mixed {
+                    let prefix = format!("{job_key}\u{0}");
+                    limits.retain(|k, _| k == key || (k != job_key && !k.starts_with(&prefix)));
+                }
                 self.place(id, idx, ports, now);
                 true
             }
             Err(reason) => {
-                if !job.constraints.limits.is_empty() {
-                    job.limit_cache = Some(cache);
-                }
                 job.pending_reason = Some(reason);
                 false
             }
@@ -236,7 +305,8 @@ impl Core {
         let Some(job) = self.jobs.get(job_key) else {
             return cache;
         };
-        cache.counts = vec![HashMap::new(); job.constraints.limits.len()];
+        cache.limits = job.constraints.limits.clone();
+        cache.counts = vec![HashMap::new(); cache.limits.len()];
         if cache.counts.is_empty() {
             return cache;
         }
@@ -251,12 +321,7 @@ impl Core {
                 let Some(&idx) = t.agent.as_ref().and_then(|a| self.agent_idx.get(a)) else {
                     continue;
                 };
-                cache.apply(
-                    &job.constraints.limits,
-                    id,
-                    &self.agents[idx as usize],
-                    true,
-                );
+                cache.apply(id, &self.agents[idx as usize], true);
             }
         }
         cache
@@ -272,7 +337,8 @@ impl Core {
     }
 
     /// Test support: every job's kept limit counts (where valid for the current
-    /// agent index) equal a fresh count. The job where they differ, if any.
+    /// agent index and the job's limits) equal a fresh count. The job where they
+    /// differ, if any.
     #[cfg(test)]
     pub(super) fn limit_counts_drift(&self) -> Option<String> {
         if self.index_dirty {
@@ -284,7 +350,7 @@ impl Core {
             let Some(cache) = &job.limit_cache else {
                 continue;
             };
-            if cache.gen != self.index_gen {
+            if cache.gen != self.index_gen || cache.limits != job.constraints.limits {
                 continue;
             }
             let fresh = self.limit_cache_of(key);

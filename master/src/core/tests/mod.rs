@@ -23,6 +23,7 @@ mod maintenance;
 mod placement;
 mod reconciliation;
 mod snapshot;
+mod update;
 mod views;
 
 const GIB: u64 = 1 << 30;
@@ -252,6 +253,8 @@ impl World {
         let mut jobs = BTreeMap::new();
         let mut tasks = BTreeMap::new();
         let mut agents = BTreeMap::new();
+        let mut configs = BTreeMap::new();
+        let mut updates = BTreeMap::new();
         for c in &self.persisted {
             match c {
                 Change::PutJob(spec, key, created) => {
@@ -266,6 +269,8 @@ impl World {
                 }
                 Change::DeleteJob(key) => {
                     jobs.remove(key);
+                    configs.retain(|(job, _), _| job != key);
+                    updates.remove(key);
                 }
                 Change::PutTask(t) => {
                     tasks.insert(t.id.clone(), t.as_ref().clone());
@@ -276,12 +281,23 @@ impl World {
                 Change::PutAgent(a) => {
                     agents.insert(a.id.clone(), a.as_ref().clone());
                 }
+                Change::PutConfig { job, hash, spec } => {
+                    configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
+                }
+                Change::PutUpdate(u) => {
+                    updates.insert(u.view.job.clone(), u.as_ref().clone());
+                }
             }
         }
         Snapshot {
             jobs: jobs.into_values().collect(),
             tasks: tasks.into_values().collect(),
             agents: agents.into_values().collect(),
+            configs: configs
+                .into_iter()
+                .map(|((job, hash), spec)| (job, hash, spec))
+                .collect(),
+            updates: updates.into_values().collect(),
         }
     }
 

@@ -54,7 +54,7 @@ use drover_common::state::{MonoMillis, TaskState};
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
-pub use maintenance::{HostMaintenance, MaintenanceOp};
+pub use maintenance::{HostFailure, HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;

@@ -181,11 +181,14 @@ mod tests {
                 .enumerate()
                 .map(|(i, (current, history))| InstanceView {
                     instance: i as u32,
+                    config: None,
                     current,
                     history,
                 })
                 .collect(),
             cron: None,
+            configs: BTreeMap::new(),
+            update: None,
         }
     }
 

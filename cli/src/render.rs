@@ -88,11 +88,33 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
     if let Some(cron) = &view.cron {
         out.push_str(&format!("{}\n", cron_line(cron)));
     }
+    // Which config each instance runs, as hash and ranges.
+    let mut by_config: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for instance in &view.instances {
+        if let Some(config) = &instance.config {
+            by_config.entry(config).or_default().push(instance.instance);
+        }
+    }
+    if !by_config.is_empty() {
+        let configs: Vec<String> = by_config
+            .iter()
+            .map(|(hash, list)| format!("{hash} ({})", drover_common::configs::format_ranges(list)))
+            .collect();
+        let _ = writeln!(out, "configs: {}", configs.join(", "));
+    }
+    if let Some(u) = view.update.as_ref().filter(|u| !u.state.is_terminal()) {
+        let _ = writeln!(
+            out,
+            "update {}: {} (`drover job update status {}`)",
+            u.id, u.state, view.key
+        );
+    }
     let mut table = Table::new(&[
-        "INSTANCE", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
+        "INSTANCE", "CONFIG", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
     ]);
     for instance in &view.instances {
         let history = instance.history.len().to_string();
+        let config = instance.config.clone().unwrap_or_else(|| "-".into());
         match &instance.current {
             Some(task) => {
                 let agent = task
@@ -102,6 +124,7 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
                     .unwrap_or_else(|| "-".to_string());
                 table.row(vec![
                     instance.instance.to_string(),
+                    config,
                     task.task_id.clone(),
                     task.state.to_string(),
                     agent,
@@ -114,6 +137,7 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
                 let last = instance.history.first();
                 table.row(vec![
                     instance.instance.to_string(),
+                    config,
                     last.map(|t| t.task_id.clone())
                         .unwrap_or_else(|| "-".into()),
                     last.map(|t| t.state.to_string())

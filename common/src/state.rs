@@ -212,6 +212,8 @@ pub enum ExitReason {
     HealthCheckFailed { last_error: String },
     /// Killed because someone asked (job kill, restart).
     KilledByRequest,
+    /// Replaced by a rolling update (or its rollback) with a task of another config.
+    Updated,
     /// Its host went into maintenance.
     Drained,
     /// Killed to make room for the task `by` (a production task, or a preemptible
@@ -262,6 +264,7 @@ impl fmt::Display for ExitReason {
                 write!(f, "health check failed: {last_error}")
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
+            ExitReason::Updated => write!(f, "updated"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
             ExitReason::Preempted { by } => write!(f, "preempted by {by}"),
             ExitReason::AgentLost => write!(f, "agent lost"),

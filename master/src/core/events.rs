@@ -8,7 +8,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
     ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, QuotaView, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdate,
+    RegisterResponse, StatusAck, StatusUpdate, UpdateView,
 };
 
 use super::cron::CronSpecError;
@@ -16,7 +16,7 @@ use super::quota::Usage;
 use drover_common::wire::{HostView, MaintenanceMode};
 
 use super::maintenance::MaintenanceOp;
-use super::{AgentRecord, Task};
+use super::{AgentRecord, Task, UpdateRecord};
 
 /// One change for the store.
 #[derive(Clone, Debug)]
@@ -30,6 +30,14 @@ pub enum Change {
     PutQuota(String, Option<Usage>),
     /// The cron job's last scheduled firing handled (wall clock).
     PutCronFired(String, UnixMillis),
+    /// One task config of a job, by its hash.
+    PutConfig {
+        job: String,
+        hash: String,
+        spec: Arc<JobSpec>,
+    },
+    /// A job's update record (the whole record, replacing the stored one).
+    PutUpdate(Arc<UpdateRecord>),
 }
 
 /// What the core reacts to.
@@ -57,6 +65,18 @@ pub enum Event {
         agent: String,
         reports: Vec<StatusUpdate>,
     },
+    /// POST .../update: roll the job (or `instances` of it) onto `spec`.
+    StartUpdate {
+        job: String,
+        spec: Box<JobSpec>,
+        instances: Option<Vec<u32>>,
+        user: String,
+    },
+    /// POST .../update/{pause,resume,abort,rollback}.
+    UpdateAction {
+        job: String,
+        action: UpdateAction,
+    },
     /// POST /v1/hosts/{cordon,drain,activate}: hosts by agent id or host name.
     Maintenance {
         op: MaintenanceOp,
@@ -83,6 +103,19 @@ pub enum Event {
     },
 }
 
+/// What an operator asks of a running update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateAction {
+    /// Start no new batch; the instances in flight finish.
+    Pause,
+    /// Go on in the direction it was going.
+    Resume,
+    /// Stop here, leaving every instance on the config it runs.
+    Abort,
+    /// Put every instance it touched back, in reverse order.
+    Rollback,
+}
+
 /// The answer to the event's sender.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
@@ -95,6 +128,7 @@ pub enum Reply {
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),
     Ack(StatusAck),
+    Update(Box<UpdateView>),
     /// The hosts a maintenance request named, as they are now.
     Hosts(Vec<HostView>),
     /// The cluster and its eviction guard after the event.
@@ -135,6 +169,18 @@ pub enum CoreError {
     BadCron(CronSpecError),
     #[error("job {0} is not a cron job")]
     NotCron(String),
+    #[error(
+        "job {job} is being updated by update {id} ({state}); pause, abort or wait for it first"
+    )]
+    UpdateRunning {
+        job: String,
+        id: String,
+        state: String,
+    },
+    #[error("job {0} has no update running")]
+    NoActiveUpdate(String),
+    #[error("update of {job}: {message}")]
+    BadUpdate { job: String, message: String },
     #[error("no host given: name at least one agent id or host name")]
     NoHosts,
     #[error("no host named {}: use an agent id or host name from `drover host list`", .0.join(", "))]

@@ -7,7 +7,7 @@ use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
 use super::cron::CronState;
-use super::model::{constraints_of, need_of, new_task, Job, Slot};
+use super::model::{constraints_of, need_of, new_task, Job};
 use super::{Change, Core, CoreError, Now, Reply};
 
 impl Core {
@@ -28,29 +28,24 @@ impl Core {
             }
             self.drop_job(&key);
         }
-        let need = need_of(&spec);
         if spec.is_production() {
-            self.check_quota(&spec.role, &key, &need, spec.instances)?;
+            self.check_quota(&spec.role, &key, &need_of(&spec), spec.instances)?;
         }
         let spec = Arc::new(spec);
         self.job_changes
             .push(Change::PutJob(spec.clone(), key.clone(), now.wall));
-        let mut job = Job {
-            key: key.clone(),
+        let mut job = Job::new(key.clone(), spec.clone(), now.wall);
+        job.constraints = constraints;
+        self.job_changes.push(Change::PutConfig {
+            job: key.clone(),
+            hash: job.config.clone(),
             spec: spec.clone(),
-            created_ms: now.wall,
-            slots: vec![Slot::default(); spec.instances as usize],
-            constraints,
-            need,
-            candidates: None,
-            cursor: 0,
-            pending_reason: None,
-            cron: schedule.map(|schedule| CronState {
-                schedule,
-                next: None,
-                last_fired: None,
-            }),
-        };
+        });
+        job.cron = schedule.map(|schedule| CronState {
+            schedule,
+            next: None,
+            last_fired: None,
+        });
         if job.cron.is_some() {
             // A template: each firing starts a run (see `cron`).
             self.jobs.insert(key.clone(), job);
@@ -63,7 +58,7 @@ impl Core {
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let task = new_task(
+            let mut task = new_task(
                 &id,
                 &key,
                 instance,
@@ -72,6 +67,7 @@ impl Core {
                 TaskState::Pending,
                 "created",
             );
+            task.config = job.config.clone();
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
             self.queue.push_back(id.clone());
@@ -96,6 +92,7 @@ impl Core {
                 }
             }
             self.blocked.remove(key);
+            self.updates.remove(key);
             self.job_changes.push(Change::DeleteJob(key.to_string()));
         }
     }
@@ -146,6 +143,19 @@ impl Core {
         message: &str,
         now: Now,
     ) -> bool {
+        self.stop_task_for(id, via, source, ExitReason::KilledByRequest, message, now)
+    }
+
+    /// `stop_task` with the reason the task ends with (KILLED by request, updated).
+    pub(super) fn stop_task_for(
+        &mut self,
+        id: &str,
+        via: TaskState,
+        source: EventSource,
+        reason: ExitReason,
+        message: &str,
+        now: Now,
+    ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
         };
@@ -154,19 +164,15 @@ impl Core {
             return false;
         }
         task.desired = DesiredState::Shutdown;
-        task.kill_reason = Some(ExitReason::KilledByRequest);
+        task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
             self.release_reservation(id);
             let Some(task) = self.tasks.get_mut(id) else {
                 return false;
             };
-            let _ = task.status.transition(
-                TaskState::Killed,
-                Some(ExitReason::KilledByRequest),
-                now.wall,
-                source,
-                message,
-            );
+            let _ =
+                task.status
+                    .transition(TaskState::Killed, Some(reason), now.wall, source, message);
             self.mark(id);
             return true;
         }

@@ -19,11 +19,12 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `update`: rolling updates, canaries and their reverse-order rollback
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
-//! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
+//! A new concern (preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
@@ -44,6 +45,7 @@ mod quota;
 mod reconciliation;
 mod snapshot;
 mod timers;
+mod update;
 mod views;
 
 use std::cmp::Reverse;
@@ -55,14 +57,15 @@ use drover_common::state::{MonoMillis, TaskState};
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
-pub use events::{Change, CoreError, Effect, Event, Output, Reply};
-pub use maintenance::{HostMaintenance, MaintenanceOp};
+pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
+pub use maintenance::{HostFailure, HostMaintenance, MaintenanceOp};
 pub use model::Need;
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
 pub use snapshot::Snapshot;
+pub use update::UpdateRecord;
 
 use eviction_guard::EvictionGuard;
 use maintenance::Drains;
@@ -103,9 +106,13 @@ pub struct Core {
     guard: EvictionGuard,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Each job's latest update (running or ended); shared with the store's batch
+    /// until it is written, copied on the next change only if still shared.
+    updates: BTreeMap<String, Arc<UpdateRecord>>,
     /// Draining hosts and why they wait.
     drains: Drains,
     // Per-event scratch.
+    dirty_updates: BTreeSet<String>,
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
     dirty_agents: BTreeSet<u32>,
@@ -141,6 +148,8 @@ impl Core {
             guard: EvictionGuard::default(),
             recon: None,
             next_recon_id: 1,
+            updates: BTreeMap::new(),
+            dirty_updates: BTreeSet::new(),
             drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
@@ -206,6 +215,7 @@ impl Core {
         let reply = match event {
             Event::CreateJob(spec) => self.create_job(*spec, now),
             Event::Kill { job, instances } => {
+                self.abort_update_for_kill(&job, now);
                 self.stop_instances(&job, instances, TaskState::Killing, now)
             }
             Event::Restart { job, instances } => {
@@ -214,6 +224,13 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::StartUpdate {
+                job,
+                spec,
+                instances,
+                user,
+            } => self.start_update(&job, *spec, instances, &user, now),
+            Event::UpdateAction { job, action } => self.update_action(&job, action, now),
             Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
@@ -224,6 +241,7 @@ impl Core {
             Event::CronStart { job } => self.cron_start(&job, now),
             Event::CronDeschedule { job } => self.cron_deschedule(&job, now),
         };
+        self.drive_updates(now);
         self.drain_round(now);
         self.schedule(now);
         let reply = self.hosts_after_round(reply);
@@ -233,6 +251,11 @@ impl Core {
 
     fn finish(&mut self) -> Vec<Effect> {
         let mut changes = std::mem::take(&mut self.job_changes);
+        for job in std::mem::take(&mut self.dirty_updates) {
+            if let Some(u) = self.updates.get(&job) {
+                changes.push(Change::PutUpdate(u.clone()));
+            }
+        }
         for id in std::mem::take(&mut self.dirty_tasks) {
             if let Some(t) = self.tasks.get(&id) {
                 changes.push(Change::PutTask(Box::new(t.clone())));

@@ -11,6 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, AgentVersions, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
+use super::placement::LimitCache;
 use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
@@ -60,6 +61,10 @@ pub struct Task {
     /// The task whose preemption ended this task's predecessor (a replacement).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_by: Option<String>,
+    /// The hash of the task config this task runs (its job's `configs`); empty in
+    /// records written before jobs had several configs: the job's own config.
+    #[serde(default)]
+    pub config: String,
     /// When the agent last told us about this task (status or full task set),
     /// monotonic.
     #[serde(skip)]
@@ -116,10 +121,37 @@ pub(super) struct JobConstraints {
     pub(super) names_dedicated: bool,
 }
 
+/// One task config of a job and what placing its tasks takes: its needs, its
+/// constraints and its cached candidate agents.
+#[derive(Clone, Debug)]
+pub(super) struct JobConfig {
+    pub(super) spec: Arc<JobSpec>,
+    pub(super) need: Need,
+    pub(super) constraints: JobConstraints,
+    pub(super) candidates: Option<(u64, Arc<Vec<u32>>)>,
+}
+
+impl JobConfig {
+    /// A config of `spec` (its constraints were checked when it was accepted).
+    pub(super) fn new(spec: Arc<JobSpec>) -> JobConfig {
+        JobConfig {
+            need: need_of(&spec),
+            constraints: constraints_of(&spec).unwrap_or_default(),
+            spec,
+            candidates: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Job {
     pub(super) key: String,
+    /// The job's newest config: what new instances run and what placement checks.
     pub(super) spec: Arc<JobSpec>,
+    /// The hash of `spec`'s task config.
+    pub(super) config: String,
+    /// Every task config its tasks run, by hash (see drover_common::configs).
+    pub(super) configs: BTreeMap<String, JobConfig>,
     pub(super) created_ms: UnixMillis,
     pub(super) slots: Vec<Slot>,
     pub(super) constraints: JobConstraints,
@@ -132,6 +164,9 @@ pub(super) struct Job {
     pub(super) pending_reason: Option<String>,
     /// A cron job's schedule and firings; None for other jobs.
     pub(super) cron: Option<super::cron::CronState>,
+    /// Its active tasks per `limit:N` attribute value, kept up to date between
+    /// scheduling passes (None: counted afresh at the next pass that needs them).
+    pub(super) limit_cache: Option<LimitCache>,
 }
 
 /// What one task of a job needs.
@@ -255,6 +290,52 @@ pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError
     Ok(out)
 }
 
+impl Job {
+    /// A job on `spec`, its one config registered.
+    pub(super) fn new(key: String, spec: Arc<JobSpec>, created_ms: UnixMillis) -> Job {
+        let config = drover_common::configs::config_hash(&spec);
+        let need = need_of(&spec);
+        let mut configs = BTreeMap::new();
+        configs.insert(config.clone(), JobConfig::new(spec.clone()));
+        Job {
+            key,
+            slots: vec![Slot::default(); spec.instances as usize],
+            spec,
+            config,
+            configs,
+            created_ms,
+            constraints: JobConstraints::default(),
+            need,
+            candidates: None,
+            cursor: 0,
+            pending_reason: None,
+            cron: None,
+            limit_cache: None,
+        }
+    }
+
+    /// The spec a task of config `hash` runs (the job's newest if unknown).
+    pub(super) fn spec_of(&self, hash: &str) -> &Arc<JobSpec> {
+        self.configs.get(hash).map_or(&self.spec, |c| &c.spec)
+    }
+
+    /// Swaps the placement inputs of the newest config (needs, constraints, cached
+    /// candidates) with those of config `hash`: the scheduler tries a task of an
+    /// older config by its own; a second swap puts them back.
+    pub(super) fn swap_placement(&mut self, hash: &str) {
+        if let Some(c) = self.configs.get_mut(hash) {
+            std::mem::swap(&mut self.need, &mut c.need);
+            std::mem::swap(&mut self.constraints, &mut c.constraints);
+            std::mem::swap(&mut self.candidates, &mut c.candidates);
+        }
+    }
+
+    /// What a task of config `hash` needs.
+    pub(super) fn need_for(&self, hash: &str) -> Need {
+        self.configs.get(hash).map_or(self.need, |c| c.need)
+    }
+}
+
 pub(super) fn need_of(spec: &JobSpec) -> Need {
     let r = &spec.task.resources;
     Need {
@@ -294,6 +375,7 @@ pub(super) fn new_task(
         flaps: 0,
         throttle_until: None,
         preempted_by: None,
+        config: String::new(),
         last_report_ms: 0,
         missing_since: None,
     }

@@ -1,10 +1,15 @@
 //! Pure placement: PENDING tasks onto agents with enough free cpu, ram, disk and
 //! ports, honouring value constraints, `limit:N` per attribute value, dedicated hosts
-//! and the implicit one-per-host of services. Fast paths: candidate agents are
+//! and the implicit one-per-host of services, each task by its own config's needs
+//! and constraints. Fast paths: candidate agents are
 //! precomputed per job from an attribute index, each job keeps a rotating cursor so
 //! the next task starts at the last good agent, and once one task of a job does not
-//! fit, its identical siblings are not tried again in the same pass. Also the glue the
-//! scheduler works through: the attribute index and `place`, which records a placement.
+//! fit, its identical siblings are not tried again in the same pass. A job's counts
+//! per `limit:N` attribute value for its newest config are kept between passes
+//! ([`LimitCache`]): updated from the tasks each event changed, counted afresh only
+//! when the agent index or the job's limits change (another config's counts are
+//! counted per pass). Also the glue the scheduler works through: the attribute index
+//! and `place`, which records a placement.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,13 +25,59 @@ use super::{Core, Now};
 /// Per-pass counts of a job's active tasks per (limit attribute, value).
 pub(super) type LimitCounts = Vec<HashMap<String, u32>>;
 
+/// A job's limit counts kept across scheduling passes: valid for one agent index
+/// generation (an agent's attributes may change with a new one) and the limits they
+/// were counted for, with the tasks counted in them, so a task's change is applied
+/// once.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LimitCache {
+    gen: u64,
+    limits: Vec<(String, u32)>,
+    pub(super) counts: LimitCounts,
+    counted: HashSet<String>,
+}
+
+impl LimitCache {
+    /// Whether task `id` is counted in.
+    pub(super) fn counts_task(&self, id: &str) -> bool {
+        self.counted.contains(id)
+    }
+
+    /// Counts task `id` in (`on`) or out, on `agent`.
+    fn apply(&mut self, id: &str, agent: &Agent, on: bool) {
+        for ((attr, _), per_value) in self.limits.iter().zip(self.counts.iter_mut()) {
+            let Some(v) = agent.attr(attr) else {
+                continue;
+            };
+            if on {
+                match per_value.get_mut(v) {
+                    Some(n) => *n += 1,
+                    None => {
+                        per_value.insert(v.to_string(), 1);
+                    }
+                }
+            } else if let Some(n) = per_value.get_mut(v) {
+                *n -= 1;
+                if *n == 0 {
+                    per_value.remove(v);
+                }
+            }
+        }
+        if on {
+            self.counted.insert(id.to_string());
+        } else {
+            self.counted.remove(id);
+        }
+    }
+}
+
 impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
     pub(super) fn schedule(&mut self, now: Now) {
+        self.sync_limit_counts();
         self.place_reserved(now);
-        let changed = self.take_capacity_changed();
-        let retry = changed && !self.blocked.is_empty();
+        let retry = self.take_capacity_changed() && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
         }
@@ -68,7 +119,8 @@ impl Core {
                 continue;
             }
             let job = task.job.clone();
-            // A job with blocked tasks blocks its newcomers too: they are identical.
+            // A job with blocked tasks blocks its newcomers too (one queue per job,
+            // whatever their config).
             self.prune_blocked_front(&job);
             if let Some(q) = self.blocked.get_mut(&job).filter(|q| !q.is_empty()) {
                 q.push_back(id);
@@ -101,41 +153,68 @@ impl Core {
         }
     }
 
-    /// Places one task of `job` or records why it cannot be placed.
-    fn try_place(
+    /// Applies the tasks this event changed so far to their jobs' kept limit counts
+    /// (placements made by `try_place_as` are counted there).
+    fn sync_limit_counts(&mut self) {
+        for id in &self.dirty_tasks {
+            let Some(t) = self.tasks.get(id) else {
+                continue;
+            };
+            let Some(job) = self.jobs.get_mut(&t.job) else {
+                continue;
+            };
+            let Some(cache) = job.limit_cache.as_mut() else {
+                continue;
+            };
+            let agent = t
+                .agent
+                .as_ref()
+                .and_then(|a| self.agent_idx.get(a))
+                .map(|&i| &self.agents[i as usize]);
+            let on = t.status.state.is_on_agent() && agent.is_some();
+            if on == cache.counts_task(id) {
+                continue;
+            }
+            match agent {
+                Some(agent) => cache.apply(id, agent, on),
+                // Counted on an agent it no longer names: count afresh.
+                None => job.limit_cache = None,
+            }
+        }
+    }
+
+    /// Runs `f` with the job's placement inputs (needs, constraints, candidates) set
+    /// to task `id`'s own config: a task of another config than the job's newest
+    /// (during or after an update) is placed, and preempts, by its own config's
+    /// needs and constraints. `f` gets the key naming that config's limit counts
+    /// (the job key for the newest config).
+    pub(super) fn as_task_config<R>(
         &mut self,
         job_key: &str,
         id: &str,
-        limits: &mut HashMap<String, LimitCounts>,
-        now: Now,
-    ) -> bool {
-        if !limits.contains_key(job_key) {
-            let counts = self.limit_counts(job_key);
-            limits.insert(job_key.to_string(), counts);
+        f: impl FnOnce(&mut Core, &str) -> R,
+    ) -> R {
+        let config = self
+            .tasks
+            .get(id)
+            .map(|t| t.config.clone())
+            .unwrap_or_default();
+        let other = self
+            .jobs
+            .get(job_key)
+            .is_some_and(|j| config != j.config && j.configs.contains_key(&config));
+        if !other {
+            return f(self, job_key);
         }
-        let Some(counts) = limits.get_mut(job_key) else {
-            return false;
-        };
-        let Some(job) = self.jobs.get_mut(job_key) else {
-            return false;
-        };
-        match find_agent(
-            &self.agents,
-            &self.attr_index,
-            &self.open_agents,
-            self.index_gen,
-            job,
-            counts,
-        ) {
-            Ok(idx) => {
-                self.place_on(job_key, id, idx, limits, now);
-                true
-            }
-            Err(reason) => {
-                job.pending_reason = Some(reason);
-                false
-            }
+        let key = format!("{job_key}\u{0}{config}");
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
         }
+        let out = f(self, &key);
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
+        }
+        out
     }
 
     /// Places the task, or when it fits nowhere gives preemption its turn (see
@@ -149,59 +228,177 @@ impl Core {
         no_fit: &mut HashSet<String>,
         now: Now,
     ) -> bool {
-        if !no_fit.contains(job_key) {
-            if self.try_place(job_key, id, limits, now) {
-                return true;
+        self.as_task_config(job_key, id, |core, key| {
+            if !no_fit.contains(key) {
+                if core.try_place_as(job_key, key, id, limits, now) {
+                    return true;
+                }
+                no_fit.insert(key.to_string());
             }
-            no_fit.insert(job_key.to_string());
-        }
-        let Some(counts) = limits.get(job_key) else {
-            return false;
-        };
-        self.try_preempt(job_key, id, counts, now)
+            let Some((cache, kept)) = core.take_counts(job_key, key, limits) else {
+                return false;
+            };
+            let preempted = core.try_preempt(job_key, id, &cache.counts, now);
+            core.put_counts(job_key, key, cache, kept, limits);
+            preempted
+        })
     }
 
-    /// Records task `id` of `job_key` on agent `idx`: resources, ports, limits.
-    pub(super) fn place_on(
+    /// `try_place` with the job's placement inputs as they stand; `key` names the
+    /// limit counts of the config tried.
+    fn try_place_as(
         &mut self,
         job_key: &str,
+        key: &str,
+        id: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: Now,
+    ) -> bool {
+        let Some((mut cache, kept)) = self.take_counts(job_key, key, limits) else {
+            return false;
+        };
+        let gen = self.index_gen;
+        let found = match self.jobs.get_mut(job_key) {
+            Some(job) => find_agent(
+                &self.agents,
+                &self.attr_index,
+                &self.open_agents,
+                gen,
+                job,
+                &cache.counts,
+            ),
+            None => Err(String::new()),
+        };
+        let placed = match found {
+            Ok(idx) => {
+                self.place_at(job_key, key, id, idx, &mut cache, kept, limits, now);
+                true
+            }
+            Err(reason) => {
+                if let Some(job) = self.jobs.get_mut(job_key) {
+                    job.pending_reason = Some(reason);
+                }
+                false
+            }
+        };
+        self.put_counts(job_key, key, cache, kept, limits);
+        placed
+    }
+
+    /// The limit counts `key` names, taken out for a placement decision (give them
+    /// back with `put_counts`), and whether they are the job's kept counts (its
+    /// newest config, with limits); another config's are counted once per pass.
+    pub(super) fn take_counts(
+        &mut self,
+        job_key: &str,
+        key: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+    ) -> Option<(LimitCache, bool)> {
+        let gen = self.index_gen;
+        let job = self.jobs.get(job_key)?;
+        let kept = key == job_key && !job.constraints.limits.is_empty();
+        if kept {
+            let stale = job
+                .limit_cache
+                .as_ref()
+                .is_none_or(|c| c.gen != gen || c.limits != job.constraints.limits);
+            if stale {
+                let cache = self.limit_cache_of(job_key);
+                if let Some(job) = self.jobs.get_mut(job_key) {
+                    job.limit_cache = Some(cache);
+                }
+            }
+        } else if !limits.contains_key(key) {
+            let counts = self.limit_cache_of(job_key).counts;
+            limits.insert(key.to_string(), counts);
+        }
+        let job = self.jobs.get_mut(job_key)?;
+        Some(if kept {
+            (job.limit_cache.take().unwrap_or_default(), true)
+        } else {
+            let cache = LimitCache {
+                counts: limits.remove(key).unwrap_or_default(),
+                limits: job.constraints.limits.clone(),
+                ..LimitCache::default()
+            };
+            (cache, false)
+        })
+    }
+
+    /// Gives back counts taken with `take_counts`.
+    pub(super) fn put_counts(
+        &mut self,
+        job_key: &str,
+        key: &str,
+        cache: LimitCache,
+        kept: bool,
+        limits: &mut HashMap<String, LimitCounts>,
+    ) {
+        if kept {
+            if let Some(job) = self.jobs.get_mut(job_key) {
+                job.limit_cache = Some(cache);
+            }
+        } else {
+            limits.insert(key.to_string(), cache.counts);
+        }
+    }
+
+    /// Records task `id` of `job_key` on agent `idx` by the job's placement inputs
+    /// as they stand: its limit counts (`cache`, taken for `key`), resources and
+    /// ports. Counts of the job's other configs are dropped, to be counted again.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn place_at(
+        &mut self,
+        job_key: &str,
+        key: &str,
         id: &str,
         idx: u32,
+        cache: &mut LimitCache,
+        kept: bool,
         limits: &mut HashMap<String, LimitCounts>,
         now: Now,
     ) {
-        if !limits.contains_key(job_key) {
-            let counts = self.limit_counts(job_key);
-            limits.insert(job_key.to_string(), counts);
-        }
-        let Some(job) = self.jobs.get(job_key) else {
+        let config = self
+            .tasks
+            .get(id)
+            .map(|t| t.config.clone())
+            .unwrap_or_default();
+        let Some(job) = self.jobs.get_mut(job_key) else {
             return;
         };
-        let need = job.need;
-        let names = job.spec.task.resources.ports.clone();
-        if let Some(counts) = limits.get_mut(job_key) {
-            for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
-                if let Some(v) = self.agents[idx as usize].attr(attr) {
-                    *per_value.entry(v.to_string()).or_insert(0) += 1;
-                }
-            }
+        cache.apply(id, &self.agents[idx as usize], true);
+        if !kept {
+            // Placed by another config's limits: the newest's kept counts miss it
+            // until the next pass; count them afresh.
+            job.limit_cache = None;
         }
+        let need = job.need;
+        let mixed = job.configs.len() > 1;
+        let names = job.spec_of(&config).task.resources.ports.clone();
         let agent = &mut self.agents[idx as usize];
         agent.used_cpu_milli += need.cpu_milli;
         agent.used_ram += need.ram;
         agent.used_disk += need.disk;
         let ports = take_ports(agent, &names);
+        if mixed {
+            let prefix = format!("{job_key}\u{0}");
+            limits.retain(|k, _| k == key || (k != job_key && !k.starts_with(&prefix)));
+        }
         self.place(id, idx, ports, now);
     }
-
-    /// Counts the job's tasks on agents per value of each limit attribute.
-    pub(super) fn limit_counts(&self, job_key: &str) -> LimitCounts {
-        let Some(job) = self.jobs.get(job_key) else {
-            return Vec::new();
+    /// Counts the job's tasks on agents per value of each limit attribute, afresh.
+    fn limit_cache_of(&self, job_key: &str) -> LimitCache {
+        let mut cache = LimitCache {
+            gen: self.index_gen,
+            ..LimitCache::default()
         };
-        let mut counts: LimitCounts = vec![HashMap::new(); job.constraints.limits.len()];
-        if counts.is_empty() {
-            return counts;
+        let Some(job) = self.jobs.get(job_key) else {
+            return cache;
+        };
+        cache.limits = job.constraints.limits.clone();
+        cache.counts = vec![HashMap::new(); cache.limits.len()];
+        if cache.counts.is_empty() {
+            return cache;
         }
         for slot in &job.slots {
             for id in slot.current.iter().chain(slot.history.iter()) {
@@ -214,15 +411,50 @@ impl Core {
                 let Some(&idx) = t.agent.as_ref().and_then(|a| self.agent_idx.get(a)) else {
                     continue;
                 };
-                let agent = &self.agents[idx as usize];
-                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
-                    if let Some(v) = agent.attr(attr) {
-                        *per_value.entry(v.to_string()).or_insert(0) += 1;
-                    }
-                }
+                cache.apply(id, &self.agents[idx as usize], true);
             }
         }
-        counts
+        cache
+    }
+
+    /// Test support: drops every job's kept limit counts (the next pass counts
+    /// afresh).
+    #[cfg(test)]
+    pub(super) fn forget_limit_counts(&mut self) {
+        for job in self.jobs.values_mut() {
+            job.limit_cache = None;
+        }
+    }
+
+    /// Test support: every job's kept limit counts (where valid for the current
+    /// agent index and the job's limits) equal a fresh count. The job where they
+    /// differ, if any.
+    #[cfg(test)]
+    pub(super) fn limit_counts_drift(&self) -> Option<String> {
+        if self.index_dirty {
+            // Attributes changed since the index was built: the next pass counts
+            // afresh before it reads a count.
+            return None;
+        }
+        for (key, job) in &self.jobs {
+            let Some(cache) = &job.limit_cache else {
+                continue;
+            };
+            if cache.gen != self.index_gen || cache.limits != job.constraints.limits {
+                continue;
+            }
+            let fresh = self.limit_cache_of(key);
+            if fresh.counts != cache.counts || fresh.counted != cache.counted {
+                return Some(format!(
+                    "{key}: kept {:?} ({} tasks), counted afresh {:?} ({} tasks)",
+                    cache.counts,
+                    cache.counted.len(),
+                    fresh.counts,
+                    fresh.counted.len()
+                ));
+            }
+        }
+        None
     }
 }
 

@@ -202,6 +202,20 @@ impl Core {
         ))
     }
 
+    /// The standing of task `id`, by its own config (an update may change `tier`
+    /// and `priority`).
+    pub(super) fn standing_of_task(&self, id: &str) -> Option<(Standing, &str)> {
+        let task = self.tasks.get(id)?;
+        let spec = self.jobs.get(&task.job)?.spec_of(&task.config);
+        Some((
+            Standing {
+                production: spec.is_production(),
+                priority: spec.priority,
+            },
+            spec.role.as_str(),
+        ))
+    }
+
     /// Tries to make room for PENDING task `id` of `job_key` by preempting tasks of
     /// lower standing on one agent. On success the victims are PREEMPTING, their
     /// replacements PENDING, and the freed resources reserved for `id`.
@@ -212,7 +226,7 @@ impl Core {
         counts: &LimitCounts,
         now: Now,
     ) -> bool {
-        let Some((by, by_role)) = self.standing_of(job_key) else {
+        let Some((by, by_role)) = self.standing_of_task(id) else {
             return false;
         };
         // Preemptible tasks of priority 0 can preempt nothing: skip the scan.
@@ -273,17 +287,24 @@ impl Core {
                 if t.status.state.is_stopping() || t.desired != DesiredState::Running {
                     continue;
                 }
+                // Never its own job's tasks (an update may have raised the
+                // priority of its newer config).
+                if t.job == job_key {
+                    continue;
+                }
                 let Some(vjob) = self.jobs.get(&t.job) else {
                     continue;
                 };
+                // Each task by its own config: standing and what it holds.
+                let vspec = vjob.spec_of(&t.config);
                 let v = Standing {
-                    production: vjob.spec.is_production(),
-                    priority: vjob.spec.priority,
+                    production: vspec.is_production(),
+                    priority: vspec.priority,
                 };
-                if !may_preempt(by, &by_role, v, &vjob.spec.role) {
+                if !may_preempt(by, &by_role, v, &vspec.role) {
                     continue;
                 }
-                let mut vneed = vjob.need;
+                let mut vneed = vjob.need_for(&t.config);
                 vneed.ports = t.ports.len() as u32;
                 let mut sla = None;
                 if vjob.spec.sla_policy.is_some() {
@@ -485,24 +506,26 @@ impl Core {
             let Some(job) = self.tasks.get(&id).map(|t| t.job.clone()) else {
                 continue;
             };
-            if !limits.contains_key(&job) {
-                let counts = self.limit_counts(&job);
-                limits.insert(job.clone(), counts);
-            }
-            let fits = match (self.jobs.get(&job), limits.get(&job)) {
-                (Some(j), Some(counts)) => {
-                    !misfit_ignoring_resources(&self.agents[r.agent as usize], j, counts)
+            // By the task's own config's limits, counted as placement counts them.
+            let placed = self.as_task_config(&job, &id, |core, key| {
+                let Some((mut cache, kept)) = core.take_counts(&job, key, &mut limits) else {
+                    return false;
+                };
+                let fits = core.jobs.get(&job).is_some_and(|j| {
+                    !misfit_ignoring_resources(&core.agents[r.agent as usize], j, &cache.counts)
+                });
+                if fits {
+                    core.place_at(&job, key, &id, r.agent, &mut cache, kept, &mut limits, now);
                 }
-                _ => false,
-            };
-            if !fits {
+                core.put_counts(&job, key, cache, kept, &mut limits);
+                fits
+            });
+            if !placed {
                 // A sibling took the agent's last slot under a limit meanwhile:
                 // wait like any PENDING task; the room goes back to all.
                 self.capacity_changed = true;
                 self.queue.push_back(id);
-                continue;
             }
-            self.place_on(&job, &id, r.agent, &mut limits, now);
         }
     }
 }

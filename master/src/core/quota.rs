@@ -1,19 +1,22 @@
 //! Role quotas (Aurora): an admin bounds the production resources (cpu, ram, disk)
 //! each role may hold; creating a production job that would go past its role's
-//! quota is refused, stating the quota, what is in use and what was asked.
-//! Non-production (`preemptible`) jobs are not counted. A role without a quota is
+//! quota is refused, stating the quota, what is in use and what was asked, and so
+//! is an update (StartUpdate) after which the job's instances would hold more than
+//! the quota leaves it. Non-production (`preemptible`) jobs are not counted. A role without a quota is
 //! not bounded.
 //!
 //! What a role uses: for every production job of the role that is active (has a
-//! task that is not terminal, or is a cron template), its task's resources times its
-//! instances, whatever state the tasks are in (a PENDING production task is
-//! promised its room). The arithmetic ([`Usage`], [`check`]) is pure.
+//! task that is not terminal, or is a cron template), each instance's resources by
+//! the task config it runs (jobs being updated run several), counted where that
+//! config is production, whatever state the tasks are in (a PENDING production
+//! task is promised its room). The arithmetic ([`Usage`], [`check`]) is pure.
 
 use serde::{Deserialize, Serialize};
 
+use drover_common::spec::JobSpec;
 use drover_common::wire::QuotaView;
 
-use super::model::{cpu_to_milli, Need};
+use super::model::{cpu_to_milli, need_of, Need};
 use super::{Change, Core, CoreError, Reply};
 
 /// Production resources: cpu in thousandths of a core, ram and disk in bytes.
@@ -113,11 +116,52 @@ impl Core {
             if except == Some(job.key.as_str()) {
                 continue;
             }
-            if job.cron.is_some() || self.job_active(&job.key) {
+            if job.cron.is_some() {
                 total = total.plus(Usage::of(&job.need, job.spec.instances));
+            } else if self.job_active(&job.key) {
+                for hash in self.instance_configs(&job.key) {
+                    if job.spec_of(&hash).is_production() {
+                        total = total.plus(Usage::of(&job.need_for(&hash), 1));
+                    }
+                }
             }
         }
         total
+    }
+
+    /// Refuses an update of job `key` to config `new` (hash, spec) after which its
+    /// instances (`after`: the config hash each runs once the update is done)
+    /// would hold more production resources than the role's quota leaves it. What
+    /// is asked is the job's production resources after the update, as for a create.
+    pub(super) fn check_update_quota(
+        &self,
+        key: &str,
+        new: (&str, &JobSpec),
+        after: &[String],
+    ) -> Result<(), CoreError> {
+        let Some(job) = self.jobs.get(key) else {
+            return Ok(());
+        };
+        let role = job.spec.role.as_str();
+        let Some(quota) = self.quotas.get(role) else {
+            return Ok(());
+        };
+        let new_need = need_of(new.1);
+        let mut asked = Usage::default();
+        for hash in after {
+            let (production, need) = if hash == new.0 {
+                (new.1.is_production(), new_need)
+            } else {
+                (job.spec_of(hash).is_production(), job.need_for(hash))
+            };
+            if production {
+                asked = asked.plus(Usage::of(&need, 1));
+            }
+        }
+        if asked == Usage::default() {
+            return Ok(());
+        }
+        check(role, quota, &self.quota_usage(role, Some(key)), &asked)
     }
 
     /// Refuses a production job `key` of `role` asking `need` x `instances` past the

@@ -27,6 +27,8 @@ pub(super) enum Timer {
     Reservation { task: String },
     /// The cron job's firing at `at_wall` (wall clock) is due.
     Cron { job: String, at_wall: UnixMillis },
+    /// An updated instance of the job has been watched long enough.
+    UpdateWatch { job: String },
     /// A drain's deadline passes or a replacement becomes healthy: the drain round
     /// that runs after every event looks again.
     Drain,
@@ -144,6 +146,7 @@ impl Core {
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
             Timer::Reservation { task } => self.reservation_expired(&task, now),
             Timer::Cron { job, at_wall } => self.cron_timer(&job, at_wall, now),
+            Timer::UpdateWatch { job } => self.poke_update(&job),
             Timer::Drain => self.drains.fired(),
         }
     }

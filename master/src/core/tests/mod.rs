@@ -26,6 +26,7 @@ mod preemption;
 mod quota;
 mod reconciliation;
 mod snapshot;
+mod update;
 mod views;
 
 const GIB: u64 = 1 << 30;
@@ -97,6 +98,9 @@ struct World {
     wall_skew: i64,
     seqs: HashMap<String, u64>,
     persisted: Vec<Change>,
+    /// Forget the kept limit counts before every event (the scheduler counts
+    /// afresh): a shadow world to compare placements with.
+    fresh_limit_counts: bool,
 }
 
 impl World {
@@ -118,6 +122,7 @@ impl World {
             wall_skew: 0,
             seqs: HashMap::new(),
             persisted: Vec::new(),
+            fresh_limit_counts: false,
         }
     }
 
@@ -130,7 +135,15 @@ impl World {
     }
 
     fn handle(&mut self, e: Event) -> Output {
+        if self.fresh_limit_counts {
+            self.core.forget_limit_counts();
+        }
         let out = self.core.handle(e, self.at());
+        // The limit counts the scheduler keeps between passes equal a fresh count
+        // after every event of every test.
+        if let Some(drift) = self.core.limit_counts_drift() {
+            panic!("limit counts drifted: {drift}");
+        }
         for e in &out.effects {
             if let Effect::Persist { changes, .. } = e {
                 self.persisted.extend(changes.iter().cloned());
@@ -248,6 +261,8 @@ impl World {
         let mut agents = BTreeMap::new();
         let mut fired = BTreeMap::new();
         let mut quotas = BTreeMap::new();
+        let mut configs = BTreeMap::new();
+        let mut updates = BTreeMap::new();
         for c in &self.persisted {
             match c {
                 Change::PutJob(spec, key, created) => {
@@ -263,6 +278,8 @@ impl World {
                 Change::DeleteJob(key) => {
                     jobs.remove(key);
                     fired.remove(key);
+                    configs.retain(|(job, _), _| job != key);
+                    updates.remove(key);
                 }
                 Change::PutTask(t) => {
                     tasks.insert(t.id.clone(), t.as_ref().clone());
@@ -284,6 +301,12 @@ impl World {
                 Change::PutCronFired(job, at) => {
                     fired.insert(job.clone(), *at);
                 }
+                Change::PutConfig { job, hash, spec } => {
+                    configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
+                }
+                Change::PutUpdate(u) => {
+                    updates.insert(u.view.job.clone(), u.as_ref().clone());
+                }
             }
         }
         Snapshot {
@@ -292,6 +315,11 @@ impl World {
             agents: agents.into_values().collect(),
             quotas: quotas.into_iter().collect(),
             cron_fired: fired.into_iter().collect(),
+            configs: configs
+                .into_iter()
+                .map(|((job, hash), spec)| (job, hash, spec))
+                .collect(),
+            updates: updates.into_values().collect(),
         }
     }
 

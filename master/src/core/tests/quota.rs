@@ -99,3 +99,60 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_update_past_the_quota_is_refused_like_a_create_and_changes_nothing() {
+    let mut w = World::new();
+    w.register("a1", 16.0, 64, &[]);
+    w.register("a2", 16.0, 64, &[]);
+    set(&mut w, "www", Some(quota(3, 64)));
+    let tasks = w.create(spec("a", 2, true, ""));
+    for id in &tasks {
+        w.run(id);
+    }
+    let bigger = |cpu: f64, cmd: &str| {
+        let mut v = serde_json::to_value(spec("a", 2, true, "")).unwrap();
+        v["task"]["resources"]["cpu"] = serde_json::json!(cpu);
+        v["task"]["processes"][0]["cmdline"] = serde_json::json!(cmd);
+        serde_json::from_value::<JobSpec>(v).unwrap()
+    };
+    let start = |w: &mut World, spec: JobSpec, instances: Option<Vec<u32>>| {
+        w.handle(Event::StartUpdate {
+            job: "www/prod/a".to_string(),
+            spec: Box::new(spec),
+            instances,
+            user: "alice".to_string(),
+        })
+        .reply
+    };
+    // Two instances of 2 cpus: 4 asked against a quota of 3, as a create would be.
+    let err = start(&mut w, bigger(2.0, "sleep 200"), None).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, CoreError::QuotaExceeded { .. }), "{msg}");
+    assert!(msg.contains("quota cpu 3"), "{msg}");
+    assert!(msg.contains("in use cpu 0"), "{msg}");
+    assert!(msg.contains("asked cpu 4"), "{msg}");
+    // A create of the same spec under another name asks the same.
+    let mut other = bigger(2.0, "sleep 200");
+    other.name = "z".into();
+    let err = w
+        .handle(Event::CreateJob(Box::new(other)))
+        .reply
+        .unwrap_err();
+    let asked = |m: &str| m[m.find("asked").unwrap()..].to_string();
+    assert_eq!(asked(&err.to_string()), asked(&msg), "as a create asks");
+    // Refused: nothing changed.
+    assert!(w.core.update_view("www/prod/a").is_none());
+    assert_eq!(w.core.quota_view("www").in_use.cpu, 2.0);
+    assert!(tasks.iter().all(|t| w.state(t) == TaskState::Running));
+    // A canary of instance 0 only asks 2 + 1: within the quota, accepted, and
+    // counted by the config each instance runs.
+    start(&mut w, bigger(2.0, "sleep 200"), Some(vec![0])).unwrap();
+    assert_eq!(w.core.quota_view("www").in_use.cpu, 3.0);
+    // Another production job no longer fits beside it.
+    let err = w
+        .handle(Event::CreateJob(Box::new(spec("b", 1, true, ""))))
+        .reply
+        .unwrap_err();
+    assert!(err.to_string().contains("in use cpu 3"), "{err}");
+}

@@ -638,3 +638,94 @@ proptest! {
         }
     }
 }
+
+/// A spec as JSON, changed by `f`.
+fn edited(spec: JobSpec, f: impl FnOnce(&mut serde_json::Value)) -> JobSpec {
+    let mut v = serde_json::to_value(spec).unwrap();
+    f(&mut v);
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn a_task_of_an_older_config_preempts_by_its_own_needs_and_limits() {
+    let mut w = World::new();
+    w.register("a1", 2.0, 16, &[("rack", "r1")]);
+    w.register("a2", 2.0, 16, &[("rack", "r2")]);
+    // Config A: a whole cpu, one per rack. The canary's config B: a quarter, no limit.
+    let a = edited(web(2, "sleep 100", 1, ""), |v| {
+        v["task"]["resources"]["cpu"] = serde_json::json!(1.0);
+        v["constraints"] = serde_json::json!({"rack": "limit:1"});
+    });
+    w.create(a);
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 2);
+    let b = edited(web(2, "sleep 200", 1, ""), |v| {
+        v["task"]["resources"]["cpu"] = serde_json::json!(0.25);
+    });
+    update(&mut w, b, Some(vec![0])).unwrap();
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+    let old = w.core.task(&w.current(KEY, 1)).unwrap().config.clone();
+    let canary_agent = w.core.task(&w.current(KEY, 0)).unwrap().agent.clone();
+    let a1_agent = w
+        .core
+        .task(&w.current(KEY, 1))
+        .unwrap()
+        .agent
+        .clone()
+        .unwrap();
+    assert_ne!(canary_agent.as_deref(), Some(a1_agent.as_str()));
+    // Instance 1 fails until it is THROTTLED; meanwhile preemptible quarter-cpu
+    // work fills every agent.
+    let mut t1 = w.current(KEY, 1);
+    while w.state(&t1) != TaskState::Throttled {
+        if w.state(&t1) == TaskState::Assigned {
+            w.run(&t1);
+        }
+        w.report(
+            &t1,
+            TaskState::Failed,
+            Some(ExitReason::ExitCode { code: 1 }),
+        );
+        t1 = w.current(KEY, 1);
+    }
+    let batch = edited(spec("batch", 15, false, r#","tier":"preemptible""#), |v| {
+        v["task"]["resources"]["cpu"] = serde_json::json!(0.25)
+    });
+    for id in w.create(batch) {
+        assert_eq!(w.state(&id), TaskState::Assigned);
+        w.run(&id);
+    }
+    // The penalty ends: instance 1's replacement (config A) preempts by config
+    // A's cpu and rack limit: the four quarter-cpu tasks on its own rack's agent,
+    // not one anywhere.
+    w.pass(5_000);
+    let repl = w.current(KEY, 1);
+    assert_eq!(w.core.task(&repl).unwrap().config, old);
+    assert_eq!(w.state(&repl), TaskState::Pending);
+    let victims: Vec<String> = w
+        .core
+        .tasks
+        .values()
+        .filter(|t| t.status.state == TaskState::Preempting)
+        .map(|t| t.id.clone())
+        .collect();
+    assert_eq!(victims.len(), 4, "{victims:?}");
+    for v in &victims {
+        assert_eq!(
+            w.core.task(v).unwrap().agent.as_deref(),
+            Some(a1_agent.as_str())
+        );
+    }
+    let idx = w.core.agent_idx[&a1_agent] as usize;
+    assert_eq!(w.core.agents[idx].reserved.cpu_milli, 1_000);
+    // The victims end: the replacement is placed on the room they freed.
+    for v in &victims {
+        w.report(v, TaskState::Killed, None);
+    }
+    assert_eq!(w.state(&repl), TaskState::Assigned);
+    assert_eq!(
+        w.core.task(&repl).unwrap().agent.as_deref(),
+        Some(a1_agent.as_str())
+    );
+    assert_eq!(w.core.agents[idx].reserved, Need::default());
+}

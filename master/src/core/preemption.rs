@@ -26,6 +26,10 @@
 //!   (their room is promised), and never one holding a reservation for the same job
 //!   (its limits count the reserved task as if placed there).
 //!
+//! - Each task by its own config (a job being updated runs several): the preemptor
+//!   by its config's needs, constraints and standing (placement swaps them in), a
+//!   victim by its config's standing and needs; never a task of the preemptor's job.
+//!
 //! The glue (`impl Core`): choosing the agent, moving the victims to PREEMPTING with
 //! their replacements PENDING, the reservation (counted in the agent's `reserved`
 //! so that nothing else takes it) and its timer.

@@ -44,15 +44,19 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             let client = master.client()?;
             let target = parse_job_target(&key)?;
             let view = client.job(&target.key).await?;
+            let only = target
+                .instances
+                .as_deref()
+                .map(|set| instances_of(&view, set))
+                .transpose()?;
             if json {
+                let mut view = view;
+                if let Some(only) = &only {
+                    view.instances.retain(|i| only.contains(&i.instance));
+                }
                 print_json(&view)?;
             } else {
-                // Agent names are a nicety: fall back to ids if the list fails.
-                let agents = client.agents().await.unwrap_or_default();
-                print!(
-                    "{}",
-                    render::job_status(&view, &render::agent_names(&agents))
-                );
+                print!("{}", render::job_status(&view, only.as_deref()));
             }
             Ok(true)
         }
@@ -93,6 +97,26 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
     }
 }
 
+/// The instances of `set` (`0-3,7`, already checked by the parser), refused with the
+/// job's instance count when one does not exist.
+fn instances_of(view: &JobView, set: &str) -> anyhow::Result<Vec<u32>> {
+    let wanted = drover_common::wire::parse_instance_set(set).map_err(|e| anyhow!(e))?;
+    let count = view.instances.len();
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|i| !view.instances.iter().any(|x| x.instance == **i))
+        .map(u32::to_string)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} has no instance {} (it has {count} instance(s), numbered from 0)",
+            view.key,
+            missing.join(", ")
+        );
+    }
+    Ok(wanted)
+}
+
 /// `drover job create FILE [--wait]`.
 async fn create(
     client: &Client,
@@ -103,7 +127,7 @@ async fn create(
     let spec = match specfile::load(file) {
         Ok(spec) => spec,
         Err(errors) => {
-            eprintln!("{errors}");
+            eprintln!("{}", errors.with_error_prefix());
             return Ok(false);
         }
     };
@@ -185,20 +209,21 @@ async fn logs(
     let (key, instance) = parse_instance_target(target)?;
     let view = client.job(&key).await?;
     let task = latest_task(&view, instance)?;
-    let process = match process {
-        Some(p) => p,
-        None => view
-            .spec
-            .task
-            .processes
-            .first()
-            .map(|p| p.name.clone())
-            .ok_or_else(|| anyhow!("{key} has no processes"))?,
-    };
-    if !is_valid_name(&process) {
-        bail!(
-            "`{process}` is not a process name: see `drover task show {}`",
-            task.task_id
+    let names: Vec<&str> = view
+        .spec
+        .task
+        .processes
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let stream = if stderr { "stderr" } else { "stdout" };
+    let process = pick_process(&names, process.as_deref(), &task.task_id)?;
+    if names.len() > 1 {
+        // On stderr, so stdout stays the log alone.
+        eprintln!(
+            "{stream} of process {process} of task {} (processes: {}; --process picks another)",
+            task.task_id,
+            names.join(", ")
         );
     }
     task.agent_id.as_ref().ok_or_else(|| {
@@ -212,7 +237,6 @@ async fn logs(
                 .unwrap_or_default()
         )
     })?;
-    let stream = if stderr { "stderr" } else { "stdout" };
     let task_id = task.task_id.clone();
     let mut offset = 0u64;
     let mut stdout = std::io::stdout();
@@ -257,6 +281,29 @@ async fn logs(
             tokio::time::sleep(POLL * 2).await;
         }
     }
+}
+
+/// The process whose log `task logs` reads: `wanted`, which must be one of the task's
+/// processes (else the error lists them), or the first.
+fn pick_process(names: &[&str], wanted: Option<&str>, task_id: &str) -> anyhow::Result<String> {
+    let Some(wanted) = wanted else {
+        return names
+            .first()
+            .map(|n| n.to_string())
+            .ok_or_else(|| anyhow!("task {task_id} has no processes"));
+    };
+    if names.contains(&wanted) {
+        return Ok(wanted.to_string());
+    }
+    let what = if is_valid_name(wanted) {
+        "is not a process of"
+    } else {
+        "is not a process name; see"
+    };
+    bail!(
+        "`{wanted}` {what} task {task_id}: its processes are {} (--process NAME)",
+        names.join(", ")
+    )
 }
 
 /// The instance's latest task (`current`, else the newest in history).
@@ -441,4 +488,29 @@ fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     println!("{text}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_process_is_refused_with_the_task_processes() {
+        let names = ["web", "sidecar"];
+        assert_eq!(pick_process(&names, None, "t1").unwrap(), "web");
+        assert_eq!(
+            pick_process(&names, Some("sidecar"), "t1").unwrap(),
+            "sidecar"
+        );
+        let err = pick_process(&names, Some("nope"), "t1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`nope` is not a process of task t1"), "{err}");
+        assert!(err.contains("web, sidecar"), "{err}");
+        let err = pick_process(&names, Some("../x"), "t1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("web, sidecar"), "{err}");
+        assert!(pick_process(&[], None, "t1").is_err());
+    }
 }

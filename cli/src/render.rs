@@ -51,24 +51,10 @@ pub fn task_reason(task: &TaskView) -> String {
         .unwrap_or_else(|| "-".to_string())
 }
 
-/// The agent's name for people: its `host` attribute, else hostname, else the id.
-pub fn agent_names(agents: &[AgentView]) -> BTreeMap<String, String> {
-    agents
-        .iter()
-        .map(|a| {
-            let name = a
-                .attributes
-                .get("host")
-                .cloned()
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| a.hostname.clone());
-            (a.agent_id.clone(), name)
-        })
-        .collect()
-}
-
-/// `drover job status`: a header and one row per instance.
-pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
+/// `drover job status`: a header and one row per instance (only `only`'s instances
+/// when given). Agents go by their id, as in task events, `drover agent list` and
+/// `drover agent forbid`.
+pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
     let kind = if view.spec.service {
         "service"
     } else {
@@ -83,15 +69,15 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
     let mut table = Table::new(&[
         "INSTANCE", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
     ]);
-    for instance in &view.instances {
+    let shown = view
+        .instances
+        .iter()
+        .filter(|i| only.is_none_or(|only| only.contains(&i.instance)));
+    for instance in shown {
         let history = instance.history.len().to_string();
         match &instance.current {
             Some(task) => {
-                let agent = task
-                    .agent_id
-                    .as_ref()
-                    .map(|id| agents.get(id).cloned().unwrap_or_else(|| id.clone()))
-                    .unwrap_or_else(|| "-".to_string());
+                let agent = task.agent_id.clone().unwrap_or_else(|| "-".to_string());
                 table.row(vec![
                     instance.instance.to_string(),
                     task.task_id.clone(),
@@ -235,7 +221,7 @@ pub fn agent_list(agents: &[AgentView]) -> String {
     }
     let mut table = Table::new(&[
         "AGENT",
-        "HOST",
+        "HOSTNAME",
         "ADDRESS",
         "UP",
         "CPU FREE/TOTAL",
@@ -275,25 +261,10 @@ fn free_total(free: &AgentResources, total: &AgentResources) -> (String, String,
     )
 }
 
-/// A size for people: exact when it is a whole number of a unit (`64MiB`), else one
-/// decimal of the largest unit that fits (`23.1GiB`).
+/// A size for people (`64MiB`, `23.1GiB`): the one formatter the CLI and the web page
+/// share.
 pub fn bytes(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if n >= size {
-            return if n.is_multiple_of(size) {
-                format!("{}{unit}", n / size)
-            } else {
-                format!("{:.1}{unit}", n as f64 / size as f64)
-            };
-        }
-    }
-    format!("{n}B")
+    drover_common::units::human_bytes(n)
 }
 
 fn trim_float(value: f64) -> String {

@@ -210,8 +210,11 @@ pub enum ExitReason {
     OomKilled,
     /// Health checks failed past the limit.
     HealthCheckFailed { last_error: String },
-    /// Killed because someone asked (job kill, restart).
+    /// Killed because someone asked (job kill).
     KilledByRequest,
+    /// Stopped because someone restarted its instance (job restart): a replacement
+    /// task takes its place.
+    Restarted,
     /// Its host went into maintenance.
     Drained,
     /// Killed for a production task's resources.
@@ -258,6 +261,7 @@ impl fmt::Display for ExitReason {
                 write!(f, "health check failed: {last_error}")
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
+            ExitReason::Restarted => write!(f, "restarted by request (replaced)"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
             ExitReason::Preempted => write!(f, "preempted"),
             ExitReason::AgentLost => write!(f, "agent lost"),

@@ -1087,7 +1087,7 @@ async fn index(State(api): State<Shared>) -> Response {
         );
     }
     html.push_str(
-        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>states</th></tr>",
+        "<h2>Jobs</h2><table><tr><th>job</th><th>type</th><th>instances</th><th>states</th></tr>",
     );
     for j in &jobs {
         let states: Vec<String> = j
@@ -1098,22 +1098,22 @@ async fn index(State(api): State<Shared>) -> Response {
         let _ = write!(
             html,
             "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            j.instances,
             if j.service { "service" } else { "batch" },
+            j.instances,
             escape(&states.join(", ")),
             k = escape(&j.key),
         );
     }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
+    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
     for a in &agents {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{} MiB</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
             escape(&a.agent_id),
             escape(&a.hostname),
             a.reachable,
             a.free.cpu,
-            a.free.ram_bytes / (1024 * 1024),
+            drover_common::units::human_bytes(a.free.ram_bytes),
             a.tasks.len()
         );
     }

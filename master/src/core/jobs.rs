@@ -135,15 +135,16 @@ impl Core {
             return false;
         }
         task.desired = DesiredState::Shutdown;
-        task.kill_reason = Some(ExitReason::KilledByRequest);
+        let reason = if via == TaskState::Restarting {
+            ExitReason::Restarted
+        } else {
+            ExitReason::KilledByRequest
+        };
+        task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
-            let _ = task.status.transition(
-                TaskState::Killed,
-                Some(ExitReason::KilledByRequest),
-                now.wall,
-                source,
-                message,
-            );
+            let _ =
+                task.status
+                    .transition(TaskState::Killed, Some(reason), now.wall, source, message);
             self.mark(id);
             return true;
         }

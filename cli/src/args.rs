@@ -92,13 +92,18 @@ pub enum JobCommand {
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         timeout: Duration,
     },
-    /// Show every instance of a job: its current task, state, agent, ports, reason.
+    /// Show every instance of a job (or of role/env/name/INSTANCES): its current
+    /// task, state, agent, ports, reason.
     Status {
-        /// role/environment/name
+        /// role/environment/name[/INSTANCES]
         key: String,
         /// Print the API's JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Print the status again whenever the job changes (the master's change
+        /// stream), until Ctrl-C.
+        #[arg(long, short = 'w', conflicts_with = "json")]
+        watch: bool,
     },
     /// List jobs, optionally of one role.
     List {

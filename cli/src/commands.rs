@@ -20,8 +20,11 @@ use crate::specfile;
 use crate::target::{parse_instance_target, parse_job_target};
 use crate::Endpoint;
 
-/// How often `--wait` and `-f` poll.
+/// How often `task logs -f` polls.
 const POLL: Duration = Duration::from_millis(250);
+
+/// The longest single long poll of the change stream (the master's own cap is 120 s).
+const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs a `drover job ...` command; Ok(false) means "exit 1" after printing why.
 pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool> {
@@ -40,7 +43,30 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             wait,
             timeout,
         } => create(&master.client()?, &file, wait, timeout).await,
-        JobCommand::Status { key, json } => {
+        JobCommand::Status {
+            key,
+            json: false,
+            watch: true,
+        } => {
+            let client = master.client()?;
+            let target = parse_job_target(&key)?;
+            let mut changes = JobChanges::start(&client, &target.key).await?;
+            loop {
+                let view = client.job(&target.key).await?;
+                let only = target
+                    .instances
+                    .as_deref()
+                    .map(|set| instances_of(&view, set))
+                    .transpose()?;
+                println!(
+                    "--- {} (UTC)",
+                    render::timestamp(drover_common::state::now_ms())
+                );
+                print!("{}", render::job_status(&view, only.as_deref()));
+                while !changes.next(MAX_WAIT).await? {}
+            }
+        }
+        JobCommand::Status { key, json, .. } => {
             let client = master.client()?;
             let target = parse_job_target(&key)?;
             let view = client.job(&target.key).await?;
@@ -143,13 +169,16 @@ async fn create(
     }
     let goal = if spec.service { "RUNNING" } else { "FINISHED" };
     let started = Instant::now();
-    let mut last_counts = String::new();
+    let mut last_progress = String::new();
+    // The index first, then the view: a change committed in between wakes the
+    // first wait rather than being missed.
+    let mut changes = JobChanges::start(client, &key).await?;
     loop {
         let view = client.job(&key).await?;
-        let counts = render::state_counts(&view.state_counts);
-        if counts != last_counts {
-            println!("  {:>6.1}s  {counts}", started.elapsed().as_secs_f64());
-            last_counts = counts;
+        let progress = render::progress(&view);
+        if progress != last_progress {
+            println!("  {:>6.1}s  {progress}", started.elapsed().as_secs_f64());
+            last_progress = progress;
         }
         match wait_outcome(&view) {
             Outcome::Done => {
@@ -159,14 +188,58 @@ async fn create(
             Outcome::Failed(why) => bail!("{key} did not reach {goal}: {why}"),
             Outcome::Waiting => {}
         }
-        if started.elapsed() > timeout {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() || !changes.next(left).await? {
             bail!(
-                "{key}: not every instance is {goal} after {}s ({last_counts}); \
+                "{key}: not every instance is {goal} after {}s ({last_progress}); \
                  `drover job status {key}` shows why, --timeout waits longer",
                 timeout.as_secs()
             );
         }
-        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits for a job's next committed change through the master's change stream
+/// (`GET /v1/changes`, a long poll from an index): no polling on a timer.
+struct JobChanges<'a> {
+    client: &'a Client,
+    key: &'a drover_common::spec::JobKey,
+    /// The last index seen.
+    index: u64,
+}
+
+impl<'a> JobChanges<'a> {
+    /// Learns the master's current index (an answer at once: everything so far).
+    async fn start(
+        client: &'a Client,
+        key: &'a drover_common::spec::JobKey,
+    ) -> anyhow::Result<JobChanges<'a>> {
+        let answer = client.changes(0, Some(key), Duration::ZERO).await?;
+        Ok(JobChanges {
+            client,
+            key,
+            index: answer.index,
+        })
+    }
+
+    /// True once something of the job was committed after the last index seen;
+    /// false when `within` passed without a change.
+    async fn next(&mut self, within: Duration) -> anyhow::Result<bool> {
+        let deadline = Instant::now() + within;
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .client
+                .changes(self.index, Some(self.key), wait.min(MAX_WAIT))
+                .await?;
+            self.index = answer.index;
+            if !answer.tasks.is_empty() || answer.reset {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+        }
     }
 }
 

@@ -51,6 +51,27 @@ pub fn task_reason(task: &TaskView) -> String {
         .unwrap_or_else(|| "-".to_string())
 }
 
+/// A `--wait` progress line: the state counts, and why PENDING tasks wait, e.g.
+/// `PENDING 1, RUNNING 1; pending: host limit reached on 1 agent (1)`.
+pub fn progress(view: &JobView) -> String {
+    let mut reasons: BTreeMap<&str, u32> = BTreeMap::new();
+    for task in view.instances.iter().filter_map(|i| i.current.as_ref()) {
+        if let Some(reason) = task.pending_reason.as_deref().filter(|r| !r.is_empty()) {
+            *reasons.entry(reason).or_insert(0) += 1;
+        }
+    }
+    let mut line = state_counts(&view.state_counts);
+    if !reasons.is_empty() {
+        let why: Vec<String> = reasons
+            .iter()
+            .map(|(reason, n)| format!("{reason} ({n})"))
+            .collect();
+        line.push_str("; pending: ");
+        line.push_str(&why.join("; "));
+    }
+    line
+}
+
 /// `drover job status`: a header and one row per instance (only `only`'s instances
 /// when given). Agents go by their id, as in task events, `drover agent list` and
 /// `drover agent forbid`.

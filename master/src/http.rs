@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::audit::Audit;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{CoreError, Event, Reply};
+use crate::core::{ChangeFilter, CoreError, Event, Reply};
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
@@ -135,6 +135,8 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             post(release_guard),
         ),
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
+        // Any reader; a role-scoped token gets its roles' changes only (changes()).
+        (route("GET", "/v1/changes", JobList), get(changes)),
         (
             route("POST", "/v1/agents/register", AgentRegister),
             post(register),
@@ -1062,6 +1064,78 @@ async fn assignments(
                 }
             }
             _ = tokio::time::sleep_until(deadline), if tokio::time::Instant::now() < deadline => {}
+            _ = stopping.changed() => {}
+        }
+    }
+}
+
+/// GET /v1/changes?index=N[&job=KEY][&wait_ms=M]: the change stream (docs/api.md).
+/// Answers at once when something the token may see was committed after index N
+/// (or N is newer than this master's index: `reset`), else when the next such
+/// commit happens, else empty at the deadline.
+async fn changes(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let after = query_u64(&q, "index")?.unwrap_or(0);
+    let wait_ms = query_u64(&q, "wait_ms")?
+        .unwrap_or(DEFAULT_WAIT_MS)
+        .min(MAX_WAIT_MS);
+    let job = q.get("job").cloned();
+    let filter = if who.reads_all() {
+        ChangeFilter {
+            job,
+            roles: None,
+            agents: true,
+        }
+    } else {
+        let Grant::Roles { roles } = &who.grant else {
+            return Err(crate::guard::forbidden(&who, &Permission::ReadAll));
+        };
+        if let Some(key) = &job {
+            let role = key.split('/').next().unwrap_or_default();
+            crate::guard::require(&who, &Permission::ReadJob { role: role.into() })?;
+        }
+        ChangeFilter {
+            job,
+            roles: Some(roles.clone()),
+            agents: false,
+        }
+    };
+    let m = &api.master;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut commits = m.commit_state().subscribe();
+    let mut stopping = m.stopping();
+    loop {
+        if *stopping.borrow_and_update() {
+            return Err(ApiErr::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the master is stopping; ask again with the same index after it restarted",
+                None,
+            ));
+        }
+        if m.commit_state().failed() {
+            return Err(ApplyError::StoreFailed.into());
+        }
+        commits.borrow_and_update();
+        let committed = m.commit_state().committed();
+        let reset = after > committed;
+        let from = if reset { 0 } else { after };
+        let mut view = m.read(|c| c.changes_since(from, committed, &filter));
+        view.reset = reset;
+        let empty = view.tasks.is_empty() && view.agents.is_empty();
+        if !empty || reset || tokio::time::Instant::now() >= deadline {
+            return Ok(json(StatusCode::OK, &view));
+        }
+        tokio::select! {
+            r = commits.changed() => {
+                if r.is_err() {
+                    return Err(ApplyError::StoreFailed.into());
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {}
             _ = stopping.changed() => {}
         }
     }

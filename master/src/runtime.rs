@@ -239,7 +239,8 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "loaded the store"
     );
-    let writer = Writer::start(Box::new(store), 0);
+    // Committed up to the last batch stored (the core goes on from there).
+    let writer = Writer::start(Box::new(store), core.seq());
     Ok(Master::new(core, writer))
 }
 

@@ -208,6 +208,14 @@ impl Store for SqliteStore {
                 })?;
             snap.agents.push(agent);
         }
+        let index: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'index'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("load index"))?;
+        snap.index = index.and_then(|v| v.parse().ok()).unwrap_or(0);
         Ok(snap)
     }
 
@@ -221,6 +229,7 @@ impl Store for SqliteStore {
                 Change::PutTask(t) => (1, t.id.as_str()),
                 Change::DeleteTask(id) => (1, id.as_str()),
                 Change::PutAgent(a) => (2, a.id.as_str()),
+                Change::Index(_) => (3, "index"),
             };
             keep[i] = seen.insert(key);
         }
@@ -245,6 +254,9 @@ impl Store for SqliteStore {
                 .map_err(sql("prepare"))?;
             let mut put_agent = tx
                 .prepare_cached("INSERT OR REPLACE INTO agents (id, record) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            let mut put_index = tx
+                .prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES ('index', ?1)")
                 .map_err(sql("prepare"))?;
             for (c, _) in changes.iter().zip(&keep).filter(|(_, k)| **k) {
                 match c {
@@ -301,6 +313,11 @@ impl Store for SqliteStore {
                         put_agent
                             .execute(params![a.id, json])
                             .map_err(sql("write agent"))?;
+                    }
+                    Change::Index(index) => {
+                        put_index
+                            .execute(params![index.to_string()])
+                            .map_err(sql("write index"))?;
                     }
                 }
             }
@@ -394,10 +411,13 @@ impl Writer {
                     while let Ok(more) = rx.try_recv() {
                         batches.push(more);
                     }
-                    let changes: Vec<Change> = batches
+                    let mut changes: Vec<Change> = batches
                         .iter_mut()
                         .flat_map(|b| b.changes.drain(..))
                         .collect();
+                    if let Some(last) = batches.last() {
+                        changes.push(Change::Index(last.seq));
+                    }
                     if let Err(e) = store.commit(&changes) {
                         tracing::error!(error = %e, "store commit failed; the master must restart");
                         st.failed.store(true, Ordering::Release);

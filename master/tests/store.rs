@@ -50,6 +50,7 @@ fn task(id: &str, state: TaskState) -> Task {
         throttle_until: None,
         last_report_ms: 0,
         missing_since: None,
+        rev: 0,
     }
 }
 
@@ -67,6 +68,7 @@ fn agent() -> AgentRecord {
         attributes: [("rack".to_string(), "r1".to_string())].into(),
         version: 7,
         last_heartbeat_ms: 99,
+        rev: 0,
     }
 }
 

@@ -43,6 +43,7 @@ impl Core {
                         attributes: req.attributes,
                         version: 0,
                         last_heartbeat_ms: now.wall,
+                        rev: 0,
                     },
                     now.mono,
                 ));

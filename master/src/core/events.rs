@@ -21,6 +21,10 @@ pub enum Change {
     PutTask(Box<Task>),
     DeleteTask(String),
     PutAgent(Box<AgentRecord>),
+    /// The number of the last batch in this commit (added by the store's writer, not
+    /// the core): a restarted master goes on numbering from it, so the change
+    /// stream's index never repeats.
+    Index(u64),
 }
 
 /// What the core reacts to.

@@ -24,6 +24,7 @@
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
+mod changes;
 mod clock;
 mod config;
 mod events;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 
 use drover_common::state::{MonoMillis, TaskState};
 
+pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply};
@@ -127,7 +129,9 @@ impl Core {
         core
     }
 
-    /// The last store batch sequence number handed out.
+    /// The last store batch sequence number handed out. It goes on across restarts
+    /// (a loaded core starts at the highest `rev` stored), so it is also the change
+    /// stream's index.
     pub fn seq(&self) -> u64 {
         self.seq
     }
@@ -200,8 +204,12 @@ impl Core {
 
     fn finish(&mut self) -> Vec<Effect> {
         let mut changes = std::mem::take(&mut self.job_changes);
+        // Every row written in this batch carries the batch's number, the change
+        // stream's index (it is `self.seq` below when there are changes).
+        let rev = self.seq + 1;
         for id in std::mem::take(&mut self.dirty_tasks) {
-            if let Some(t) = self.tasks.get(&id) {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.rev = rev;
                 changes.push(Change::PutTask(Box::new(t.clone())));
             }
         }
@@ -209,9 +217,9 @@ impl Core {
             changes.push(Change::DeleteTask(id));
         }
         for idx in std::mem::take(&mut self.dirty_agents) {
-            changes.push(Change::PutAgent(Box::new(
-                self.agents[idx as usize].rec.clone(),
-            )));
+            let rec = &mut self.agents[idx as usize].rec;
+            rec.rev = rev;
+            changes.push(Change::PutAgent(Box::new(rec.clone())));
         }
         let mut effects = Vec::new();
         if !changes.is_empty() {

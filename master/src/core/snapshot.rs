@@ -14,6 +14,8 @@ pub struct Snapshot {
     pub jobs: Vec<JobRecord>,
     pub tasks: Vec<Task>,
     pub agents: Vec<AgentRecord>,
+    /// The last batch number committed (`Change::Index`); 0 for a new store.
+    pub index: u64,
 }
 
 impl Core {
@@ -30,6 +32,16 @@ impl Core {
     /// afresh.
     pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: Now, seed: u64) -> Core {
         let mut core = Core::new(cfg, now, seed);
+        // Batch numbers go on from the last one stored: the change stream's index
+        // stays valid across restarts.
+        core.seq = snapshot
+            .tasks
+            .iter()
+            .map(|t| t.rev)
+            .chain(snapshot.agents.iter().map(|a| a.rev))
+            .chain([snapshot.index])
+            .max()
+            .unwrap_or(0);
         for rec in snapshot.agents {
             let idx = core.agents.len() as u32;
             core.agent_idx.insert(rec.id.clone(), idx);

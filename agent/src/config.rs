@@ -48,6 +48,9 @@ pub struct ConfigFile {
     pub ports: Option<String>,
     /// Attributes such as `rack = "r1"`.
     pub attributes: Option<BTreeMap<String, String>>,
+    /// The host name reported to the master (operators name hosts by it in
+    /// maintenance commands); default: the machine's host name.
+    pub hostname: Option<String>,
     /// Pass `--no-isolation` to executors (no cgroups, no user switch).
     pub no_isolation: Option<bool>,
     /// Pass `--allow-root` to executors.
@@ -73,6 +76,12 @@ pub struct ConfigFile {
     pub sandbox_retention: Option<String>,
     /// Long-poll wait sent to the master, e.g. `30s`.
     pub poll_wait: Option<String>,
+    /// When the host shuts down, how long the agent waits for the master to drain
+    /// its tasks before it exits, e.g. `2m`; `0s` turns self-drain off.
+    pub shutdown_drain_timeout: Option<String>,
+    /// A file whose existence at SIGTERM means the host is shutting down (for hosts
+    /// without systemd).
+    pub shutdown_marker: Option<PathBuf>,
     /// Upper bound of the retry backoff towards the master, e.g. `5s`.
     pub max_backoff: Option<String>,
 }
@@ -115,6 +124,9 @@ pub struct Config {
     pub sandbox_retention: Duration,
     pub poll_wait: Duration,
     pub max_backoff: Duration,
+    /// Zero: no self-drain on host shutdown.
+    pub shutdown_drain_timeout: Duration,
+    pub shutdown_marker: Option<PathBuf>,
 }
 
 /// A configuration problem, naming the field.
@@ -208,6 +220,7 @@ impl ConfigFile {
             ram,
             disk,
             ports,
+            hostname,
             no_isolation,
             allow_root,
             executor_recovery_timeout,
@@ -219,7 +232,9 @@ impl ConfigFile {
             lease,
             sandbox_retention,
             poll_wait,
-            max_backoff
+            max_backoff,
+            shutdown_drain_timeout,
+            shutdown_marker
         );
         if let Some(attrs) = over.attributes {
             self.attributes
@@ -300,6 +315,16 @@ impl ConfigFile {
             None => DEFAULT_PORTS,
             Some(t) => parse_port_range(&t).map_err(|m| invalid("ports", m))?,
         };
+        let hostname = match self.hostname {
+            Some(h) if !drover_common::spec::is_valid_name(&h) => {
+                return Err(invalid(
+                    "hostname",
+                    format!("`{h}` must be 1-64 of A-Z a-z 0-9 _ . -, e.g. web-7"),
+                ))
+            }
+            Some(h) => h,
+            None => host.hostname.clone(),
+        };
         let mut attributes = self.attributes.unwrap_or_default();
         for (k, v) in &attributes {
             if k.is_empty() || k.contains('=') {
@@ -311,7 +336,7 @@ impl ConfigFile {
         }
         attributes
             .entry("host".to_string())
-            .or_insert_with(|| host.hostname.clone());
+            .or_insert_with(|| hostname.clone());
         let dur = |field, text: Option<String>, default| {
             setting(field, text.as_deref(), SpecDuration(default)).map(SpecDuration::get)
         };
@@ -355,6 +380,11 @@ impl ConfigFile {
         )?;
         let poll_wait = dur("poll_wait", self.poll_wait, Duration::from_secs(30))?;
         let max_backoff = dur("max_backoff", self.max_backoff, Duration::from_secs(5))?;
+        let shutdown_drain_timeout = dur(
+            "shutdown_drain_timeout",
+            self.shutdown_drain_timeout,
+            Duration::from_secs(120),
+        )?;
         if lease.is_zero() {
             return Err(invalid("lease", "must be longer than 0s, e.g. 10s".into()));
         }
@@ -387,7 +417,7 @@ impl ConfigFile {
             disk_bytes,
             port_range,
             attributes,
-            hostname: host.hostname.clone(),
+            hostname,
             no_isolation: self.no_isolation.unwrap_or(false),
             allow_root: self.allow_root.unwrap_or(false),
             executor_recovery_timeout,
@@ -400,6 +430,8 @@ impl ConfigFile {
             sandbox_retention,
             poll_wait,
             max_backoff,
+            shutdown_drain_timeout,
+            shutdown_marker: self.shutdown_marker,
         })
     }
 }

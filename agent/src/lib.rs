@@ -3,6 +3,7 @@
 //! `converge`), starts one `drover-executor` per task and re-adopts them after a
 //! restart, relays every status through a durable outbox, kills exclusive tasks when
 //! the master is gone past the lease, collects old sandboxes and serves task logs.
+//! When the host itself shuts down, it asks the master to drain it first.
 
 pub mod config;
 pub mod converge;
@@ -12,6 +13,7 @@ pub mod master;
 pub mod outbox;
 pub mod runtime;
 pub mod sandbox;
+pub mod selfdrain;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

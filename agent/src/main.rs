@@ -59,6 +59,16 @@ struct Args {
     /// An attribute k=v (repeatable), e.g. rack=r1.
     #[arg(long = "attribute", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
+    /// The host name reported to the master (default: the machine's).
+    #[arg(long)]
+    hostname: Option<String>,
+    /// On host shutdown, wait this long for the master to drain this host, e.g. 2m;
+    /// 0s: no self-drain.
+    #[arg(long)]
+    shutdown_drain_timeout: Option<String>,
+    /// A file whose existence at SIGTERM means the host is shutting down.
+    #[arg(long)]
+    shutdown_marker: Option<PathBuf>,
     /// Run executors with --no-isolation (no cgroups or user switch).
     #[arg(long)]
     no_isolation: bool,
@@ -97,6 +107,9 @@ impl Args {
             ports: self.ports,
             attributes: (!self.attributes.is_empty())
                 .then(|| self.attributes.into_iter().collect()),
+            hostname: self.hostname,
+            shutdown_drain_timeout: self.shutdown_drain_timeout,
+            shutdown_marker: self.shutdown_marker,
             no_isolation: self.no_isolation.then_some(true),
             allow_root: self.allow_root.then_some(true),
             lease: self.lease,

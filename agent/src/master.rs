@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use drover_common::wire::{
     ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER, LOGS_KEY_HEADER,
+    RegisterResponse, SelfDrainRequest, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
+    LOGS_KEY_HEADER,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -231,6 +232,18 @@ impl MasterClient {
             None => Duration::ZERO,
         };
         Ok((set, in_flight))
+    }
+
+    /// POST /v1/agents/{id}/drain: this host is shutting down; the master forces
+    /// what is left `deadline` after the request.
+    pub async fn drain_self(&self, agent_id: &str, deadline: Duration) -> Result<(), MasterError> {
+        let path = format!("/v1/agents/{agent_id}/drain");
+        let body = SelfDrainRequest {
+            deadline_ms: Some(deadline.as_millis() as u64),
+        };
+        self.post::<_, serde::de::IgnoredAny>(&path, &body, Duration::from_secs(10))
+            .await
+            .map(|_| ())
     }
 
     /// POST /v1/agents/{id}/updates

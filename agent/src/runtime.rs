@@ -430,6 +430,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     });
 
     shutdown.await;
+    if !shared.cfg.shutdown_drain_timeout.is_zero()
+        && *shared.epoch.borrow() > 0
+        && crate::selfdrain::host_is_shutting_down(shared.cfg.shutdown_marker.as_deref())
+    {
+        self_drain(&shared).await;
+    }
     tracing::info!("agent stopping; executors keep running");
     // Drain: give the relay a moment to deliver what is pending (e.g. the KILLED of
     // a job killed just before); whatever remains is sent after the next start.
@@ -450,6 +456,43 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(())
+}
+
+/// The host is shutting down: asks the master to drain it (forcing what is left
+/// after three quarters of `shutdown_drain_timeout`, so forced kills still finish
+/// in time) and waits until no task is left running here and every status was
+/// delivered, or the timeout passed.
+async fn self_drain(shared: &Shared) {
+    let bound = shared.cfg.shutdown_drain_timeout;
+    let until = Instant::now() + bound;
+    tracing::info!(
+        timeout_ms = bound.as_millis() as u64,
+        "host shutting down: asking the master to drain this host"
+    );
+    if let Err(e) = shared
+        .client
+        .drain_self(&shared.agent_id, bound * 3 / 4)
+        .await
+    {
+        tracing::warn!(error = %e, "cannot ask the master to drain this host; stopping without");
+        return;
+    }
+    loop {
+        let left = lock(&shared.tasks)
+            .local
+            .values()
+            .filter(|t| !t.state.is_terminal())
+            .count();
+        if left == 0 && lock(&shared.outbox).is_empty() {
+            tracing::info!("host drained: no task left here");
+            return;
+        }
+        if Instant::now() >= until {
+            tracing::warn!(tasks_left = left, "shutdown_drain_timeout passed; stopping");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn restore_last_contact(data_dir: &Path) -> Instant {

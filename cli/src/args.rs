@@ -44,6 +44,9 @@ pub enum Command {
     /// Inspect agents; forbid or allow one.
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Take hosts out of service for maintenance and bring them back.
+    #[command(subcommand)]
+    Host(HostCommand),
     /// Create, list and revoke API tokens (admin).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -242,6 +245,53 @@ pub enum ClusterCommand {
     /// replaced (at the configured agent_loss_rate). Use it when the agents are
     /// really gone, not when the master or its network is at fault.
     ReleaseGuard,
+}
+
+/// `drover host ...`: hosts are named by agent id or host name.
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// List hosts with their maintenance mode and tasks left.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show hosts' maintenance: mode, reason, deadline, what blocks a drain, events.
+    Status {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cordon hosts (SCHEDULED): no new placements, running tasks stay.
+    Cordon {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
+    /// Drain hosts: move their tasks elsewhere within each job's SLA policy.
+    Drain {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+        /// Force what is left this long after the request, e.g. 30m.
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<Duration>,
+        /// Wait until every host is DRAINED, showing progress per host.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, e.g. 1h.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        timeout: Duration,
+        /// Change nothing: predict, per host and job, whether the drain stays within
+        /// each job's policy and how long it takes.
+        #[arg(long, conflicts_with_all = ["wait", "deadline"])]
+        dry_run: bool,
+    },
+    /// End maintenance (or a quarantine): hosts take new tasks again.
+    Activate {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
 }
 
 /// `drover dev ...`

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, InstancesRequest,
-    JobSummary, JobView, TaskView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, HostProbe,
+    HostView, HostsRequest, InstancesRequest, JobSummary, JobView, TaskView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -44,6 +44,9 @@ pub enum ClientError {
     /// A task id that cannot be one.
     #[error("`{0}` is not a task id: `drover job status KEY` lists them")]
     BadTaskId(String),
+    /// A host name that cannot be one.
+    #[error("`{0}` is not a host name or agent id: `drover host list` lists them")]
+    BadHost(String),
 }
 
 impl ClientError {
@@ -298,6 +301,38 @@ impl Client {
     /// GET /v1/agents.
     pub async fn agents(&self) -> Result<Vec<AgentView>, ClientError> {
         self.get("/v1/agents").await
+    }
+
+    /// GET /v1/hosts.
+    pub async fn hosts(&self) -> Result<Vec<HostView>, ClientError> {
+        self.get("/v1/hosts").await
+    }
+
+    /// GET /v1/hosts/{host}.
+    pub async fn host(&self, host: &str) -> Result<HostView, ClientError> {
+        if !is_valid_name(host) {
+            return Err(ClientError::BadHost(host.to_string()));
+        }
+        self.get(&format!("/v1/hosts/{host}")).await
+    }
+
+    /// POST /v1/hosts/{op} with op cordon, drain or activate.
+    pub async fn maintain(
+        &self,
+        op: &str,
+        request: &HostsRequest,
+    ) -> Result<Vec<HostView>, ClientError> {
+        self.post(&format!("/v1/hosts/{op}"), request).await
+    }
+
+    /// POST /v1/hosts/drain with dry_run: what a drain would do.
+    pub async fn probe_drain(&self, hosts: Vec<String>) -> Result<Vec<HostProbe>, ClientError> {
+        let request = HostsRequest {
+            hosts,
+            deadline_ms: None,
+            dry_run: true,
+        };
+        self.post("/v1/hosts/drain", &request).await
     }
 
     /// GET /v1/tokens.

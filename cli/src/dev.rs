@@ -101,6 +101,8 @@ pub fn agent_command(
         .arg(&bins.executor)
         .arg("--ports")
         .arg(format!("{low}-{high}"))
+        .arg("--hostname")
+        .arg(format!("dev-agent-{k}"))
         .arg("--attribute")
         .arg(format!("host=dev-agent-{k}"))
         .arg("--attribute")

@@ -6,6 +6,7 @@ pub mod client;
 pub mod commands;
 pub mod credentials;
 pub mod dev;
+pub mod hosts;
 pub mod procs;
 pub mod progress;
 pub mod render;
@@ -61,6 +62,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Agent(command) => commands::agent(&endpoint, command).await,
         Command::Token(command) => commands::token(&endpoint, command).await,
         Command::Cluster(command) => commands::cluster(&endpoint, command).await,
+        Command::Host(command) => hosts::run(&endpoint, command).await,
         Command::Dev(_) | Command::Tls(_) | Command::Completions { .. } => Ok(false),
     }
 }

@@ -530,6 +530,13 @@ const PARTITION_POLICY: &[Field] = &[
     opt("exclusive", Kind::Bool),
 ];
 
+const SLA_POLICY: &[Field] = &[
+    nullable("min_healthy", Kind::U32),
+    nullable("min_healthy_percent", Kind::U32),
+    opt("min_time", Kind::Duration),
+    nullable("max_disrupted", Kind::U32),
+];
+
 const JOB: &[Field] = &[
     req("role", Kind::Str),
     req("environment", Kind::Str),
@@ -544,6 +551,7 @@ const JOB: &[Field] = &[
     nullable("lifecycle", Kind::Struct(LIFECYCLE)),
     opt("update", Kind::Struct(UPDATE)),
     opt("partition_policy", Kind::Struct(PARTITION_POLICY)),
+    nullable("sla_policy", Kind::Struct(SLA_POLICY)),
 ];
 
 /// Every field path the schema knows, e.g. `task.processes[].cmdline`; for docs and

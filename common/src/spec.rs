@@ -51,6 +51,10 @@ pub struct JobSpec {
     /// What happens to the task when its agent becomes unreachable.
     #[serde(default)]
     pub partition_policy: PartitionPolicy,
+    /// How much disruption host maintenance may cause this job; absent: one
+    /// instance at a time (see [`SlaPolicy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla_policy: Option<SlaPolicy>,
 }
 
 /// Aurora's tiers.
@@ -293,6 +297,27 @@ impl Default for PartitionPolicy {
             exclusive: false,
         }
     }
+}
+
+/// How much disruption a drain may cause a job (Aurora's `sla_policy`, a
+/// Kubernetes PodDisruptionBudget). Exactly one of `min_healthy`,
+/// `min_healthy_percent` and `max_disrupted` is set; a job without a policy drains
+/// one instance at a time (`max_disrupted: 1`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlaPolicy {
+    /// At least this many instances RUNNING (healthy) for `min_time` after a kill.
+    #[serde(default)]
+    pub min_healthy: Option<u32>,
+    /// At least this percentage of the instances (rounded up) RUNNING for `min_time`.
+    #[serde(default)]
+    pub min_healthy_percent: Option<u32>,
+    /// How long an instance must have been RUNNING to count as healthy.
+    #[serde(default)]
+    pub min_time: Duration,
+    /// At most this many instances disrupted (not RUNNING, or being drained) at once.
+    #[serde(default)]
+    pub max_disrupted: Option<u32>,
 }
 
 /// `role/environment/name`.

@@ -69,7 +69,65 @@ pub(crate) fn validate_with(job: &JobSpec, unknown: Unknown) -> Vec<FieldError> 
     if job.update.batch_size < 1 {
         v.push("update.batch_size", "is 0; use 1 or more".to_string());
     }
+    sla_policy(&mut v, job);
     v.list
+}
+
+/// `sla_policy`: exactly one kind of budget, each within what the job can meet.
+fn sla_policy(v: &mut Errors, job: &JobSpec) {
+    let Some(p) = &job.sla_policy else {
+        return;
+    };
+    let set = [
+        p.min_healthy.is_some(),
+        p.min_healthy_percent.is_some(),
+        p.max_disrupted.is_some(),
+    ];
+    match set.iter().filter(|s| **s).count() {
+        0 => v.push(
+            "sla_policy",
+            "sets no budget; set one of min_healthy, min_healthy_percent or max_disrupted"
+                .to_string(),
+        ),
+        1 => {}
+        _ => v.push(
+            "sla_policy",
+            "sets more than one of min_healthy, min_healthy_percent and max_disrupted; keep one"
+                .to_string(),
+        ),
+    }
+    if let Some(n) = p.min_healthy {
+        if n > job.instances {
+            v.push(
+                "sla_policy.min_healthy",
+                format!(
+                    "is {n} but the job has {} instances; use at most {}",
+                    job.instances, job.instances
+                ),
+            );
+        }
+    }
+    if let Some(pct) = p.min_healthy_percent {
+        if pct > 100 {
+            v.push(
+                "sla_policy.min_healthy_percent",
+                format!("is {pct}; use a percentage from 0 to 100"),
+            );
+        }
+    }
+    if p.max_disrupted == Some(0) {
+        v.push(
+            "sla_policy.max_disrupted",
+            "is 0, which would block every drain; use 1 or more".to_string(),
+        );
+    }
+    if p.max_disrupted.is_some() && !p.min_time.get().is_zero() {
+        v.push(
+            "sla_policy.min_time",
+            "applies to min_healthy and min_healthy_percent only; remove it or use one of those"
+                .to_string(),
+        );
+    }
 }
 
 /// Collects errors.

@@ -405,6 +405,138 @@ pub struct AgentView {
     pub resources: AgentResources,
     pub free: AgentResources,
     pub tasks: Vec<String>,
+    /// The host's maintenance mode.
+    #[serde(default)]
+    pub maintenance: MaintenanceMode,
+}
+
+/// A host's maintenance mode (Aurora's MaintenanceMode).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum MaintenanceMode {
+    /// In service.
+    #[default]
+    None,
+    /// Cordoned: no new placements, running tasks stay.
+    Scheduled,
+    /// Its tasks are being moved off, within their jobs' SLA policies.
+    Draining,
+    /// No task of any job is left on it, and the agent confirmed every ending.
+    Drained,
+}
+
+impl MaintenanceMode {
+    /// The upper-case name used in the API and the CLI.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MaintenanceMode::None => "NONE",
+            MaintenanceMode::Scheduled => "SCHEDULED",
+            MaintenanceMode::Draining => "DRAINING",
+            MaintenanceMode::Drained => "DRAINED",
+        }
+    }
+}
+
+impl std::fmt::Display for MaintenanceMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Body of POST /v1/hosts/cordon, /drain and /activate.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostsRequest {
+    /// Agent ids or host names; each must name exactly one agent.
+    pub hosts: Vec<String>,
+    /// Drain only: force what is left this many milliseconds after the request.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Drain only: change nothing, answer what the drain would do ([`HostProbe`]s).
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Body of POST /v1/agents/{id}/drain: the agent's host is shutting down.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelfDrainRequest {
+    /// Force what is left this many milliseconds after the request.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// `drover host drain --dry-run` (POST /v1/hosts/drain with `dry_run`): what a drain of these hosts
+/// would do, per host and job, without changing anything (Aurora's sla_probe_hosts).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostProbe {
+    pub agent_id: String,
+    pub hostname: String,
+    /// Non-terminal tasks on the host.
+    pub tasks: u32,
+    /// Whether every job on it can be drained within its policy.
+    pub within_policy: bool,
+    /// Estimated time until the host is DRAINED (the slowest of its jobs).
+    pub estimate_ms: u64,
+    /// One entry per job with tasks on the host.
+    pub jobs: Vec<JobProbe>,
+}
+
+/// One job's part of a drain probe (its budget is shared across every host probed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobProbe {
+    pub job: String,
+    /// Its tasks on this host.
+    pub tasks_on_host: u32,
+    /// Its tasks on all the hosts probed.
+    pub tasks_on_hosts: u32,
+    /// Whether the drain can go on within the job's policy (false: it would block
+    /// until the deadline).
+    pub within_policy: bool,
+    /// How many tasks the policy lets go at once now.
+    pub at_once: u32,
+    /// Waves of kills the job's tasks need, one after another.
+    pub waves: u32,
+    /// Estimated time for those waves: each a worst-case kill escalation plus the
+    /// time a replacement took to become RUNNING, plus the policy's `min_time`.
+    pub estimate_ms: u64,
+    /// Why the drain would block, when it would.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// One maintenance event of a host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostEvent {
+    pub timestamp_ms: UnixMillis,
+    pub message: String,
+}
+
+/// GET /v1/hosts and /v1/hosts/{host}: a host's maintenance state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostView {
+    pub agent_id: String,
+    pub hostname: String,
+    pub reachable: bool,
+    pub mode: MaintenanceMode,
+    /// Why it is in maintenance (`maintenance`, `quarantined`); absent for NONE.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// When the current mode began.
+    pub since_ms: UnixMillis,
+    /// When a drain forces what is left.
+    #[serde(default)]
+    pub deadline_ms: Option<UnixMillis>,
+    /// Non-terminal tasks still on the host.
+    pub tasks_left: u32,
+    /// While DRAINING: why tasks are not moved yet, one line per job that blocks.
+    #[serde(default)]
+    pub blocked: Vec<String>,
+    /// The latest maintenance events, oldest first.
+    #[serde(default)]
+    pub events: Vec<HostEvent>,
 }
 
 /// GET /v1/cluster and POST /v1/cluster/eviction-guard/release: the fleet at a

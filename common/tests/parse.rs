@@ -7,7 +7,7 @@
 use drover_common::parse::{known_field_paths, parse_job, parse_job_json, SpecErrors};
 use drover_common::spec::{
     HealthCheck, HealthCheckType, HttpLifecycle, JobSpec, Lifecycle, PartitionPolicy, ProcessSpec,
-    Resources, TaskSpec, Tier, UpdateConfig,
+    Resources, SlaPolicy, TaskSpec, Tier, UpdateConfig,
 };
 use drover_common::units::{ByteSize, Duration};
 
@@ -126,6 +126,12 @@ fn full_job() -> JobSpec {
             delay: Duration::from_secs(60),
             exclusive: true,
         },
+        sla_policy: Some(SlaPolicy {
+            min_healthy: Some(2),
+            min_healthy_percent: None,
+            min_time: Duration::from_secs(10),
+            max_disrupted: None,
+        }),
     }
 }
 
@@ -492,4 +498,30 @@ fn errors_print_one_line_each_even_when_values_hold_line_breaks() {
     let e = parse_job_json(text).unwrap_err();
     assert_eq!(e.errors.len(), 4, "{e}");
     assert_eq!(e.to_string().lines().count(), 4, "{e}");
+}
+
+#[test]
+fn sla_policy_mistakes_name_their_fields() {
+    let with = |policy: &str| format!("{VALID_YAML}sla_policy:\n{policy}");
+    let e = errors("job.yaml", &with("  min_healthy: 3\n  max_disrupted: 1\n"));
+    assert_eq!(fields(&e), vec!["sla_policy", "sla_policy.min_healthy"]);
+    assert!(e.errors[0].message.contains("keep one"), "{e}");
+    let e = errors("job.yaml", &with("  min_time: 10s\n"));
+    assert_eq!(fields(&e), vec!["sla_policy"]);
+    let e = errors("job.yaml", &with("  min_healthy_percent: 120\n"));
+    assert_eq!(fields(&e), vec!["sla_policy.min_healthy_percent"]);
+    let e = errors("job.yaml", &with("  max_disrupted: 0\n"));
+    assert_eq!(fields(&e), vec!["sla_policy.max_disrupted"]);
+    let e = errors("job.yaml", &with("  max_disrupted: 1\n  min_time: 5s\n"));
+    assert_eq!(fields(&e), vec!["sla_policy.min_time"]);
+    let e = errors("job.yaml", &with("  min_healthy: two\n"));
+    assert_eq!(fields(&e)[0], "sla_policy.min_healthy");
+    let job = parse_job(
+        "job.yaml",
+        &with("  min_healthy_percent: 50\n  min_time: 30s\n"),
+    )
+    .expect("a valid policy parses");
+    let p = job.sla_policy.expect("the policy is kept");
+    assert_eq!(p.min_healthy_percent, Some(50));
+    assert_eq!(p.min_time, Duration::from_secs(30));
 }

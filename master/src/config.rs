@@ -96,6 +96,16 @@ pub struct Args {
     /// Tasks made LOST by agent loss, at most, per second.
     #[arg(long, value_name = "N")]
     pub agent_loss_rate: Option<u32>,
+    /// Host-side task failures (sandbox setup, executor lost) within
+    /// quarantine_window that quarantine a host; 0 turns quarantine off.
+    #[arg(long, value_name = "N")]
+    pub quarantine_failures: Option<u32>,
+    /// The window of quarantine_failures.
+    #[arg(long, value_name = "DURATION")]
+    pub quarantine_window: Option<String>,
+    /// How many different jobs those failures must come from.
+    #[arg(long, value_name = "N")]
+    pub quarantine_jobs: Option<u32>,
 }
 
 /// The TOML file; every key optional.
@@ -124,6 +134,9 @@ struct FileConfig {
     eviction_guard_share: Option<f64>,
     eviction_guard_window: Option<String>,
     agent_loss_rate: Option<u32>,
+    quarantine_failures: Option<u32>,
+    quarantine_window: Option<String>,
+    quarantine_jobs: Option<u32>,
 }
 
 /// The validated configuration.
@@ -331,6 +344,20 @@ impl Config {
                 .agent_loss_rate
                 .or(file.agent_loss_rate)
                 .unwrap_or(d.agent_loss_rate),
+            drain_round_interval_ms: d.drain_round_interval_ms,
+            quarantine_failures: args
+                .quarantine_failures
+                .or(file.quarantine_failures)
+                .unwrap_or(d.quarantine_failures),
+            quarantine_window_ms: duration(
+                "quarantine_window",
+                args.quarantine_window.or(file.quarantine_window),
+                d.quarantine_window_ms,
+            )?,
+            quarantine_jobs: args
+                .quarantine_jobs
+                .or(file.quarantine_jobs)
+                .unwrap_or(d.quarantine_jobs),
         };
         validate(&core)?;
         Ok(Config {
@@ -394,6 +421,18 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
             field: "agent_loss_rate",
             message: "must be at least 1 (tasks per second), e.g. 100".to_string(),
         });
+    }
+    if c.quarantine_failures > 0 {
+        positive("quarantine_window", c.quarantine_window_ms)?;
+        if c.quarantine_jobs < 1 || c.quarantine_jobs > c.quarantine_failures {
+            return Err(ConfigError::Field {
+                field: "quarantine_jobs",
+                message: format!(
+                    "is {}; use 1 to quarantine_failures ({})",
+                    c.quarantine_jobs, c.quarantine_failures
+                ),
+            });
+        }
     }
     if c.throttle_initial_ms > c.throttle_max_ms {
         return Err(ConfigError::Field {

@@ -16,15 +16,15 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use drover_common::parse::parse_job_json;
 use drover_common::wire::{
-    self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, InstancesRequest, RegisterRequest,
-    StatusUpdateBatch,
+    self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, HostsRequest, InstancesRequest,
+    RegisterRequest, SelfDrainRequest, StatusUpdateBatch,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::audit::Audit;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{ChangeFilter, CoreError, Event, Reply};
+use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply};
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
@@ -137,6 +137,20 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
         // Any reader; a role-scoped token gets its roles' changes only (changes()).
         (route("GET", "/v1/changes", JobList), get(changes)),
+        (route("GET", "/v1/hosts", ReadAll), get(list_hosts)),
+        (
+            route("POST", "/v1/hosts/cordon", Maintenance),
+            post(cordon_hosts),
+        ),
+        (
+            route("POST", "/v1/hosts/drain", Maintenance),
+            post(drain_hosts),
+        ),
+        (
+            route("POST", "/v1/hosts/activate", Maintenance),
+            post(activate_hosts),
+        ),
+        (route("GET", "/v1/hosts/:host", ReadAll), get(get_host)),
         (
             route("POST", "/v1/agents/register", AgentRegister),
             post(register),
@@ -152,6 +166,10 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (
             route("POST", "/v1/agents/:id/updates", Agent),
             post(updates),
+        ),
+        (
+            route("POST", "/v1/agents/:id/drain", Agent),
+            post(agent_drain),
         ),
         (
             route("POST", "/v1/agents/:id/forbid", Maintenance),
@@ -265,6 +283,21 @@ impl From<CoreError> for ApiErr {
                 let field = format!("constraints.{attribute}");
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
             }
+            CoreError::NoHosts => {
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_hosts", msg, Some("hosts"))
+            }
+            CoreError::UnknownHosts(_) => {
+                ApiErr::new(StatusCode::NOT_FOUND, "not_found", msg, Some("hosts"))
+            }
+            CoreError::AmbiguousHost { .. } => {
+                ApiErr::new(StatusCode::CONFLICT, "ambiguous_host", msg, Some("hosts"))
+            }
+            CoreError::HostConflict { .. } => ApiErr::new(
+                StatusCode::CONFLICT,
+                "maintenance_conflict",
+                msg,
+                Some("hosts"),
+            ),
         }
     }
 }
@@ -423,6 +456,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Registered(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Heartbeat(r) => Ok(json(StatusCode::OK, &r)),
         Reply::Ack(a) => Ok(json(StatusCode::OK, &a)),
+        Reply::Hosts(h) => Ok(json(StatusCode::OK, &h)),
         Reply::Cluster(c) => Ok(json(StatusCode::OK, &c)),
         other => Err(unexpected(other)),
     }
@@ -680,6 +714,76 @@ const LOG_SIZE_HEADER: &str = "x-drover-log-size";
 
 async fn list_agents(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.agent_views()))
+}
+
+async fn list_hosts(State(api): State<Shared>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.host_views()))
+}
+
+async fn get_host(State(api): State<Shared>, Path(host): Path<String>) -> Result<Response, ApiErr> {
+    let mut views = api
+        .master
+        .read(|c| c.host_views_named(std::slice::from_ref(&host)))?;
+    match views.pop() {
+        Some(v) => Ok(json(StatusCode::OK, &v)),
+        None => Err(ApiErr::not_found(&format!("host {host}"), "host")),
+    }
+}
+
+/// Reads a maintenance request; `deadline_ms` is for drains only.
+async fn hosts_request(body: Body, drain: bool) -> Result<HostsRequest, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let req: HostsRequest = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"hosts\": [\"HOST\", ...]}}: {e}"),
+            None,
+        )
+    })?;
+    for (set, field) in [
+        (req.deadline_ms.is_some(), "deadline_ms"),
+        (req.dry_run, "dry_run"),
+    ] {
+        if set && !drain {
+            return Err(ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("{field} applies to drains only; remove it"),
+                Some(field),
+            ));
+        }
+    }
+    Ok(req)
+}
+
+/// Applies a maintenance request to the hosts it names.
+async fn maintain(m: &Master, op: MaintenanceOp, hosts: Vec<String>) -> Result<Response, ApiErr> {
+    ok_reply(m.apply(Event::Maintenance { op, hosts }).await?)
+}
+
+async fn cordon_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, false).await?;
+    maintain(&api.master, MaintenanceOp::Cordon, req.hosts).await
+}
+
+async fn drain_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, true).await?;
+    if req.dry_run {
+        let probe = api
+            .master
+            .read(|c| c.drain_probe(&req.hosts, crate::runtime::now()))?;
+        return Ok(json(StatusCode::OK, &probe));
+    }
+    let op = MaintenanceOp::Drain {
+        deadline_ms: req.deadline_ms,
+    };
+    maintain(&api.master, op, req.hosts).await
+}
+
+async fn activate_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
+    let req = hosts_request(body, false).await?;
+    maintain(&api.master, MaintenanceOp::Activate, req.hosts).await
 }
 
 impl From<TokenError> for ApiErr {
@@ -941,6 +1045,25 @@ async fn revoke_token(
     Ok(json(StatusCode::OK, &info))
 }
 
+/// The agent's host is shutting down: drain it.
+async fn agent_drain(
+    State(api): State<Shared>,
+    Path(id): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let req: SelfDrainRequest = read_json(body).await?;
+    if api.master.read(|c| c.agent_version(&id).is_none()) {
+        return Err(ApiErr::not_found(
+            &format!("agent {id}: register first"),
+            "agent_id",
+        ));
+    }
+    let op = MaintenanceOp::Drain {
+        deadline_ms: req.deadline_ms,
+    };
+    maintain(&api.master, op, vec![id]).await
+}
+
 fn query_u64(q: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiErr> {
     match q.get(name) {
         None => Ok(None),
@@ -1178,14 +1301,15 @@ async fn index(State(api): State<Shared>) -> Response {
             k = escape(&j.key),
         );
     }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
+    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
     for a in &agents {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
             escape(&a.agent_id),
             escape(&a.hostname),
             a.reachable,
+            a.maintenance,
             a.free.cpu,
             drover_common::units::human_bytes(a.free.ram_bytes),
             a.tasks.len()

@@ -204,7 +204,7 @@ impl Master {
 }
 
 /// Both clocks, read once per event: the core's one source of time.
-fn now() -> Now {
+pub fn now() -> Now {
     Now {
         mono: mono_ms(),
         wall: now_ms(),

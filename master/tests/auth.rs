@@ -94,7 +94,8 @@ async fn every_route_needs_the_right_token() {
             .replace(":stream", "stdout")
             .replace(":role", "www")
             .replace(":env", "prod")
-            .replace(":name", "hello");
+            .replace(":name", "hello")
+            .replace(":host", "agent-1");
         let path = match def.access {
             Access::TaskRead => path.replace(":id", &task_id),
             Access::Agent => path.replace(":id", "agent-1"),
@@ -109,6 +110,7 @@ async fn every_route_needs_the_right_token() {
             }
             ("POST", "/v1/agents/:id/updates") => json!({"updates": []}),
             ("POST", "/v1/tokens") => json!({"kind": "roles", "roles": ["x"]}),
+            ("POST", p) if p.starts_with("/v1/hosts/") => json!({"hosts": ["agent-1"]}),
             _ => json!({}),
         };
         let path = if def.path.ends_with("/assignments") {
@@ -286,10 +288,26 @@ async fn an_agent_cannot_act_for_another_agent_or_its_tasks() {
             "/v1/agents/victim/assignments?after_version=0&wait_ms=0",
             Value::Null,
         ),
+        ("POST", "/v1/agents/victim/drain", json!({})),
     ] {
         let (s, v) = send(&c, method, path, Some(&rogue), &body).await;
         assert_eq!(s, 403, "{path}: {v}");
     }
+    // The refused drain left the victim's host in service.
+    let (_, host) = c.get("/v1/hosts/victim").await;
+    assert_eq!(host["mode"], "NONE", "{host}");
+    // An agent drains its own host (its host is shutting down).
+    let (s, v) = send(
+        &c,
+        "POST",
+        "/v1/agents/rogue/drain",
+        Some(&rogue),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v[0]["agent_id"], "rogue", "{v}");
+    assert_eq!(v[0]["mode"], "DRAINED", "nothing ran there: {v}");
     // Posting the victim's task under its own id changes nothing either (the core
     // only takes updates about an agent's own tasks).
     let (s, _) = send(

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
 use drover_common::state::{EventSource, TaskState, TaskStatus};
-use drover_common::wire::AgentResources;
+use drover_common::wire::{AgentResources, HostEvent, MaintenanceMode};
 use drover_common::DesiredState;
-use drover_master::core::{AgentRecord, Change, Task};
+use drover_master::core::{AgentRecord, Change, HostMaintenance, Task};
 use drover_master::store::{SqliteStore, Store, Writer, DB_FILE};
 
 fn spec(name: &str) -> JobSpec {
@@ -69,6 +69,17 @@ fn agent() -> AgentRecord {
         version: 7,
         last_heartbeat_ms: 99,
         rev: 0,
+        maintenance: HostMaintenance {
+            mode: MaintenanceMode::Draining,
+            reason: Some("maintenance".to_string()),
+            since_ms: 50,
+            deadline_ms: Some(60_050),
+            events: [HostEvent {
+                timestamp_ms: 50,
+                message: "drain requested".to_string(),
+            }]
+            .into(),
+        },
     }
 }
 

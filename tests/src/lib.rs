@@ -543,6 +543,7 @@ fn read_answer<T: DeserializeOwned>(
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     /// One entry per agent: its attributes (`host` is set to `agent-K` unless given).
+    /// Agent K reports the host name `agent-K`.
     pub agents: Vec<Vec<(String, String)>>,
     /// The master's TOML config.
     pub master_config: String,
@@ -762,6 +763,10 @@ impl Cluster {
             .arg("16GiB")
             .arg("--ports")
             .arg(format!("{}-{}", ports.0, ports.1))
+            .arg("--hostname")
+            .arg(format!("agent-{k}"))
+            .arg("--shutdown-marker")
+            .arg(self.shutdown_marker(k))
             .env("RUST_LOG", "info");
         if let Some(env) = self.agent_env.get(k) {
             command.envs(env.iter().map(|(k, v)| (k, v)));
@@ -817,6 +822,18 @@ impl Cluster {
     /// The master's process, e.g. to check it is still running.
     pub fn master(&mut self) -> Option<&mut Proc> {
         self.master.as_mut()
+    }
+
+    /// The file whose existence tells agent `k` at SIGTERM that its host is
+    /// shutting down (it then asks for a drain of its host first).
+    pub fn shutdown_marker(&self, k: usize) -> PathBuf {
+        self.dir().join(format!("agent-{k}.shutting-down"))
+    }
+
+    /// SIGTERMs agent `k`; its exit status if it exited within `grace`, else None
+    /// (then it was SIGKILLed).
+    pub fn stop_agent(&mut self, k: usize, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.agents.get_mut(k).and_then(|a| a.stop(grace))
     }
 
     /// The pids of the cluster's agents.

@@ -40,6 +40,18 @@ pub struct CoreConfig {
     pub eviction_guard_window_ms: u64,
     /// Tasks made LOST by agent loss, at most, per second.
     pub agent_loss_rate: u32,
+    /// While hosts drain, the drain round runs at most once per this interval
+    /// (a burst of status reports costs one round, not one per report); a
+    /// maintenance request always runs one at once. Not a config key.
+    pub drain_round_interval_ms: u64,
+    /// A host where this many tasks ended for host-side causes (sandbox setup
+    /// failed, executor lost) within `quarantine_window_ms`, of at least
+    /// `quarantine_jobs` different jobs, is quarantined (SCHEDULED). 0: never.
+    pub quarantine_failures: u32,
+    /// The window of `quarantine_failures`.
+    pub quarantine_window_ms: u64,
+    /// How many different jobs the failures must come from.
+    pub quarantine_jobs: u32,
 }
 
 impl Default for CoreConfig {
@@ -61,6 +73,10 @@ impl Default for CoreConfig {
             eviction_guard_share_permille: 500,
             eviction_guard_window_ms: 60_000,
             agent_loss_rate: 100,
+            drain_round_interval_ms: 100,
+            quarantine_failures: 5,
+            quarantine_window_ms: 10 * 60_000,
+            quarantine_jobs: 2,
         }
     }
 }

@@ -11,6 +11,9 @@ use drover_common::wire::{
     RegisterResponse, StatusAck, StatusUpdate,
 };
 
+use drover_common::wire::{HostView, MaintenanceMode};
+
+use super::maintenance::MaintenanceOp;
 use super::{AgentRecord, Task};
 
 /// One change for the store.
@@ -52,6 +55,11 @@ pub enum Event {
         agent: String,
         reports: Vec<StatusUpdate>,
     },
+    /// POST /v1/hosts/{cordon,drain,activate}: hosts by agent id or host name.
+    Maintenance {
+        op: MaintenanceOp,
+        hosts: Vec<String>,
+    },
     /// Time passed: fire due timers.
     Tick,
     /// An operator releases the eviction guard (POST
@@ -72,6 +80,8 @@ pub enum Reply {
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),
     Ack(StatusAck),
+    /// The hosts a maintenance request named, as they are now.
+    Hosts(Vec<HostView>),
     /// The cluster and its eviction guard after the event.
     Cluster(ClusterView),
 }
@@ -97,6 +107,20 @@ pub enum CoreError {
     Protocol { got: u32, want: u32 },
     #[error("constraint {attribute}: {message}")]
     BadConstraint { attribute: String, message: String },
+    #[error("no host given: name at least one agent id or host name")]
+    NoHosts,
+    #[error("no host named {}: use an agent id or host name from `drover host list`", .0.join(", "))]
+    UnknownHosts(Vec<String>),
+    #[error("host name {name} names several agents ({}): use the agent id", .agents.join(", "))]
+    AmbiguousHost { name: String, agents: Vec<String> },
+    #[error(
+        "host {host} is {mode}: {op} applies to hosts in NONE or SCHEDULED; activate it first"
+    )]
+    HostConflict {
+        host: String,
+        mode: MaintenanceMode,
+        op: &'static str,
+    },
 }
 
 /// What the runtime must do after an event.

@@ -10,10 +10,11 @@
 //! Agents a sweep finds silent are only acted on `settle_ms` later (two heartbeat
 //! intervals): a fleet that went silent at once times out spread over one heartbeat
 //! interval and a sweep, and is judged as one event, not as a first agent replaced
-//! before the rest is seen.
+//! before the rest is seen. DRAINED hosts are left out of the count: maintenance
+//! powers them off on purpose.
 
 use drover_common::state::{MonoMillis, UnixMillis};
-use drover_common::wire::{ClusterView, EvictionGuardView};
+use drover_common::wire::{ClusterView, EvictionGuardView, MaintenanceMode};
 
 use super::timers::Timer;
 use super::{Core, Effect, Now, Reply};
@@ -51,11 +52,16 @@ impl Core {
     }
 
     /// Agents that went unreachable since `from` (still unreachable), and the fleet
-    /// they are measured against: those plus the reachable agents.
+    /// they are measured against: those plus the reachable agents. DRAINED hosts
+    /// count for neither: they carry no task, and going away (powered off for
+    /// maintenance) is what they were drained for.
     fn storm_counts(&self, from: MonoMillis) -> (u32, u32) {
         let mut out = 0;
         let mut fleet = 0;
         for a in &self.agents {
+            if a.rec.maintenance.mode == MaintenanceMode::Drained {
+                continue;
+            }
             if a.reachable {
                 fleet += 1;
             } else if a.unreachable_since.is_some_and(|s| s >= from) {

@@ -216,6 +216,7 @@ impl Core {
                 self.bump_agent(idx);
             }
         }
+        self.note_task_end(id, now);
         true
     }
 

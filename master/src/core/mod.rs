@@ -19,6 +19,9 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `maintenance`: host maintenance modes and the drain round
+//! - `disruption`: the SLA budgets a drain keeps each job within
+//! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
 //! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -27,12 +30,15 @@ mod agents;
 mod changes;
 mod clock;
 mod config;
+mod disruption;
 mod events;
 mod eviction_guard;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod model;
 mod placement;
+mod probe;
 mod reconciliation;
 mod snapshot;
 mod timers;
@@ -48,11 +54,13 @@ pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use maintenance::{HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
 
 use eviction_guard::EvictionGuard;
+use maintenance::Drains;
 use reconciliation::Reconciliation;
 use timers::Timer;
 
@@ -84,6 +92,8 @@ pub struct Core {
     guard: EvictionGuard,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Draining hosts and why they wait.
+    drains: Drains,
     // Per-event scratch.
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
@@ -117,6 +127,7 @@ impl Core {
             guard: EvictionGuard::default(),
             recon: None,
             next_recon_id: 1,
+            drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
             dirty_agents: BTreeSet::new(),
@@ -191,13 +202,16 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
                 Ok(Reply::None)
             }
             Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
         };
+        self.drain_round(now);
         self.schedule(now);
+        let reply = self.hosts_after_round(reply);
         let effects = self.finish();
         Output { reply, effects }
     }

@@ -11,7 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
-use super::CoreError;
+use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,6 +85,9 @@ pub struct AgentRecord {
     /// The store batch (change index) that last wrote this agent (see `Task::rev`).
     #[serde(default)]
     pub rev: u64,
+    /// The host's maintenance mode and its history.
+    #[serde(default)]
+    pub maintenance: HostMaintenance,
 }
 
 /// The stored form of a job.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use drover_common::spec::Constraint;
 use drover_common::state::{EventSource, TaskState};
+use drover_common::wire::MaintenanceMode;
 
 use super::model::{Agent, Job, Need};
 use super::timers::Timer;
@@ -219,6 +220,9 @@ fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option
     if !agent.reachable {
         return Some(Misfit::Unreachable);
     }
+    if agent.rec.maintenance.mode != MaintenanceMode::None {
+        return Some(Misfit::Maintenance);
+    }
     if agent.used_cpu_milli + need.cpu_milli > agent.cpu_milli {
         return Some(Misfit::Cpu);
     }
@@ -247,6 +251,7 @@ fn misfit(agent: &Agent, need: &Need, job: &Job, counts: &LimitCounts) -> Option
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Misfit {
     Unreachable,
+    Maintenance,
     Cpu,
     Ram,
     Disk,
@@ -348,6 +353,7 @@ fn explain(
         .map(|(m, n)| {
             let what = match m {
                 Misfit::Unreachable => "agent unreachable".to_string(),
+                Misfit::Maintenance => "host in maintenance".to_string(),
                 Misfit::Cpu => "insufficient cpu".to_string(),
                 Misfit::Ram => "insufficient ram".to_string(),
                 Misfit::Disk => "insufficient disk".to_string(),

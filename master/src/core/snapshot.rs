@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use drover_common::state::TaskState;
 
+use super::maintenance::Drains;
 use super::model::{constraints_of, need_of, Agent, Job, Slot};
 use super::timers::Timer;
 use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task};
@@ -27,7 +28,8 @@ impl Core {
     /// wall clock (at most `throttle_max`), an ASSIGNED or STARTING task keeps what
     /// was left of its transient timeout (at most the whole timeout, and never
     /// before the restart grace), a RUNNING task's age counts up to the flapping
-    /// threshold; a wall clock step while the master was down moves none of them
+    /// threshold (or its job's SLA `min_time`, if longer), a drain's deadline keeps
+    /// what was left of it (at most the whole drain's time); a wall clock step while the master was down moves none of them
     /// past those bounds. Agent timeouts, missing grace and reconciliation start
     /// afresh.
     pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: Now, seed: u64) -> Core {
@@ -46,6 +48,10 @@ impl Core {
             let idx = core.agents.len() as u32;
             core.agent_idx.insert(rec.id.clone(), idx);
             core.agents.push(Agent::new(rec, now.mono));
+        }
+        core.drains = Drains::rebuild(&core.agents, now);
+        for at in core.drains.deadlines() {
+            core.push_timer(at, Timer::Drain);
         }
         for job in snapshot.jobs {
             let constraints = constraints_of(&job.spec).unwrap_or_default();
@@ -82,9 +88,15 @@ impl Core {
             slot.current = Some(task.id.clone());
             let state = task.status.state;
             let mut task = task;
-            task.running_mono = task
-                .running_since
-                .map(|s| now.mono_of(s, core.cfg.flapping_threshold_ms));
+            // The age counts up to what a decision needs: the flapping threshold,
+            // or the job's SLA `min_time` (a drain's healthy instances).
+            let min_time = job
+                .spec
+                .sla_policy
+                .as_ref()
+                .map_or(0, |p| p.min_time.get().as_millis() as u64);
+            let cap = core.cfg.flapping_threshold_ms.max(min_time);
+            task.running_mono = task.running_since.map(|s| now.mono_of(s, cap));
             if state.is_on_agent() {
                 if let Some(&idx) = task.agent.as_ref().and_then(|a| core.agent_idx.get(a)) {
                     let need = job.need;

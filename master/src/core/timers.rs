@@ -23,6 +23,9 @@ pub(super) enum Timer {
     Reconcile,
     /// Next round of reconciliation `id`.
     ReconcileRound { id: u64 },
+    /// A drain's deadline passes or a replacement becomes healthy: the drain round
+    /// that runs after every event looks again.
+    Drain,
 }
 
 impl Core {
@@ -135,6 +138,7 @@ impl Core {
                 self.push_timer(now.mono + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
+            Timer::Drain => self.drains.fired(),
         }
     }
 }

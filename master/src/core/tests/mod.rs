@@ -14,11 +14,13 @@ use proptest::prelude::*;
 use super::*;
 
 mod agents;
+mod changes;
 mod clocks;
 mod eviction_guard;
 mod invariants;
 mod jobs;
 mod lifecycle;
+mod maintenance;
 mod placement;
 mod reconciliation;
 mod snapshot;
@@ -44,6 +46,10 @@ fn cfg() -> CoreConfig {
         eviction_guard_share_permille: 500,
         eviction_guard_window_ms: 10_000,
         agent_loss_rate: 1_000,
+        drain_round_interval_ms: 0,
+        quarantine_failures: 3,
+        quarantine_window_ms: 60_000,
+        quarantine_jobs: 2,
     }
 }
 
@@ -227,6 +233,48 @@ impl World {
             .current
             .clone()
             .unwrap()
+    }
+
+    /// The snapshot a store holding everything persisted so far would load.
+    fn snapshot(&self) -> Snapshot {
+        let mut jobs = BTreeMap::new();
+        let mut tasks = BTreeMap::new();
+        let mut agents = BTreeMap::new();
+        // The writer stores the last batch number with each commit.
+        let mut index = self.core.seq();
+        for c in &self.persisted {
+            match c {
+                Change::PutJob(spec, key, created) => {
+                    jobs.insert(
+                        key.clone(),
+                        JobRecord {
+                            key: key.clone(),
+                            spec: spec.as_ref().clone(),
+                            created_ms: *created,
+                        },
+                    );
+                }
+                Change::DeleteJob(key) => {
+                    jobs.remove(key);
+                }
+                Change::PutTask(t) => {
+                    tasks.insert(t.id.clone(), t.as_ref().clone());
+                }
+                Change::DeleteTask(id) => {
+                    tasks.remove(id);
+                }
+                Change::PutAgent(a) => {
+                    agents.insert(a.id.clone(), a.as_ref().clone());
+                }
+                Change::Index(i) => index = *i,
+            }
+        }
+        Snapshot {
+            jobs: jobs.into_values().collect(),
+            tasks: tasks.into_values().collect(),
+            agents: agents.into_values().collect(),
+            index,
+        }
     }
 
     fn run(&mut self, task: &str) {

@@ -11,28 +11,7 @@ fn after_a_master_restart_nothing_is_replaced_before_the_grace() {
     // A second agent that comes back keeps the eviction guard out of it (one of two
     // agents lost is not more than half the fleet).
     w.register("a2", 8.0, 16, &[]);
-    // Rebuild a snapshot from what was persisted.
-    let mut snap = Snapshot::default();
-    let mut tasks = BTreeMap::new();
-    let mut agents = BTreeMap::new();
-    for c in &w.persisted {
-        match c {
-            Change::PutJob(spec, key, created) => snap.jobs.push(JobRecord {
-                key: key.clone(),
-                spec: spec.as_ref().clone(),
-                created_ms: *created,
-            }),
-            Change::PutTask(t) => {
-                tasks.insert(t.id.clone(), t.as_ref().clone());
-            }
-            Change::PutAgent(a) => {
-                agents.insert(a.id.clone(), a.as_ref().clone());
-            }
-            _ => {}
-        }
-    }
-    snap.tasks = tasks.into_values().collect();
-    snap.agents = agents.into_values().collect();
+    let snap = w.snapshot();
     let start = w.now + 60_000;
     w.now = start;
     w.core = Core::load(cfg(), snap, w.at(), 9);

@@ -1,0 +1,578 @@
+//! Host maintenance: cordon, drains within SLA budgets, deadlines, DRAINED only
+//! once every ending was heard, activation, restarts mid-drain, and a property
+//! test that a drain never takes a job below its policy and always finishes.
+
+use drover_common::wire::MaintenanceMode;
+
+use super::*;
+
+fn hosts(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+impl World {
+    fn maint(&mut self, op: MaintenanceOp, names: &[&str]) -> Result<Reply, CoreError> {
+        self.handle(Event::Maintenance {
+            op,
+            hosts: hosts(names),
+        })
+        .reply
+    }
+
+    fn drain(&mut self, names: &[&str], deadline_ms: Option<u64>) {
+        self.maint(MaintenanceOp::Drain { deadline_ms }, names)
+            .unwrap();
+    }
+
+    fn mode(&self, agent: &str) -> MaintenanceMode {
+        self.core.host_views_named(&hosts(&[agent])).unwrap()[0].mode
+    }
+
+    /// Runs every task that is ASSIGNED and ends every task DRAINING (KILLED), as
+    /// agents would.
+    fn agents_act(&mut self) {
+        let ids: Vec<String> = self.core.tasks.keys().cloned().collect();
+        for id in ids {
+            match self.state(&id) {
+                TaskState::Assigned => self.run(&id),
+                TaskState::Draining => self.report(&id, TaskState::Killed, None),
+                _ => {}
+            }
+        }
+    }
+
+    /// Current tasks of `job` that are RUNNING.
+    fn running(&self, job: &str) -> usize {
+        self.core.jobs[job]
+            .slots
+            .iter()
+            .filter_map(|s| s.current.as_ref())
+            .filter(|id| self.state(id) == TaskState::Running)
+            .count()
+    }
+
+    fn on_agent(&self, agent: &str) -> Vec<String> {
+        self.core.agents[self.core.agent_idx[agent] as usize]
+            .tasks
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// `n` agents a1..an with room for 4 tasks each.
+fn world(n: usize) -> World {
+    let mut w = World::new();
+    for i in 1..=n {
+        w.register(&format!("a{i}"), 4.0, 16, &[]);
+    }
+    w
+}
+
+#[test]
+fn cordon_keeps_running_tasks_refuses_new_ones_and_activate_takes_them_again() {
+    let mut w = world(1);
+    let t = w.create(spec("c", 1, false, ""));
+    w.run(&t[0]);
+    w.maint(MaintenanceOp::Cordon, &["a1.example"]).unwrap();
+    assert_eq!(w.mode("a1"), MaintenanceMode::Scheduled);
+    assert_eq!(w.state(&t[0]), TaskState::Running, "cordon keeps it");
+    let more = w.create(spec("more", 1, false, ""));
+    assert_eq!(w.state(&more[0]), TaskState::Pending);
+    let view = w.core.task_view(&more[0]).unwrap();
+    assert!(
+        view.pending_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("host in maintenance")),
+        "{view:?}"
+    );
+    w.maint(MaintenanceOp::Activate, &["a1"]).unwrap();
+    assert_eq!(w.mode("a1"), MaintenanceMode::None);
+    assert_eq!(w.state(&more[0]), TaskState::Assigned);
+}
+
+#[test]
+fn bad_names_and_conflicts_are_refused_and_nothing_is_half_applied() {
+    let mut w = world(2);
+    assert_eq!(
+        w.maint(MaintenanceOp::Cordon, &["a1", "nope"]),
+        Err(CoreError::UnknownHosts(vec!["nope".to_string()]))
+    );
+    assert_eq!(w.mode("a1"), MaintenanceMode::None, "nothing half-applied");
+    assert_eq!(w.maint(MaintenanceOp::Cordon, &[]), Err(CoreError::NoHosts));
+    // Two agents reporting one host name: the name is ambiguous, ids are not.
+    let mut req = agent_req("a3", 4.0, 16, &[]);
+    req.hostname = "a1.example".to_string();
+    w.handle(Event::Register(Box::new(req))).reply.unwrap();
+    assert!(matches!(
+        w.maint(MaintenanceOp::Cordon, &["a1.example"]),
+        Err(CoreError::AmbiguousHost { .. })
+    ));
+    w.drain(&["a2"], None);
+    assert!(matches!(
+        w.maint(MaintenanceOp::Cordon, &["a1", "a2"]),
+        Err(CoreError::HostConflict { .. })
+    ));
+    assert_eq!(w.mode("a1"), MaintenanceMode::None, "nothing half-applied");
+}
+
+#[test]
+fn a_drain_moves_tasks_through_draining_and_is_done_only_when_the_agent_said_so() {
+    let mut w = world(3);
+    let t = w.create(spec("d", 2, true, ""));
+    w.agents_act();
+    let victim = t
+        .iter()
+        .find(|id| w.core.task(id).unwrap().agent.as_deref() == Some("a1"))
+        .cloned()
+        .unwrap();
+    w.drain(&["a1"], None);
+    assert_eq!(w.mode("a1"), MaintenanceMode::Draining);
+    assert_eq!(w.state(&victim), TaskState::Draining);
+    let task = w.core.task(&victim).unwrap();
+    assert_eq!(task.desired, DesiredState::Shutdown);
+    assert_eq!(task.kill_reason, Some(ExitReason::Drained));
+    let instance = task.instance;
+    let replacement = w.current("www/prod/d", instance);
+    assert_ne!(replacement, victim);
+    let placed_on = w.core.task(&replacement).unwrap().agent.clone();
+    assert!(placed_on.is_some() && placed_on.as_deref() != Some("a1"));
+    // The master decided the kill; the host is not DRAINED before the agent says so.
+    w.pass(2_000);
+    assert_eq!(w.mode("a1"), MaintenanceMode::Draining);
+    w.report(&victim, TaskState::Killed, None);
+    assert_eq!(w.mode("a1"), MaintenanceMode::Drained);
+    let ended = w.core.task(&victim).unwrap();
+    assert_eq!(ended.status.state, TaskState::Killed);
+    assert_eq!(ended.status.exit_reason, Some(ExitReason::Drained));
+    w.maint(MaintenanceOp::Activate, &["a1"]).unwrap();
+    assert_eq!(w.mode("a1"), MaintenanceMode::None);
+}
+
+#[test]
+fn without_a_policy_a_job_loses_one_instance_at_a_time_across_all_draining_hosts() {
+    let mut w = world(5);
+    w.create(spec("one", 3, true, ""));
+    w.agents_act();
+    let busy: Vec<String> = (1..=5)
+        .map(|i| format!("a{i}"))
+        .filter(|a| !w.on_agent(a).is_empty())
+        .take(2)
+        .collect();
+    let names: Vec<&str> = busy.iter().map(String::as_str).collect();
+    w.drain(&names, None);
+    let draining = |w: &World| {
+        w.core
+            .tasks
+            .values()
+            .filter(|t| t.status.state == TaskState::Draining)
+            .count()
+    };
+    assert_eq!(draining(&w), 1, "one instance at a time");
+    let blocked: Vec<String> = w
+        .core
+        .host_views()
+        .into_iter()
+        .flat_map(|h| h.blocked)
+        .collect();
+    assert!(
+        blocked.iter().any(|b| b.contains("allows 1 at once")),
+        "{blocked:?}"
+    );
+    for _ in 0..4 {
+        w.agents_act();
+    }
+    for a in &names {
+        assert_eq!(w.mode(a), MaintenanceMode::Drained);
+    }
+    assert_eq!(w.running("www/prod/one"), 3);
+}
+
+#[test]
+fn a_policy_that_can_never_be_met_is_reported_and_the_deadline_forces_it() {
+    let mut w = world(2);
+    let t = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+    w.agents_act();
+    let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+    w.drain(&[&host], Some(10_000));
+    assert_eq!(w.state(&t[0]), TaskState::Running);
+    let view = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
+    assert!(
+        view.blocked[0].contains("no instance can ever be drained"),
+        "{view:?}"
+    );
+    assert!(view.events.iter().any(|e| e.message.contains("blocked")));
+    w.pass(9_000);
+    assert_eq!(w.state(&t[0]), TaskState::Running);
+    w.pass(1_500);
+    assert_eq!(w.state(&t[0]), TaskState::Draining);
+    let events = &w.core.task(&t[0]).unwrap().status.events;
+    assert!(
+        events.last().unwrap().message.contains("deadline"),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn a_drain_deadline_runs_on_the_monotonic_clock_and_survives_restarts_capped() {
+    const HOUR: i64 = 3_600_000;
+    // (wall clock step while running, wall step while the master is down, restart
+    // after, forced by): a step while running moves nothing; a backward step while
+    // down cannot push the deadline past the whole drain's time; a forward one
+    // while down ends it at once, as it ends THROTTLED penalties.
+    for (live_step, down_step, restart_at, forced_by) in [
+        (HOUR, 0, None, 10_000),
+        (-HOUR, 0, None, 10_000),
+        (0, 0, Some(4_000), 10_000),
+        (0, -HOUR, Some(4_000), 14_000),
+        (0, HOUR, Some(4_000), 4_000),
+    ] {
+        let case = format!("live {live_step}, down {down_step}, restart {restart_at:?}");
+        let mut w = world(2);
+        let t = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+        w.agents_act();
+        let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+        let start = w.now;
+        w.drain(&[&host], Some(10_000));
+        w.wall_skew += live_step;
+        if let Some(at) = restart_at {
+            w.pass(at);
+            let snap = w.snapshot();
+            w.wall_skew += down_step;
+            w.core = Core::load(cfg(), snap, w.at(), 9);
+        }
+        while w.now + 500 < start + forced_by {
+            assert_eq!(
+                w.state(&t[0]),
+                TaskState::Running,
+                "{case} at {}",
+                w.now - start
+            );
+            w.pass(250);
+        }
+        w.pass(1_000);
+        assert_eq!(w.state(&t[0]), TaskState::Draining, "{case}");
+    }
+}
+
+#[test]
+fn min_healthy_with_min_time_waits_for_replacements_to_be_healthy_long_enough() {
+    let mut w = world(4);
+    w.create(spec(
+        "mh",
+        3,
+        true,
+        r#","sla_policy":{"min_healthy":2,"min_time":"5s"}"#,
+    ));
+    w.agents_act();
+    w.pass(6_000);
+    let busy: Vec<String> = (1..=4)
+        .map(|i| format!("a{i}"))
+        .filter(|a| !w.on_agent(a).is_empty())
+        .take(2)
+        .collect();
+    w.drain(&[&busy[0], &busy[1]], None);
+    assert_eq!(
+        w.core
+            .tasks
+            .values()
+            .filter(|t| t.status.state == TaskState::Draining)
+            .count(),
+        1
+    );
+    w.agents_act();
+    // The replacement runs but is not healthy for 5 s yet: the second waits.
+    w.pass(3_000);
+    let modes = [w.mode(&busy[0]), w.mode(&busy[1])];
+    assert!(modes.contains(&MaintenanceMode::Draining), "{modes:?}");
+    assert!(modes.contains(&MaintenanceMode::Drained), "{modes:?}");
+    w.pass(3_000);
+    w.agents_act();
+    assert_eq!(w.mode(&busy[0]), MaintenanceMode::Drained);
+    assert_eq!(w.mode(&busy[1]), MaintenanceMode::Drained);
+}
+
+#[test]
+fn a_drain_goes_on_after_a_master_restart() {
+    let mut w = world(4);
+    w.create(spec("r", 2, true, ""));
+    w.agents_act();
+    let busy: Vec<String> = (1..=4)
+        .map(|i| format!("a{i}"))
+        .filter(|a| !w.on_agent(a).is_empty())
+        .collect();
+    w.drain(&[&busy[0], &busy[1]], None);
+    let snap = w.snapshot();
+    w.now += 1_000;
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    assert_eq!(w.mode(&busy[0]), MaintenanceMode::Draining);
+    for _ in 0..4 {
+        w.agents_act();
+        w.pass(500);
+    }
+    assert_eq!(w.mode(&busy[0]), MaintenanceMode::Drained);
+    assert_eq!(w.mode(&busy[1]), MaintenanceMode::Drained);
+    assert_eq!(w.running("www/prod/r"), 2);
+}
+
+#[test]
+fn a_host_lost_while_draining_finishes_through_the_partition_policy() {
+    let mut w = world(2);
+    let t = w.create(spec("p", 1, true, ""));
+    w.agents_act();
+    let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+    let other = if host == "a1" { "a2" } else { "a1" };
+    w.drain(&[&host], None);
+    // The host goes silent; only the other agent heartbeats.
+    for _ in 0..20 {
+        w.advance(500);
+        w.heartbeat(other, None);
+    }
+    assert_eq!(w.state(&t[0]), TaskState::Killed);
+    assert_eq!(w.mode(&host), MaintenanceMode::Drained);
+}
+
+#[test]
+fn drained_hosts_going_silent_are_no_eviction_storm() {
+    // Three of five hosts drained and powered off for maintenance: the guard stays
+    // out of it, so a real loss on the two left is still replaced.
+    let mut w = world(5);
+    let t = w.create(spec("svc", 2, true, ""));
+    w.agents_act();
+    let busy: Vec<String> = t
+        .iter()
+        .map(|id| w.core.task(id).unwrap().agent.clone().unwrap())
+        .collect();
+    let idle: Vec<String> = (1..=5)
+        .map(|i| format!("a{i}"))
+        .filter(|a| !busy.contains(a))
+        .collect();
+    let idle: Vec<&str> = idle.iter().map(String::as_str).collect();
+    w.drain(&idle, None);
+    for a in &idle {
+        assert_eq!(w.mode(a), MaintenanceMode::Drained);
+    }
+    for _ in 0..20 {
+        w.advance(500);
+        for a in &busy {
+            w.heartbeat(a, None);
+        }
+    }
+    assert!(!w.core.guard_engaged(), "{:?}", w.core.cluster_view());
+    // Then one of the two hosts with tasks is lost: replaced as usual.
+    for _ in 0..20 {
+        w.advance(500);
+        w.heartbeat(&busy[1], None);
+    }
+    assert!(!w.core.guard_engaged(), "{:?}", w.core.cluster_view());
+    assert_eq!(w.state(&t[0]), TaskState::Lost);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Draining random hosts under random policies never takes a job below its
+    /// policy, and every drain finishes once replacements can run.
+    #[test]
+    fn drains_keep_every_policy_and_finish(
+        agents in 5usize..8,
+        jobs in proptest::collection::vec((1u32..4, 0u8..3), 1..4),
+        drained in proptest::collection::btree_set(1usize..8, 1..3),
+    ) {
+        let mut w = world(agents);
+        let mut keys = Vec::new();
+        for (j, (instances, kind)) in jobs.iter().enumerate() {
+            let policy = match kind {
+                0 => String::new(),
+                1 => format!(r#","sla_policy":{{"min_healthy":{}}}"#, instances - 1),
+                _ => r#","sla_policy":{"max_disrupted":2}"#.to_string(),
+            };
+            let s = spec(&format!("j{j}"), *instances, true, &policy);
+            keys.push((format!("www/prod/j{j}"), *instances, *kind));
+            w.create(s);
+        }
+        w.agents_act();
+        let names: Vec<String> = drained
+            .iter()
+            .filter(|i| **i <= agents)
+            .map(|i| format!("a{i}"))
+            .collect();
+        prop_assume!(!names.is_empty());
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        w.drain(&refs, None);
+        for _ in 0..12 {
+            for (key, instances, kind) in &keys {
+                let running = w.running(key) as u32;
+                let floor = match kind {
+                    0 => instances - 1,
+                    1 => instances - 1,
+                    _ => instances.saturating_sub(2),
+                };
+                prop_assert!(running >= floor, "{key}: {running} running, floor {floor}");
+            }
+            w.agents_act();
+            w.pass(500);
+        }
+        for n in &names {
+            prop_assert_eq!(w.mode(n), MaintenanceMode::Drained);
+        }
+    }
+}
+
+#[test]
+fn a_host_where_tasks_of_several_jobs_fail_host_side_is_quarantined_until_activated() {
+    let mut w = world(1);
+    let setup_failed = || {
+        Some(ExitReason::SandboxSetupFailed {
+            error: "read-only file system".to_string(),
+        })
+    };
+    // One job failing alone does not quarantine (it may be the job's fault).
+    let solo = w.create(spec("solo", 1, false, r#","max_task_failures":10"#));
+    let host = w.core.task(&solo[0]).unwrap().agent.clone().unwrap();
+    for _ in 0..3 {
+        w.pass(5_000);
+        let id = w.current("www/prod/solo", 0);
+        assert_eq!(w.state(&id), TaskState::Assigned);
+        w.report(&id, TaskState::Failed, setup_failed());
+    }
+    assert_eq!(w.mode(&host), MaintenanceMode::None);
+    // A second job failing there too does.
+    let other = w.create(spec("other", 1, false, ""));
+    w.report(&other[0], TaskState::Failed, setup_failed());
+    let view = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
+    assert_eq!(view.mode, MaintenanceMode::Scheduled, "{view:?}");
+    assert_eq!(view.reason.as_deref(), Some("quarantined"));
+    let last = &view.events.last().unwrap().message;
+    assert!(
+        last.contains("www/prod/other") && last.contains("sandbox setup failed"),
+        "{last}"
+    );
+    // Nothing new goes there; activate ends the quarantine.
+    w.pass(3_000);
+    for id in w.on_agent(&host) {
+        assert_ne!(
+            w.state(&id),
+            TaskState::Assigned,
+            "placed on a quarantined host"
+        );
+    }
+    w.maint(MaintenanceOp::Activate, &[&host]).unwrap();
+    assert_eq!(w.mode(&host), MaintenanceMode::None);
+}
+
+#[test]
+fn quarantine_can_be_turned_off() {
+    let mut w = World::new();
+    w.core = Core::new(
+        CoreConfig {
+            quarantine_failures: 0,
+            ..cfg()
+        },
+        w.at(),
+        7,
+    );
+    w.register("a1", 8.0, 16, &[]);
+    for j in 0..4 {
+        let t = w.create(spec(&format!("q{j}"), 1, false, ""));
+        w.report(&t[0], TaskState::Failed, Some(ExitReason::ExecutorLost));
+    }
+    assert_eq!(w.mode("a1"), MaintenanceMode::None);
+}
+
+#[test]
+fn a_dry_run_predicts_waves_and_blocking_policies_and_changes_nothing() {
+    let mut w = world(4);
+    w.create(spec("p", 3, true, ""));
+    let solo = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+    w.agents_act();
+    w.pass(1_000);
+    let solo_host = w.core.task(&solo[0]).unwrap().agent.clone().unwrap();
+    let p_hosts: Vec<String> = (1..=4)
+        .map(|i| format!("a{i}"))
+        .filter(|a| {
+            w.on_agent(a)
+                .iter()
+                .any(|id| w.core.task(id).unwrap().job == "www/prod/p")
+        })
+        .take(2)
+        .collect();
+    let probe = w.core.drain_probe(&p_hosts, w.at()).unwrap();
+    assert_eq!(probe.len(), 2);
+    let p = probe[0]
+        .jobs
+        .iter()
+        .find(|j| j.job == "www/prod/p")
+        .unwrap();
+    assert_eq!(
+        (p.tasks_on_host, p.tasks_on_hosts, p.at_once, p.waves),
+        (1, 2, 1, 2)
+    );
+    assert!(p.within_policy && p.estimate_ms > 0, "{p:?}");
+    let probe = w
+        .core
+        .drain_probe(std::slice::from_ref(&solo_host), w.at())
+        .unwrap();
+    let s = probe[0]
+        .jobs
+        .iter()
+        .find(|j| j.job == "www/prod/solo")
+        .unwrap();
+    assert!(!s.within_policy, "{s:?}");
+    assert!(s
+        .reason
+        .as_deref()
+        .is_some_and(|r| r.contains("can ever be drained")));
+    assert!(!probe[0].within_policy);
+    for h in p_hosts.iter().chain([&solo_host]) {
+        assert_eq!(
+            w.mode(h),
+            MaintenanceMode::None,
+            "a dry run changes nothing"
+        );
+    }
+    assert_eq!(
+        w.core.drain_probe(&hosts(&["nope"]), w.at()),
+        Err(CoreError::UnknownHosts(vec!["nope".to_string()]))
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Whatever cordons, drains, activations and task endings happen, a master
+    /// restarted from what was persisted has every host in the mode it had.
+    #[test]
+    fn maintenance_modes_survive_every_restart(
+        ops in proptest::collection::vec((0u8..4, 1usize..5), 1..20),
+    ) {
+        let mut w = world(4);
+        w.create(spec("m", 2, true, ""));
+        w.agents_act();
+        for (op, host) in ops {
+            let name = format!("a{host}");
+            match op {
+                0 => { let _ = w.maint(MaintenanceOp::Cordon, &[&name]); }
+                1 => w.drain(&[&name], None),
+                2 => { let _ = w.maint(MaintenanceOp::Activate, &[&name]); }
+                _ => w.agents_act(),
+            }
+            let before: Vec<(String, MaintenanceMode)> = w
+                .core
+                .host_views()
+                .into_iter()
+                .map(|h| (h.agent_id, h.mode))
+                .collect();
+            let snap = w.snapshot();
+            w.now += 10;
+            w.core = Core::load(cfg(), snap, w.at(), 9);
+            let after: Vec<(String, MaintenanceMode)> = w
+                .core
+                .host_views()
+                .into_iter()
+                .map(|h| (h.agent_id, h.mode))
+                .collect();
+            prop_assert_eq!(before, after);
+        }
+    }
+}

@@ -14,6 +14,7 @@ use crate::args::{
     AgentCommand, ClusterCommand, JobCommand, TaskCommand, TlsCommand, TokenCommand,
 };
 use crate::client::Client;
+use crate::follow::Changes;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
 use crate::specfile;
@@ -22,9 +23,6 @@ use crate::Endpoint;
 
 /// How often `task logs -f` polls.
 const POLL: Duration = Duration::from_millis(250);
-
-/// The longest single long poll of the change stream (the master's own cap is 120 s).
-const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs a `drover job ...` command; Ok(false) means "exit 1" after printing why.
 pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool> {
@@ -50,7 +48,7 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
         } => {
             let client = master.client()?;
             let target = parse_job_target(&key)?;
-            let mut changes = JobChanges::start(&client, &target.key).await?;
+            let mut changes = Changes::start(&client, Some(&target.key)).await?;
             loop {
                 let view = client.job(&target.key).await?;
                 let only = target
@@ -63,7 +61,7 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
                     render::timestamp(drover_common::state::now_ms())
                 );
                 print!("{}", render::job_status(&view, only.as_deref()));
-                while !changes.next(MAX_WAIT).await? {}
+                while !changes.next(Duration::from_secs(60)).await? {}
             }
         }
         JobCommand::Status { key, json, .. } => {
@@ -172,7 +170,7 @@ async fn create(
     let mut last_progress = String::new();
     // The index first, then the view: a change committed in between wakes the
     // first wait rather than being missed.
-    let mut changes = JobChanges::start(client, &key).await?;
+    let mut changes = Changes::start(client, Some(&key)).await?;
     loop {
         let view = client.job(&key).await?;
         let progress = render::progress(&view);
@@ -195,50 +193,6 @@ async fn create(
                  `drover job status {key}` shows why, --timeout waits longer",
                 timeout.as_secs()
             );
-        }
-    }
-}
-
-/// Waits for a job's next committed change through the master's change stream
-/// (`GET /v1/changes`, a long poll from an index): no polling on a timer.
-struct JobChanges<'a> {
-    client: &'a Client,
-    key: &'a drover_common::spec::JobKey,
-    /// The last index seen.
-    index: u64,
-}
-
-impl<'a> JobChanges<'a> {
-    /// Learns the master's current index (an answer at once: everything so far).
-    async fn start(
-        client: &'a Client,
-        key: &'a drover_common::spec::JobKey,
-    ) -> anyhow::Result<JobChanges<'a>> {
-        let answer = client.changes(0, Some(key), Duration::ZERO).await?;
-        Ok(JobChanges {
-            client,
-            key,
-            index: answer.index,
-        })
-    }
-
-    /// True once something of the job was committed after the last index seen;
-    /// false when `within` passed without a change.
-    async fn next(&mut self, within: Duration) -> anyhow::Result<bool> {
-        let deadline = Instant::now() + within;
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let answer = self
-                .client
-                .changes(self.index, Some(self.key), wait.min(MAX_WAIT))
-                .await?;
-            self.index = answer.index;
-            if !answer.tasks.is_empty() || answer.reset {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
         }
     }
 }

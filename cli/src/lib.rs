@@ -6,6 +6,7 @@ pub mod client;
 pub mod commands;
 pub mod credentials;
 pub mod dev;
+pub mod follow;
 pub mod hosts;
 pub mod procs;
 pub mod progress;

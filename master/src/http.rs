@@ -110,6 +110,7 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
     vec![
         (route("GET", "/", ReadAll), get(index)),
         (route("GET", "/health", Public), get(|| async { "ok" })),
+        (route("GET", "/metrics", ReadAll), get(metrics)),
         (route("POST", "/v1/jobs", JobCreate), post(create_job)),
         (route("GET", "/v1/jobs", JobList), get(list_jobs)),
         (
@@ -864,6 +865,9 @@ async fn updates(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let batch: StatusUpdateBatch = read_json(body).await?;
+    crate::metrics::METRICS
+        .update_batch
+        .observe(batch.updates.len() as f64);
     let event = Event::StatusReports {
         agent: id,
         reports: batch.updates,
@@ -1162,6 +1166,9 @@ async fn assignments(
             }
         })?;
         if let Some(set) = ready {
+            crate::metrics::METRICS
+                .assignment_set
+                .observe(set.assignments.len() as f64);
             // How long the poll was held, so the agent can tell an answer a
             // partition delayed (seed 000) from one that waited for a change.
             let held_ms = received.elapsed().as_millis() as u64;
@@ -1250,6 +1257,7 @@ async fn changes(
         view.reset = reset;
         let empty = view.tasks.is_empty() && view.agents.is_empty();
         if !empty || reset || tokio::time::Instant::now() >= deadline {
+            crate::metrics::METRICS.change_polls.inc();
             return Ok(json(StatusCode::OK, &view));
         }
         tokio::select! {
@@ -1262,6 +1270,19 @@ async fn changes(
             _ = stopping.changed() => {}
         }
     }
+}
+
+/// GET /metrics: Prometheus text exposition (docs/master.md, "Metrics").
+async fn metrics(State(api): State<Shared>) -> Response {
+    let state = api.master.read(|c| c.metrics_state());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(&state),
+    )
+        .into_response()
 }
 
 async fn index(State(api): State<Shared>) -> Response {

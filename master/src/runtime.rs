@@ -127,7 +127,10 @@ impl Master {
             let mut persist = None;
             for e in out.effects {
                 match e {
-                    Effect::Persist { seq, changes } => persist = Some((seq, changes)),
+                    Effect::Persist { seq, changes } => {
+                        crate::metrics::count_placements(&changes);
+                        persist = Some((seq, changes));
+                    }
                     Effect::Notify { agent } => notify.push(agent),
                     Effect::EvictionGuard { engaged, message } => {
                         if engaged {

@@ -418,7 +418,12 @@ impl Writer {
                     if let Some(last) = batches.last() {
                         changes.push(Change::Index(last.seq));
                     }
-                    if let Err(e) = store.commit(&changes) {
+                    let began = std::time::Instant::now();
+                    let result = store.commit(&changes);
+                    let m = &crate::metrics::METRICS;
+                    m.store_commit.observe(began.elapsed().as_secs_f64());
+                    m.group_commit_batches.observe(batches.len() as f64);
+                    if let Err(e) = result {
                         tracing::error!(error = %e, "store commit failed; the master must restart");
                         st.failed.store(true, Ordering::Release);
                         st.changed.send_replace(u64::MAX);

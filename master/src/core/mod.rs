@@ -41,6 +41,7 @@ mod placement;
 mod probe;
 mod reconciliation;
 mod snapshot;
+mod stats;
 mod timers;
 mod views;
 
@@ -58,6 +59,7 @@ pub use maintenance::{HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
+pub use stats::MetricsState;
 
 use eviction_guard::EvictionGuard;
 use maintenance::Drains;

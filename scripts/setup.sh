@@ -2,7 +2,9 @@
 # Installs what Drover's commands and tests need on a fresh Debian machine:
 # iproute2 (multi-host tests in network namespaces), procps, the system python3,
 # faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
-# executor's layout check), and the Rust components named in rust-toolchain.toml.
+# executor's layout check), the packaging and systemd test tools (dpkg-dev,
+# debootstrap, systemd-container, lintian), and the Rust components named in
+# rust-toolchain.toml.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +19,13 @@ command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
 # executor/tests/layout.rs reads the executor's symbols with nm.
 command -v nm >/dev/null 2>&1 || need+=(binutils)
+# scripts/package.sh builds the .deb files (dpkg-deb, dpkg-shlibdeps); the
+# systemd test (tests/tests/systemd.rs) makes a Debian root with debootstrap, boots
+# it with systemd-nspawn and checks the packages with lintian.
+command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
+command -v lintian >/dev/null 2>&1 || need+=(lintian)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "setup: installing ${need[*]}"

@@ -154,12 +154,14 @@ pub fn held_task_ids(actual: &LocalTasks) -> impl Iterator<Item = &str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use drover_common::spec::TaskSpec;
     use drover_common::wire::ExecutorTask;
 
-    fn assignment(id: &str, desired: DesiredState) -> Assignment {
+    /// An assignment of a one-process task `id` in `desired` state (tests of the
+    /// pure cores).
+    pub(crate) fn assignment(id: &str, desired: DesiredState) -> Assignment {
         let task: TaskSpec = serde_json::from_value(serde_json::json!({
             "processes": [{"name": "p", "cmdline": "true"}],
             "resources": {"cpu": 0.1, "ram": "16MiB", "disk": "16MiB"}

@@ -20,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
 
 use crate::sandbox::{AgentMeta, SandboxIo};
+use crate::sys::{received_fds, watch_pidfd};
 use drover_common::layout::Layout;
 
 /// How executors are started.
@@ -693,25 +694,6 @@ impl ExecutorSettings {
             )))
         }
     }
-}
-
-/// Takes ownership of descriptors received by SCM_RIGHTS.
-#[allow(unsafe_code)]
-fn received_fds(raw: Vec<std::os::fd::RawFd>) -> impl Iterator<Item = OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: the kernel just installed these descriptors in this process for the
-    // message we received; nothing else owns them.
-    raw.into_iter()
-        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Registers a pidfd with the runtime, to learn when its process exits (readable).
-#[allow(unsafe_code)]
-fn watch_pidfd(pidfd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: an OwnedFd is open for as long as it lives and always returns the same
-    // descriptor, and the AsyncFd owns it from here on.
-    unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-        .map_err(std::io::Error::from)
 }
 
 /// Held while the agent starts a child process, so that a readiness pipe made

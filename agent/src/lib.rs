@@ -8,12 +8,15 @@
 pub mod config;
 pub mod converge;
 pub mod executor;
+pub mod host;
 pub mod logs;
 pub mod master;
 pub mod outbox;
 pub mod runtime;
 pub mod sandbox;
 pub mod selfdrain;
+mod sys;
+pub mod systemd;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

@@ -19,6 +19,7 @@ use drover_common::spec::is_valid_name;
 use drover_common::wire::{ApiError, ApiErrorBody, ExecutorTask};
 use serde::Deserialize;
 
+use crate::sys::open_nofollow;
 use drover_common::layout::Layout;
 
 /// The most bytes one log request returns; clients continue from the next offset.
@@ -185,29 +186,6 @@ const FILE_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK;
 fn is_missing_or_link(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound
         || matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
-}
-
-/// Opens `path` (relative to `dir` when given) with `flags`, never following a
-/// symlink in its last component, closed on exec.
-#[allow(unsafe_code)]
-fn open_nofollow(
-    dir: Option<&std::fs::File>,
-    path: &std::path::Path,
-    flags: libc::c_int,
-) -> std::io::Result<std::fs::File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
-    // SAFETY: openat reads the NUL-terminated `c` and returns a new descriptor (or
-    // -1), which only this function owns; `at` is open while `dir` is borrowed.
-    let fd = unsafe { libc::openat(at, c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// Whether the task file in the task directory `dir` names `process`.

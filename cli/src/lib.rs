@@ -12,6 +12,7 @@ pub mod procs;
 pub mod progress;
 pub mod render;
 pub mod specfile;
+pub mod sys;
 pub mod table;
 pub mod target;
 pub mod tls;

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use nix::sys::signal::{signal, SigHandler, Signal};
 
 fn main() -> ExitCode {
     let cli = drover::args::Cli::parse();
@@ -35,11 +34,8 @@ fn main() -> ExitCode {
 /// panicking in `println!` on EPIPE. Rust ignores SIGPIPE by default; the default
 /// action (terminate) is restored for every command except `dev`, which must always
 /// get to stop the cluster it started.
-#[allow(unsafe_code)]
 fn die_quietly_on_broken_pipe() {
-    // SAFETY: called at the start of main, before any thread exists; SIG_DFL installs
-    // no Rust handler, so no handler can run code that is not async-signal-safe.
-    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+    if let Err(e) = drover::sys::restore_default_sigpipe() {
         eprintln!("warning: cannot restore SIGPIPE: {e}");
     }
 }

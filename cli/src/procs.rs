@@ -147,21 +147,11 @@ pub fn spawn_logged(
         .stdout(out)
         .stderr(err)
         .process_group(0);
-    set_parent_death_signal(&mut command, death_signal);
+    crate::sys::set_parent_death_signal(&mut command, death_signal);
     let program = command.get_program().to_string_lossy().to_string();
     command
         .spawn()
         .with_context(|| format!("cannot start {name} ({program})"))
-}
-
-#[allow(unsafe_code)]
-fn set_parent_death_signal(command: &mut Command, signal: Signal) {
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // prctl(PR_SET_PDEATHSIG), which is async-signal-safe; it allocates nothing.
-    unsafe {
-        command
-            .pre_exec(move || nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from));
-    }
 }
 
 /// The last `lines` lines of a file, for error messages.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use drover_common::state::{TaskState, UnixMillis};
-use drover_common::wire::{AgentResources, AgentView, ClusterView, JobSummary, JobView, TaskView};
+use drover_common::wire::{
+    AgentResources, AgentVersions, AgentView, ClusterView, JobSummary, JobView, TaskView,
+};
 
 use crate::table::Table;
 
@@ -216,7 +218,6 @@ pub fn task_details(task: &TaskView, agent: Option<&AgentView>) -> String {
     out
 }
 
-/// `drover agent list`.
 /// `drover cluster status`: agents reachable and the eviction guard.
 pub fn cluster(view: &ClusterView) -> String {
     let g = &view.eviction_guard;
@@ -236,6 +237,7 @@ pub fn cluster(view: &ClusterView) -> String {
     out
 }
 
+/// `drover agent list`.
 pub fn agent_list(agents: &[AgentView]) -> String {
     if agents.is_empty() {
         return "no agents\n".to_string();
@@ -250,6 +252,7 @@ pub fn agent_list(agents: &[AgentView]) -> String {
         "RAM FREE/TOTAL",
         "DISK FREE/TOTAL",
         "TASKS",
+        "VERSION",
         "ATTRIBUTES",
     ]);
     for agent in agents {
@@ -270,10 +273,21 @@ pub fn agent_list(agents: &[AgentView]) -> String {
             ram,
             disk,
             agent.tasks.len().to_string(),
+            versions(agent.versions.as_ref()),
             attributes,
         ]);
     }
     table.render()
+}
+
+/// One version when the agent and its executor agree, both when they differ (an
+/// upgrade in progress or a mismatched install), `-` for an agent too old to say.
+fn versions(v: Option<&AgentVersions>) -> String {
+    match v {
+        None => "-".to_string(),
+        Some(v) if v.agent == v.executor => v.agent.clone(),
+        Some(v) => format!("agent {}, executor {}", v.agent, v.executor),
+    }
 }
 
 fn free_total(free: &AgentResources, total: &AgentResources) -> (String, String, String) {
@@ -417,5 +431,31 @@ mod tests {
         assert_eq!(trim_float(2.0), "2");
         assert_eq!(trim_float(1.5), "1.5");
         assert_eq!(trim_float(0.25), "0.25");
+    }
+
+    #[test]
+    fn agent_list_shows_version_skew() {
+        let v = |agent: &str, executor: &str| AgentVersions {
+            agent: agent.into(),
+            executor: executor.into(),
+        };
+        assert_eq!(versions(None), "-");
+        assert_eq!(versions(Some(&v("0.2.0", "0.2.0"))), "0.2.0");
+        assert_eq!(
+            versions(Some(&v("0.2.0", "0.1.0"))),
+            "agent 0.2.0, executor 0.1.0"
+        );
+        let view: AgentView = serde_json::from_value(serde_json::json!({
+            "agent_id": "h-1", "hostname": "h", "address": "http://h:7071",
+            "reachable": true, "last_heartbeat_ms": 0, "attributes": {},
+            "resources": {"cpu": 1.0, "ram_bytes": 1, "disk_bytes": 1, "port_range": [1, 2]},
+            "free": {"cpu": 1.0, "ram_bytes": 1, "disk_bytes": 1, "port_range": [1, 2]},
+            "tasks": [],
+            "versions": {"agent": "0.2.0", "executor": "0.1.0"}
+        }))
+        .unwrap();
+        let table = agent_list(&[view]);
+        assert!(table.contains("VERSION"), "{table}");
+        assert!(table.contains("agent 0.2.0, executor 0.1.0"), "{table}");
     }
 }

@@ -8,6 +8,7 @@ pub mod parse;
 pub mod spec;
 pub mod state;
 mod suggest;
+pub mod systemd;
 pub mod template;
 pub mod units;
 pub mod validate;

@@ -177,6 +177,20 @@ pub struct RegisterRequest {
     pub address: String,
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
+    /// The agent's and its executor's versions. Absent from older agents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<AgentVersions>,
+}
+
+/// The versions of an agent's binaries, as the agent reports them at registration
+/// (`drover agent list` shows them, so version skew across a fleet is visible).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentVersions {
+    /// `drover-agent`'s version.
+    pub agent: String,
+    /// The version `drover-executor --version` printed when the agent started; new
+    /// tasks start under that binary (running ones keep the one they started with).
+    pub executor: String,
 }
 
 /// Answer to a registration.
@@ -408,6 +422,9 @@ pub struct AgentView {
     /// The host's maintenance mode.
     #[serde(default)]
     pub maintenance: MaintenanceMode,
+    /// The agent's and executor's versions (none from agents older than this field).
+    #[serde(default)]
+    pub versions: Option<AgentVersions>,
 }
 
 /// A host's maintenance mode (Aurora's MaintenanceMode).

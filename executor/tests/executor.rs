@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use drover_common::state::{ExitReason, TaskState};
+use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::{checkpointed_status, ExecutorStatus, ProcessState};
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -55,11 +55,11 @@ fn kill_escalation_posts_quit_then_abort_then_sigterm_then_sigkill_with_configur
     );
     let running = ex.wait_state(TaskState::Running, LONG);
     let pid = running.processes[0].pid.unwrap() as i32;
-    let t0 = unix_ms();
+    let t0 = now_ms();
     ex.signal(Signal::SIGTERM);
     ex.wait_state(TaskState::Killing, LONG);
     let end = ex.wait_terminal(LONG);
-    let elapsed = unix_ms() - t0;
+    let elapsed = now_ms() - t0;
     assert_eq!(end.state, TaskState::Killed);
     assert_eq!(end.exit_reason, Some(ExitReason::KilledByRequest));
     assert!(!alive(pid), "the TERM-ignoring service survived");

@@ -55,6 +55,7 @@ fn cluster(now: u64) -> Core {
                 port_range: (31000, 31999),
             },
             attributes: [("rack".to_string(), format!("r{}", i % 100))].into(),
+            versions: None,
         };
         core.handle(Event::Register(Box::new(req)), Now::both(now));
     }

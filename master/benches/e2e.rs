@@ -88,6 +88,7 @@ fn register_req(id: &str) -> RegisterRequest {
             port_range: (31000, 32000),
         },
         attributes: Default::default(),
+        versions: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn cluster() -> Core {
                 ("zone".to_string(), format!("z{}", i % 4)),
             ]
             .into(),
+            versions: None,
         };
         core.handle(Event::Register(Box::new(req)), Now::both(1_000));
     }

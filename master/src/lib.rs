@@ -14,6 +14,7 @@ pub mod ratelimit;
 pub mod runtime;
 pub mod server;
 pub mod store;
+pub mod systemd;
 pub mod tls;
 pub mod tokens;
 

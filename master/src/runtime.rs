@@ -177,9 +177,12 @@ impl Master {
         }
     }
 
-    /// Ticks the core whenever its earliest timer is due, until `shutdown`.
+    /// Ticks the core whenever its earliest timer is due, until `shutdown`. Under
+    /// a systemd watchdog this loop also pings it (after reading the core under its
+    /// lock), so a hung core or loop gets the master restarted.
     pub async fn run_timers(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
         let mut rx = self.timer.subscribe();
+        let mut watchdog = crate::systemd::watchdog();
         tokio::pin!(shutdown);
         loop {
             let next = *rx.borrow_and_update();
@@ -187,15 +190,24 @@ impl Master {
                 Some(at) => at.saturating_sub(mono_ms()),
                 None => 1_000,
             };
+            let wait = std::time::Duration::from_millis(wait_ms);
+            let ping_in = watchdog.as_ref().map_or(wait, |w| {
+                std::time::Duration::from_millis(w.until_due_ms(mono_ms()))
+            });
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = rx.changed() => continue,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(wait_ms)) => {
-                    if let Err(e) = self.apply(Event::Tick).await {
-                        tracing::error!(error = %e, "timer tick failed");
-                        return;
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep(wait.min(ping_in)) => {
+                    if wait <= ping_in {
+                        if let Err(e) = self.apply(Event::Tick).await {
+                            tracing::error!(error = %e, "timer tick failed");
+                            return;
+                        }
                     }
                 }
+            }
+            if watchdog.as_mut().is_some_and(|w| w.due(mono_ms())) {
+                crate::systemd::ping(&self.read(crate::systemd::status));
             }
         }
     }

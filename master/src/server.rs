@@ -229,6 +229,10 @@ pub async fn run(
         tracing::warn!(%addr, "INSECURE: --insecure is set and the API is served over plain HTTP on a non-loopback address; bearer tokens and agent traffic cross the network in clear text");
     }
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
+    // The store is loaded and the listener bound: connections from now on queue
+    // until `serve` accepts them a moment later.
+    let status = api.master.read(crate::systemd::status);
+    crate::systemd::ready(&format!("serving on {addr}; {status}"));
     serve(api, listener, tls, shutdown).await
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
 use drover_common::state::{EventSource, TaskState, TaskStatus};
-use drover_common::wire::{AgentResources, HostEvent, MaintenanceMode};
+use drover_common::wire::{AgentResources, AgentVersions, HostEvent, MaintenanceMode};
 use drover_common::DesiredState;
 use drover_master::core::{AgentRecord, Change, HostMaintenance, Task};
 use drover_master::store::{SqliteStore, Store, Writer, DB_FILE};
@@ -80,6 +80,10 @@ fn agent() -> AgentRecord {
             }]
             .into(),
         },
+        versions: Some(AgentVersions {
+            agent: "0.1.0".to_string(),
+            executor: "0.0.9".to_string(),
+        }),
     }
 }
 

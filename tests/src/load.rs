@@ -139,6 +139,7 @@ impl Ctx {
                 port_range: (31000, 31999),
             },
             attributes: [("host".to_string(), self.agent.id.clone())].into(),
+            versions: None,
         };
         let url = format!("{}/v1/agents/register", self.master);
         match self.auth(self.http.post(url)).json(&req).send().await {

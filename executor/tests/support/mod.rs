@@ -316,14 +316,6 @@ pub fn recorded(file: &Path) -> Vec<(u64, String)> {
         .collect()
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
 /// Statuses count up by one from 1, the first is STARTING (or a setup failure), and
 /// exactly one terminal status comes last.
 pub fn assert_well_formed(seen: &[ExecutorStatus]) {

@@ -27,6 +27,7 @@ impl Core {
                     self.index_dirty = true;
                 }
                 a.rec.attributes = req.attributes;
+                a.rec.versions = req.versions;
                 a.cpu_milli = cpu_to_milli(req.resources.cpu);
                 a.rec.resources = req.resources;
                 idx
@@ -45,6 +46,7 @@ impl Core {
                         last_heartbeat_ms: now.wall,
                         rev: 0,
                         maintenance: Default::default(),
+                        versions: req.versions,
                     },
                     now.mono,
                 ));

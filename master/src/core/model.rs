@@ -8,7 +8,7 @@ use drover_common::spec::{Constraint, JobSpec};
 use drover_common::state::{
     DesiredState, EventSource, ExitReason, MonoMillis, TaskState, TaskStatus, UnixMillis,
 };
-use drover_common::wire::{AgentResources, ProcessStatus};
+use drover_common::wire::{AgentResources, AgentVersions, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
 use super::{CoreError, HostMaintenance};
@@ -88,6 +88,9 @@ pub struct AgentRecord {
     /// The host's maintenance mode and its history.
     #[serde(default)]
     pub maintenance: HostMaintenance,
+    /// What the agent reported at its latest registration.
+    #[serde(default)]
+    pub versions: Option<AgentVersions>,
 }
 
 /// The stored form of a job.

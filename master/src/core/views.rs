@@ -100,6 +100,7 @@ impl Core {
                         port_range: r.port_range,
                     },
                     tasks: a.tasks.iter().cloned().collect(),
+                    versions: a.rec.versions.clone(),
                     maintenance: a.rec.maintenance.mode,
                 }
             })

@@ -157,6 +157,7 @@ pub fn register_body(id: &str) -> Value {
             port_range: (31000, 31100),
         },
         attributes: Default::default(),
+        versions: None,
     })
     .unwrap()
 }
@@ -193,6 +194,7 @@ impl FakeAgent {
                 port_range: (31000, 32000),
             },
             attributes: [("host".to_string(), id.to_string())].into(),
+            versions: None,
         };
         let (s, _) = c
             .post("/v1/agents/register", &serde_json::to_value(req).unwrap())

@@ -11,9 +11,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
+use drover_common::state::now_ms;
 
 struct Config {
     port: u16,
@@ -60,13 +60,6 @@ fn ignore_sigterm() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
-}
-
 fn handle(
     stream: TcpStream,
     cfg: &Config,
@@ -87,7 +80,7 @@ fn handle(
     let path = parts.next().unwrap_or("").to_string();
     if let Ok(mut guard) = record.lock() {
         if let Some(f) = guard.as_mut() {
-            writeln!(f, "{} {method} {path}", unix_ms())?;
+            writeln!(f, "{} {method} {path}", now_ms())?;
             f.flush()?;
         }
     }

@@ -69,6 +69,7 @@ fn agent_req(id: &str, cpu: f64, ram_gib: u64, attrs: &[(&str, &str)]) -> Regist
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        versions: None,
     }
 }
 

@@ -1,0 +1,154 @@
+//! Who this agent is and what it proves: the stable agent id (kept in the data dir
+//! and in the sandbox root), the token it sends the master, and the log server's key
+//! and the gate that asks for it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::outbox::write_atomic;
+
+fn read_id(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(id) if !id.trim().is_empty() => Ok(Some(id.trim().to_string())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The stable agent id: `<data_dir>/agent-id`, else the copy kept in
+/// `<sandbox_root>/.agent-id` (so a lost data dir keeps the id and the master keeps
+/// the tasks), else a new `<hostname>-<12 hex>`. Both files are (re)written.
+pub fn load_or_create_agent_id(
+    data_dir: &Path,
+    sandbox_root: &Path,
+    hostname: &str,
+) -> std::io::Result<String> {
+    let path = data_dir.join("agent-id");
+    let copy = sandbox_root.join(".agent-id");
+    let saved = read_id(&path)?;
+    let id = match saved.clone() {
+        Some(id) => id,
+        None => match read_id(&copy)? {
+            Some(id) => {
+                tracing::warn!(agent_id = %id, "agent id missing from data_dir; recovered it from the sandbox root");
+                id
+            }
+            None => new_agent_id(hostname),
+        },
+    };
+    if saved.as_deref() != Some(id.as_str()) {
+        write_atomic(&path, id.as_bytes(), true)?;
+    }
+    if read_id(&copy)?.as_deref() != Some(id.as_str()) {
+        write_atomic(&copy, id.as_bytes(), true)?;
+    }
+    Ok(id)
+}
+
+fn new_agent_id(hostname: &str) -> String {
+    // FNV over the kernel's random uuid (plus pid and time as a fallback).
+    let uuid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    let seed = format!("{uuid}{}{:?}", std::process::id(), SystemTime::now());
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let host: String = hostname
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    format!("{host}-{:012x}", h & 0xffff_ffff_ffff)
+}
+
+/// The agent's token for the master from `path` (None, with a warning, when the
+/// file is missing or empty: the master then refuses the agent with 401).
+pub(super) fn read_token(path: &std::path::Path) -> Option<String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+        Ok(_) | Err(_) => {
+            tracing::warn!(token_file = %path.display(), "no agent token: the master will refuse this agent; an admin creates one with `drover token create --role agent` and writes it to this file (mode 0600)");
+            None
+        }
+    }
+}
+
+/// A new secret for the log server: 256 random bits, hex.
+pub(super) fn new_logs_key() -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The log server's gate: `Authorization: Bearer <logs key>` (compared in constant
+/// time by `subtle`), else 401; `/health` is open.
+pub(super) async fn require_logs_key(
+    axum::extract::State(key): axum::extract::State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use subtle::ConstantTimeEq as _;
+    if request.uri().path() == "/health" {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+        return next.run(request).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::Json(serde_json::json!({"error": {"code": "unauthorized",
+            "message": "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"}})),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh temp dir (dropped with the first element) with empty `data` and
+    /// `root` directories: a data dir and a sandbox root.
+    fn data_and_sandbox_root() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, root) = (dir.path().join("data"), dir.path().join("root"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        (dir, data, root)
+    }
+
+    #[test]
+    fn agent_id_is_created_once_and_kept() {
+        let (_dir, data, root) = data_and_sandbox_root();
+        let a = load_or_create_agent_id(&data, &root, "host.example").unwrap();
+        let b = load_or_create_agent_id(&data, &root, "other").unwrap();
+        assert_eq!(a, b);
+        assert!(a.starts_with("host-example-"), "{a}");
+    }
+
+    #[test]
+    fn a_lost_data_dir_keeps_the_agent_id_from_the_sandbox_root() {
+        let (_dir, data, root) = data_and_sandbox_root();
+        let a = load_or_create_agent_id(&data, &root, "h").unwrap();
+        std::fs::remove_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        assert_eq!(load_or_create_agent_id(&data, &root, "h").unwrap(), a);
+        assert_eq!(std::fs::read_to_string(data.join("agent-id")).unwrap(), a);
+    }
+}

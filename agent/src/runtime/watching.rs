@@ -1,0 +1,275 @@
+//! Starting and watching executors: one watcher per executor follows its statuses
+//! over its socket, forwards kill requests, and when the executor is gone reports what
+//! the pure core decides (its checkpoint, or LOST). Agent-decided statuses are
+//! numbered and recorded here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_common::state::{now_ms, ExitReason};
+use drover_common::wire::{Assignment, ExecutorStatus, StatusUpdate};
+use tokio::sync::{mpsc, watch};
+
+use super::adopt::recorded_executor_pid;
+use super::{lock, Shared, Tasks};
+use crate::executor::{self, ExecutorProcess};
+use crate::host::{self, Gone, Verdict};
+use crate::sandbox::SandboxIo;
+
+/// How long a new executor's readiness pipe is waited for before polling its socket.
+const READY_WAIT: Duration = Duration::from_secs(2);
+
+pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
+    StatusUpdate {
+        task_id: s.task_id.clone(),
+        seq: s.seq,
+        state: s.state,
+        exit_reason: s.exit_reason.clone(),
+        message: s.message.clone(),
+        timestamp_ms: s.timestamp_ms,
+        processes: s.processes.clone(),
+    }
+}
+
+/// The status update of an agent-decided `verdict`, numbered past every sequence
+/// number known for its task (the outbox's and `seen`) and stamped now.
+pub(super) fn numbered(shared: &Shared, verdict: Verdict, seen: u64) -> StatusUpdate {
+    let seq = host::next_seq([lock(&shared.outbox).last_seq(&verdict.task_id), seen]);
+    verdict.into_update(seq, now_ms())
+}
+
+/// Starts the executor of a new task, then watches it.
+pub(super) async fn start_task(
+    shared: Arc<Shared>,
+    assignment: Assignment,
+    kill_rx: mpsc::UnboundedReceiver<ExitReason>,
+) {
+    let id = assignment.task.task_id.clone();
+    if std::fs::symlink_metadata(shared.layout.task_dir(&id)).is_ok() {
+        // A sandbox exists: the task ran or runs here. Never start a second copy.
+        tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
+        return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
+    }
+    // At most MAX_STARTING executors between spawn and socket at once: a burst of
+    // thousands of assignments otherwise starts thousands of executors together,
+    // which then compete for the CPU and finish later than in a queue.
+    let permit = shared.starting.clone().acquire_owned().await.ok();
+    let t0 = std::time::Instant::now();
+    let spawned = shared
+        .exec
+        .spawn(&shared.layout, &assignment, shared.fork.as_ref());
+    tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
+    match spawned {
+        Ok(mut spawned) => {
+            tracing::debug!(task_id = %id, pid = ?spawned.child.id(), "executor started");
+            if let Some(ready) = spawned.ready.take() {
+                // One byte once the socket listens, EOF if the executor died first;
+                // either way the first connect in `watch_task` is the right moment.
+                // An executor that ignores the pipe holds it open: then the wait
+                // ends after READY_WAIT and the socket is polled.
+                let _ = tokio::time::timeout(READY_WAIT, wait_readable(&ready)).await;
+            }
+            drop(permit);
+            let watched = match spawned.child {
+                ExecutorProcess::Untracked { pid } => Watched::Adopted(pid),
+                _ => Watched::Child(Box::new(spawned)),
+            };
+            watch_task(shared, id, watched, kill_rx).await
+        }
+        Err(e) => {
+            tracing::error!(task_id = %id, error = %e, "could not start executor");
+            let update = numbered(&shared, Verdict::setup_failed(&id, e.to_string()), 0);
+            finish(&shared, update);
+        }
+    }
+}
+
+/// Waits until the readiness pipe has a byte or is at EOF.
+async fn wait_readable(ready: &tokio::net::unix::pipe::Receiver) {
+    loop {
+        if ready.readable().await.is_err() {
+            return;
+        }
+        let mut buf = [0u8; 8];
+        match ready.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            _ => return,
+        }
+    }
+}
+
+/// Records and reports an agent-decided final status.
+pub(super) fn finish(shared: &Shared, update: StatusUpdate) {
+    if std::fs::symlink_metadata(shared.layout.task_dir(&update.task_id)).is_ok_and(|m| m.is_dir())
+    {
+        if let Err(e) = shared.layout.write_final(&update) {
+            tracing::warn!(task_id = %update.task_id, error = %e, "could not record final status in the sandbox");
+        }
+    }
+    lock(&shared.tasks).unwatch(&update.task_id);
+    let _ = shared.updates_tx.send(update);
+}
+
+/// The executor a watcher follows.
+pub(super) enum Watched {
+    /// Spawned by this agent (and waited for until its socket listened): reaped
+    /// here, its exit is known at once.
+    Child(Box<executor::Spawned>),
+    /// Found running at start (pid from /proc when known; else from agent.json).
+    Adopted(Option<u32>),
+}
+
+/// Follows one executor: subscribes to its statuses (reconnecting when the socket
+/// drops), forwards kill requests, and when the executor is gone decides between its
+/// checkpointed terminal status and LOST.
+pub(super) async fn watch_task(
+    shared: Arc<Shared>,
+    id: String,
+    watched: Watched,
+    mut kill_rx: mpsc::UnboundedReceiver<ExitReason>,
+) {
+    let socket = shared.layout.socket(&id);
+    let mut connection = None;
+    let (child_exited, known_pid) = match watched {
+        Watched::Child(spawned) => {
+            connection = spawned.connection;
+            let mut child = spawned.child;
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+                let _ = tx.send(true);
+            });
+            (Some(rx), None)
+        }
+        Watched::Adopted(pid) => (None, pid),
+    };
+    let is_alive = |shared: &Shared| match &child_exited {
+        Some(rx) => !*rx.borrow(),
+        None => recorded_executor_pid(&shared.layout, &id)
+            .or(known_pid)
+            .is_some_and(|pid| executor::executor_pid_is_live(pid, &shared.exe_name)),
+    };
+    let mut last = lock(&shared.outbox).last_seq(&id);
+    let mut pending_kill: Option<ExitReason> = None;
+    let mut delay = Duration::from_millis(1);
+    let mut attempts = 0u32;
+    'connect: loop {
+        // The connection the executor was forked with first (it binds its socket only
+        // once that closes), then the socket.
+        let subscribed = match connection.take() {
+            Some(stream) => executor::subscribe_on(stream, last)
+                .await
+                .map_err(|source| executor::ExecutorError::Socket {
+                    path: socket.clone(),
+                    source,
+                }),
+            None => executor::subscribe(&socket, last).await,
+        };
+        let mut lines = match subscribed {
+            Ok(lines) => lines,
+            Err(e) => {
+                while let Ok(r) = kill_rx.try_recv() {
+                    pending_kill = Some(r);
+                }
+                if is_alive(&shared) {
+                    // Starting up (no socket yet) or between connections. A failed
+                    // connect is one cheap syscall, so poll every millisecond for the
+                    // first 20 tries (the first status is on the job-create-to-RUNNING
+                    // path), then back off to 20 ms so that many executors starting
+                    // at once do not cost the host a core.
+                    tokio::time::sleep(delay).await;
+                    attempts += 1;
+                    if attempts > 20 {
+                        delay = (delay * 2).min(Duration::from_millis(20));
+                    }
+                    continue 'connect;
+                }
+                tracing::debug!(task_id = %id, error = %e, "executor unreachable and not running");
+                break 'connect;
+            }
+        };
+        tracing::debug!(task_id = %id, after_seq = last, "subscribed to executor");
+        if let Some(reason) = pending_kill.take() {
+            if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
+                tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
+                pending_kill = Some(reason);
+            }
+        }
+        loop {
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        let Some(status) = executor::parse_status(&line) else {
+                            tracing::warn!(task_id = %id, line, "unreadable status line from executor");
+                            continue;
+                        };
+                        if status.seq <= last {
+                            continue;
+                        }
+                        last = status.seq;
+                        delay = Duration::from_millis(1);
+                        attempts = 0;
+                        tracing::debug!(task_id = %id, seq = status.seq, state = %status.state, "executor status");
+                        let terminal = status.state.is_terminal();
+                        let _ = shared.updates_tx.send(update_from_status(&status));
+                        if terminal {
+                            lock(&shared.tasks).unwatch(&id);
+                            return;
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        // Dropped: reconnect, backing off while nothing comes through.
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_millis(100));
+                        continue 'connect;
+                    }
+                },
+                Some(reason) = kill_rx.recv() => {
+                    if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
+                        tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
+                        pending_kill = Some(reason);
+                        continue 'connect;
+                    }
+                }
+            }
+        }
+    }
+    // The executor is gone. Its checkpoint says whether the task ended.
+    match host::executor_gone(shared.layout.read_status(&id), last) {
+        Gone::Ended(relay) => {
+            if let Some(s) = relay {
+                let _ = shared.updates_tx.send(update_from_status(&s));
+            }
+            lock(&shared.tasks).unwatch(&id);
+        }
+        Gone::Lost => executor_lost(&shared, &id, last).await,
+    }
+}
+
+/// The executor died before its task ended: kill what is left, report LOST.
+pub(super) async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
+    if let Err(e) = shared.exec.cleanup(&shared.layout, id).await {
+        tracing::error!(task_id = %id, error = %e, "cleanup after executor loss failed");
+    }
+    let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
+    let message = match executor::last_stderr_line(&shared.layout, id) {
+        Some(line) => {
+            format!("executor lost; what remained of the task was killed (executor said: {line})")
+        }
+        None => "executor lost; what remained of the task was killed".to_string(),
+    };
+    let update = numbered(
+        shared,
+        Verdict::lost(id, message),
+        last_seen.max(checkpoint),
+    );
+    tracing::warn!(task_id = %id, seq = update.seq, message = update.message, "reporting task LOST");
+    finish(shared, update);
+}
+
+/// Sends a kill request to task `task_id`'s watcher, if one follows it.
+pub(super) fn send_kill(t: &Tasks, task_id: &str, reason: ExitReason) {
+    if let Some(tx) = t.watcher(task_id) {
+        let _ = tx.send(reason);
+    }
+}

@@ -1,0 +1,48 @@
+//! Every `unsafe` of the agent, each behind a safe function with its `// SAFETY:`:
+//! taking ownership of descriptors the kernel handed over, registering a pidfd with
+//! the runtime, and `openat` with `O_NOFOLLOW`. The rest of the crate denies
+//! `unsafe_code`.
+#![allow(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+
+use tokio::io::unix::AsyncFd;
+
+/// Takes ownership of descriptors received by SCM_RIGHTS.
+pub fn received_fds(raw: Vec<std::os::fd::RawFd>) -> impl Iterator<Item = OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the kernel just installed these descriptors in this process for the
+    // message we received; nothing else owns them.
+    raw.into_iter()
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Registers a pidfd with the runtime, to learn when its process exits (readable).
+pub fn watch_pidfd(pidfd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is open for as long as it lives and always returns the same
+    // descriptor, and the AsyncFd owns it from here on.
+    unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// Opens `path` (relative to `dir` when given) with `flags`, never following a
+/// symlink in its last component, closed on exec.
+pub fn open_nofollow(
+    dir: Option<&std::fs::File>,
+    path: &std::path::Path,
+    flags: libc::c_int,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: openat reads the NUL-terminated `c` and returns a new descriptor (or
+    // -1), which only this function owns; `at` is open while `dir` is borrowed.
+    let fd = unsafe { libc::openat(at, c.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}

@@ -51,11 +51,7 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             let mut changes = Changes::start(&client, Some(&target.key)).await?;
             loop {
                 let view = client.job(&target.key).await?;
-                let only = target
-                    .instances
-                    .as_deref()
-                    .map(|set| instances_of(&view, set))
-                    .transpose()?;
+                let only = shown_instances(&view, target.instances.as_deref())?;
                 println!(
                     "--- {} (UTC)",
                     render::timestamp(drover_common::state::now_ms())
@@ -68,11 +64,7 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             let client = master.client()?;
             let target = parse_job_target(&key)?;
             let view = client.job(&target.key).await?;
-            let only = target
-                .instances
-                .as_deref()
-                .map(|set| instances_of(&view, set))
-                .transpose()?;
+            let only = shown_instances(&view, target.instances.as_deref())?;
             if json {
                 let mut view = view;
                 if let Some(only) = &only {
@@ -119,6 +111,11 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             Ok(true)
         }
     }
+}
+
+/// The instances `job status` shows: those of `set` when given (else all: None).
+fn shown_instances(view: &JobView, set: Option<&str>) -> anyhow::Result<Option<Vec<u32>>> {
+    set.map(|set| instances_of(view, set)).transpose()
 }
 
 /// The instances of `set` (`0-3,7`, already checked by the parser), refused with the

@@ -1140,12 +1140,7 @@ async fn assignments(
     let mut stopping = m.stopping();
     loop {
         if *stopping.borrow_and_update() {
-            return Err(ApiErr::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the master is stopping; poll again after it restarted",
-                None,
-            ));
+            return Err(shutting_down("poll again after it restarted"));
         }
         rx.borrow_and_update();
         commits.borrow_and_update();
@@ -1199,6 +1194,17 @@ async fn assignments(
     }
 }
 
+/// 503 `shutting_down` for a long poll the stopping master ends early; `then` says
+/// what the client should do.
+fn shutting_down(then: &str) -> ApiErr {
+    ApiErr::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        format!("the master is stopping; {then}"),
+        None,
+    )
+}
+
 /// GET /v1/changes?index=N[&job=KEY][&wait_ms=M]: the change stream (docs/api.md).
 /// Answers at once when something the token may see was committed after index N
 /// (or N is newer than this master's index: `reset`), else when the next such
@@ -1239,11 +1245,8 @@ async fn changes(
     let mut stopping = m.stopping();
     loop {
         if *stopping.borrow_and_update() {
-            return Err(ApiErr::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the master is stopping; ask again with the same index after it restarted",
-                None,
+            return Err(shutting_down(
+                "ask again with the same index after it restarted",
             ));
         }
         if m.commit_state().failed() {

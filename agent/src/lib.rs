@@ -1,9 +1,10 @@
 //! drover-agent: one host of a Drover cluster. It registers with the master,
-//! heartbeats, long-polls its assignment set and converges on it (pure logic in
-//! `converge`), starts one `drover-executor` per task and re-adopts them after a
-//! restart, relays every status through a durable outbox, kills exclusive tasks when
-//! the master is gone past the lease, collects old sandboxes and serves task logs.
-//! When the host itself shuts down, it asks the master to drain it first.
+//! heartbeats, long-polls its assignment set and converges on it (the decisions are
+//! pure, in `host` and `converge`; `runtime` carries them out), starts one
+//! `drover-executor` per task and re-adopts them after a restart, relays every status
+//! through a durable outbox, kills exclusive tasks when the master is gone past the
+//! lease, collects old sandboxes and serves task logs. When the host itself shuts
+//! down, it asks the master to drain it first.
 
 pub mod config;
 pub mod converge;

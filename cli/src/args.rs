@@ -126,6 +126,73 @@ pub enum JobCommand {
         /// role/environment/name[/INSTANCES]
         target: String,
     },
+    /// Show what `drover job update FILE` would change, changing nothing: instances
+    /// added, removed, replaced, and each changed field. Exit 0: nothing would
+    /// change; 1: something would.
+    Diff {
+        /// The new spec file (.yaml/.yml, .toml or .json).
+        file: PathBuf,
+        /// Only these instances, e.g. 0 (a canary) or 0-3,7.
+        #[arg(long)]
+        instances: Option<String>,
+    },
+    /// Roll a job onto a new spec batch by batch (the spec's `update` section), or
+    /// inspect and steer its update: `drover job update status|pause|resume|abort|rollback KEY`.
+    Update(UpdateArgs),
+}
+
+/// `drover job update FILE [--instances R] [--wait]`, or an action on the running one.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct UpdateArgs {
+    #[command(subcommand)]
+    pub action: Option<UpdateCommand>,
+    /// The new spec file (.yaml/.yml, .toml or .json).
+    #[arg(required = true)]
+    pub file: Option<PathBuf>,
+    /// Only these instances, e.g. 0 (a canary) or 0-3,7.
+    #[arg(long)]
+    pub instances: Option<String>,
+    /// Wait until the update ends, showing its progress; exit 1 unless it rolled
+    /// forward.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, e.g. 10m.
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// `drover job update ACTION KEY`.
+#[derive(Debug, Subcommand)]
+pub enum UpdateCommand {
+    /// Show the job's latest update: state, per-instance progress, events.
+    Status {
+        /// role/environment/name
+        key: String,
+        /// Print the API's JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start no new batch (the instances in flight finish).
+    Pause {
+        /// role/environment/name
+        key: String,
+    },
+    /// Go on where a pause stopped.
+    Resume {
+        /// role/environment/name
+        key: String,
+    },
+    /// Stop the update, leaving every instance on the config it runs.
+    Abort {
+        /// role/environment/name
+        key: String,
+    },
+    /// Put every instance the update touched back on its config, in reverse order.
+    Rollback {
+        /// role/environment/name
+        key: String,
+    },
 }
 
 /// `drover task ...`
@@ -366,6 +433,14 @@ mod tests {
         let (master, note) = master_or_default(Some("https://m:1".into()));
         assert_eq!((master.as_str(), note), ("https://m:1", None));
         assert!(master_or_default(Some(String::new())).1.is_some());
+    }
+
+    #[test]
+    fn update_takes_a_file_or_an_action() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args);
+        assert!(parse(&["drover", "job", "update", "web.yaml", "--instances", "0"]).is_ok());
+        assert!(parse(&["drover", "job", "update", "status", "a/b/c"]).is_ok());
+        assert!(parse(&["drover", "job", "update"]).is_err());
     }
 
     #[test]

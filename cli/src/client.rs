@@ -7,7 +7,8 @@ use std::time::Duration;
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
     ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, HostProbe,
-    HostView, HostsRequest, InstancesRequest, JobSummary, JobView, TaskView,
+    HostView, HostsRequest, InstancesRequest, JobSummary, JobView, TaskView, UpdateRequest,
+    UpdateView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -275,6 +276,33 @@ impl Client {
         self.post(
             &format!("/v1/jobs/{key}/restart"),
             &InstancesRequest { instances },
+        )
+        .await
+    }
+
+    /// POST /v1/jobs/{key}/update.
+    pub async fn start_update(
+        &self,
+        key: &JobKey,
+        request: &UpdateRequest,
+    ) -> Result<UpdateView, ClientError> {
+        self.post(&format!("/v1/jobs/{key}/update"), request).await
+    }
+
+    /// GET /v1/jobs/{key}/update: the job's latest update.
+    pub async fn update(&self, key: &JobKey) -> Result<UpdateView, ClientError> {
+        self.get(&format!("/v1/jobs/{key}/update")).await
+    }
+
+    /// POST /v1/jobs/{key}/update/{action} (pause, resume, abort, rollback).
+    pub async fn update_action(
+        &self,
+        key: &JobKey,
+        action: &str,
+    ) -> Result<UpdateView, ClientError> {
+        self.post(
+            &format!("/v1/jobs/{key}/update/{action}"),
+            &serde_json::json!({}),
         )
         .await
     }

@@ -110,6 +110,10 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             );
             Ok(true)
         }
+        JobCommand::Diff { file, instances } => {
+            crate::update::diff(&master.client()?, &file, instances.as_deref()).await
+        }
+        JobCommand::Update(args) => crate::update::update(&master.client()?, args).await,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod sys;
 pub mod table;
 pub mod target;
 pub mod tls;
+pub mod update;
 
 use args::{Cli, Command};
 

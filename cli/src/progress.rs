@@ -180,10 +180,13 @@ mod tests {
                 .enumerate()
                 .map(|(i, (current, history))| InstanceView {
                     instance: i as u32,
+                    config: None,
                     current,
                     history,
                 })
                 .collect(),
+            configs: BTreeMap::new(),
+            update: None,
         }
     }
 

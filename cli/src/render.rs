@@ -89,8 +89,29 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
         view.instances.len(),
         state_counts(&view.state_counts)
     );
+    // Which config each instance runs, as hash and ranges.
+    let mut by_config: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for instance in &view.instances {
+        if let Some(config) = &instance.config {
+            by_config.entry(config).or_default().push(instance.instance);
+        }
+    }
+    if !by_config.is_empty() {
+        let configs: Vec<String> = by_config
+            .iter()
+            .map(|(hash, list)| format!("{hash} ({})", drover_common::configs::format_ranges(list)))
+            .collect();
+        let _ = writeln!(out, "configs: {}", configs.join(", "));
+    }
+    if let Some(u) = view.update.as_ref().filter(|u| !u.state.is_terminal()) {
+        let _ = writeln!(
+            out,
+            "update {}: {} (`drover job update status {}`)",
+            u.id, u.state, view.key
+        );
+    }
     let mut table = Table::new(&[
-        "INSTANCE", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
+        "INSTANCE", "CONFIG", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
     ]);
     let shown = view
         .instances
@@ -98,11 +119,13 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
         .filter(|i| only.is_none_or(|only| only.contains(&i.instance)));
     for instance in shown {
         let history = instance.history.len().to_string();
+        let config = instance.config.clone().unwrap_or_else(|| "-".into());
         match &instance.current {
             Some(task) => {
                 let agent = task.agent_id.clone().unwrap_or_else(|| "-".to_string());
                 table.row(vec![
                     instance.instance.to_string(),
+                    config,
                     task.task_id.clone(),
                     task.state.to_string(),
                     agent,
@@ -115,6 +138,7 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
                 let last = instance.history.first();
                 table.row(vec![
                     instance.instance.to_string(),
+                    config,
                     last.map(|t| t.task_id.clone())
                         .unwrap_or_else(|| "-".into()),
                     last.map(|t| t.state.to_string())

@@ -215,6 +215,8 @@ pub enum ExitReason {
     /// Stopped because someone restarted its instance (job restart): a replacement
     /// task takes its place.
     Restarted,
+    /// Replaced by a rolling update (or its rollback) with a task of another config.
+    Updated,
     /// Its host went into maintenance.
     Drained,
     /// Killed for a production task's resources.
@@ -262,6 +264,7 @@ impl fmt::Display for ExitReason {
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
             ExitReason::Restarted => write!(f, "restarted by request (replaced)"),
+            ExitReason::Updated => write!(f, "updated"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
             ExitReason::Preempted => write!(f, "preempted"),
             ExitReason::AgentLost => write!(f, "agent lost"),

@@ -365,6 +365,9 @@ pub struct TaskView {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InstanceView {
     pub instance: u32,
+    /// The hash of the task config this instance runs (`configs` holds it).
+    #[serde(default)]
+    pub config: Option<String>,
     pub current: Option<TaskView>,
     pub history: Vec<TaskView>,
 }
@@ -378,6 +381,13 @@ pub struct JobView {
     /// Count of current tasks per state.
     pub state_counts: BTreeMap<TaskState, u32>,
     pub instances: Vec<InstanceView>,
+    /// Every task config an instance runs, by hash (several during and after a
+    /// partial update, e.g. a canary).
+    #[serde(default)]
+    pub configs: BTreeMap<String, JobSpec>,
+    /// The job's latest update, if it had one.
+    #[serde(default)]
+    pub update: Option<UpdateView>,
 }
 
 /// A line of GET /v1/jobs.
@@ -591,6 +601,122 @@ pub struct EvictionGuardView {
 pub struct InstancesRequest {
     #[serde(default)]
     pub instances: Option<String>,
+}
+
+/// Body of POST /v1/jobs/{key}/update: the new spec, optionally only some instances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateRequest {
+    pub spec: JobSpec,
+    /// `0-3,7`; absent: every instance.
+    #[serde(default)]
+    pub instances: Option<String>,
+    /// Who asks (shown in the update record); absent: `unknown`.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Where an update is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum UpdateState {
+    RollingForward,
+    Paused,
+    RolledForward,
+    RollingBack,
+    RolledBack,
+    Aborted,
+    Failed,
+}
+
+impl UpdateState {
+    /// Whether the update has ended.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            UpdateState::RolledForward
+                | UpdateState::RolledBack
+                | UpdateState::Aborted
+                | UpdateState::Failed
+        )
+    }
+
+    /// The name as the API writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            UpdateState::RollingForward => "ROLLING_FORWARD",
+            UpdateState::Paused => "PAUSED",
+            UpdateState::RolledForward => "ROLLED_FORWARD",
+            UpdateState::RollingBack => "ROLLING_BACK",
+            UpdateState::RolledBack => "ROLLED_BACK",
+            UpdateState::Aborted => "ABORTED",
+            UpdateState::Failed => "FAILED",
+        }
+    }
+}
+
+impl std::fmt::Display for UpdateState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where one instance of an update is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum InstanceUpdateState {
+    /// Not started.
+    Pending,
+    /// Its new task is starting or being watched.
+    Updating,
+    /// Ran healthy on the new config for the watch time (or was removed).
+    Updated,
+    /// Failed more often than `max_per_instance_failures` allows.
+    Failed,
+    /// Being put back on the config it had.
+    RollingBack,
+    /// Back on the config it had.
+    RolledBack,
+}
+
+/// One instance's progress in an update.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceProgress {
+    pub instance: u32,
+    /// The config it ran before (None: the update adds it).
+    pub from: Option<String>,
+    /// The config the update puts it on (None: the update removes it).
+    pub to: Option<String>,
+    pub state: InstanceUpdateState,
+    /// Failures of its tasks on the new config in this update.
+    pub failures: u32,
+}
+
+/// One line of an update's history.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateEvent {
+    pub at_ms: UnixMillis,
+    pub message: String,
+}
+
+/// An update as the admin API shows it (GET /v1/jobs/{key}/update).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpdateView {
+    pub id: String,
+    pub job: String,
+    pub user: String,
+    pub created_ms: UnixMillis,
+    pub state: UpdateState,
+    /// The settings it runs with (the new spec's `update` section).
+    pub settings: crate::spec::UpdateConfig,
+    /// The config hash instances move to.
+    pub to_config: String,
+    /// Instance count before and after.
+    pub instances_before: u32,
+    pub instances_after: u32,
+    /// Every instance it touches, in the order it rolls forward.
+    pub instances: Vec<InstanceProgress>,
+    /// Oldest first.
+    pub events: Vec<UpdateEvent>,
 }
 
 /// What a kill or restart touched.

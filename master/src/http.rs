@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::audit::Audit;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply};
+use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply, UpdateAction};
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
@@ -125,6 +125,36 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             route("POST", "/v1/jobs/:role/:env/:name/restart", JobWrite),
             post(restart_job),
         ),
+        // master/tests/auth.rs walks the update routes in this order: start, read,
+        // pause, resume, roll back, abort (each 2xx with the right token).
+        (
+            route("POST", "/v1/jobs/:role/:env/:name/update", JobWrite),
+            post(start_update),
+        ),
+        (
+            route("GET", "/v1/jobs/:role/:env/:name/update", JobRead),
+            get(get_update),
+        ),
+        (
+            route("POST", "/v1/jobs/:role/:env/:name/update/pause", JobWrite),
+            update_route(UpdateAction::Pause),
+        ),
+        (
+            route("POST", "/v1/jobs/:role/:env/:name/update/resume", JobWrite),
+            update_route(UpdateAction::Resume),
+        ),
+        (
+            route(
+                "POST",
+                "/v1/jobs/:role/:env/:name/update/rollback",
+                JobWrite,
+            ),
+            update_route(UpdateAction::Rollback),
+        ),
+        (
+            route("POST", "/v1/jobs/:role/:env/:name/update/abort", JobWrite),
+            update_route(UpdateAction::Abort),
+        ),
         (route("GET", "/v1/tasks/:id", TaskRead), get(get_task)),
         (
             route("GET", "/v1/tasks/:id/logs/:process/:stream", TaskRead),
@@ -190,6 +220,15 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             post(revoke_token),
         ),
     ]
+}
+
+/// The handler of POST .../update/{pause,resume,abort,rollback}.
+fn update_route(action: UpdateAction) -> MethodRouter<Shared> {
+    post(
+        move |State(api): State<Shared>, Path(key): Path<(String, String, String)>| {
+            update_action(api, key, action)
+        },
+    )
 }
 
 /// The route table: every route's method, path and access (tests enumerate it).
@@ -283,6 +322,15 @@ impl From<CoreError> for ApiErr {
             CoreError::BadConstraint { ref attribute, .. } => {
                 let field = format!("constraints.{attribute}");
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(&field))
+            }
+            CoreError::UpdateRunning { .. } => {
+                ApiErr::new(StatusCode::CONFLICT, "update_running", msg, Some("job"))
+            }
+            CoreError::NoActiveUpdate(_) => {
+                ApiErr::new(StatusCode::CONFLICT, "no_active_update", msg, Some("job"))
+            }
+            CoreError::BadUpdate { .. } => {
+                ApiErr::new(StatusCode::BAD_REQUEST, "invalid_update", msg, None)
             }
             CoreError::NoHosts => {
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_hosts", msg, Some("hosts"))
@@ -418,7 +466,25 @@ async fn create_job(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let text = read_body(body, MAX_BODY_BYTES).await?;
-    let spec = parse_job_json(&text).map_err(|errs| {
+    let spec = parse_spec(&text)?;
+    crate::guard::require(
+        &who,
+        &Permission::WriteJob {
+            role: spec.role.clone(),
+        },
+    )?;
+    match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
+        Reply::JobCreated { job, tasks } => Ok(json(
+            StatusCode::CREATED,
+            &serde_json::json!({ "job": job, "tasks": tasks }),
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Parses and validates a job spec (all errors at once, the first one's field).
+fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
+    parse_job_json(text).map_err(|errs| {
         let first = errs.errors.first().cloned().unwrap_or(FieldError {
             field: String::new(),
             message: "invalid job spec".to_string(),
@@ -434,18 +500,90 @@ async fn create_job(
                 },
             },
         }
+    })
+}
+
+/// POST /v1/jobs/{key}/update: an `UpdateRequest`, read field by field so the spec
+/// is validated like POST /v1/jobs (all errors, with paths).
+async fn start_update(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"spec\": {{...}}, \"instances\": \"0-3\"}}: {e}"),
+            None,
+        )
     })?;
-    crate::guard::require(
-        &who,
-        &Permission::WriteJob {
-            role: spec.role.clone(),
-        },
-    )?;
-    match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
-        Reply::JobCreated { job, tasks } => Ok(json(
-            StatusCode::CREATED,
-            &serde_json::json!({ "job": job, "tasks": tasks }),
-        )),
+    let spec_text = raw.get("spec").map(|s| s.to_string()).ok_or_else(|| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body has no `spec`: send {\"spec\": JOB_SPEC}",
+            Some("spec"),
+        )
+    })?;
+    let spec = parse_spec(&spec_text)?;
+    let text_field = |name: &str| raw.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    let instances = match text_field("instances") {
+        None => None,
+        Some(text) => Some(wire::parse_instance_set(&text).map_err(|e| {
+            ApiErr::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_instances",
+                e,
+                Some("instances"),
+            )
+        })?),
+    };
+    // Who asked, as the token proves it; the name the client gives is shown beside.
+    let user = match text_field("user") {
+        Some(name) => format!("{name} (token {})", who.token_id),
+        None => format!("token {}", who.token_id),
+    };
+    let event = Event::StartUpdate {
+        job: key_of(&role, &env, &name),
+        spec: Box::new(spec),
+        instances,
+        user,
+    };
+    match api.master.apply(event).await? {
+        Reply::Update(view) => Ok(json(StatusCode::CREATED, &view)),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// GET /v1/jobs/{key}/update: the job's latest update.
+async fn get_update(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let key = key_of(&role, &env, &name);
+    api.master
+        .read(|c| c.update_view(&key))
+        .map(|v| json(StatusCode::OK, &v))
+        .ok_or_else(|| ApiErr::not_found(&format!("update of job {key}"), "job"))
+}
+
+/// POST /v1/jobs/{key}/update/{pause,resume,abort,rollback}: one route each, so
+/// the route table names every one with its access.
+async fn update_action(
+    api: Shared,
+    (role, env, name): (String, String, String),
+    action: UpdateAction,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    match api
+        .master
+        .apply(Event::UpdateAction { job, action })
+        .await?
+    {
+        Reply::Update(view) => Ok(json(StatusCode::OK, &view)),
         other => Err(unexpected(other)),
     }
 }
@@ -518,7 +656,8 @@ async fn get_job(
         .read(|c| c.job_view(&key))
         .ok_or_else(|| ApiErr::not_found(&format!("job {key}"), "job"))?;
     if !who.sees_secrets_of(&role) {
-        for value in view.spec.task.env.values_mut() {
+        let specs = std::iter::once(&mut view.spec).chain(view.configs.values_mut());
+        for value in specs.flat_map(|s| s.task.env.values_mut()) {
             *value = HIDDEN_SECRET.to_string();
         }
     }
@@ -1289,9 +1428,14 @@ async fn metrics(State(api): State<Shared>) -> Response {
 }
 
 async fn index(State(api): State<Shared>) -> Response {
-    let (jobs, agents, cluster) = api
-        .master
-        .read(|c| (c.job_summaries(None), c.agent_views(), c.cluster_view()));
+    let (jobs, agents, cluster, updates) = api.master.read(|c| {
+        (
+            c.job_summaries(None),
+            c.agent_views(),
+            c.cluster_view(),
+            c.update_views(),
+        )
+    });
     let mut html = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
          <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
@@ -1323,6 +1467,29 @@ async fn index(State(api): State<Shared>) -> Response {
             j.instances,
             escape(&states.join(", ")),
             k = escape(&j.key),
+        );
+    }
+    html.push_str("</table><h2>Updates</h2><table><tr><th>job</th><th>update</th><th>by</th><th>state</th><th>instances</th><th>last event</th></tr>");
+    for u in &updates {
+        let done = u
+            .instances
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.state,
+                    wire::InstanceUpdateState::Updated | wire::InstanceUpdateState::RolledBack
+                )
+            })
+            .count();
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"/v1/jobs/{k}/update\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{done}/{} done</td><td>{}</td></tr>",
+            escape(&u.id),
+            escape(&u.user),
+            u.state,
+            u.instances.len(),
+            escape(u.events.last().map_or("", |e| e.message.as_str())),
+            k = escape(&u.job),
         );
     }
     html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::watch;
 
-use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task};
+use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task, UpdateRecord};
 
 /// The file name of the SQLite database inside the data dir.
 pub const DB_FILE: &str = "drover.db";
@@ -119,6 +119,11 @@ impl SqliteStore {
                 state TEXT NOT NULL, desired TEXT NOT NULL, agent TEXT, record TEXT NOT NULL);
              CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job, instance);
              CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS job_configs (
+                job TEXT NOT NULL, hash TEXT NOT NULL, spec TEXT NOT NULL,
+                PRIMARY KEY (job, hash));
+             CREATE TABLE IF NOT EXISTS updates (
+                job TEXT PRIMARY KEY, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
         )
         .map_err(open_err)?;
@@ -216,6 +221,45 @@ impl Store for SqliteStore {
             .optional()
             .map_err(sql("load index"))?;
         snap.index = index.and_then(|v| v.parse().ok()).unwrap_or(0);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT job, hash, spec FROM job_configs")
+            .map_err(sql("load configs"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(sql("load configs"))?;
+        for row in rows {
+            let (job, hash, spec) = row.map_err(sql("load configs"))?;
+            let spec = serde_json::from_str(&spec).map_err(|source| StoreError::Decode {
+                what: "config",
+                key: format!("{job} {hash}"),
+                source,
+            })?;
+            snap.configs.push((job, hash, spec));
+        }
+        let mut stmt = self
+            .conn
+            .prepare("SELECT job, record FROM updates")
+            .map_err(sql("load updates"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("load updates"))?;
+        for row in rows {
+            let (job, record) = row.map_err(sql("load updates"))?;
+            let update: UpdateRecord =
+                serde_json::from_str(&record).map_err(|source| StoreError::Decode {
+                    what: "update",
+                    key: job,
+                    source,
+                })?;
+            snap.updates.push(update);
+        }
         Ok(snap)
     }
 
@@ -225,11 +269,24 @@ impl Store for SqliteStore {
         let mut keep = vec![false; changes.len()];
         for (i, c) in changes.iter().enumerate().rev() {
             let key = match c {
-                Change::PutJob(_, key, _) | Change::DeleteJob(key) => (0, key.as_str()),
+                Change::PutJob(_, key, _) => (0, key.as_str()),
                 Change::PutTask(t) => (1, t.id.as_str()),
                 Change::DeleteTask(id) => (1, id.as_str()),
                 Change::PutAgent(a) => (2, a.id.as_str()),
-                Change::Index(_) => (3, "index"),
+                Change::Index(_) => (4, "index"),
+                Change::PutUpdate(u) => (3, u.view.job.as_str()),
+                // Configs are few: all kept. A job's delete is kept even when a
+                // later write of the job supersedes its row: it also deletes the
+                // job's configs and update written before it (all run in order).
+                Change::PutConfig { .. } => {
+                    keep[i] = true;
+                    continue;
+                }
+                Change::DeleteJob(key) => {
+                    seen.insert((0, key.as_str()));
+                    keep[i] = true;
+                    continue;
+                }
             };
             keep[i] = seen.insert(key);
         }
@@ -251,6 +308,20 @@ impl Store for SqliteStore {
                 .map_err(sql("prepare"))?;
             let mut del_task = tx
                 .prepare_cached("DELETE FROM tasks WHERE id = ?1")
+                .map_err(sql("prepare"))?;
+            let mut put_config = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO job_configs (job, hash, spec) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(sql("prepare"))?;
+            let mut put_update = tx
+                .prepare_cached("INSERT OR REPLACE INTO updates (job, record) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            let mut del_job_configs = tx
+                .prepare_cached("DELETE FROM job_configs WHERE job = ?1")
+                .map_err(sql("prepare"))?;
+            let mut del_job_update = tx
+                .prepare_cached("DELETE FROM updates WHERE job = ?1")
                 .map_err(sql("prepare"))?;
             let mut put_agent = tx
                 .prepare_cached("INSERT OR REPLACE INTO agents (id, record) VALUES (?1, ?2)")
@@ -274,6 +345,36 @@ impl Store for SqliteStore {
                     }
                     Change::DeleteJob(key) => {
                         del_job.execute(params![key]).map_err(sql("delete job"))?;
+                        del_job_configs
+                            .execute(params![key])
+                            .map_err(sql("delete job"))?;
+                        del_job_update
+                            .execute(params![key])
+                            .map_err(sql("delete job"))?;
+                    }
+                    Change::PutConfig { job, hash, spec } => {
+                        let json = serde_json::to_string(spec.as_ref()).map_err(|source| {
+                            StoreError::Encode {
+                                what: "config",
+                                key: format!("{job} {hash}"),
+                                source,
+                            }
+                        })?;
+                        put_config
+                            .execute(params![job, hash, json])
+                            .map_err(sql("write config"))?;
+                    }
+                    Change::PutUpdate(u) => {
+                        let json = serde_json::to_string(u.as_ref()).map_err(|source| {
+                            StoreError::Encode {
+                                what: "update",
+                                key: u.view.job.clone(),
+                                source,
+                            }
+                        })?;
+                        put_update
+                            .execute(params![u.view.job, json])
+                            .map_err(sql("write update"))?;
                     }
                     Change::PutTask(t) => {
                         let json = serde_json::to_string(t.as_ref()).map_err(|source| {

@@ -110,6 +110,11 @@ async fn every_route_needs_the_right_token() {
             }
             ("POST", "/v1/agents/:id/updates") => json!({"updates": []}),
             ("POST", "/v1/tokens") => json!({"kind": "roles", "roles": ["x"]}),
+            ("POST", "/v1/jobs/:role/:env/:name/update") => {
+                let mut spec = job("hello", 1, false);
+                spec["task"]["processes"][0]["cmdline"] = json!("sleep 200");
+                json!({ "spec": spec })
+            }
             ("POST", p) if p.starts_with("/v1/hosts/") => json!({"hosts": ["agent-1"]}),
             _ => json!({}),
         };
@@ -403,6 +408,99 @@ async fn secrets_are_shown_only_to_the_jobs_role() {
     assert_eq!(keys, vec!["www/prod/secret"]);
     let (s, _) = send(&c, "GET", "/v1/jobs?role=db", Some(&www), &Value::Null).await;
     assert_eq!(s, 403);
+    h.stop().await.unwrap();
+}
+
+/// Starting and steering an update needs jobs:write for the job's role, reading it
+/// jobs:read: a token of another role (or an operator, for writes) gets 403 and the
+/// update is as it was. Secrets in every config of the job stay hidden from others.
+#[tokio::test]
+async fn updates_need_the_jobs_role_and_a_refused_call_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let www = token(
+        &h,
+        Grant::Roles {
+            roles: vec!["www".into()],
+        },
+    );
+    let db = token(
+        &h,
+        Grant::Roles {
+            roles: vec!["db".into()],
+        },
+    );
+    let operator = token(&h, Grant::Operator);
+    let mut spec = job("svc", 2, true);
+    spec["task"]["env"] = json!({"DB_PASSWORD": "hunter2"});
+    let (s, v) = send(&c, "POST", "/v1/jobs", Some(&www), &spec).await;
+    assert_eq!(s, 201, "{v}");
+    let base = "/v1/jobs/www/prod/svc";
+    let update = format!("{base}/update");
+    let mut new_spec = spec.clone();
+    new_spec["task"]["env"] = json!({"DB_PASSWORD": "hunter3"});
+    let body = json!({ "spec": new_spec });
+
+    for wrong in [&db, &operator] {
+        let (s, v) = send(&c, "POST", &update, Some(wrong), &body).await;
+        assert_eq!(s, 403, "{v}");
+        assert_eq!(v["error"]["field"], "permission", "{v}");
+    }
+    let (s, v) = send(&c, "GET", &update, Some(&www), &Value::Null).await;
+    assert_eq!(s, 404, "no update was started: {v}");
+    let (_, view) = send(&c, "GET", base, Some(&www), &Value::Null).await;
+    assert_eq!(view["configs"].as_object().unwrap().len(), 1, "{view}");
+
+    let (s, started) = send(&c, "POST", &update, Some(&www), &body).await;
+    assert_eq!(s, 201, "{started}");
+    assert!(
+        started["user"].as_str().unwrap().contains("token "),
+        "the record names the token: {started}"
+    );
+    let (s, v) = send(&c, "GET", &update, Some(&db), &Value::Null).await;
+    assert_eq!(s, 403, "{v}");
+    let (_, before) = send(&c, "GET", &update, Some(&www), &Value::Null).await;
+    for action in ["pause", "resume", "abort", "rollback"] {
+        for wrong in [&db, &operator] {
+            let (s, v) = send(
+                &c,
+                "POST",
+                &format!("{update}/{action}"),
+                Some(wrong),
+                &json!({}),
+            )
+            .await;
+            assert_eq!(s, 403, "{action}: {v}");
+        }
+    }
+    let (s, after) = send(&c, "GET", &update, Some(&operator), &Value::Null).await;
+    assert_eq!(s, 200, "an operator reads updates: {after}");
+    assert_eq!(after["state"], "ROLLING_FORWARD", "{after}");
+    assert_eq!(after["events"], before["events"], "nothing happened to it");
+    let (s, v) = send(
+        &c,
+        "POST",
+        &format!("{update}/pause"),
+        Some(&www),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "PAUSED");
+
+    // Both configs' secrets: the role sees them, nobody else does.
+    let (_, mine) = send(&c, "GET", base, Some(&www), &Value::Null).await;
+    assert!(mine.to_string().contains("hunter2"), "{mine}");
+    for other in [&c.admin, &operator] {
+        let (_, v) = send(&c, "GET", base, Some(other), &Value::Null).await;
+        assert_eq!(v["configs"].as_object().unwrap().len(), 2, "{v}");
+        let text = v.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("hunter3"),
+            "{text}"
+        );
+    }
     h.stop().await.unwrap();
 }
 

@@ -48,6 +48,7 @@ fn task(id: &str, state: TaskState) -> Task {
         failures: 1,
         flaps: 2,
         throttle_until: None,
+        config: "abc".to_string(),
         last_report_ms: 0,
         missing_since: None,
         rev: 0,
@@ -205,4 +206,41 @@ fn a_newer_schema_is_refused_with_a_clear_error() {
     drop(conn);
     let err = SqliteStore::open(&path).err().unwrap().to_string();
     assert!(err.contains("schema version is 9"), "{err}");
+}
+
+#[test]
+fn configs_load_back_and_a_job_replaced_in_one_batch_loses_its_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let key = "www/prod/a".to_string();
+    let config = |hash: &str| Change::PutConfig {
+        job: key.clone(),
+        hash: hash.to_string(),
+        spec: Arc::new(spec("a")),
+    };
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .commit(&[
+                Change::PutJob(Arc::new(spec("a")), key.clone(), 5),
+                config("old1"),
+                config("old2"),
+            ])
+            .unwrap();
+        assert_eq!(store.load().unwrap().configs.len(), 2);
+        // The job is dropped and created again in one batch (POST /v1/jobs over a
+        // finished job): only the new config remains.
+        store
+            .commit(&[
+                Change::DeleteJob(key.clone()),
+                Change::PutJob(Arc::new(spec("a")), key.clone(), 9),
+                config("new"),
+            ])
+            .unwrap();
+    }
+    let snap = SqliteStore::open(&path).unwrap().load().unwrap();
+    assert_eq!(snap.jobs.len(), 1);
+    assert_eq!(snap.jobs[0].created_ms, 9);
+    let hashes: Vec<&str> = snap.configs.iter().map(|(_, h, _)| h.as_str()).collect();
+    assert_eq!(hashes, ["new"]);
 }

@@ -65,10 +65,15 @@ fn service_runs_healthy_is_replaced_when_killed_and_is_killed_by_request() {
         status.starts_with("www-data/test/web: 3 instance(s), service; RUNNING 3"),
         "{status}"
     );
-    let running_rows = status
-        .lines()
-        .skip(2)
-        .filter(|row| row.split_whitespace().nth(2) == Some("RUNNING"))
+    // Rows below the column header, counted by their STATE column.
+    let mut rows = status.lines().skip_while(|l| !l.starts_with("INSTANCE"));
+    let header = rows.next().unwrap_or_default();
+    let state_col = header
+        .split_whitespace()
+        .position(|c| c == "STATE")
+        .unwrap();
+    let running_rows = rows
+        .filter(|row| row.split_whitespace().nth(state_col) == Some("RUNNING"))
         .count();
     assert_eq!(running_rows, 3, "{status}");
     let output = cluster.drover(&["job", "status", KEY, "--json"]).unwrap();

@@ -8,7 +8,8 @@
 //! - `relay`: writes statuses to the durable outbox and relays them to the master.
 //! - `session`: registration, heartbeats, the long poll of the assignment set, and
 //!   the self-drain when the host shuts down.
-//! - `gc`: the periodic tick: lease kills, acknowledgements, sandbox collection.
+//! - `gc`: the periodic tick: lease kills, acknowledgements, sandbox collection,
+//!   the systemd watchdog.
 
 mod adopt;
 mod gc;
@@ -188,9 +189,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         addr: cfg.listen,
         source,
     })?;
+    // A convenience for scripts and tests: a full disk must not stop an agent whose
+    // tasks run on, so a failed write is only reported.
     let addr_file = cfg.data_dir.join("agent.addr");
-    write_atomic(&addr_file, bound.to_string().as_bytes(), false)
-        .map_err(dir_err("writing", &addr_file))?;
+    if let Err(e) = write_atomic(&addr_file, bound.to_string().as_bytes(), false) {
+        tracing::warn!(path = %addr_file.display(), error = %e, "cannot write the bound address; serving anyway");
+    }
     let address = cfg.advertise.clone().unwrap_or_else(|| {
         if bound.ip().is_unspecified() {
             format!("http://{}:{}", cfg.hostname, bound.port())

@@ -19,6 +19,7 @@ use crate::sandbox::SandboxIo;
 /// How long a new executor's readiness pipe is waited for before polling its socket.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
+/// The status update that relays an executor's status as it is.
 pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
     StatusUpdate {
         task_id: s.task_id.clone(),

@@ -8,13 +8,13 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
     ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdate,
+    RegisterResponse, StatusAck, StatusUpdate, UpdateView,
 };
 
 use drover_common::wire::{HostView, MaintenanceMode};
 
 use super::maintenance::MaintenanceOp;
-use super::{AgentRecord, Task};
+use super::{AgentRecord, Task, UpdateRecord};
 
 /// One change for the store.
 #[derive(Clone, Debug)]
@@ -28,6 +28,14 @@ pub enum Change {
     /// the core): a restarted master goes on numbering from it, so the change
     /// stream's index never repeats.
     Index(u64),
+    /// One task config of a job, by its hash.
+    PutConfig {
+        job: String,
+        hash: String,
+        spec: Arc<JobSpec>,
+    },
+    /// A job's update record (the whole record, replacing the stored one).
+    PutUpdate(Arc<UpdateRecord>),
 }
 
 /// What the core reacts to.
@@ -55,6 +63,18 @@ pub enum Event {
         agent: String,
         reports: Vec<StatusUpdate>,
     },
+    /// POST .../update: roll the job (or `instances` of it) onto `spec`.
+    StartUpdate {
+        job: String,
+        spec: Box<JobSpec>,
+        instances: Option<Vec<u32>>,
+        user: String,
+    },
+    /// POST .../update/{pause,resume,abort,rollback}.
+    UpdateAction {
+        job: String,
+        action: UpdateAction,
+    },
     /// POST /v1/hosts/{cordon,drain,activate}: hosts by agent id or host name.
     Maintenance {
         op: MaintenanceOp,
@@ -66,6 +86,19 @@ pub enum Event {
     /// /v1/cluster/eviction-guard/release): the agents lost so far are handled
     /// as ordinary losses, at the loss rate.
     ReleaseEvictionGuard,
+}
+
+/// What an operator asks of a running update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateAction {
+    /// Start no new batch; the instances in flight finish.
+    Pause,
+    /// Go on in the direction it was going.
+    Resume,
+    /// Stop here, leaving every instance on the config it runs.
+    Abort,
+    /// Put every instance it touched back, in reverse order.
+    Rollback,
 }
 
 /// The answer to the event's sender.
@@ -80,6 +113,7 @@ pub enum Reply {
     Registered(RegisterResponse),
     Heartbeat(HeartbeatResponse),
     Ack(StatusAck),
+    Update(Box<UpdateView>),
     /// The hosts a maintenance request named, as they are now.
     Hosts(Vec<HostView>),
     /// The cluster and its eviction guard after the event.
@@ -107,6 +141,18 @@ pub enum CoreError {
     Protocol { got: u32, want: u32 },
     #[error("constraint {attribute}: {message}")]
     BadConstraint { attribute: String, message: String },
+    #[error(
+        "job {job} is being updated by update {id} ({state}); pause, abort or wait for it first"
+    )]
+    UpdateRunning {
+        job: String,
+        id: String,
+        state: String,
+    },
+    #[error("job {0} has no update running")]
+    NoActiveUpdate(String),
+    #[error("update of {job}: {message}")]
+    BadUpdate { job: String, message: String },
     #[error("no host given: name at least one agent id or host name")]
     NoHosts,
     #[error("no host named {}: use an agent id or host name from `drover host list`", .0.join(", "))]

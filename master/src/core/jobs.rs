@@ -6,7 +6,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
-use super::model::{constraints_of, need_of, new_task, Job, Slot};
+use super::model::{constraints_of, new_task, Job};
 use super::{Change, Core, CoreError, Now, Reply};
 
 impl Core {
@@ -26,25 +26,20 @@ impl Core {
             }
             self.drop_job(&key);
         }
-        let need = need_of(&spec);
         let spec = Arc::new(spec);
         self.job_changes
             .push(Change::PutJob(spec.clone(), key.clone(), now.wall));
-        let mut job = Job {
-            key: key.clone(),
+        let mut job = Job::new(key.clone(), spec.clone(), now.wall);
+        job.constraints = constraints;
+        self.job_changes.push(Change::PutConfig {
+            job: key.clone(),
+            hash: job.config.clone(),
             spec: spec.clone(),
-            created_ms: now.wall,
-            slots: vec![Slot::default(); spec.instances as usize],
-            constraints,
-            need,
-            candidates: None,
-            cursor: 0,
-            pending_reason: None,
-        };
+        });
         let mut ids = Vec::with_capacity(spec.instances as usize);
         for instance in 0..spec.instances {
             let id = self.next_task_id(&spec.name, instance);
-            let task = new_task(
+            let mut task = new_task(
                 &id,
                 &key,
                 instance,
@@ -53,6 +48,7 @@ impl Core {
                 TaskState::Pending,
                 "created",
             );
+            task.config = job.config.clone();
             job.slots[instance as usize].current = Some(id.clone());
             self.tasks.insert(id.clone(), task);
             self.queue.push_back(id.clone());
@@ -77,6 +73,7 @@ impl Core {
                 }
             }
             self.blocked.remove(key);
+            self.updates.remove(key);
             self.job_changes.push(Change::DeleteJob(key.to_string()));
         }
     }
@@ -127,6 +124,25 @@ impl Core {
         message: &str,
         now: Now,
     ) -> bool {
+        // A restart says so in the replaced task's end (not "killed by request").
+        let reason = if via == TaskState::Restarting {
+            ExitReason::Restarted
+        } else {
+            ExitReason::KilledByRequest
+        };
+        self.stop_task_for(id, via, source, reason, message, now)
+    }
+
+    /// `stop_task` with the reason the task ends with (KILLED by request, updated).
+    pub(super) fn stop_task_for(
+        &mut self,
+        id: &str,
+        via: TaskState,
+        source: EventSource,
+        reason: ExitReason,
+        message: &str,
+        now: Now,
+    ) -> bool {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
         };
@@ -135,11 +151,6 @@ impl Core {
             return false;
         }
         task.desired = DesiredState::Shutdown;
-        let reason = if via == TaskState::Restarting {
-            ExitReason::Restarted
-        } else {
-            ExitReason::KilledByRequest
-        };
         task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
             let _ =

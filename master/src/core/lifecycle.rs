@@ -116,6 +116,7 @@ impl Core {
         let old = self.tasks.get(old_id)?;
         let (job_key, instance, gen, failures) =
             (old.job.clone(), old.instance, old.gen, old.failures);
+        let config = old.config.clone();
         let failed_now = u32::from(old.status.state == TaskState::Failed);
         let name = self.jobs.get(&job_key)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
@@ -139,6 +140,7 @@ impl Core {
         task.failures = failures + failed_now;
         task.flaps = flaps;
         task.throttle_until = penalty.map(|p| now.wall + p);
+        task.config = config;
         self.tasks.insert(id.clone(), task);
         self.mark(&id);
         match penalty {
@@ -197,7 +199,11 @@ impl Core {
         task.missing_since = None;
         let agent = task.agent.clone();
         let ports: Vec<u16> = task.ports.iter().map(|(_, p)| *p).collect();
-        let need = self.jobs.get(&task.job).map(|j| j.need).unwrap_or_default();
+        let need = self
+            .jobs
+            .get(&task.job)
+            .map(|j| j.need_for(&task.config))
+            .unwrap_or_default();
         self.mark(id);
         if let Some(idx) = agent.and_then(|a| self.agent_idx.get(&a).copied()) {
             let a = &mut self.agents[idx as usize];
@@ -284,17 +290,21 @@ impl Core {
         source: EventSource,
         now: Now,
     ) {
-        let message = reason.to_string();
-        let stopping = self
-            .tasks
-            .get(id)
-            .is_some_and(|t| t.status.state.is_stopping());
+        let task = self.tasks.get(id);
+        let stopping = task.is_some_and(|t| t.status.state.is_stopping());
         let to = if stopping {
             TaskState::Killed
         } else {
             TaskState::Lost
         };
-        let reason = if stopping { None } else { Some(reason) };
+        // A stopping task gone from its agent ended as it was asked to: with the
+        // reason it was stopped for (killed by request, drained, updated).
+        let reason = match task.and_then(|t| t.kill_reason.clone()) {
+            Some(asked) if stopping => asked,
+            _ => reason,
+        };
+        let message = reason.to_string();
+        let reason = Some(reason);
         if self.end_task(id, to, reason, source, &message, now) {
             self.replace_after_end(id, now);
         }

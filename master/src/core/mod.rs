@@ -19,11 +19,12 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
+//! - `update`: rolling updates, canaries and their reverse-order rollback
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
 //!
-//! A new concern (rolling updates, host maintenance, preemption, quotas, cron) is a
+//! A new concern (preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
@@ -43,6 +44,7 @@ mod reconciliation;
 mod snapshot;
 mod stats;
 mod timers;
+mod update;
 mod views;
 
 use std::cmp::Reverse;
@@ -54,12 +56,13 @@ use drover_common::state::{MonoMillis, TaskState};
 pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
-pub use events::{Change, CoreError, Effect, Event, Output, Reply};
+pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
 pub use maintenance::{HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;
 pub use stats::MetricsState;
+pub use update::UpdateRecord;
 
 use eviction_guard::EvictionGuard;
 use maintenance::Drains;
@@ -94,9 +97,13 @@ pub struct Core {
     guard: EvictionGuard,
     recon: Option<Reconciliation>,
     next_recon_id: u64,
+    /// Each job's latest update (running or ended); shared with the store's batch
+    /// until it is written, copied on the next change only if still shared.
+    updates: BTreeMap<String, Arc<UpdateRecord>>,
     /// Draining hosts and why they wait.
     drains: Drains,
     // Per-event scratch.
+    dirty_updates: BTreeSet<String>,
     dirty_tasks: BTreeSet<String>,
     deleted_tasks: Vec<String>,
     dirty_agents: BTreeSet<u32>,
@@ -129,6 +136,8 @@ impl Core {
             guard: EvictionGuard::default(),
             recon: None,
             next_recon_id: 1,
+            updates: BTreeMap::new(),
+            dirty_updates: BTreeSet::new(),
             drains: Drains::default(),
             dirty_tasks: BTreeSet::new(),
             deleted_tasks: Vec::new(),
@@ -196,6 +205,7 @@ impl Core {
         let reply = match event {
             Event::CreateJob(spec) => self.create_job(*spec, now),
             Event::Kill { job, instances } => {
+                self.abort_update_for_kill(&job, now);
                 self.stop_instances(&job, instances, TaskState::Killing, now)
             }
             Event::Restart { job, instances } => {
@@ -204,6 +214,13 @@ impl Core {
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
+            Event::StartUpdate {
+                job,
+                spec,
+                instances,
+                user,
+            } => self.start_update(&job, *spec, instances, &user, now),
+            Event::UpdateAction { job, action } => self.update_action(&job, action, now),
             Event::Maintenance { op, hosts } => self.maintenance(op, &hosts, now),
             Event::Tick => {
                 self.tick(now);
@@ -211,6 +228,7 @@ impl Core {
             }
             Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
         };
+        self.drive_updates(now);
         self.drain_round(now);
         self.schedule(now);
         let reply = self.hosts_after_round(reply);
@@ -223,6 +241,11 @@ impl Core {
         // Every row written in this batch carries the batch's number, the change
         // stream's index (it is `self.seq` below when there are changes).
         let rev = self.seq + 1;
+        for job in std::mem::take(&mut self.dirty_updates) {
+            if let Some(u) = self.updates.get(&job) {
+                changes.push(Change::PutUpdate(u.clone()));
+            }
+        }
         for id in std::mem::take(&mut self.dirty_tasks) {
             if let Some(t) = self.tasks.get_mut(&id) {
                 t.rev = rev;

@@ -57,6 +57,10 @@ pub struct Task {
     /// left at load).
     #[serde(default)]
     pub throttle_until: Option<UnixMillis>,
+    /// The hash of the task config this task runs (its job's `configs`); empty in
+    /// records written before jobs had several configs: the job's own config.
+    #[serde(default)]
+    pub config: String,
     /// When the agent last told us about this task (status or full task set),
     /// monotonic.
     #[serde(skip)]
@@ -120,10 +124,37 @@ pub(super) struct JobConstraints {
     pub(super) names_dedicated: bool,
 }
 
+/// One task config of a job and what placing its tasks takes: its needs, its
+/// constraints and its cached candidate agents.
+#[derive(Clone, Debug)]
+pub(super) struct JobConfig {
+    pub(super) spec: Arc<JobSpec>,
+    pub(super) need: Need,
+    pub(super) constraints: JobConstraints,
+    pub(super) candidates: Option<(u64, Arc<Vec<u32>>)>,
+}
+
+impl JobConfig {
+    /// A config of `spec` (its constraints were checked when it was accepted).
+    pub(super) fn new(spec: Arc<JobSpec>) -> JobConfig {
+        JobConfig {
+            need: need_of(&spec),
+            constraints: constraints_of(&spec).unwrap_or_default(),
+            spec,
+            candidates: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(super) struct Job {
     pub(super) key: String,
+    /// The job's newest config: what new instances run and what placement checks.
     pub(super) spec: Arc<JobSpec>,
+    /// The hash of `spec`'s task config.
+    pub(super) config: String,
+    /// Every task config its tasks run, by hash (see drover_common::configs).
+    pub(super) configs: BTreeMap<String, JobConfig>,
     pub(super) created_ms: UnixMillis,
     pub(super) slots: Vec<Slot>,
     pub(super) constraints: JobConstraints,
@@ -251,6 +282,50 @@ pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError
     Ok(out)
 }
 
+impl Job {
+    /// A job on `spec`, its one config registered.
+    pub(super) fn new(key: String, spec: Arc<JobSpec>, created_ms: UnixMillis) -> Job {
+        let config = drover_common::configs::config_hash(&spec);
+        let need = need_of(&spec);
+        let mut configs = BTreeMap::new();
+        configs.insert(config.clone(), JobConfig::new(spec.clone()));
+        Job {
+            key,
+            slots: vec![Slot::default(); spec.instances as usize],
+            spec,
+            config,
+            configs,
+            created_ms,
+            constraints: JobConstraints::default(),
+            need,
+            candidates: None,
+            cursor: 0,
+            pending_reason: None,
+        }
+    }
+
+    /// The spec a task of config `hash` runs (the job's newest if unknown).
+    pub(super) fn spec_of(&self, hash: &str) -> &Arc<JobSpec> {
+        self.configs.get(hash).map_or(&self.spec, |c| &c.spec)
+    }
+
+    /// Swaps the placement inputs of the newest config (needs, constraints, cached
+    /// candidates) with those of config `hash`: the scheduler tries a task of an
+    /// older config by its own; a second swap puts them back.
+    pub(super) fn swap_placement(&mut self, hash: &str) {
+        if let Some(c) = self.configs.get_mut(hash) {
+            std::mem::swap(&mut self.need, &mut c.need);
+            std::mem::swap(&mut self.constraints, &mut c.constraints);
+            std::mem::swap(&mut self.candidates, &mut c.candidates);
+        }
+    }
+
+    /// What a task of config `hash` needs.
+    pub(super) fn need_for(&self, hash: &str) -> Need {
+        self.configs.get(hash).map_or(self.need, |c| c.need)
+    }
+}
+
 pub(super) fn need_of(spec: &JobSpec) -> Need {
     let r = &spec.task.resources;
     Need {
@@ -289,6 +364,7 @@ pub(super) fn new_task(
         failures: 0,
         flaps: 0,
         throttle_until: None,
+        config: String::new(),
         last_report_ms: 0,
         missing_since: None,
         rev: 0,

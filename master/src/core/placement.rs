@@ -1,6 +1,7 @@
 //! Pure placement: PENDING tasks onto agents with enough free cpu, ram, disk and
 //! ports, honouring value constraints, `limit:N` per attribute value, dedicated hosts
-//! and the implicit one-per-host of services. Fast paths: candidate agents are
+//! and the implicit one-per-host of services, each task by its own config's needs
+//! and constraints. Fast paths: candidate agents are
 //! precomputed per job from an attribute index, each job keeps a rotating cursor so
 //! the next task starts at the last good agent, and once one task of a job does not
 //! fit, its identical siblings are not tried again in the same pass. Also the glue the
@@ -59,7 +60,8 @@ impl Core {
                 continue;
             }
             let job = task.job.clone();
-            // A job with blocked tasks blocks its newcomers too: they are identical.
+            // A job with blocked tasks blocks its newcomers too (one queue per job,
+            // whatever their config).
             self.prune_blocked_front(&job);
             if let Some(q) = self.blocked.get_mut(&job).filter(|q| !q.is_empty()) {
                 q.push_back(id);
@@ -92,7 +94,9 @@ impl Core {
         }
     }
 
-    /// Places one task of `job` or records why it cannot be placed.
+    /// Places one task of `job` or records why it cannot be placed. A task of
+    /// another config than the job's newest (during or after an update) is placed
+    /// by its own config's needs and constraints.
     fn try_place(
         &mut self,
         job_key: &str,
@@ -100,11 +104,41 @@ impl Core {
         limits: &mut HashMap<String, LimitCounts>,
         now: Now,
     ) -> bool {
-        if !limits.contains_key(job_key) {
-            let counts = self.limit_counts(job_key);
-            limits.insert(job_key.to_string(), counts);
+        let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
+        let Some(job) = self.jobs.get(job_key) else {
+            return false;
+        };
+        if config == job.config || !job.configs.contains_key(config) {
+            return self.try_place_as(job_key, job_key, id, limits, now);
         }
-        let Some(counts) = limits.get_mut(job_key) else {
+        let config = config.to_string();
+        let key = format!("{job_key}\u{0}{config}");
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
+        }
+        let placed = self.try_place_as(job_key, &key, id, limits, now);
+        if let Some(job) = self.jobs.get_mut(job_key) {
+            job.swap_placement(&config);
+        }
+        placed
+    }
+
+    /// `try_place` with the job's placement inputs as they stand; `key` names the
+    /// limit counts of the config tried (counts of the job's other configs are
+    /// dropped after a placement, to be counted again).
+    fn try_place_as(
+        &mut self,
+        job_key: &str,
+        key: &str,
+        id: &str,
+        limits: &mut HashMap<String, LimitCounts>,
+        now: Now,
+    ) -> bool {
+        if !limits.contains_key(key) {
+            let counts = self.limit_counts(job_key);
+            limits.insert(key.to_string(), counts);
+        }
+        let Some(counts) = limits.get_mut(key) else {
             return false;
         };
         let Some(job) = self.jobs.get_mut(job_key) else {
@@ -119,8 +153,10 @@ impl Core {
             counts,
         ) {
             Ok(idx) => {
+                let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
                 let need = job.need;
-                let names = job.spec.task.resources.ports.clone();
+                let mixed = job.configs.len() > 1;
+                let names = job.spec_of(config).task.resources.ports.clone();
                 for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
                     if let Some(v) = self.agents[idx as usize].attr(attr) {
                         *per_value.entry(v.to_string()).or_insert(0) += 1;
@@ -131,6 +167,10 @@ impl Core {
                 agent.used_ram += need.ram;
                 agent.used_disk += need.disk;
                 let ports = take_ports(agent, &names);
+                if mixed {
+                    let prefix = format!("{job_key}\u{0}");
+                    limits.retain(|k, _| k == key || (k != job_key && !k.starts_with(&prefix)));
+                }
                 self.place(id, idx, ports, now);
                 true
             }
@@ -164,7 +204,13 @@ impl Core {
                 let agent = &self.agents[idx as usize];
                 for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
                     if let Some(v) = agent.attr(attr) {
-                        *per_value.entry(v.to_string()).or_insert(0) += 1;
+                        // No allocation for a value already counted.
+                        match per_value.get_mut(v) {
+                            Some(n) => *n += 1,
+                            None => {
+                                per_value.insert(v.to_string(), 1);
+                            }
+                        }
                     }
                 }
             }

@@ -4,10 +4,12 @@ use std::sync::Arc;
 
 use drover_common::state::TaskState;
 
+use drover_common::spec::JobSpec;
+
 use super::maintenance::Drains;
-use super::model::{constraints_of, need_of, Agent, Job, Slot};
+use super::model::{constraints_of, Agent, Job, JobConfig, Slot};
 use super::timers::Timer;
-use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task};
+use super::{AgentRecord, Core, CoreConfig, JobRecord, Now, Task, UpdateRecord};
 
 /// Everything the store holds, as loaded at start.
 #[derive(Clone, Debug, Default)]
@@ -17,6 +19,10 @@ pub struct Snapshot {
     pub agents: Vec<AgentRecord>,
     /// The last batch number committed (`Change::Index`); 0 for a new store.
     pub index: u64,
+    /// Task configs: (job key, hash, spec).
+    pub configs: Vec<(String, String, JobSpec)>,
+    /// Update records, any order.
+    pub updates: Vec<UpdateRecord>,
 }
 
 impl Core {
@@ -55,22 +61,25 @@ impl Core {
         }
         for job in snapshot.jobs {
             let constraints = constraints_of(&job.spec).unwrap_or_default();
-            let need = need_of(&job.spec);
-            let slots = vec![Slot::default(); job.spec.instances as usize];
-            core.jobs.insert(
-                job.key.clone(),
-                Job {
-                    key: job.key,
-                    spec: Arc::new(job.spec),
-                    created_ms: job.created_ms,
-                    slots,
-                    constraints,
-                    need,
-                    candidates: None,
-                    cursor: 0,
-                    pending_reason: None,
-                },
-            );
+            let mut j = Job::new(job.key.clone(), Arc::new(job.spec), job.created_ms);
+            j.constraints = constraints;
+            core.jobs.insert(job.key, j);
+        }
+        for (key, hash, spec) in snapshot.configs {
+            if let Some(job) = core.jobs.get_mut(&key) {
+                job.configs
+                    .entry(hash)
+                    .or_insert_with(|| JobConfig::new(Arc::new(spec)));
+            }
+        }
+        // Instances an update is removing keep their slots until their tasks end.
+        for task in &snapshot.tasks {
+            if let Some(job) = core.jobs.get_mut(&task.job) {
+                let want = task.instance as usize + 1;
+                if job.slots.len() < want && !task.status.state.is_terminal() {
+                    job.slots.resize(want, Slot::default());
+                }
+            }
         }
         let mut tasks = snapshot.tasks;
         tasks.sort_by(|a, b| (&a.job, a.instance, a.gen).cmp(&(&b.job, b.instance, b.gen)));
@@ -79,6 +88,11 @@ impl Core {
             let Some(job) = core.jobs.get_mut(&task.job) else {
                 continue;
             };
+            let mut task = task;
+            if task.config.is_empty() {
+                task.config = job.config.clone();
+            }
+            let need = job.need_for(&task.config);
             let Some(slot) = job.slots.get_mut(task.instance as usize) else {
                 continue;
             };
@@ -87,19 +101,19 @@ impl Core {
             }
             slot.current = Some(task.id.clone());
             let state = task.status.state;
-            let mut task = task;
             // The age counts up to what a decision needs: the flapping threshold,
-            // or the job's SLA `min_time` (a drain's healthy instances).
+            // the job's SLA `min_time` (a drain's healthy instances) or its update
+            // `watch` (an update's watched instances).
             let min_time = job
                 .spec
                 .sla_policy
                 .as_ref()
                 .map_or(0, |p| p.min_time.get().as_millis() as u64);
-            let cap = core.cfg.flapping_threshold_ms.max(min_time);
+            let watch = job.spec.update.watch.0.as_millis() as u64;
+            let cap = core.cfg.flapping_threshold_ms.max(min_time).max(watch);
             task.running_mono = task.running_since.map(|s| now.mono_of(s, cap));
             if state.is_on_agent() {
                 if let Some(&idx) = task.agent.as_ref().and_then(|a| core.agent_idx.get(a)) {
-                    let need = job.need;
                     let agent = &mut core.agents[idx as usize];
                     agent.used_cpu_milli += need.cpu_milli;
                     agent.used_ram += need.ram;
@@ -140,6 +154,7 @@ impl Core {
             }
             core.tasks.insert(task.id.clone(), task);
         }
+        core.load_updates(snapshot.updates);
         if !core.agents.is_empty() {
             core.start_reconciliation(now);
         }

@@ -23,6 +23,8 @@ pub(super) enum Timer {
     Reconcile,
     /// Next round of reconciliation `id`.
     ReconcileRound { id: u64 },
+    /// An updated instance of the job has been watched long enough.
+    UpdateWatch { job: String },
     /// A drain's deadline passes or a replacement becomes healthy: the drain round
     /// that runs after every event looks again.
     Drain,
@@ -138,6 +140,7 @@ impl Core {
                 self.push_timer(now.mono + self.cfg.reconcile_interval_ms, Timer::Reconcile);
             }
             Timer::ReconcileRound { id } => self.reconcile_round(id, now),
+            Timer::UpdateWatch { job } => self.poke_update(&job),
             Timer::Drain => self.drains.fired(),
         }
     }

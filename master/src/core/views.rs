@@ -30,12 +30,14 @@ impl Core {
     /// GET /v1/jobs/{key}.
     pub fn job_view(&self, key: &str) -> Option<JobView> {
         let job = self.jobs.get(key)?;
+        let configs = self.instance_configs(key);
         let instances = job
             .slots
             .iter()
             .enumerate()
             .map(|(i, slot)| InstanceView {
                 instance: i as u32,
+                config: configs.get(i).cloned(),
                 current: slot
                     .current
                     .as_ref()
@@ -56,6 +58,13 @@ impl Core {
             created_ms: job.created_ms,
             state_counts: self.state_counts(job),
             instances,
+            configs: configs
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .map(|h| (h.clone(), job.spec_of(h).as_ref().clone()))
+                .collect(),
+            update: self.update_view(key),
         })
     }
 
@@ -119,7 +128,7 @@ impl Core {
             .filter_map(|id| {
                 let t = self.tasks.get(id)?;
                 let job = self.jobs.get(&t.job)?;
-                let spec = &job.spec;
+                let spec = job.spec_of(&t.config);
                 Some(Assignment {
                     desired: t.desired,
                     kill_reason: match t.desired {

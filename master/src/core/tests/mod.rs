@@ -24,6 +24,7 @@ mod maintenance;
 mod placement;
 mod reconciliation;
 mod snapshot;
+mod update;
 mod views;
 
 const GIB: u64 = 1 << 30;
@@ -243,6 +244,8 @@ impl World {
         let mut agents = BTreeMap::new();
         // The writer stores the last batch number with each commit.
         let mut index = self.core.seq();
+        let mut configs = BTreeMap::new();
+        let mut updates = BTreeMap::new();
         for c in &self.persisted {
             match c {
                 Change::PutJob(spec, key, created) => {
@@ -257,6 +260,8 @@ impl World {
                 }
                 Change::DeleteJob(key) => {
                     jobs.remove(key);
+                    configs.retain(|(job, _), _| job != key);
+                    updates.remove(key);
                 }
                 Change::PutTask(t) => {
                     tasks.insert(t.id.clone(), t.as_ref().clone());
@@ -268,6 +273,12 @@ impl World {
                     agents.insert(a.id.clone(), a.as_ref().clone());
                 }
                 Change::Index(i) => index = *i,
+                Change::PutConfig { job, hash, spec } => {
+                    configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
+                }
+                Change::PutUpdate(u) => {
+                    updates.insert(u.view.job.clone(), u.as_ref().clone());
+                }
             }
         }
         Snapshot {
@@ -275,6 +286,11 @@ impl World {
             tasks: tasks.into_values().collect(),
             agents: agents.into_values().collect(),
             index,
+            configs: configs
+                .into_iter()
+                .map(|((job, hash), spec)| (job, hash, spec))
+                .collect(),
+            updates: updates.into_values().collect(),
         }
     }
 

@@ -48,7 +48,7 @@ fn an_agent_that_returns_during_the_grace_keeps_its_tasks() {
         }],
         tasks: vec![w.core.task(&t[0]).unwrap().clone()],
         agents: vec![w.core.agents[0].rec.clone()],
-        index: 0,
+        ..Snapshot::default()
     };
     w.core = Core::load(cfg(), snap, w.at(), 3);
     let r = w.heartbeat("a1", None);

@@ -1,0 +1,640 @@
+//! Rolling updates in the pure core: batches gated on the watch time, canaries,
+//! count changes, the seed-001 reverse-order rollback, operator actions, a master
+//! restart mid-update, and property tests of the engine's guarantees.
+
+use drover_common::configs::config_hash;
+use drover_common::wire::{InstanceUpdateState, UpdateState, UpdateView};
+
+use super::*;
+
+const KEY: &str = "www/prod/web";
+
+/// A service whose process is `cmd`; `false` stands for a config that fails at once.
+fn web(instances: u32, cmd: &str, batch: u32, extra: &str) -> JobSpec {
+    let text = format!(
+        r#"{{"role":"www","environment":"prod","name":"web","instances":{instances},
+        "service":true,
+        "task":{{"processes":[{{"name":"main","cmdline":"{cmd}"}}],
+                "resources":{{"cpu":0.5,"ram":"64MiB","disk":"64MiB","ports":["http"]}}}},
+        "update":{{"batch_size":{batch},"watch":"2s"{extra}}}}}"#
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+fn world(agents: usize) -> World {
+    let mut w = World::new();
+    for i in 0..agents {
+        w.register(&format!("a{i}"), 8.0, 16, &[]);
+    }
+    w
+}
+
+/// Plays every agent and executor: placed tasks start (and those whose config runs
+/// `false` fail right after RUNNING), stopping tasks end. Returns after `ms`.
+fn play(w: &mut World, ms: u64) {
+    play_failing(w, ms, &|_| false);
+}
+
+/// `play`, where tasks for which `fails` says so also fail right after RUNNING.
+fn play_failing(w: &mut World, ms: u64, fails: &dyn Fn(&Task) -> bool) {
+    let mut left = ms;
+    while left > 0 {
+        let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
+        for id in ids {
+            let Some(t) = w.core.task(&id) else { continue };
+            let bad = fails(t)
+                || w.core.jobs[&t.job].spec_of(&t.config).task.processes[0].cmdline == "false";
+            match t.status.state {
+                TaskState::Assigned => {
+                    w.run(&id);
+                    if bad {
+                        w.report(
+                            &id,
+                            TaskState::Failed,
+                            Some(ExitReason::ExitCode { code: 1 }),
+                        );
+                    }
+                }
+                TaskState::Killing | TaskState::Restarting | TaskState::Draining => {
+                    w.report(&id, TaskState::Killed, None);
+                }
+                _ => {}
+            }
+        }
+        let step = left.min(250);
+        w.pass(step);
+        left -= step;
+    }
+}
+
+fn update(
+    w: &mut World,
+    spec: JobSpec,
+    instances: Option<Vec<u32>>,
+) -> Result<UpdateView, CoreError> {
+    let job = spec.key().to_string();
+    w.handle(Event::StartUpdate {
+        job,
+        spec: Box::new(spec),
+        instances,
+        user: "alice".to_string(),
+    })
+    .reply
+    .map(|r| match r {
+        Reply::Update(v) => *v,
+        r => panic!("{r:?}"),
+    })
+}
+
+fn view(w: &World) -> UpdateView {
+    w.core.update_view(KEY).unwrap()
+}
+
+/// Plays until the update ends (or panics after `limit_ms`).
+fn until_done(w: &mut World, limit_ms: u64) -> UpdateView {
+    let mut waited = 0;
+    while !view(w).state.is_terminal() {
+        assert!(waited < limit_ms, "update did not end: {:#?}", view(w));
+        play(w, 250);
+        waited += 250;
+    }
+    view(w)
+}
+
+fn configs(w: &World) -> Vec<String> {
+    w.core.instance_configs(KEY)
+}
+
+fn running(w: &World) -> usize {
+    w.core.jobs[KEY]
+        .slots
+        .iter()
+        .filter(|s| {
+            s.current
+                .as_ref()
+                .is_some_and(|id| w.state(id) == TaskState::Running)
+        })
+        .count()
+}
+
+fn batches(v: &UpdateView, prefix: &str) -> Vec<String> {
+    v.events
+        .iter()
+        .filter_map(|e| e.message.strip_prefix(prefix).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn an_update_rolls_forward_batch_by_batch_keeping_the_rest_running() {
+    let mut w = world(12);
+    w.create(web(9, "sleep 100", 3, ""));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 9);
+    let old = config_hash(&web(9, "sleep 100", 3, ""));
+    let new_spec = web(9, "sleep 200", 3, "");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    let mut waited = 0;
+    while !view(&w).state.is_terminal() {
+        assert!(running(&w) >= 6, "at most a batch is down: {}", running(&w));
+        assert!(
+            view(&w)
+                .instances
+                .iter()
+                .filter(|p| p.state == InstanceUpdateState::Updating)
+                .count()
+                <= 3
+        );
+        play(&mut w, 250);
+        waited += 250;
+        assert!(waited < 60_000);
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert_eq!(
+        batches(&v, "batch: instances "),
+        ["0,1,2", "3,4,5", "6,7,8"]
+    );
+    assert!(configs(&w).iter().all(|c| *c == new));
+    assert_ne!(old, new);
+    // The replaced tasks ended KILLED, reason updated, kept in history, not flapping.
+    let slot = &w.core.jobs[KEY].slots[4];
+    let first = w.core.task(&slot.history[0]).unwrap();
+    assert_eq!(first.status.state, TaskState::Killed);
+    assert_eq!(first.status.exit_reason, Some(ExitReason::Updated));
+    let now = w.core.task(slot.current.as_ref().unwrap()).unwrap();
+    assert_eq!((now.flaps, now.throttle_until), (0, None));
+}
+
+#[test]
+fn a_failing_config_rolls_back_in_reverse_order_from_the_point_of_failure() {
+    let mut w = world(12);
+    w.create(web(9, "sleep 100", 3, ""));
+    play(&mut w, 1_000);
+    let old = configs(&w)[0].clone();
+    // Instances 0-5 move to `good` first, so the job runs two configs.
+    let good = web(9, "sleep 300", 3, "");
+    update(&mut w, good.clone(), Some((0..6).collect())).unwrap();
+    until_done(&mut w, 60_000);
+    // Then every instance to a config that fails at once: the first batch fails
+    // and goes back, each instance to the config it had.
+    let bad = web(9, "false", 3, "");
+    update(&mut w, bad, None).unwrap();
+    let v = until_done(&mut w, 120_000);
+    assert_eq!(v.state, UpdateState::RolledBack, "{v:#?}");
+    assert_eq!(batches(&v, "batch: instances "), ["0,1,2"]);
+    assert_eq!(batches(&v, "rollback batch: instances "), ["2,1,0"]);
+    let cs = configs(&w);
+    let good_hash = config_hash(&good);
+    assert!(cs[..6].iter().all(|c| *c == good_hash), "{cs:?}");
+    assert!(cs[6..].iter().all(|c| *c == old), "{cs:?}");
+}
+
+#[test]
+fn seed_001_batches_0_1_2_then_3_4_5_then_6_7_8_fail_roll_back_8_7_6_5_4_3_2_1_0() {
+    let mut w = world(12);
+    w.create(web(9, "sleep 100", 3, ""));
+    play(&mut w, 1_000);
+    let old = configs(&w);
+    // A config that is healthy on instances 0-5 and fails on 6-8: the driver below
+    // fails tasks of instance >= 6 on the new config.
+    let new_spec = web(9, "sleep 200", 3, "");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    let mut waited = 0;
+    while !view(&w).state.is_terminal() {
+        play_failing(&mut w, 250, &|t| t.instance >= 6 && t.config == new);
+        waited += 250;
+        assert!(waited < 120_000, "{:#?}", view(&w));
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledBack, "{v:#?}");
+    assert_eq!(
+        batches(&v, "batch: instances "),
+        ["0,1,2", "3,4,5", "6,7,8"]
+    );
+    assert_eq!(
+        batches(&v, "rollback batch: instances "),
+        ["8,7,6", "5,4,3", "2,1,0"]
+    );
+    assert_eq!(configs(&w), old, "every instance back on the config it had");
+    assert_eq!(w.core.jobs[KEY].config, old[0]);
+}
+
+#[test]
+fn a_canary_updates_instance_0_only_and_replacements_keep_their_config() {
+    let mut w = world(6);
+    w.create(web(4, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    let old = configs(&w)[1].clone();
+    let canary = web(4, "sleep 200", 1, "");
+    let new = config_hash(&canary);
+    let v = update(&mut w, canary, Some(vec![0])).unwrap();
+    assert_eq!(v.instances.len(), 1);
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+    assert_eq!(
+        configs(&w),
+        [new.clone(), old.clone(), old.clone(), old.clone()]
+    );
+    // Instance 3 dies: its replacement runs the old config (seed 001).
+    let t3 = w.current(KEY, 3);
+    w.report(
+        &t3,
+        TaskState::Failed,
+        Some(ExitReason::ExitCode { code: 1 }),
+    );
+    assert_eq!(w.core.task(&w.current(KEY, 3)).unwrap().config, old);
+    let job = w.core.job_view(KEY).unwrap();
+    assert_eq!(job.configs.len(), 2);
+    assert_eq!(job.instances[0].config.as_deref(), Some(new.as_str()));
+}
+
+#[test]
+fn instance_counts_go_3_to_5_to_2() {
+    let mut w = world(8);
+    w.create(web(3, "sleep 100", 2, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(5, "sleep 100", 2, ""), None).unwrap();
+    let v = until_done(&mut w, 30_000);
+    assert_eq!(v.state, UpdateState::RolledForward);
+    assert_eq!(
+        v.instances.iter().map(|p| p.instance).collect::<Vec<_>>(),
+        [3, 4]
+    );
+    assert_eq!(running(&w), 5);
+    let before = w.current(KEY, 0);
+    update(&mut w, web(2, "sleep 100", 2, ""), None).unwrap();
+    let v = until_done(&mut w, 30_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert_eq!(w.core.jobs[KEY].slots.len(), 2);
+    assert_eq!(w.core.jobs[KEY].spec.instances, 2);
+    assert_eq!(
+        w.current(KEY, 0),
+        before,
+        "unchanged instances are not touched"
+    );
+    assert_eq!(w.core.job_view(KEY).unwrap().instances.len(), 2);
+}
+
+#[test]
+fn one_update_per_job_and_the_operator_pauses_resumes_and_aborts() {
+    let mut w = world(6);
+    w.create(web(4, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    let first = update(&mut w, web(4, "sleep 200", 1, ""), None).unwrap();
+    let err = update(&mut w, web(4, "sleep 300", 1, ""), None).unwrap_err();
+    assert!(
+        matches!(&err, CoreError::UpdateRunning { id, .. } if *id == first.id),
+        "{err}"
+    );
+    let act = |w: &mut World, action| {
+        w.handle(Event::UpdateAction {
+            job: KEY.to_string(),
+            action,
+        })
+        .reply
+    };
+    act(&mut w, UpdateAction::Pause).unwrap();
+    play(&mut w, 10_000);
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::Paused);
+    let updated = |v: &UpdateView| {
+        v.instances
+            .iter()
+            .filter(|p| p.state == InstanceUpdateState::Updated)
+            .count()
+    };
+    assert_eq!(
+        updated(&v),
+        1,
+        "the batch in flight finished, no new one started"
+    );
+    act(&mut w, UpdateAction::Resume).unwrap();
+    play(&mut w, 2_500);
+    assert!(updated(&view(&w)) >= 2);
+    act(&mut w, UpdateAction::Abort).unwrap();
+    assert_eq!(view(&w).state, UpdateState::Aborted);
+    assert!(act(&mut w, UpdateAction::Resume).is_err());
+    // A new update may start now.
+    update(&mut w, web(4, "sleep 300", 1, ""), None).unwrap();
+    act(&mut w, UpdateAction::Rollback).unwrap();
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledBack);
+}
+
+#[test]
+fn a_restarted_master_finishes_the_update() {
+    let mut w = world(6);
+    w.create(web(4, "sleep 100", 2, ""));
+    play(&mut w, 1_000);
+    let new_spec = web(4, "sleep 200", 2, "");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    play(&mut w, 1_000);
+    assert_eq!(view(&w).state, UpdateState::RollingForward);
+    // Rebuild from what was persisted, as the store would load it.
+    let snap = w.snapshot();
+    // The new process's monotonic clock starts elsewhere (here: far lower); the
+    // wall clock went on 3 s while the master was down.
+    let wall = w.at().wall + 3_000;
+    w.now = 50_000;
+    w.wall_skew = wall as i64 - 50_000;
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    assert_eq!(view(&w).state, UpdateState::RollingForward);
+    let v = until_done(&mut w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert!(configs(&w).iter().all(|c| *c == new));
+}
+
+/// Watches run on the monotonic clock: a wall clock step forward does not end a
+/// watch early, a step back does not stretch it; events carry the wall clock.
+#[test]
+fn wall_clock_steps_neither_shorten_nor_stretch_a_watch() {
+    let mut w = world(3);
+    w.create(web(2, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(2, "sleep 200", 1, ""), None).unwrap();
+    play(&mut w, 250); // instance 0's new task RUNNING; its 2 s watch begins
+    let state_of = |w: &World, i: usize| view(w).instances[i].state;
+    assert_eq!(state_of(&w, 0), InstanceUpdateState::Updating);
+    w.wall_skew += 3_600_000;
+    play(&mut w, 1_000);
+    assert_eq!(
+        state_of(&w, 0),
+        InstanceUpdateState::Updating,
+        "an hour's wall clock step forward does not end a 2 s watch"
+    );
+    w.wall_skew -= 7_200_000;
+    play(&mut w, 1_500);
+    assert_eq!(
+        state_of(&w, 0),
+        InstanceUpdateState::Updated,
+        "a step back does not stretch it"
+    );
+    let last = view(&w).events.last().unwrap().at_ms;
+    assert!(
+        last.abs_diff(w.at().wall) < 5_000,
+        "events on the wall clock"
+    );
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+}
+
+/// A drain during an update: the tasks it takes (new config or old) are a
+/// disruption, not a failure of the new config; the update rolls forward with no
+/// failure counted (it allows none), and the drained host ends up empty.
+#[test]
+fn tasks_a_drain_takes_during_an_update_are_no_update_failures() {
+    let mut w = world(8); // one instance per host
+    w.create(web(6, "sleep 100", 2, ""));
+    play(&mut w, 1_000);
+    let new_spec = web(6, "sleep 200", 2, "");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    // Batch (0,1) RUNNING on the new config, being watched.
+    for _ in 0..20 {
+        if w.state(&w.current(KEY, 0)) == TaskState::Running {
+            break;
+        }
+        play(&mut w, 250);
+    }
+    let watched = w.current(KEY, 0);
+    assert_eq!(w.state(&watched), TaskState::Running);
+    assert_eq!(view(&w).instances[0].state, InstanceUpdateState::Updating);
+    let host = w.core.task(&watched).unwrap().agent.clone().unwrap();
+    w.handle(Event::Maintenance {
+        op: MaintenanceOp::Drain { deadline_ms: None },
+        hosts: vec![host.clone()],
+    })
+    .reply
+    .unwrap();
+    let v = until_done(&mut w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert!(
+        v.instances.iter().all(|p| p.failures == 0),
+        "no failure counted: {v:#?}"
+    );
+    assert!(!v.events.iter().any(|e| e.message.contains("failure")));
+    assert!(configs(&w).iter().all(|c| *c == new));
+    let drained: Vec<&Task> = w
+        .core
+        .tasks
+        .values()
+        .filter(|t| t.status.exit_reason == Some(ExitReason::Drained))
+        .collect();
+    assert!(
+        !drained.is_empty(),
+        "the drain took tasks during the update"
+    );
+    assert_eq!(w.state(&watched), TaskState::Killed);
+    let on_host = w.core.agents[w.core.agent_idx[&host] as usize].tasks.len();
+    assert_eq!(on_host, 0, "the drained host is empty");
+}
+
+/// A batch job of `n` instances running `cmd`, updated 2 at a time.
+fn batch_job(n: u32, cmd: &str) -> JobSpec {
+    let text = format!(
+        r#"{{"role":"www","environment":"prod","name":"web","instances":{n},
+        "service":false,
+        "task":{{"processes":[{{"name":"main","cmdline":"{cmd}"}}],
+                "resources":{{"cpu":0.5,"ram":"64MiB","disk":"64MiB"}}}},
+        "update":{{"batch_size":2,"watch":"2s"}}}}"#
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Plays a batch job's agents: placed tasks run and finish at once (or fail, if
+/// their config runs `false`); stopping tasks end.
+fn finish_all(w: &mut World) {
+    let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
+    for id in ids {
+        let Some(t) = w.core.task(&id) else { continue };
+        let fails = w.core.jobs[&t.job].spec_of(&t.config).task.processes[0].cmdline == "false";
+        match t.status.state {
+            TaskState::Assigned => {
+                w.run(&id);
+                if fails {
+                    w.report(
+                        &id,
+                        TaskState::Failed,
+                        Some(ExitReason::ExitCode { code: 1 }),
+                    );
+                } else {
+                    w.report(
+                        &id,
+                        TaskState::Finished,
+                        Some(ExitReason::ExitCode { code: 0 }),
+                    );
+                }
+            }
+            TaskState::Killing | TaskState::Restarting => {
+                w.report(&id, TaskState::Killed, None);
+            }
+            _ => {}
+        }
+    }
+    w.pass(250);
+}
+
+/// Updating a batch job: each instance, finished on the old config, runs once more
+/// on the new one, batch by batch; a new task that FINISHES is done without waiting
+/// out the watch; the old tasks keep their FINISHED end in the history.
+#[test]
+fn a_batch_job_update_runs_each_instance_again_on_the_new_config() {
+    let mut w = world(3);
+    let old = w.create(batch_job(3, "echo v1"));
+    finish_all(&mut w);
+    for id in &old {
+        assert_eq!(w.state(id), TaskState::Finished);
+    }
+    let new_spec = batch_job(3, "echo v2");
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    for _ in 0..40 {
+        if view(&w).state.is_terminal() {
+            break;
+        }
+        finish_all(&mut w);
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert_eq!(batches(&v, "batch: instances "), ["0,1", "2"]);
+    for i in 0..3 {
+        let t = w.core.task(&w.current(KEY, i)).unwrap();
+        assert_eq!(t.config, new, "instance {i}");
+        assert_eq!(t.status.state, TaskState::Finished, "instance {i}");
+    }
+    for id in &old {
+        assert_eq!(
+            w.state(id),
+            TaskState::Finished,
+            "an ended task keeps its end"
+        );
+    }
+    // A new config that fails rolls back: each instance runs the old one again.
+    let bad = batch_job(3, "false");
+    update(&mut w, bad, None).unwrap();
+    for _ in 0..80 {
+        if view(&w).state.is_terminal() {
+            break;
+        }
+        finish_all(&mut w);
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledBack, "{v:#?}");
+    assert_eq!(batches(&v, "rollback batch: instances "), ["1,0"]);
+    assert!(configs(&w).iter().all(|c| *c == new), "{:?}", configs(&w));
+}
+
+/// Tasks of a job's older config are placed by that config, not the newest: after
+/// a canary whose config wants `rack: a` (one host, which the canary takes), an
+/// old-config instance restarted still finds a place on rack b.
+#[test]
+fn tasks_of_an_older_config_are_placed_by_their_own_constraints() {
+    let mut w = World::new();
+    for i in 1..4 {
+        w.register(&format!("a{i}"), 8.0, 16, &[("rack", "b")]);
+    }
+    w.create(web(3, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 3);
+    w.register("a0", 8.0, 16, &[("rack", "a")]);
+    let old = configs(&w)[1].clone();
+    let mut canary = serde_json::to_value(web(3, "sleep 200", 1, "")).unwrap();
+    canary["constraints"]["rack"] = serde_json::json!("a");
+    let canary: JobSpec = serde_json::from_value(canary).unwrap();
+    update(&mut w, canary, Some(vec![0])).unwrap();
+    assert_eq!(until_done(&mut w, 30_000).state, UpdateState::RolledForward);
+    let agent_of = |w: &World, i: u32| {
+        let t = w.core.task(&w.current(KEY, i)).unwrap();
+        (
+            t.agent.clone().unwrap_or_default(),
+            t.status.state,
+            t.config.clone(),
+        )
+    };
+    assert_eq!(
+        agent_of(&w, 0).0,
+        "a0",
+        "the canary runs where its config says"
+    );
+    w.handle(Event::Restart {
+        job: KEY.to_string(),
+        instances: Some(vec![1]),
+    })
+    .reply
+    .unwrap();
+    play(&mut w, 1_000);
+    let (agent, state, config) = agent_of(&w, 1);
+    assert_eq!(
+        state,
+        TaskState::Running,
+        "{:?}",
+        w.core.task_view(&w.current(KEY, 1))
+    );
+    assert_eq!(config, old);
+    assert_ne!(agent, "a0");
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    instances: u32,
+    batch: u32,
+    max_failures: u32,
+    /// Instances whose new-config tasks fail.
+    failing: Vec<bool>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (1u32..8, 1u32..4, 0u32..3).prop_flat_map(|(instances, batch, max_failures)| {
+        proptest::collection::vec(proptest::bool::weighted(0.2), instances as usize).prop_map(
+            move |failing| Case {
+                instances,
+                batch,
+                max_failures,
+                failing,
+            },
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// An update never has more instances in flight than its batch size, always
+    /// ends when its instances behave, and a rollback restores every config.
+    #[test]
+    fn updates_stay_within_their_batch_end_and_roll_back_to_the_old_configs(c in case()) {
+        let mut w = world(c.instances as usize + 2);
+        w.create(web(c.instances, "sleep 100", c.batch, ""));
+        play(&mut w, 1_000);
+        let old = configs(&w);
+        let extra = format!(r#","max_total_failures":{}"#, c.max_failures);
+        let new_spec = web(c.instances, "sleep 200", c.batch, &extra);
+        let new = config_hash(&new_spec);
+        update(&mut w, new_spec, None).unwrap();
+        let mut waited = 0;
+        while !view(&w).state.is_terminal() {
+            let u = &w.core.updates[KEY];
+            prop_assert!(u.in_flight.len() <= c.batch as usize);
+            play_failing(&mut w, 250, &|t| c.failing[t.instance as usize] && t.config == new);
+            waited += 250;
+            prop_assert!(waited < 300_000, "no end: {:#?}", view(&w));
+        }
+        let v = view(&w);
+        let failing = c.failing.iter().filter(|f| **f).count() as u32;
+        match v.state {
+            UpdateState::RolledBack => {
+                prop_assert!(failing > c.max_failures);
+                prop_assert_eq!(configs(&w), old);
+            }
+            UpdateState::RolledForward => {
+                prop_assert!(failing <= c.max_failures, "{:#?}", v);
+                for (i, cfg) in configs(&w).iter().enumerate() {
+                    if !c.failing[i] {
+                        prop_assert_eq!(cfg, &new);
+                    }
+                }
+            }
+            other => prop_assert!(false, "ended {other}"),
+        }
+    }
+}

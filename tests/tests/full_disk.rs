@@ -1,0 +1,150 @@
+//! Black-box: an agent whose data dir fills up (a 1 MiB tmpfs, filled with a file)
+//! keeps its tasks running and loses no status: the outbox write of a task that
+//! finishes meanwhile fails loudly and is retried, and the master learns FINISHED once
+//! space is back.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use drover_common::state::TaskState;
+use drover_tests::{running_as_root, service_job, Cluster, ClusterConfig, WAIT};
+use serde_json::json;
+
+/// A tmpfs mounted over a directory (its files copied in); unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn over(dir: &Path, size: &str) -> anyhow::Result<Tmpfs> {
+        let saved = dir.with_extension("saved");
+        std::fs::rename(dir, &saved)?;
+        std::fs::create_dir(dir)?;
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "cannot mount a tmpfs on {}", dir.display());
+        let t = Tmpfs(dir.to_path_buf());
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", saved.display()))
+            .arg(dir)
+            .status()?
+            .success();
+        anyhow::ensure!(copied, "cannot copy the agent's data dir");
+        Ok(t)
+    }
+
+    /// Writes a file until the tmpfs is full.
+    fn fill(&self) -> PathBuf {
+        let filler = self.0.join("filler");
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4k"])
+            .arg(format!("of={}", filler.display()))
+            .stderr(std::process::Stdio::null())
+            .status();
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_agent_with_a_full_data_dir_keeps_its_tasks_and_delivers_every_status_later() {
+    if !running_as_root("full disk test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    cluster.api.create_job(&service_job("web", 1)).unwrap();
+    let web = cluster
+        .wait_for_all("www-data/test/web", TaskState::Running)
+        .unwrap();
+    let web_task = web.instances[0].current.as_ref().unwrap().task_id.clone();
+
+    // The agent's data dir on a small tmpfs (the agent stopped meanwhile: a crash
+    // and a restart, which it survives anyway), then the tmpfs filled up.
+    cluster.kill_agent(0);
+    let data = cluster.dir().join("agent-0");
+    let tmpfs = Tmpfs::over(&data, "1m").unwrap();
+    cluster.start_agent_again(0).unwrap();
+    cluster
+        .wait_for("the agent to be reachable again", WAIT, |c| {
+            let agents = c.api.agents().ok()?;
+            agents.iter().all(|a| a.reachable).then_some(())
+        })
+        .unwrap();
+    let filler = tmpfs.fill();
+
+    // A batch task finishes while the disk is full.
+    cluster
+        .api
+        .create_job(&json!({
+            "role": "www-data", "environment": "test", "name": "brief",
+            "instances": 1, "service": false,
+            "task": {
+                "processes": [{"name": "p", "cmdline": "sleep 1"}],
+                "resources": {"cpu": 0.1, "ram": "32MiB", "disk": "32MiB"}
+            }
+        }))
+        .unwrap();
+    let log = cluster.dir().join("logs/agent-0.log");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("outbox write failed; retrying")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no failed outbox write reported:\n{}",
+            cluster.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Meanwhile the agent heartbeats and the service runs on, the same task.
+    std::thread::sleep(Duration::from_secs(6));
+    let agents = cluster.api.agents().unwrap();
+    assert!(agents[0].reachable, "{agents:?}");
+    let web = cluster.api.job("www-data/test/web").unwrap();
+    let current = web.instances[0].current.as_ref().unwrap();
+    assert_eq!(current.task_id, web_task);
+    assert_eq!(current.state, TaskState::Running);
+
+    // An agent restarted on the full disk starts, re-adopts the service and
+    // heartbeats.
+    cluster.kill_agent(0);
+    cluster.start_agent_again(0).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    cluster
+        .wait_for("the restarted agent to be reachable", WAIT, |c| {
+            let agents = c.api.agents().ok()?;
+            agents.iter().all(|a| a.reachable).then_some(())
+        })
+        .unwrap();
+    let pid = cluster.agent_pids()[0];
+    assert!(
+        drover_tests::process_alive(pid),
+        "the agent exited on the full disk:\n{}",
+        drover_tests::log_tail(&log)
+    );
+
+    // Space is back: the retried write lands and the master learns FINISHED.
+    std::fs::remove_file(filler).unwrap();
+    cluster
+        .wait_for_all("www-data/test/brief", TaskState::Finished)
+        .unwrap();
+    let web = cluster.api.job("www-data/test/web").unwrap();
+    assert_eq!(web.instances[0].current.as_ref().unwrap().task_id, web_task);
+    drop(cluster);
+    drop(tmpfs);
+}

@@ -189,4 +189,9 @@ fn main() {
         "{} rounds until all {DRAINED} hosts DRAINED; per round: wall mean {wall_mean:?}, max {wall_max:?}; CPU mean {cpu_mean:?}, max {cpu_max:?}",
         rounds.len()
     );
+    let ms: Vec<String> = cpu
+        .iter()
+        .map(|c| format!("{:.1}", c.as_secs_f64() * 1e3))
+        .collect();
+    println!("CPU per round (ms): {}", ms.join(" "));
 }

@@ -40,6 +40,16 @@ async fn send(
     )
 }
 
+/// A token of one role.
+fn role_token(h: &drover_master::Handle, role: &str) -> String {
+    token(
+        h,
+        Grant::Roles {
+            roles: vec![role.into()],
+        },
+    )
+}
+
 /// Every route in the router's table: no token -> 401, a token of another role or
 /// agent -> 403, the right token -> neither. A new route must be given an `Access`
 /// to exist at all, and a new `Access` does not compile until this test covers it.
@@ -54,18 +64,8 @@ async fn every_route_needs_the_right_token() {
     let task_id = created["tasks"][0].as_str().unwrap().to_string();
     agent.poll(&c, 1_000).await;
 
-    let www = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["www".into()],
-        },
-    );
-    let db = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["db".into()],
-        },
-    );
+    let www = role_token(&h, "www");
+    let db = role_token(&h, "db");
     let operator = token(&h, Grant::Operator);
     let agent1 = c.token_for("/v1/agents/agent-1/heartbeat", None);
     let agent2 = token(&h, Grant::Agent { agent_id: None });
@@ -219,12 +219,7 @@ async fn a_revoked_token_is_refused_at_once() {
         .iter()
         .any(|l| l["path"] == format!("/v1/tokens/{id}/revoke")));
     // A refused mutation is audited too, with the token that tried it.
-    let db = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["db".into()],
-        },
-    );
+    let db = role_token(&h, "db");
     let (s, _) = send(
         &c,
         "POST",
@@ -358,12 +353,7 @@ async fn secrets_are_shown_only_to_the_jobs_role() {
     let c = Client::new(&h);
     let mut spec = job("secret", 1, false);
     spec["task"]["env"] = json!({"DB_PASSWORD": "hunter2"});
-    let www = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["www".into()],
-        },
-    );
+    let www = role_token(&h, "www");
     let (s, v) = send(&c, "POST", "/v1/jobs", Some(&www), &spec).await;
     assert_eq!(s, 201, "{v}");
     let (_, mine) = send(
@@ -419,18 +409,8 @@ async fn updates_need_the_jobs_role_and_a_refused_call_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let h = start(dir.path()).await;
     let c = Client::new(&h);
-    let www = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["www".into()],
-        },
-    );
-    let db = token(
-        &h,
-        Grant::Roles {
-            roles: vec!["db".into()],
-        },
-    );
+    let www = role_token(&h, "www");
+    let db = role_token(&h, "db");
     let operator = token(&h, Grant::Operator);
     let mut spec = job("svc", 2, true);
     spec["task"]["env"] = json!({"DB_PASSWORD": "hunter2"});

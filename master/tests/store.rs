@@ -10,7 +10,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{EventSource, TaskState, TaskStatus};
 use drover_common::wire::{AgentResources, AgentVersions, HostEvent, MaintenanceMode};
 use drover_common::DesiredState;
-use drover_master::core::{AgentRecord, Change, HostMaintenance, Task};
+use drover_master::core::{AgentRecord, Change, HostFailure, HostMaintenance, Task};
 use drover_master::store::{SqliteStore, Store, Writer, DB_FILE};
 
 fn spec(name: &str) -> JobSpec {
@@ -78,6 +78,13 @@ fn agent() -> AgentRecord {
             events: [HostEvent {
                 timestamp_ms: 50,
                 message: "drain requested".to_string(),
+            }]
+            .into(),
+            failures: [HostFailure {
+                at_ms: 40,
+                at_mono: 0,
+                job: "www/prod/a".to_string(),
+                reason: "executor lost".to_string(),
             }]
             .into(),
         },

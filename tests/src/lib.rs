@@ -1096,6 +1096,18 @@ print("serving on", sys.argv[1], flush=True)
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 "#;
 
+/// How many of the job's instances have a current task RUNNING.
+pub fn running_instances(view: &JobView) -> usize {
+    view.instances
+        .iter()
+        .filter(|i| {
+            i.current
+                .as_ref()
+                .is_some_and(|t| t.state == TaskState::Running)
+        })
+        .count()
+}
+
 /// A service job (role www-data, env test) running `PY_SERVICE` on port `http` with
 /// an HTTP health check and the HTTP lifecycle, with short intervals and waits.
 pub fn service_job(name: &str, instances: u32) -> Value {

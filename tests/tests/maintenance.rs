@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{HostView, JobView, MaintenanceMode};
 use drover_tests::{
-    command_job, describe, running_as_root, service_job, Cluster, ClusterConfig, WAIT,
+    command_job, describe, running_as_root, running_instances, service_job, Cluster, ClusterConfig,
+    WAIT,
 };
 use serde_json::{json, Value};
 
@@ -23,17 +24,6 @@ fn hosts_of(view: &JobView) -> Vec<String> {
         .iter()
         .filter_map(|i| i.current.as_ref()?.agent_id.clone())
         .collect()
-}
-
-fn running(view: &JobView) -> usize {
-    view.instances
-        .iter()
-        .filter(|i| {
-            i.current
-                .as_ref()
-                .is_some_and(|t| t.state == TaskState::Running)
-        })
-        .count()
 }
 
 fn host(cluster: &Cluster, name: &str) -> HostView {
@@ -52,7 +42,7 @@ fn drain_keeping(cluster: &mut Cluster, hosts: &[String], floors: &BTreeMap<Stri
     loop {
         for (key, floor) in floors {
             let view = cluster.job(key).unwrap();
-            let up = running(&view);
+            let up = running_instances(&view);
             assert!(
                 up >= *floor,
                 "{key}: {up} instances RUNNING, policy floor {floor}: {view:#?}"
@@ -111,7 +101,11 @@ fn cordon_keeps_running_tasks_refuses_new_ones_and_activate_takes_the_host_back(
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let keep = cluster.job("www-data/test/keep").unwrap();
-    assert_eq!(running(&keep), 1, "cordon keeps running tasks: {keep:#?}");
+    assert_eq!(
+        running_instances(&keep),
+        1,
+        "cordon keeps running tasks: {keep:#?}"
+    );
     assert_eq!(keep.instances[0].current.as_ref().unwrap().task_id, before);
     let list = cluster.drover(&["host", "list"]).unwrap();
     assert!(
@@ -236,7 +230,10 @@ fn a_policy_that_can_never_be_met_is_reported_and_forced_by_the_deadline() {
         describe(&status)
     );
     // Still running while blocked; forced once the deadline passed.
-    assert_eq!(running(&cluster.job("www-data/test/solo").unwrap()), 1);
+    assert_eq!(
+        running_instances(&cluster.job("www-data/test/solo").unwrap()),
+        1
+    );
     let output = cluster
         .drover_with_timeout(&["host", "drain", &on, "--wait", "--timeout", "60s"], WAIT)
         .unwrap();

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{JobView, UpdateState, UpdateView};
-use drover_tests::{describe, running_as_root, service_job, Cluster, ClusterConfig};
+use drover_tests::{
+    describe, running_as_root, running_instances, service_job, Cluster, ClusterConfig,
+};
 use serde_json::{json, Value};
 
 /// A service of `n` instances with `prefix` run before the server, updated in
@@ -79,17 +81,6 @@ fn wait_update(c: &mut Cluster, name: &str, mut each: impl FnMut(&JobView)) -> U
     }
 }
 
-fn running(job: &JobView) -> usize {
-    job.instances
-        .iter()
-        .filter(|i| {
-            i.current
-                .as_ref()
-                .is_some_and(|t| t.state == TaskState::Running)
-        })
-        .count()
-}
-
 fn batches(u: &UpdateView, prefix: &str) -> Vec<String> {
     u.events
         .iter()
@@ -111,7 +102,9 @@ fn nine_instances_roll_forward_in_batches_of_three_keeping_six_running() {
     let (status, body) = post_update(&c, "roll", &spec("roll", 9, "true; ", 3), None);
     assert_eq!(status, 201, "{body}");
     let mut least = 9;
-    let u = wait_update(&mut c, "roll", |job| least = least.min(running(job)));
+    let u = wait_update(&mut c, "roll", |job| {
+        least = least.min(running_instances(job))
+    });
     assert_eq!(u.state, UpdateState::RolledForward, "{u:#?}");
     assert!(least >= 6, "at most one batch down, saw {least} RUNNING");
     assert_eq!(

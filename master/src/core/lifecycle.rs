@@ -167,6 +167,13 @@ impl Core {
         if terminal.len() > limit {
             let drop: HashSet<&String> = terminal[..terminal.len() - limit].iter().collect();
             slot.history.retain(|h| !drop.contains(h));
+            // A pruned task still counted towards a limit (it ended in this event)
+            // leaves its job's limit counts to be counted afresh.
+            if let Some(cache) = &job.limit_cache {
+                if drop.iter().any(|h| cache.counts_task(h)) {
+                    job.limit_cache = None;
+                }
+            }
             for h in drop {
                 self.tasks.remove(h);
                 self.dirty_tasks.remove(h);

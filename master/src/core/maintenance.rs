@@ -24,6 +24,10 @@ use super::{Core, CoreError, Now, Reply};
 /// Host events kept per host.
 const HOST_EVENTS_KEPT: usize = 20;
 
+/// Host-side failures kept per host at most (the window's, newest first), whatever
+/// `quarantine_failures` is.
+const HOST_FAILURES_KEPT: usize = 100;
+
 /// A host's stored maintenance state, part of its agent record.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostMaintenance {
@@ -41,6 +45,22 @@ pub struct HostMaintenance {
     /// The latest maintenance events, oldest first.
     #[serde(default)]
     pub events: VecDeque<HostEvent>,
+    /// Tasks that ended here for host-side causes within the quarantine window,
+    /// oldest first: stored, so a master restart keeps counting them.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    pub failures: VecDeque<HostFailure>,
+}
+
+/// A task that ended on a host for a host-side cause (counts towards quarantine).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFailure {
+    /// When, on the wall clock (stored; the window left is re-derived at load).
+    pub at_ms: UnixMillis,
+    /// When, on the monotonic clock (the window runs on it).
+    #[serde(skip)]
+    pub at_mono: MonoMillis,
+    pub job: String,
+    pub reason: String,
 }
 
 /// What an operator asks of hosts.
@@ -78,8 +98,6 @@ pub(super) struct Drains {
     armed_at: Option<MonoMillis>,
     /// When the last round ran; None: the next event runs one.
     last_round: Option<MonoMillis>,
-    /// Per agent, recent host-side task failures: (when, job, reason).
-    failures: HashMap<u32, VecDeque<(MonoMillis, String, String)>>,
 }
 
 impl Drains {
@@ -134,6 +152,17 @@ impl Drains {
 }
 
 impl HostMaintenance {
+    /// Loaded from the store at `now`: the failures keep what was left of the
+    /// quarantine window by the wall clock, at most the whole window (those past
+    /// it are dropped).
+    pub(super) fn loaded(&mut self, now: Now, window: u64) {
+        self.failures
+            .retain(|f| now.wall.saturating_sub(f.at_ms) <= window);
+        for f in &mut self.failures {
+            f.at_mono = now.mono_of(f.at_ms, window).min(now.mono);
+        }
+    }
+
     fn set(&mut self, mode: MaintenanceMode, now: Now, message: String) {
         self.mode = mode;
         self.since_ms = now.wall;
@@ -266,7 +295,7 @@ impl Core {
                     self.drains.draining.remove(&idx);
                     self.drains.deadlines.remove(&idx);
                     self.drains.blocked.remove(&idx);
-                    self.drains.failures.remove(&idx);
+                    m.failures.clear();
                     self.capacity_changed = true;
                     true
                 }
@@ -428,19 +457,27 @@ impl Core {
         };
         let job = t.job.clone();
         let window = self.cfg.quarantine_window_ms;
-        let list = self.drains.failures.entry(idx).or_default();
-        list.push_back((now.mono, job, reason));
-        while list
-            .front()
-            .is_some_and(|(at, _, _)| now.mono.saturating_sub(*at) > window)
+        self.dirty_agents.insert(idx);
+        let m = &mut self.agents[idx as usize].rec.maintenance;
+        let list = &mut m.failures;
+        list.push_back(HostFailure {
+            at_ms: now.wall,
+            at_mono: now.mono,
+            job,
+            reason,
+        });
+        while list.len() > HOST_FAILURES_KEPT
+            || list
+                .front()
+                .is_some_and(|f| now.mono.saturating_sub(f.at_mono) > window)
         {
             list.pop_front();
         }
-        let jobs: BTreeSet<&str> = list.iter().map(|(_, j, _)| j.as_str()).collect();
+        let jobs: BTreeSet<&str> = list.iter().map(|f| f.job.as_str()).collect();
         if (list.len() as u32) < limit || (jobs.len() as u32) < self.cfg.quarantine_jobs {
             return;
         }
-        let reasons: BTreeSet<&str> = list.iter().map(|(_, _, r)| r.as_str()).collect();
+        let reasons: BTreeSet<&str> = list.iter().map(|f| f.reason.as_str()).collect();
         let message = format!(
             "quarantined: {} tasks of {} jobs ({}) ended for host-side causes within {} ms: {}",
             list.len(),
@@ -449,8 +486,7 @@ impl Core {
             window,
             reasons.into_iter().collect::<Vec<_>>().join("; ")
         );
-        self.drains.failures.remove(&idx);
-        let m = &mut self.agents[idx as usize].rec.maintenance;
+        m.failures.clear();
         if m.mode != MaintenanceMode::None {
             return;
         }

@@ -57,7 +57,7 @@ pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
-pub use maintenance::{HostMaintenance, MaintenanceOp};
+pub use maintenance::{HostFailure, HostMaintenance, MaintenanceOp};
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use snapshot::Snapshot;

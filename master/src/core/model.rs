@@ -11,6 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, AgentVersions, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
+use super::placement::LimitCache;
 use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
@@ -165,6 +166,9 @@ pub(super) struct Job {
     pub(super) cursor: usize,
     /// Why its PENDING tasks do not fit, from the last try.
     pub(super) pending_reason: Option<String>,
+    /// Its active tasks per `limit:N` attribute value, kept up to date between
+    /// scheduling passes (None: counted afresh at the next pass that needs them).
+    pub(super) limit_cache: Option<LimitCache>,
 }
 
 /// What one task of a job needs.
@@ -301,6 +305,7 @@ impl Job {
             candidates: None,
             cursor: 0,
             pending_reason: None,
+            limit_cache: None,
         }
     }
 

@@ -4,10 +4,14 @@
 //! and constraints. Fast paths: candidate agents are
 //! precomputed per job from an attribute index, each job keeps a rotating cursor so
 //! the next task starts at the last good agent, and once one task of a job does not
-//! fit, its identical siblings are not tried again in the same pass. Also the glue the
-//! scheduler works through: the attribute index and `place`, which records a placement.
+//! fit, its identical siblings are not tried again in the same pass. A job's counts
+//! per `limit:N` attribute value for its newest config are kept between passes
+//! ([`LimitCache`]): updated from the tasks each event changed, counted afresh only
+//! when the agent index or the job's limits change (another config's counts are
+//! counted per pass). Also the glue the scheduler works through: the attribute index
+//! and `place`, which records a placement.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use drover_common::spec::Constraint;
@@ -21,10 +25,57 @@ use super::{Core, Now};
 /// Per-pass counts of a job's active tasks per (limit attribute, value).
 type LimitCounts = Vec<HashMap<String, u32>>;
 
+/// A job's limit counts kept across scheduling passes: valid for one agent index
+/// generation (an agent's attributes may change with a new one) and the limits they
+/// were counted for, with the tasks counted in them, so a task's change is applied
+/// once.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LimitCache {
+    gen: u64,
+    limits: Vec<(String, u32)>,
+    counts: LimitCounts,
+    counted: HashSet<String>,
+}
+
+impl LimitCache {
+    /// Whether task `id` is counted in.
+    pub(super) fn counts_task(&self, id: &str) -> bool {
+        self.counted.contains(id)
+    }
+
+    /// Counts task `id` in (`on`) or out, on `agent`.
+    fn apply(&mut self, id: &str, agent: &Agent, on: bool) {
+        for ((attr, _), per_value) in self.limits.iter().zip(self.counts.iter_mut()) {
+            let Some(v) = agent.attr(attr) else {
+                continue;
+            };
+            if on {
+                match per_value.get_mut(v) {
+                    Some(n) => *n += 1,
+                    None => {
+                        per_value.insert(v.to_string(), 1);
+                    }
+                }
+            } else if let Some(n) = per_value.get_mut(v) {
+                *n -= 1;
+                if *n == 0 {
+                    per_value.remove(v);
+                }
+            }
+        }
+        if on {
+            self.counted.insert(id.to_string());
+        } else {
+            self.counted.remove(id);
+        }
+    }
+}
+
 impl Core {
     /// Places every queued PENDING task that fits; the others wait, per job, with a
     /// reason until capacity changes.
     pub(super) fn schedule(&mut self, now: Now) {
+        self.sync_limit_counts();
         let retry = self.take_capacity_changed() && !self.blocked.is_empty();
         if self.queue.is_empty() && !retry {
             return;
@@ -94,6 +145,36 @@ impl Core {
         }
     }
 
+    /// Applies the tasks this event changed so far to their jobs' kept limit counts
+    /// (placements made by `try_place_as` are counted there).
+    fn sync_limit_counts(&mut self) {
+        for id in &self.dirty_tasks {
+            let Some(t) = self.tasks.get(id) else {
+                continue;
+            };
+            let Some(job) = self.jobs.get_mut(&t.job) else {
+                continue;
+            };
+            let Some(cache) = job.limit_cache.as_mut() else {
+                continue;
+            };
+            let agent = t
+                .agent
+                .as_ref()
+                .and_then(|a| self.agent_idx.get(a))
+                .map(|&i| &self.agents[i as usize]);
+            let on = t.status.state.is_on_agent() && agent.is_some();
+            if on == cache.counts_task(id) {
+                continue;
+            }
+            match agent {
+                Some(agent) => cache.apply(id, agent, on),
+                // Counted on an agent it no longer names: count afresh.
+                None => job.limit_cache = None,
+            }
+        }
+    }
+
     /// Places one task of `job` or records why it cannot be placed. A task of
     /// another config than the job's newest (during or after an update) is placed
     /// by its own config's needs and constraints.
@@ -134,34 +215,68 @@ impl Core {
         limits: &mut HashMap<String, LimitCounts>,
         now: Now,
     ) -> bool {
-        if !limits.contains_key(key) {
-            let counts = self.limit_counts(job_key);
-            limits.insert(key.to_string(), counts);
-        }
-        let Some(counts) = limits.get_mut(key) else {
+        // The newest config's counts are kept between passes; another config's
+        // are counted for this pass.
+        let gen = self.index_gen;
+        let Some(job) = self.jobs.get(job_key) else {
             return false;
         };
+        let kept = key == job_key && !job.constraints.limits.is_empty();
+        if kept {
+            let stale = job
+                .limit_cache
+                .as_ref()
+                .is_none_or(|c| c.gen != gen || c.limits != job.constraints.limits);
+            if stale {
+                let cache = self.limit_cache_of(job_key);
+                if let Some(job) = self.jobs.get_mut(job_key) {
+                    job.limit_cache = Some(cache);
+                }
+            }
+        } else if !limits.contains_key(key) {
+            let counts = self.limit_cache_of(job_key).counts;
+            limits.insert(key.to_string(), counts);
+        }
         let Some(job) = self.jobs.get_mut(job_key) else {
             return false;
         };
-        match find_agent(
+        let mut cache = if kept {
+            job.limit_cache.take().unwrap_or_default()
+        } else {
+            LimitCache {
+                counts: limits.remove(key).unwrap_or_default(),
+                limits: job.constraints.limits.clone(),
+                ..LimitCache::default()
+            }
+        };
+        let found = find_agent(
             &self.agents,
             &self.attr_index,
             &self.open_agents,
-            self.index_gen,
+            gen,
             job,
-            counts,
-        ) {
+            &cache.counts,
+        );
+        if kept {
+            if let Ok(idx) = found {
+                cache.apply(id, &self.agents[idx as usize], true);
+            }
+            job.limit_cache = Some(cache);
+        } else {
+            if let Ok(idx) = found {
+                cache.apply(id, &self.agents[idx as usize], true);
+                // Placed by another config's limits: the newest's kept counts miss
+                // it until the next pass; count them afresh.
+                job.limit_cache = None;
+            }
+            limits.insert(key.to_string(), cache.counts);
+        }
+        match found {
             Ok(idx) => {
                 let config = self.tasks.get(id).map(|t| t.config.as_str()).unwrap_or("");
                 let need = job.need;
                 let mixed = job.configs.len() > 1;
                 let names = job.spec_of(config).task.resources.ports.clone();
-                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
-                    if let Some(v) = self.agents[idx as usize].attr(attr) {
-                        *per_value.entry(v.to_string()).or_insert(0) += 1;
-                    }
-                }
                 let agent = &mut self.agents[idx as usize];
                 agent.used_cpu_milli += need.cpu_milli;
                 agent.used_ram += need.ram;
@@ -181,14 +296,19 @@ impl Core {
         }
     }
 
-    /// Counts the job's tasks on agents per value of each limit attribute.
-    fn limit_counts(&self, job_key: &str) -> LimitCounts {
-        let Some(job) = self.jobs.get(job_key) else {
-            return Vec::new();
+    /// Counts the job's tasks on agents per value of each limit attribute, afresh.
+    fn limit_cache_of(&self, job_key: &str) -> LimitCache {
+        let mut cache = LimitCache {
+            gen: self.index_gen,
+            ..LimitCache::default()
         };
-        let mut counts: LimitCounts = vec![HashMap::new(); job.constraints.limits.len()];
-        if counts.is_empty() {
-            return counts;
+        let Some(job) = self.jobs.get(job_key) else {
+            return cache;
+        };
+        cache.limits = job.constraints.limits.clone();
+        cache.counts = vec![HashMap::new(); cache.limits.len()];
+        if cache.counts.is_empty() {
+            return cache;
         }
         for slot in &job.slots {
             for id in slot.current.iter().chain(slot.history.iter()) {
@@ -201,21 +321,50 @@ impl Core {
                 let Some(&idx) = t.agent.as_ref().and_then(|a| self.agent_idx.get(a)) else {
                     continue;
                 };
-                let agent = &self.agents[idx as usize];
-                for ((attr, _), per_value) in job.constraints.limits.iter().zip(counts.iter_mut()) {
-                    if let Some(v) = agent.attr(attr) {
-                        // No allocation for a value already counted.
-                        match per_value.get_mut(v) {
-                            Some(n) => *n += 1,
-                            None => {
-                                per_value.insert(v.to_string(), 1);
-                            }
-                        }
-                    }
-                }
+                cache.apply(id, &self.agents[idx as usize], true);
             }
         }
-        counts
+        cache
+    }
+
+    /// Test support: drops every job's kept limit counts (the next pass counts
+    /// afresh).
+    #[cfg(test)]
+    pub(super) fn forget_limit_counts(&mut self) {
+        for job in self.jobs.values_mut() {
+            job.limit_cache = None;
+        }
+    }
+
+    /// Test support: every job's kept limit counts (where valid for the current
+    /// agent index and the job's limits) equal a fresh count. The job where they
+    /// differ, if any.
+    #[cfg(test)]
+    pub(super) fn limit_counts_drift(&self) -> Option<String> {
+        if self.index_dirty {
+            // Attributes changed since the index was built: the next pass counts
+            // afresh before it reads a count.
+            return None;
+        }
+        for (key, job) in &self.jobs {
+            let Some(cache) = &job.limit_cache else {
+                continue;
+            };
+            if cache.gen != self.index_gen || cache.limits != job.constraints.limits {
+                continue;
+            }
+            let fresh = self.limit_cache_of(key);
+            if fresh.counts != cache.counts || fresh.counted != cache.counted {
+                return Some(format!(
+                    "{key}: kept {:?} ({} tasks), counted afresh {:?} ({} tasks)",
+                    cache.counts,
+                    cache.counted.len(),
+                    fresh.counts,
+                    fresh.counted.len()
+                ));
+            }
+        }
+        None
     }
 }
 

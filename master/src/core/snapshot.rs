@@ -35,7 +35,8 @@ impl Core {
     /// was left of its transient timeout (at most the whole timeout, and never
     /// before the restart grace), a RUNNING task's age counts up to the flapping
     /// threshold (or its job's SLA `min_time`, if longer), a drain's deadline keeps
-    /// what was left of it (at most the whole drain's time); a wall clock step while the master was down moves none of them
+    /// what was left of it (at most the whole drain's time), and so do a host's
+    /// failures counting towards quarantine (at most the window); a wall clock step while the master was down moves none of them
     /// past those bounds. Agent timeouts, missing grace and reconciliation start
     /// afresh.
     pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: Now, seed: u64) -> Core {
@@ -50,7 +51,8 @@ impl Core {
             .chain([snapshot.index])
             .max()
             .unwrap_or(0);
-        for rec in snapshot.agents {
+        for mut rec in snapshot.agents {
+            rec.maintenance.loaded(now, core.cfg.quarantine_window_ms);
             let idx = core.agents.len() as u32;
             core.agent_idx.insert(rec.id.clone(), idx);
             core.agents.push(Agent::new(rec, now.mono));

@@ -783,6 +783,14 @@ impl Core {
             }
             if let Some(j) = self.jobs.get_mut(job) {
                 j.slots.pop();
+                // A task still counted towards a limit (it ended in this event)
+                // leaves the kept limit counts to be counted afresh.
+                if j.limit_cache
+                    .as_ref()
+                    .is_some_and(|c| ids.iter().any(|id| c.counts_task(id)))
+                {
+                    j.limit_cache = None;
+                }
             }
             for id in ids {
                 self.tasks.remove(&id);

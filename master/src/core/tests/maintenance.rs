@@ -462,6 +462,40 @@ fn a_host_where_tasks_of_several_jobs_fail_host_side_is_quarantined_until_activa
 }
 
 #[test]
+fn quarantine_counts_survive_a_master_restart_within_their_window() {
+    let setup_failed = || {
+        Some(ExitReason::SandboxSetupFailed {
+            error: "read-only file system".to_string(),
+        })
+    };
+    // (time the master is down, quarantined after the restart): two failures
+    // before the restart and one after reach the threshold (3) only while the
+    // first two are still within the window (60 s).
+    for (down, quarantined) in [(1_000, true), (70_000, false)] {
+        let mut w = world(1);
+        let a = w.create(spec("a", 1, false, r#","max_task_failures":10"#));
+        let b = w.create(spec("b", 1, false, ""));
+        let host = w.core.task(&a[0]).unwrap().agent.clone().unwrap();
+        w.report(&a[0], TaskState::Failed, setup_failed());
+        w.report(&b[0], TaskState::Failed, setup_failed());
+        assert_eq!(w.mode(&host), MaintenanceMode::None);
+        let snap = w.snapshot();
+        w.now += down;
+        w.core = Core::load(cfg(), snap, w.at(), 9);
+        w.pass(6_000);
+        let id = w.current("www/prod/a", 0);
+        assert_eq!(w.state(&id), TaskState::Assigned, "down {down}");
+        w.report(&id, TaskState::Failed, setup_failed());
+        let expected = if quarantined {
+            MaintenanceMode::Scheduled
+        } else {
+            MaintenanceMode::None
+        };
+        assert_eq!(w.mode(&host), expected, "down {down}");
+    }
+}
+
+#[test]
 fn quarantine_can_be_turned_off() {
     let mut w = World::new();
     w.core = Core::new(

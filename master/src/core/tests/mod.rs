@@ -93,6 +93,9 @@ struct World {
     wall_skew: i64,
     seqs: HashMap<String, u64>,
     persisted: Vec<Change>,
+    /// Forget the kept limit counts before every event (the scheduler counts
+    /// afresh): a shadow world to compare placements with.
+    fresh_limit_counts: bool,
 }
 
 impl World {
@@ -114,6 +117,7 @@ impl World {
             wall_skew: 0,
             seqs: HashMap::new(),
             persisted: Vec::new(),
+            fresh_limit_counts: false,
         }
     }
 
@@ -126,7 +130,15 @@ impl World {
     }
 
     fn handle(&mut self, e: Event) -> Output {
+        if self.fresh_limit_counts {
+            self.core.forget_limit_counts();
+        }
         let out = self.core.handle(e, self.at());
+        // The limit counts the scheduler keeps between passes equal a fresh count
+        // after every event of every test.
+        if let Some(drift) = self.core.limit_counts_drift() {
+            panic!("limit counts drifted: {drift}");
+        }
         for e in &out.effects {
             if let Effect::Persist { changes, .. } = e {
                 self.persisted.extend(changes.iter().cloned());

@@ -141,3 +141,134 @@ fn killed_blocked_tasks_do_not_hold_back_a_recreated_job() {
     let t = w.create(spec("first", 1, false, ""));
     assert_eq!(w.state(&t[0]), TaskState::Assigned);
 }
+
+/// One step of the limit-count property test.
+#[derive(Clone, Debug)]
+enum LimitOp {
+    Create {
+        instances: u32,
+        rack: bool,
+    },
+    Report {
+        pick: usize,
+        state: u8,
+    },
+    Kill {
+        pick: usize,
+    },
+    Restart {
+        pick: usize,
+    },
+    /// The agent registers again with another rack (its attributes change).
+    Rerack {
+        agent: usize,
+        rack: u8,
+    },
+    Drain {
+        agent: usize,
+    },
+    Activate {
+        agent: usize,
+    },
+    Pass {
+        ms: u64,
+    },
+}
+
+fn limit_op() -> impl Strategy<Value = LimitOp> {
+    prop_oneof![
+        (1u32..5, any::<bool>()).prop_map(|(instances, rack)| LimitOp::Create { instances, rack }),
+        (any::<usize>(), 0u8..5).prop_map(|(pick, state)| LimitOp::Report { pick, state }),
+        any::<usize>().prop_map(|pick| LimitOp::Kill { pick }),
+        any::<usize>().prop_map(|pick| LimitOp::Restart { pick }),
+        (0usize..5, 0u8..3).prop_map(|(agent, rack)| LimitOp::Rerack { agent, rack }),
+        (0usize..5).prop_map(|agent| LimitOp::Drain { agent }),
+        (0usize..5).prop_map(|agent| LimitOp::Activate { agent }),
+        (100u64..8_000).prop_map(|ms| LimitOp::Pass { ms }),
+    ]
+}
+
+/// Where every task is, by id.
+fn placements(w: &World) -> BTreeMap<String, (TaskState, Option<String>)> {
+    w.core
+        .tasks
+        .values()
+        .map(|t| (t.id.clone(), (t.status.state, t.agent.clone())))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The `limit:N` counts the scheduler keeps between passes equal a fresh count
+    /// after every event (checked in `World::handle`), and a world that counts
+    /// afresh before every event places every task on the same agent.
+    #[test]
+    fn kept_limit_counts_place_as_a_fresh_count_would(
+        ops in proptest::collection::vec(limit_op(), 1..60),
+    ) {
+        let mut kept = World::new();
+        let mut fresh = World::new();
+        fresh.fresh_limit_counts = true;
+        let racks = ["r0", "r1", "r2"];
+        for w in [&mut kept, &mut fresh] {
+            for i in 0..5 {
+                w.register(&format!("a{i}"), 4.0, 8, &[("rack", racks[i % 3])]);
+            }
+        }
+        let mut jobs: Vec<String> = Vec::new();
+        for (n, op) in ops.into_iter().enumerate() {
+            for w in [&mut kept, &mut fresh] {
+                match &op {
+                    LimitOp::Create { instances, rack } => {
+                        let extra = if *rack { r#","constraints":{"rack":"limit:2"}"# } else { "" };
+                        let name = format!("j{n}");
+                        let _ = w.handle(Event::CreateJob(Box::new(spec(&name, *instances, true, extra))));
+                    }
+                    LimitOp::Report { pick, state } => {
+                        let mut placed: Vec<String> = w.core.tasks.values()
+                            .filter(|t| t.status.state.is_on_agent())
+                            .map(|t| t.id.clone())
+                            .collect();
+                        placed.sort();
+                        if !placed.is_empty() {
+                            let id = placed[pick % placed.len()].clone();
+                            let s = [TaskState::Starting, TaskState::Running, TaskState::Failed,
+                                     TaskState::Killed, TaskState::Lost][*state as usize];
+                            w.report(&id, s, None);
+                        }
+                    }
+                    LimitOp::Kill { pick } if !jobs.is_empty() => {
+                        let job = jobs[pick % jobs.len()].clone();
+                        let _ = w.handle(Event::Kill { job, instances: Some(vec![0]) });
+                    }
+                    LimitOp::Restart { pick } if !jobs.is_empty() => {
+                        let job = jobs[pick % jobs.len()].clone();
+                        let _ = w.handle(Event::Restart { job, instances: None });
+                    }
+                    LimitOp::Rerack { agent, rack } => {
+                        w.register(&format!("a{agent}"), 4.0, 8, &[("rack", racks[*rack as usize])]);
+                    }
+                    LimitOp::Drain { agent } => {
+                        let _ = w.handle(Event::Maintenance {
+                            op: MaintenanceOp::Drain { deadline_ms: Some(5_000) },
+                            hosts: vec![format!("a{agent}")],
+                        });
+                    }
+                    LimitOp::Activate { agent } => {
+                        let _ = w.handle(Event::Maintenance {
+                            op: MaintenanceOp::Activate,
+                            hosts: vec![format!("a{agent}")],
+                        });
+                    }
+                    LimitOp::Pass { ms } => w.pass(*ms),
+                    _ => {}
+                }
+            }
+            if let LimitOp::Create { .. } = op {
+                jobs.push(format!("www/prod/j{n}"));
+            }
+            prop_assert_eq!(placements(&kept), placements(&fresh), "after {:?}", op);
+        }
+    }
+}

@@ -142,6 +142,10 @@ fn instances_of(view: &JobView, set: &str) -> anyhow::Result<Vec<u32>> {
     Ok(wanted)
 }
 
+/// How long every instance of a service must stay RUNNING, with no change of the
+/// job committed, before `job create --wait` says it runs.
+const SERVICE_SETTLE: Duration = Duration::from_millis(500);
+
 /// `drover job create FILE [--wait]`.
 async fn create(
     client: &Client,
@@ -172,6 +176,9 @@ async fn create(
     // The index first, then the view: a change committed in between wakes the
     // first wait rather than being missed.
     let mut changes = Changes::start(client, Some(&key)).await?;
+    // When every instance of a service is RUNNING, the wait goes on for
+    // SERVICE_SETTLE without a change, so a service that dies at once fails it.
+    let mut all_running_since: Option<Instant> = None;
     loop {
         let view = client.job(&key).await?;
         let progress = render::progress(&view);
@@ -180,12 +187,21 @@ async fn create(
             last_progress = progress;
         }
         match wait_outcome(&view) {
-            Outcome::Done => {
+            Outcome::Done if !spec.service => {
                 println!("{key}: all {} instance(s) {goal}", view.instances.len());
                 return Ok(true);
             }
+            Outcome::Done => {
+                let since = *all_running_since.get_or_insert_with(Instant::now);
+                let settle_left = SERVICE_SETTLE.saturating_sub(since.elapsed());
+                if settle_left.is_zero() || !changes.next(settle_left).await? {
+                    println!("{key}: all {} instance(s) {goal}", view.instances.len());
+                    return Ok(true);
+                }
+                continue;
+            }
             Outcome::Failed(why) => bail!("{key} did not reach {goal}: {why}"),
-            Outcome::Waiting => {}
+            Outcome::Waiting => all_running_since = None,
         }
         let left = timeout.saturating_sub(started.elapsed());
         if left.is_zero() || !changes.next(left).await? {

@@ -19,6 +19,13 @@ command -v pgrep >/dev/null 2>&1 || need+=(procps)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
 # executor/tests/layout.rs reads the executor's symbols with nm.
 command -v nm >/dev/null 2>&1 || need+=(binutils)
+# tests/tests/metrics.rs scrapes the master with a real Prometheus server, which the
+# test starts itself on loopback with a generated config.
+installing_prometheus=no
+if ! command -v prometheus >/dev/null 2>&1; then
+  need+=(prometheus)
+  installing_prometheus=yes
+fi
 # scripts/package.sh builds the .deb files (dpkg-deb, dpkg-shlibdeps); the
 # systemd test (tests/tests/systemd.rs) makes a Debian root with debootstrap, boots
 # it with systemd-nspawn and checks the packages with lintian.
@@ -32,8 +39,13 @@ if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     # A failed install is reported, not fatal: the tests that need a missing tool
     # say so and skip, and the rest still run.
-    if ! { apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; }; then
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }; then
       echo "setup: could not install ${need[*]}; tests that need them will say so" >&2
+    fi
+    # The package starts a system-wide Prometheus where no systemd runs; the tests
+    # start their own, so stop the one the install started.
+    if [ "$installing_prometheus" = yes ] && [ ! -d /run/systemd/system ]; then
+      service prometheus stop >/dev/null 2>&1 || true
     fi
   else
     echo "setup: please install ${need[*]} (needs root); continuing without" >&2

@@ -1,16 +1,37 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, clippy, then all unit, integration and
-# black-box tests. This is the README's test command and what CI runs.
+# black-box tests. This is the README's test command and what CI runs. Each step
+# prints a header (`==> [N/6] what`) and the time it took, so a failure is easy to place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+step_number=0
+step_started=$SECONDS
+step() {
+  if [ "$step_number" -gt 0 ]; then
+    echo "    (took $((SECONDS - step_started))s)"
+  fi
+  step_number=$((step_number + 1))
+  step_started=$SECONDS
+  echo "==> [$step_number/6] $*"
+}
+
+step "setup: packages the tests need (scripts/setup.sh)"
 ./scripts/setup.sh
+step "format: cargo fmt --check"
 cargo fmt --all -- --check
+step "lint: cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 # Black-box tests start the real binaries from target/debug.
+step "build: the binaries the black-box tests start"
 cargo build --workspace --bins
+step "tests: unit, integration and black-box"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
 else
   cargo test --workspace --no-fail-fast
 fi
+step "doc tests"
 cargo test --workspace --doc
+echo "    (took $((SECONDS - step_started))s)"
+echo "==> all checks passed"

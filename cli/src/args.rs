@@ -7,15 +7,17 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 /// The default master address: what `drover dev` listens on unless told otherwise.
+/// The CLI says on stderr when it falls back to it (see [`master_or_default`]).
 pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
 
 /// drover: operate a Drover cluster, or run one on this host with `drover dev`.
 #[derive(Debug, Parser)]
 #[command(name = "drover", version, about, long_about = None)]
 pub struct Cli {
-    /// The master's admin API.
-    #[arg(long, global = true, env = "DROVER_MASTER", default_value = DEFAULT_MASTER)]
-    pub master: String,
+    /// The master's admin API [default: http://127.0.0.1:7070, with a note on stderr
+    /// naming it].
+    #[arg(long, global = true, env = "DROVER_MASTER", value_name = "URL")]
+    pub master: Option<String>,
 
     /// A file holding the bearer token sent to the master (else DROVER_TOKEN, else
     /// `token` / `token_file` in ~/.config/drover/config.toml).
@@ -62,6 +64,20 @@ pub enum Command {
     Cron(CronCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
+    /// Print a shell completion script, e.g. `drover completions bash >
+    /// /etc/bash_completion.d/drover` (no master needed).
+    Completions {
+        /// The shell.
+        shell: Shell,
+    },
+}
+
+/// The shells `drover completions` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 /// `drover job ...`
@@ -85,13 +101,18 @@ pub enum JobCommand {
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         timeout: Duration,
     },
-    /// Show every instance of a job: its current task, state, agent, ports, reason.
+    /// Show every instance of a job (or of role/env/name/INSTANCES): its current
+    /// task, state, agent, ports, reason.
     Status {
-        /// role/environment/name
+        /// role/environment/name[/INSTANCES]
         key: String,
         /// Print the API's JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Print the status again whenever the job changes (the master's change
+        /// stream), until Ctrl-C.
+        #[arg(long, short = 'w', conflicts_with = "json")]
+        watch: bool,
     },
     /// List jobs, optionally of one role.
     List {
@@ -426,6 +447,22 @@ pub struct DevArgs {
     pub timeout: Duration,
 }
 
+/// The master to talk to: `--master` / `DROVER_MASTER`, else [`DEFAULT_MASTER`] with
+/// the note to print on stderr, so a newcomer's commands never go to whatever listens
+/// on the default port without a word.
+pub fn master_or_default(master: Option<String>) -> (String, Option<String>) {
+    match master.filter(|m| !m.trim().is_empty()) {
+        Some(master) => (master, None),
+        None => (
+            DEFAULT_MASTER.to_string(),
+            Some(format!(
+                "note: talking to the default master {DEFAULT_MASTER} (neither --master nor \
+                 DROVER_MASTER is set; `drover dev` prints the line to use for its cluster)"
+            )),
+        ),
+    }
+}
+
 /// Reads `30s`, `5m`, `250ms` with the job spec's duration syntax.
 fn parse_duration(text: &str) -> Result<Duration, String> {
     text.parse::<drover_common::units::Duration>()
@@ -447,6 +484,16 @@ mod tests {
     fn durations_use_the_spec_syntax() {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert!(parse_duration("ninety").is_err());
+    }
+
+    #[test]
+    fn the_default_master_comes_with_a_note_naming_it() {
+        let (master, note) = master_or_default(None);
+        assert_eq!(master, DEFAULT_MASTER);
+        assert!(note.unwrap().contains(DEFAULT_MASTER));
+        let (master, note) = master_or_default(Some("https://m:1".into()));
+        assert_eq!((master.as_str(), note), ("https://m:1", None));
+        assert!(master_or_default(Some(String::new())).1.is_some());
     }
 
     #[test]

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, ClusterView, CronView, HostProbe, HostView,
-    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView, TaskView,
-    UpdateRequest, UpdateView,
+    ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, CronView,
+    HostProbe, HostView, HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources,
+    QuotaView, TaskView, UpdateRequest, UpdateView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -240,6 +240,21 @@ impl Client {
     /// GET /v1/jobs/{role}/{env}/{name}.
     pub async fn job(&self, key: &JobKey) -> Result<JobView, ClientError> {
         self.get(&format!("/v1/jobs/{key}")).await
+    }
+
+    /// GET /v1/changes: what changed after `index` (only `job`'s tasks when given),
+    /// waiting up to `wait` for the next change.
+    pub async fn changes(
+        &self,
+        index: u64,
+        job: Option<&JobKey>,
+        wait: Duration,
+    ) -> Result<ChangesView, ClientError> {
+        let mut path = format!("/v1/changes?index={index}&wait_ms={}", wait.as_millis());
+        if let Some(key) = job {
+            path.push_str(&format!("&job={}", urlencode(&key.to_string())));
+        }
+        self.get(&path).await
     }
 
     /// POST /v1/jobs/{key}/kill.
@@ -550,6 +565,18 @@ pub fn error_from_body(url: &str, status: u16, body: &str) -> ClientError {
             }
         }
     }
+}
+
+/// Percent-encodes a query value (job keys: `/` and anything not unreserved).
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -15,13 +15,14 @@ use crate::args::{
     TokenCommand,
 };
 use crate::client::Client;
+use crate::follow::Changes;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
 use crate::specfile;
 use crate::target::{parse_instance_target, parse_job_target};
 use crate::Endpoint;
 
-/// How often `--wait` and `-f` poll.
+/// How often `task logs -f` polls.
 const POLL: Duration = Duration::from_millis(250);
 
 /// Runs a `drover job ...` command; Ok(false) means "exit 1" after printing why.
@@ -41,19 +42,38 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             wait,
             timeout,
         } => create(&master.client()?, &file, wait, timeout).await,
-        JobCommand::Status { key, json } => {
+        JobCommand::Status {
+            key,
+            json: false,
+            watch: true,
+        } => {
+            let client = master.client()?;
+            let target = parse_job_target(&key)?;
+            let mut changes = Changes::start(&client, Some(&target.key)).await?;
+            loop {
+                let view = client.job(&target.key).await?;
+                let only = shown_instances(&view, target.instances.as_deref())?;
+                println!(
+                    "--- {} (UTC)",
+                    render::timestamp(drover_common::state::now_ms())
+                );
+                print!("{}", render::job_status(&view, only.as_deref()));
+                while !changes.next(Duration::from_secs(60)).await? {}
+            }
+        }
+        JobCommand::Status { key, json, .. } => {
             let client = master.client()?;
             let target = parse_job_target(&key)?;
             let view = client.job(&target.key).await?;
+            let only = shown_instances(&view, target.instances.as_deref())?;
             if json {
+                let mut view = view;
+                if let Some(only) = &only {
+                    view.instances.retain(|i| only.contains(&i.instance));
+                }
                 print_json(&view)?;
             } else {
-                // Agent names are a nicety: fall back to ids if the list fails.
-                let agents = client.agents().await.unwrap_or_default();
-                print!(
-                    "{}",
-                    render::job_status(&view, &render::agent_names(&agents))
-                );
+                print!("{}", render::job_status(&view, only.as_deref()));
             }
             Ok(true)
         }
@@ -98,6 +118,35 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
     }
 }
 
+/// The instances `job status` shows: those of `set` when given (else all: None).
+fn shown_instances(view: &JobView, set: Option<&str>) -> anyhow::Result<Option<Vec<u32>>> {
+    set.map(|set| instances_of(view, set)).transpose()
+}
+
+/// The instances of `set` (`0-3,7`, already checked by the parser), refused with the
+/// job's instance count when one does not exist.
+fn instances_of(view: &JobView, set: &str) -> anyhow::Result<Vec<u32>> {
+    let wanted = drover_common::wire::parse_instance_set(set).map_err(|e| anyhow!(e))?;
+    let count = view.instances.len();
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|i| !view.instances.iter().any(|x| x.instance == **i))
+        .map(u32::to_string)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} has no instance {} (it has {count} instance(s), numbered from 0)",
+            view.key,
+            missing.join(", ")
+        );
+    }
+    Ok(wanted)
+}
+
+/// How long every instance of a service must stay RUNNING, with no change of the
+/// job committed, before `job create --wait` says it runs.
+const SERVICE_SETTLE: Duration = Duration::from_millis(500);
+
 /// `drover job create FILE [--wait]`.
 async fn create(
     client: &Client,
@@ -108,7 +157,7 @@ async fn create(
     let spec = match specfile::load(file) {
         Ok(spec) => spec,
         Err(errors) => {
-            eprintln!("{errors}");
+            eprintln!("{}", errors.with_error_prefix());
             return Ok(false);
         }
     };
@@ -124,30 +173,45 @@ async fn create(
     }
     let goal = if spec.service { "RUNNING" } else { "FINISHED" };
     let started = Instant::now();
-    let mut last_counts = String::new();
+    let mut last_progress = String::new();
+    // The index first, then the view: a change committed in between wakes the
+    // first wait rather than being missed.
+    let mut changes = Changes::start(client, Some(&key)).await?;
+    // When every instance of a service is RUNNING, the wait goes on for
+    // SERVICE_SETTLE without a change, so a service that dies at once fails it.
+    let mut all_running_since: Option<Instant> = None;
     loop {
         let view = client.job(&key).await?;
-        let counts = render::state_counts(&view.state_counts);
-        if counts != last_counts {
-            println!("  {:>6.1}s  {counts}", started.elapsed().as_secs_f64());
-            last_counts = counts;
+        let progress = render::progress(&view);
+        if progress != last_progress {
+            println!("  {:>6.1}s  {progress}", started.elapsed().as_secs_f64());
+            last_progress = progress;
         }
         match wait_outcome(&view) {
-            Outcome::Done => {
+            Outcome::Done if !spec.service => {
                 println!("{key}: all {} instance(s) {goal}", view.instances.len());
                 return Ok(true);
             }
+            Outcome::Done => {
+                let since = *all_running_since.get_or_insert_with(Instant::now);
+                let settle_left = SERVICE_SETTLE.saturating_sub(since.elapsed());
+                if settle_left.is_zero() || !changes.next(settle_left).await? {
+                    println!("{key}: all {} instance(s) {goal}", view.instances.len());
+                    return Ok(true);
+                }
+                continue;
+            }
             Outcome::Failed(why) => bail!("{key} did not reach {goal}: {why}"),
-            Outcome::Waiting => {}
+            Outcome::Waiting => all_running_since = None,
         }
-        if started.elapsed() > timeout {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() || !changes.next(left).await? {
             bail!(
-                "{key}: not every instance is {goal} after {}s ({last_counts}); \
+                "{key}: not every instance is {goal} after {}s ({last_progress}); \
                  `drover job status {key}` shows why, --timeout waits longer",
                 timeout.as_secs()
             );
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -190,20 +254,21 @@ async fn logs(
     let (key, instance) = parse_instance_target(target)?;
     let view = client.job(&key).await?;
     let task = latest_task(&view, instance)?;
-    let process = match process {
-        Some(p) => p,
-        None => view
-            .spec
-            .task
-            .processes
-            .first()
-            .map(|p| p.name.clone())
-            .ok_or_else(|| anyhow!("{key} has no processes"))?,
-    };
-    if !is_valid_name(&process) {
-        bail!(
-            "`{process}` is not a process name: see `drover task show {}`",
-            task.task_id
+    let names: Vec<&str> = view
+        .spec
+        .task
+        .processes
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let stream = if stderr { "stderr" } else { "stdout" };
+    let process = pick_process(&names, process.as_deref(), &task.task_id)?;
+    if names.len() > 1 {
+        // On stderr, so stdout stays the log alone.
+        eprintln!(
+            "{stream} of process {process} of task {} (processes: {}; --process picks another)",
+            task.task_id,
+            names.join(", ")
         );
     }
     task.agent_id.as_ref().ok_or_else(|| {
@@ -217,7 +282,6 @@ async fn logs(
                 .unwrap_or_default()
         )
     })?;
-    let stream = if stderr { "stderr" } else { "stdout" };
     let task_id = task.task_id.clone();
     let mut offset = 0u64;
     let mut stdout = std::io::stdout();
@@ -262,6 +326,29 @@ async fn logs(
             tokio::time::sleep(POLL * 2).await;
         }
     }
+}
+
+/// The process whose log `task logs` reads: `wanted`, which must be one of the task's
+/// processes (else the error lists them), or the first.
+fn pick_process(names: &[&str], wanted: Option<&str>, task_id: &str) -> anyhow::Result<String> {
+    let Some(wanted) = wanted else {
+        return names
+            .first()
+            .map(|n| n.to_string())
+            .ok_or_else(|| anyhow!("task {task_id} has no processes"));
+    };
+    if names.contains(&wanted) {
+        return Ok(wanted.to_string());
+    }
+    let what = if is_valid_name(wanted) {
+        "is not a process of"
+    } else {
+        "is not a process name; see"
+    };
+    bail!(
+        "`{wanted}` {what} task {task_id}: its processes are {} (--process NAME)",
+        names.join(", ")
+    )
 }
 
 /// The instance's latest task (`current`, else the newest in history).
@@ -515,4 +602,29 @@ fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     println!("{text}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_process_is_refused_with_the_task_processes() {
+        let names = ["web", "sidecar"];
+        assert_eq!(pick_process(&names, None, "t1").unwrap(), "web");
+        assert_eq!(
+            pick_process(&names, Some("sidecar"), "t1").unwrap(),
+            "sidecar"
+        );
+        let err = pick_process(&names, Some("nope"), "t1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`nope` is not a process of task t1"), "{err}");
+        assert!(err.contains("web, sidecar"), "{err}");
+        let err = pick_process(&names, Some("../x"), "t1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("web, sidecar"), "{err}");
+        assert!(pick_process(&[], None, "t1").is_err());
+    }
 }

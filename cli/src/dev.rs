@@ -165,7 +165,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         Some(path) => match specfile::load(path) {
             Ok(spec) => Some(spec),
             Err(errors) => {
-                eprintln!("{errors}");
+                eprintln!("{}", errors.with_error_prefix());
                 return Ok(false);
             }
         },
@@ -228,11 +228,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         "  TLS:      CA {} (agents present certificates from the same dir)",
         dir.join("tls").join(crate::tls::CA_CERT).display()
     );
+    let ca = dir.join("tls").join(crate::tls::CA_CERT);
+    let token = dir.join("master").join(ADMIN_TOKEN_FILE);
     println!(
-        "  try:      DROVER_MASTER={} DROVER_CA={} DROVER_TOKEN_FILE={} drover job list   (Ctrl-C stops everything)",
+        "  web page: {}/ (read-only status page; it wants the admin token as a bearer token:\n            \
+         curl --cacert {} -H \"Authorization: Bearer $(cat {})\" {}/)",
         cluster.client.base(),
-        dir.join("tls").join(crate::tls::CA_CERT).display(),
-        dir.join("master").join(ADMIN_TOKEN_FILE).display()
+        ca.display(),
+        token.display(),
+        cluster.client.base(),
+    );
+    println!(
+        "  try:      {}   (Ctrl-C stops everything)",
+        try_line(&this_binary(), cluster.client.base(), &ca, &token)
     );
 
     let mut follower = EventFollower::new();
@@ -260,6 +268,42 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
 }
 
 /// Keeps a temporary data dir after a failure so its logs can be read.
+/// How to run the `drover` binary that is running now: its path as the shell finds
+/// it (`drover` when `drover` on PATH is this binary, else the full path, e.g.
+/// `/src/drover/target/debug/drover`), so the printed commands work when pasted.
+fn this_binary() -> String {
+    let Ok(exe) = std::env::current_exe() else {
+        return "drover".to_string();
+    };
+    let on_path = std::env::var_os("PATH")
+        .map(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join("drover"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .find(|candidate| candidate.is_file());
+    let same = on_path
+        .and_then(|p| p.canonicalize().ok())
+        .is_some_and(|p| exe.canonicalize().is_ok_and(|e| e == p));
+    if same {
+        "drover".to_string()
+    } else {
+        exe.display().to_string()
+    }
+}
+
+/// The command line `drover dev` suggests: the master, CA and token it made, and the
+/// binary as given by [`this_binary`].
+pub fn try_line(binary: &str, master: &str, ca: &Path, token: &Path) -> String {
+    format!(
+        "DROVER_MASTER={master} DROVER_CA={} DROVER_TOKEN_FILE={} {binary} job list",
+        ca.display(),
+        token.display()
+    )
+}
+
 fn keep_for_inspection(temp: Option<tempfile::TempDir>) {
     if let Some(temp) = temp {
         let dir = temp.keep();

@@ -13,9 +13,6 @@ use crate::client::Client;
 use crate::table::Table;
 use crate::Endpoint;
 
-/// How often `drain --wait` polls.
-const POLL: Duration = Duration::from_millis(250);
-
 /// Runs a `drover host ...` command.
 pub async fn run(master: &Endpoint, command: HostCommand) -> anyhow::Result<bool> {
     let client = master.client()?;
@@ -109,8 +106,8 @@ async fn maintain(
     Ok(views)
 }
 
-/// Polls until every host is DRAINED, printing a line per host whenever its
-/// progress changes.
+/// Waits until every host is DRAINED, printing a line per host whenever its
+/// progress changes; wakes on the master's change stream (task and host changes).
 async fn wait_drained(
     client: &Client,
     hosts: &[String],
@@ -118,6 +115,7 @@ async fn wait_drained(
 ) -> anyhow::Result<bool> {
     let start = Instant::now();
     let mut last: Vec<String> = vec![String::new(); hosts.len()];
+    let mut changes = crate::follow::Changes::start(client, None).await?;
     loop {
         let mut done = true;
         for (i, h) in hosts.iter().enumerate() {
@@ -139,11 +137,11 @@ async fn wait_drained(
         if done {
             return Ok(true);
         }
-        if start.elapsed() >= timeout {
+        let left = timeout.saturating_sub(start.elapsed());
+        if left.is_zero() || !changes.next(left).await? {
             eprintln!("timed out after {timeout:?}; the drain goes on (`drover host status`)");
             return Ok(false);
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -6,6 +6,7 @@ pub mod client;
 pub mod commands;
 pub mod credentials;
 pub mod dev;
+pub mod follow;
 pub mod hosts;
 pub mod procs;
 pub mod progress;
@@ -26,11 +27,16 @@ pub struct Endpoint {
     pub token: Option<String>,
     /// The cluster CA for an https:// master.
     pub ca: Option<std::path::PathBuf>,
+    /// Printed on stderr when a client is made: the master is the default one.
+    pub note: Option<String>,
 }
 
 impl Endpoint {
     /// A client of the master with the token.
     pub fn client(&self) -> Result<client::Client, client::ClientError> {
+        if let Some(note) = &self.note {
+            eprintln!("{note}");
+        }
         client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())
     }
 }
@@ -40,11 +46,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
         Command::Dev(args) => return dev::run(args).await,
         Command::Tls(command) => return commands::tls(command),
+        Command::Completions { shell } => {
+            completions(shell, &mut std::io::stdout())?;
+            return Ok(true);
+        }
         _ => {}
     }
+    let (master, note) = args::master_or_default(cli.master);
     let endpoint = Endpoint {
+        note,
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
-        master: cli.master,
+        master,
         ca: cli.ca,
     };
     match cli.command {
@@ -56,6 +68,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
         Command::Host(command) => hosts::run(&endpoint, command).await,
-        Command::Dev(_) | Command::Tls(_) => Ok(false),
+        Command::Dev(_) | Command::Tls(_) | Command::Completions { .. } => Ok(false),
+    }
+}
+
+/// `drover completions SHELL`: the completion script clap_complete writes from the
+/// command line's definition, so it cannot drift from it.
+pub fn completions(shell: args::Shell, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap::CommandFactory as _;
+    let generator = match shell {
+        args::Shell::Bash => clap_complete::Shell::Bash,
+        args::Shell::Zsh => clap_complete::Shell::Zsh,
+        args::Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut buffer = Vec::new();
+    clap_complete::generate(generator, &mut Cli::command(), "drover", &mut buffer);
+    out.write_all(&buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_name_the_subcommands_for_every_shell() {
+        for shell in [args::Shell::Bash, args::Shell::Zsh, args::Shell::Fish] {
+            let mut out = Vec::new();
+            completions(shell, &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            for word in ["drover", "job", "create", "--wait", "completions", "dev"] {
+                assert!(text.contains(word), "{shell:?} lacks {word}");
+            }
+        }
     }
 }

@@ -335,6 +335,35 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_checkpoint_of_many_lines_is_read_to_its_last_status() {
+        // The executor appends one JSON line per status: the last one counts, and a
+        // terminal task whose executor is gone is no leftover.
+        let root = tempfile::tempdir().unwrap();
+        let task = root.path().join("task-2");
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("task.json"), "{}").unwrap();
+        let line = |seq: u64, state: &str| {
+            serde_json::json!({
+                "seq": seq, "task_id": "task-2", "state": state, "exit_reason": null,
+                "message": "", "timestamp_ms": seq, "executor_pid": std::process::id(),
+                "processes": []
+            })
+            .to_string()
+        };
+        let text = [line(1, "STARTING"), line(2, "RUNNING"), line(3, "FINISHED")].join("\n");
+        std::fs::write(task.join("status.json"), text + "\n").unwrap();
+        let found = inspect(task.clone()).unwrap();
+        assert_eq!(
+            found,
+            SandboxExecutor {
+                sandbox: task,
+                live_pid: None,
+                terminal: true
+            }
+        );
+    }
+
     #[tokio::test]
     async fn daemons_are_stopped_and_their_exit_is_reported() {
         let dir = tempfile::tempdir().unwrap();

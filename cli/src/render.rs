@@ -54,24 +54,31 @@ pub fn task_reason(task: &TaskView) -> String {
         .unwrap_or_else(|| "-".to_string())
 }
 
-/// The agent's name for people: its `host` attribute, else hostname, else the id.
-pub fn agent_names(agents: &[AgentView]) -> BTreeMap<String, String> {
-    agents
-        .iter()
-        .map(|a| {
-            let name = a
-                .attributes
-                .get("host")
-                .cloned()
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| a.hostname.clone());
-            (a.agent_id.clone(), name)
-        })
-        .collect()
+/// A `--wait` progress line: the state counts, and why PENDING tasks wait, e.g.
+/// `PENDING 1, RUNNING 1; pending: host limit reached on 1 agent (1)`.
+pub fn progress(view: &JobView) -> String {
+    let mut reasons: BTreeMap<&str, u32> = BTreeMap::new();
+    for task in view.instances.iter().filter_map(|i| i.current.as_ref()) {
+        if let Some(reason) = task.pending_reason.as_deref().filter(|r| !r.is_empty()) {
+            *reasons.entry(reason).or_insert(0) += 1;
+        }
+    }
+    let mut line = state_counts(&view.state_counts);
+    if !reasons.is_empty() {
+        let why: Vec<String> = reasons
+            .iter()
+            .map(|(reason, n)| format!("{reason} ({n})"))
+            .collect();
+        line.push_str("; pending: ");
+        line.push_str(&why.join("; "));
+    }
+    line
 }
 
-/// `drover job status`: a header and one row per instance.
-pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
+/// `drover job status`: a header and one row per instance (only `only`'s instances
+/// when given). Agents go by their id, as in task events, `drover agent list` and
+/// `drover agent forbid`.
+pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
     let kind = if view.spec.service {
         "service"
     } else {
@@ -112,16 +119,16 @@ pub fn job_status(view: &JobView, agents: &BTreeMap<String, String>) -> String {
     let mut table = Table::new(&[
         "INSTANCE", "CONFIG", "TASK", "STATE", "AGENT", "PORTS", "HISTORY", "REASON",
     ]);
-    for instance in &view.instances {
+    let shown = view
+        .instances
+        .iter()
+        .filter(|i| only.is_none_or(|only| only.contains(&i.instance)));
+    for instance in shown {
         let history = instance.history.len().to_string();
         let config = instance.config.clone().unwrap_or_else(|| "-".into());
         match &instance.current {
             Some(task) => {
-                let agent = task
-                    .agent_id
-                    .as_ref()
-                    .map(|id| agents.get(id).cloned().unwrap_or_else(|| id.clone()))
-                    .unwrap_or_else(|| "-".to_string());
+                let agent = task.agent_id.clone().unwrap_or_else(|| "-".to_string());
                 table.row(vec![
                     instance.instance.to_string(),
                     config,
@@ -339,7 +346,7 @@ pub fn agent_list(agents: &[AgentView]) -> String {
     }
     let mut table = Table::new(&[
         "AGENT",
-        "HOST",
+        "HOSTNAME",
         "ADDRESS",
         "UP",
         "MAINTENANCE",
@@ -393,25 +400,10 @@ fn free_total(free: &AgentResources, total: &AgentResources) -> (String, String,
     )
 }
 
-/// A size for people: exact when it is a whole number of a unit (`64MiB`), else one
-/// decimal of the largest unit that fits (`23.1GiB`).
+/// A size for people (`64MiB`, `23.1GiB`): the one formatter the CLI and the web page
+/// share.
 pub fn bytes(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (unit, size) in UNITS {
-        if n >= size {
-            return if n.is_multiple_of(size) {
-                format!("{}{unit}", n / size)
-            } else {
-                format!("{:.1}{unit}", n as f64 / size as f64)
-            };
-        }
-    }
-    format!("{n}B")
+    drover_common::units::human_bytes(n)
 }
 
 fn trim_float(value: f64) -> String {

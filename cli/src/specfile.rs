@@ -20,6 +20,19 @@ impl std::fmt::Display for SpecFileErrors {
 
 impl std::error::Error for SpecFileErrors {}
 
+impl SpecFileErrors {
+    /// The lines for a command that failed because of them (`job create`): each starts
+    /// with `error: `, as every CLI error does. (`job validate` reports them bare: the
+    /// problems are its output.)
+    pub fn with_error_prefix(&self) -> String {
+        self.lines
+            .iter()
+            .map(|l| format!("error: {l}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
 /// Reads and validates one spec file.
 pub fn load(path: &Path) -> Result<JobSpec, SpecFileErrors> {
     let name = path.display().to_string();

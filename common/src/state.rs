@@ -210,8 +210,11 @@ pub enum ExitReason {
     OomKilled,
     /// Health checks failed past the limit.
     HealthCheckFailed { last_error: String },
-    /// Killed because someone asked (job kill, restart).
+    /// Killed because someone asked (job kill).
     KilledByRequest,
+    /// Stopped because someone restarted its instance (job restart): a replacement
+    /// task takes its place.
+    Restarted,
     /// Replaced by a rolling update (or its rollback) with a task of another config.
     Updated,
     /// Its host went into maintenance.
@@ -264,6 +267,7 @@ impl fmt::Display for ExitReason {
                 write!(f, "health check failed: {last_error}")
             }
             ExitReason::KilledByRequest => write!(f, "killed by request"),
+            ExitReason::Restarted => write!(f, "restarted by request (replaced)"),
             ExitReason::Updated => write!(f, "updated"),
             ExitReason::Drained => write!(f, "drained for maintenance"),
             ExitReason::Preempted { by } => write!(f, "preempted by {by}"),

@@ -246,6 +246,27 @@ impl fmt::Display for ByteSize {
     }
 }
 
+/// A size for people: exact when it is a whole number of a unit (`64MiB`), else one
+/// decimal of the largest unit that fits (`23.1GiB`).
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if n >= size {
+            return if n.is_multiple_of(size) {
+                format!("{}{unit}", n / size)
+            } else {
+                format!("{:.1}{unit}", n as f64 / size as f64)
+            };
+        }
+    }
+    format!("{n}B")
+}
+
 /// Accepts a string with a unit, or a bare number meaning `default_unit`.
 macro_rules! unit_serde {
     ($ty:ty, $bare:expr) => {

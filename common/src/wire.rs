@@ -449,6 +449,24 @@ pub struct QuotaView {
     pub in_use: QuotaResources,
 }
 
+/// GET /v1/changes?index=N: what changed after index N, as the current views of the
+/// changed objects (docs/api.md, "Change stream").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChangesView {
+    /// Pass it as `index` to get the next changes.
+    pub index: u64,
+    /// True when the index asked for is newer than this master's (its store was
+    /// replaced): everything is sent, as for index 0; forget what you held.
+    #[serde(default)]
+    pub reset: bool,
+    /// Tasks written after the index, their latest state (events included).
+    pub tasks: Vec<TaskView>,
+    /// The jobs of those tasks: state counts now.
+    pub jobs: Vec<JobSummary>,
+    /// Agents written after the index (tokens that may read everything only).
+    pub agents: Vec<AgentView>,
+}
+
 /// GET /v1/agents
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentView {

@@ -1,8 +1,9 @@
 //! Scheduler throughput: 10,000 agents (100 racks, 4 zones) and 100,000 tasks in 100
 //! jobs with constraints (a third plain, a third services with the implicit
 //! one-per-host limit and `rack: limit:20`, a third pinned to zones), placed through
-//! the pure core's CreateJob events. Not run in CI: `cargo bench -p drover-master
-//! --bench scheduler`.
+//! the pure core's CreateJob events; and `/metrics` of that master (100,000 tasks)
+//! rendered: the state counted under the lock plus the text encoding. Not run in CI:
+//! `cargo bench -p drover-master --bench scheduler`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -95,5 +96,19 @@ fn place_all(c: &mut Criterion) {
     assert_eq!(placed, JOBS * PER_JOB as usize, "every task placed");
 }
 
-criterion_group!(benches, place_all);
+fn render_metrics(c: &mut Criterion) {
+    let mut core = cluster();
+    for s in jobs() {
+        core.handle(Event::CreateJob(Box::new(s)), Now::both(2_000));
+    }
+    assert_eq!(core.task_count(), JOBS * PER_JOB as usize);
+    let mut group = c.benchmark_group("metrics");
+    group.sample_size(20);
+    group.bench_function("render_100k_tasks_10k_agents", |b| {
+        b.iter(|| drover_master::metrics::render(&core.metrics_state()))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, place_all, render_metrics);
 criterion_main!(benches);

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use crate::audit::Audit;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{CoreError, Event, MaintenanceOp, Reply, UpdateAction};
+use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply, UpdateAction};
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
@@ -112,6 +112,7 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
     vec![
         (route("GET", "/", ReadAll), get(index)),
         (route("GET", "/health", Public), get(|| async { "ok" })),
+        (route("GET", "/metrics", ReadAll), get(metrics)),
         (route("POST", "/v1/jobs", JobCreate), post(create_job)),
         (route("GET", "/v1/jobs", JobList), get(list_jobs)),
         (
@@ -167,6 +168,8 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             post(release_guard),
         ),
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
+        // Any reader; a role-scoped token gets its roles' changes only (changes()).
+        (route("GET", "/v1/changes", JobList), get(changes)),
         (route("GET", "/v1/hosts", ReadAll), get(list_hosts)),
         (
             route("POST", "/v1/hosts/cordon", Maintenance),
@@ -1119,6 +1122,9 @@ async fn updates(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let batch: StatusUpdateBatch = read_json(body).await?;
+    crate::metrics::METRICS
+        .update_batch
+        .observe(batch.updates.len() as f64);
     let event = Event::StatusReports {
         agent: id,
         reports: batch.updates,
@@ -1391,12 +1397,7 @@ async fn assignments(
     let mut stopping = m.stopping();
     loop {
         if *stopping.borrow_and_update() {
-            return Err(ApiErr::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                "the master is stopping; poll again after it restarted",
-                None,
-            ));
+            return Err(shutting_down("poll again after it restarted"));
         }
         rx.borrow_and_update();
         commits.borrow_and_update();
@@ -1417,6 +1418,9 @@ async fn assignments(
             }
         })?;
         if let Some(set) = ready {
+            crate::metrics::METRICS
+                .assignment_set
+                .observe(set.assignments.len() as f64);
             // How long the poll was held, so the agent can tell an answer a
             // partition delayed (seed 000) from one that waited for a change.
             let held_ms = received.elapsed().as_millis() as u64;
@@ -1447,6 +1451,100 @@ async fn assignments(
     }
 }
 
+/// 503 `shutting_down` for a long poll the stopping master ends early; `then` says
+/// what the client should do.
+fn shutting_down(then: &str) -> ApiErr {
+    ApiErr::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        format!("the master is stopping; {then}"),
+        None,
+    )
+}
+
+/// GET /v1/changes?index=N[&job=KEY][&wait_ms=M]: the change stream (docs/api.md).
+/// Answers at once when something the token may see was committed after index N
+/// (or N is newer than this master's index: `reset`), else when the next such
+/// commit happens, else empty at the deadline.
+async fn changes(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let after = query_u64(&q, "index")?.unwrap_or(0);
+    let wait_ms = query_u64(&q, "wait_ms")?
+        .unwrap_or(DEFAULT_WAIT_MS)
+        .min(MAX_WAIT_MS);
+    let job = q.get("job").cloned();
+    let filter = if who.reads_all() {
+        ChangeFilter {
+            job,
+            roles: None,
+            agents: true,
+        }
+    } else {
+        let Grant::Roles { roles } = &who.grant else {
+            return Err(crate::guard::forbidden(&who, &Permission::ReadAll));
+        };
+        if let Some(key) = &job {
+            let role = key.split('/').next().unwrap_or_default();
+            crate::guard::require(&who, &Permission::ReadJob { role: role.into() })?;
+        }
+        ChangeFilter {
+            job,
+            roles: Some(roles.clone()),
+            agents: false,
+        }
+    };
+    let m = &api.master;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut commits = m.commit_state().subscribe();
+    let mut stopping = m.stopping();
+    loop {
+        if *stopping.borrow_and_update() {
+            return Err(shutting_down(
+                "ask again with the same index after it restarted",
+            ));
+        }
+        if m.commit_state().failed() {
+            return Err(ApplyError::StoreFailed.into());
+        }
+        commits.borrow_and_update();
+        let committed = m.commit_state().committed();
+        let reset = after > committed;
+        let from = if reset { 0 } else { after };
+        let mut view = m.read(|c| c.changes_since(from, committed, &filter));
+        view.reset = reset;
+        let empty = view.tasks.is_empty() && view.agents.is_empty();
+        if !empty || reset || tokio::time::Instant::now() >= deadline {
+            crate::metrics::METRICS.change_polls.inc();
+            return Ok(json(StatusCode::OK, &view));
+        }
+        tokio::select! {
+            r = commits.changed() => {
+                if r.is_err() {
+                    return Err(ApplyError::StoreFailed.into());
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = stopping.changed() => {}
+        }
+    }
+}
+
+/// GET /metrics: Prometheus text exposition (docs/master.md, "Metrics").
+async fn metrics(State(api): State<Shared>) -> Response {
+    let state = api.master.read(|c| c.metrics_state());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(&state),
+    )
+        .into_response()
+}
+
 async fn index(State(api): State<Shared>) -> Response {
     let (jobs, agents, cluster, updates) = api.master.read(|c| {
         (
@@ -1472,7 +1570,7 @@ async fn index(State(api): State<Shared>) -> Response {
         );
     }
     html.push_str(
-        "<h2>Jobs</h2><table><tr><th>job</th><th>instances</th><th>kind</th><th>tier</th>\
+        "<h2>Jobs</h2><table><tr><th>job</th><th>type</th><th>instances</th><th>tier</th>\
          <th>priority</th><th>states</th><th>next cron firing</th></tr>",
     );
     for j in &jobs {
@@ -1496,7 +1594,7 @@ async fn index(State(api): State<Shared>) -> Response {
             .unwrap_or_default();
         let _ = write!(
             html,
-            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{}</td><td>{kind}</td><td>{}</td>\
+            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{kind}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{next}</td></tr>",
             j.instances,
             j.tier,
@@ -1528,17 +1626,17 @@ async fn index(State(api): State<Shared>) -> Response {
             k = escape(&u.job),
         );
     }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>host</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
+    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
     for a in &agents {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{} MiB</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
             escape(&a.agent_id),
             escape(&a.hostname),
             a.reachable,
             a.maintenance,
             a.free.cpu,
-            a.free.ram_bytes / (1024 * 1024),
+            drover_common::units::human_bytes(a.free.ram_bytes),
             a.tasks.len()
         );
     }

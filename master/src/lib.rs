@@ -9,6 +9,7 @@ pub mod config;
 pub mod core;
 mod guard;
 pub mod http;
+pub mod metrics;
 pub mod ratelimit;
 pub mod runtime;
 pub mod server;

@@ -127,7 +127,10 @@ impl Master {
             let mut persist = None;
             for e in out.effects {
                 match e {
-                    Effect::Persist { seq, changes } => persist = Some((seq, changes)),
+                    Effect::Persist { seq, changes } => {
+                        crate::metrics::count_placements(&changes);
+                        persist = Some((seq, changes));
+                    }
                     Effect::Notify { agent } => notify.push(agent),
                     Effect::EvictionGuard { engaged, message } => {
                         if engaged {
@@ -251,7 +254,8 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "loaded the store"
     );
-    let writer = Writer::start(Box::new(store), 0);
+    // Committed up to the last batch stored (the core goes on from there).
+    let writer = Writer::start(Box::new(store), core.seq());
     Ok(Master::new(core, writer))
 }
 

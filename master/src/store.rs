@@ -216,6 +216,14 @@ impl Store for SqliteStore {
                 })?;
             snap.agents.push(agent);
         }
+        let index: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'index'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("load index"))?;
+        snap.index = index.and_then(|v| v.parse().ok()).unwrap_or(0);
         let mut stmt = self
             .conn
             .prepare("SELECT role, record FROM quotas")
@@ -299,6 +307,7 @@ impl Store for SqliteStore {
                 Change::PutQuota(role, _) => (3, role.as_str()),
                 Change::PutCronFired(job, _) => (4, job.as_str()),
                 Change::PutUpdate(u) => (5, u.view.job.as_str()),
+                Change::Index(_) => (6, "index"),
                 // Configs are few: all kept. A job's delete is kept even when a
                 // later write of the job supersedes its row: it also deletes the
                 // job's configs and update written before it (all run in order).
@@ -361,6 +370,9 @@ impl Store for SqliteStore {
                 .map_err(sql("prepare"))?;
             let mut put_agent = tx
                 .prepare_cached("INSERT OR REPLACE INTO agents (id, record) VALUES (?1, ?2)")
+                .map_err(sql("prepare"))?;
+            let mut put_index = tx
+                .prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES ('index', ?1)")
                 .map_err(sql("prepare"))?;
             for (c, _) in changes.iter().zip(&keep).filter(|(_, k)| **k) {
                 match c {
@@ -472,6 +484,11 @@ impl Store for SqliteStore {
                             .execute(params![job, *at as i64])
                             .map_err(sql("write cron firing"))?;
                     }
+                    Change::Index(index) => {
+                        put_index
+                            .execute(params![index.to_string()])
+                            .map_err(sql("write index"))?;
+                    }
                 }
             }
         }
@@ -564,11 +581,19 @@ impl Writer {
                     while let Ok(more) = rx.try_recv() {
                         batches.push(more);
                     }
-                    let changes: Vec<Change> = batches
+                    let mut changes: Vec<Change> = batches
                         .iter_mut()
                         .flat_map(|b| b.changes.drain(..))
                         .collect();
-                    if let Err(e) = store.commit(&changes) {
+                    if let Some(last) = batches.last() {
+                        changes.push(Change::Index(last.seq));
+                    }
+                    let began = std::time::Instant::now();
+                    let result = store.commit(&changes);
+                    let m = &crate::metrics::METRICS;
+                    m.store_commit.observe(began.elapsed().as_secs_f64());
+                    m.group_commit_batches.observe(batches.len() as f64);
+                    if let Err(e) = result {
                         tracing::error!(error = %e, "store commit failed; the master must restart");
                         st.failed.store(true, Ordering::Release);
                         st.changed.send_replace(u64::MAX);

@@ -52,6 +52,7 @@ fn task(id: &str, state: TaskState) -> Task {
         config: "abc".to_string(),
         last_report_ms: 0,
         missing_since: None,
+        rev: 0,
     }
 }
 
@@ -69,6 +70,7 @@ fn agent() -> AgentRecord {
         attributes: [("rack".to_string(), "r1".to_string())].into(),
         version: 7,
         last_heartbeat_ms: 99,
+        rev: 0,
         maintenance: HostMaintenance {
             mode: MaintenanceMode::Draining,
             reason: Some("maintenance".to_string()),

@@ -13,13 +13,18 @@
 //!    `BENCH_JOB_SIZE` instances (default: all in one job), with the CPU time the
 //!    master and the agents (including their reaped executors and tasks) used.
 //!
+//! 3. `drover job create FILE --wait` of a one-shot `true`, end to end as the user
+//!    sees it: from spawning the CLI to its exit (process start, TLS when on, the
+//!    create, following the change stream to FINISHED), `BENCH_CLI_RUNS` times
+//!    (default 12), with `true` itself timed the same way for scale.
+//!
 //! This replaces `master/benches/real_cluster.sh`, which measured the same things
 //! with a shell script (see docs/master.md for why its numbers differed).
 //!
 //! Run: `scripts/release.sh` (release binaries, the executor linked on its own) then
 //! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench e2e`.
-//! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`
-//! or `BENCH_ONLY=throughput` runs one part; `BENCH_TLS=1` runs the cluster over
+//! `BENCH_LATENCY_RUNS` sets the latency samples (default 30); `BENCH_ONLY=latency`,
+//! `BENCH_ONLY=throughput` or `BENCH_ONLY=cli_wait` runs one part; `BENCH_TLS=1` runs the cluster over
 //! mTLS (docs/auth.md).
 
 use std::time::{Duration, Instant};
@@ -54,6 +59,42 @@ fn main() -> anyhow::Result<()> {
         let job_size = env_number("BENCH_JOB_SIZE", tasks);
         throughput(tasks, job_size)?;
     }
+    if only.is_empty() || only == "cli_wait" {
+        cli_wait(env_number("BENCH_CLI_RUNS", 12))?;
+    }
+    Ok(())
+}
+
+/// `drover job create FILE --wait` of a one-shot `true`, timed from spawning the
+/// CLI to its exit, `runs` times on one agent; `/bin/true` spawned the same way for
+/// scale.
+fn cli_wait(runs: usize) -> anyhow::Result<()> {
+    let cluster = Cluster::start(config(1))?;
+    println!("-- drover job create --wait (one-shot true), {runs} runs");
+    let mut cli_ms = Vec::new();
+    let mut true_ms = Vec::new();
+    for i in 0..runs {
+        let name = format!("wait-{i}");
+        let path = cluster.dir().join(format!("{name}.json"));
+        std::fs::write(&path, command_job(&name, 1, false, "true").to_string())?;
+        let path = path.to_str().context("the data dir is not UTF-8")?;
+        let started = Instant::now();
+        let output = cluster.drover(&["job", "create", path, "--wait", "--timeout", "30s"])?;
+        cli_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        if !output.status.success() {
+            bail!("{}", drover_tests::describe(&output));
+        }
+        let started = Instant::now();
+        std::process::Command::new("/bin/true").status()?;
+        true_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "drover job create --wait: median {:.1} ms (p90 {:.1}, min {:.1}); /bin/true spawned: median {:.2} ms",
+        percentile(&mut cli_ms, 0.5),
+        percentile(&mut cli_ms, 0.9),
+        percentile(&mut cli_ms, 0.0),
+        percentile(&mut true_ms, 0.5),
+    );
     Ok(())
 }
 

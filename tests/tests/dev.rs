@@ -40,6 +40,17 @@ fn drover_dev_runs_hello_world_until_running_and_cleans_up() {
         "prints the task's state changes: {text}"
     );
     assert!(stdout.contains("all 1 instance(s) RUNNING"), "{text}");
+    // The suggested command names this very binary (it is not on PATH here), and the
+    // web page is announced.
+    let binary = bin("drover").unwrap();
+    assert!(
+        stdout.contains(&format!("{} job list", binary.display())),
+        "{text}"
+    );
+    assert!(stdout.contains("web page: https://127.0.0.1:"), "{text}");
+    // Every task ended through its executor: none is left for the sweep (whose
+    // checkpoint reader once counted every sandbox).
+    assert!(!stdout.contains("left behind"), "{text}");
     // Every task process is gone, and no daemon is left.
     assert_eq!(processes_under(data.path()), Vec::<u32>::new(), "{text}");
     assert!(data.path().join("logs/master.log").is_file());

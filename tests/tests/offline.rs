@@ -108,6 +108,55 @@ fn cli_says_how_to_reach_the_master_when_none_answers() {
 }
 
 #[test]
+fn a_missing_spec_file_is_an_error_line() {
+    let output = drover(
+        Some("http://127.0.0.1:9"),
+        &["job", "create", "/nonexistent/nope.yaml"],
+    )
+    .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: /nonexistent/nope.yaml: cannot read the file"),
+        "{}",
+        describe(&output)
+    );
+}
+
+#[test]
+fn the_cli_names_the_default_master_it_falls_back_to() {
+    // Whatever listens on 7070 (maybe nothing, maybe someone's `drover dev`), the CLI
+    // says which master it talks to.
+    let output = drover(None, &["job", "list"]).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("note: talking to the default master http://127.0.0.1:7070"),
+        "{}",
+        describe(&output)
+    );
+    let output = drover(Some("http://127.0.0.1:9"), &["job", "list"]).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("note:"), "{}", describe(&output));
+}
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = drover(None, &["completions", shell]).unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("completions"),
+            "{shell}: {}",
+            describe(&output)
+        );
+        assert!(output.stderr.is_empty(), "{shell}: {}", describe(&output));
+    }
+    let output = drover(None, &["completions", "tcsh"]).unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+}
+
+#[test]
 fn drover_common_depends_on_no_tokio_hyper_or_nix() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let output = Command::new(cargo)

@@ -182,6 +182,11 @@ fn service_runs_healthy_is_replaced_when_killed_and_is_killed_by_request() {
         old.events.iter().any(|e| e.state == TaskState::Restarting),
         "went through RESTARTING: {old:?}"
     );
+    assert_eq!(
+        old.exit_reason,
+        Some(ExitReason::Restarted),
+        "a replaced task says it was restarted: {old:?}"
+    );
 
     // Kill the job: every task goes KILLING then KILLED, the processes are gone.
     let pids: Vec<u32> = cluster

@@ -44,6 +44,7 @@ impl Core {
                         attributes: req.attributes,
                         version: 0,
                         last_heartbeat_ms: now.wall,
+                        rev: 0,
                         maintenance: Default::default(),
                         versions: req.versions,
                     },

@@ -30,6 +30,10 @@ pub enum Change {
     PutQuota(String, Option<Usage>),
     /// The cron job's last scheduled firing handled (wall clock).
     PutCronFired(String, UnixMillis),
+    /// The number of the last batch in this commit (added by the store's writer, not
+    /// the core): a restarted master goes on numbering from it, so the change
+    /// stream's index never repeats.
+    Index(u64),
     /// One task config of a job, by its hash.
     PutConfig {
         job: String,

@@ -143,7 +143,13 @@ impl Core {
         message: &str,
         now: Now,
     ) -> bool {
-        self.stop_task_for(id, via, source, ExitReason::KilledByRequest, message, now)
+        // A restart says so in the replaced task's end (not "killed by request").
+        let reason = if via == TaskState::Restarting {
+            ExitReason::Restarted
+        } else {
+            ExitReason::KilledByRequest
+        };
+        self.stop_task_for(id, via, source, reason, message, now)
     }
 
     /// `stop_task` with the reason the task ends with (KILLED by request, updated).

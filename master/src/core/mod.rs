@@ -28,6 +28,7 @@
 //! file of its own here beside these, entered from `handle` through a new `Event`.
 
 mod agents;
+mod changes;
 mod clock;
 mod config;
 mod cron;
@@ -44,6 +45,7 @@ mod probe;
 mod quota;
 mod reconciliation;
 mod snapshot;
+mod stats;
 mod timers;
 mod update;
 mod views;
@@ -54,6 +56,7 @@ use std::sync::Arc;
 
 use drover_common::state::{MonoMillis, TaskState};
 
+pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
@@ -65,6 +68,7 @@ pub use model::{AgentRecord, JobRecord, Task};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
 pub use snapshot::Snapshot;
+pub use stats::MetricsState;
 pub use update::UpdateRecord;
 
 use eviction_guard::EvictionGuard;
@@ -163,7 +167,9 @@ impl Core {
         core
     }
 
-    /// The last store batch sequence number handed out.
+    /// The last store batch sequence number handed out. It goes on across restarts
+    /// (a loaded core starts at the highest `rev` stored), so it is also the change
+    /// stream's index.
     pub fn seq(&self) -> u64 {
         self.seq
     }
@@ -251,13 +257,17 @@ impl Core {
 
     fn finish(&mut self) -> Vec<Effect> {
         let mut changes = std::mem::take(&mut self.job_changes);
+        // Every row written in this batch carries the batch's number, the change
+        // stream's index (it is `self.seq` below when there are changes).
+        let rev = self.seq + 1;
         for job in std::mem::take(&mut self.dirty_updates) {
             if let Some(u) = self.updates.get(&job) {
                 changes.push(Change::PutUpdate(u.clone()));
             }
         }
         for id in std::mem::take(&mut self.dirty_tasks) {
-            if let Some(t) = self.tasks.get(&id) {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.rev = rev;
                 changes.push(Change::PutTask(Box::new(t.clone())));
             }
         }
@@ -265,9 +275,9 @@ impl Core {
             changes.push(Change::DeleteTask(id));
         }
         for idx in std::mem::take(&mut self.dirty_agents) {
-            changes.push(Change::PutAgent(Box::new(
-                self.agents[idx as usize].rec.clone(),
-            )));
+            let rec = &mut self.agents[idx as usize].rec;
+            rec.rev = rev;
+            changes.push(Change::PutAgent(Box::new(rec.clone())));
         }
         let mut effects = Vec::new();
         if !changes.is_empty() {

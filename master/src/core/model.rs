@@ -72,6 +72,10 @@ pub struct Task {
     /// Since when the agent's full task sets lack this task, monotonic.
     #[serde(skip)]
     pub missing_since: Option<MonoMillis>,
+    /// The store batch (change index) that last wrote this task: the change stream
+    /// (`GET /v1/changes`) reports it to clients that saw an older index.
+    #[serde(default)]
+    pub rev: u64,
 }
 
 /// The stored form of an agent.
@@ -86,6 +90,9 @@ pub struct AgentRecord {
     /// Wall clock of the last heartbeat, for people (timeouts use the monotonic
     /// `Agent::last_seen`).
     pub last_heartbeat_ms: UnixMillis,
+    /// The store batch (change index) that last wrote this agent (see `Task::rev`).
+    #[serde(default)]
+    pub rev: u64,
     /// The host's maintenance mode and its history.
     #[serde(default)]
     pub maintenance: HostMaintenance,
@@ -378,5 +385,6 @@ pub(super) fn new_task(
         config: String::new(),
         last_report_ms: 0,
         missing_since: None,
+        rev: 0,
     }
 }

@@ -23,6 +23,8 @@ pub struct Snapshot {
     pub quotas: Vec<(String, Usage)>,
     /// Each cron job's last scheduled firing handled (wall clock).
     pub cron_fired: Vec<(String, UnixMillis)>,
+    /// The last batch number committed (`Change::Index`); 0 for a new store.
+    pub index: u64,
     /// Task configs: (job key, hash, spec).
     pub configs: Vec<(String, String, JobSpec)>,
     /// Update records, any order.
@@ -45,6 +47,16 @@ impl Core {
     /// afresh.
     pub fn load(cfg: CoreConfig, snapshot: Snapshot, now: Now, seed: u64) -> Core {
         let mut core = Core::new(cfg, now, seed);
+        // Batch numbers go on from the last one stored: the change stream's index
+        // stays valid across restarts.
+        core.seq = snapshot
+            .tasks
+            .iter()
+            .map(|t| t.rev)
+            .chain(snapshot.agents.iter().map(|a| a.rev))
+            .chain([snapshot.index])
+            .max()
+            .unwrap_or(0);
         for mut rec in snapshot.agents {
             rec.maintenance.loaded(now, core.cfg.quarantine_window_ms);
             let idx = core.agents.len() as u32;

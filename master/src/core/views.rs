@@ -74,16 +74,21 @@ impl Core {
         self.jobs
             .values()
             .filter(|j| role.is_none_or(|r| j.spec.role == r))
-            .map(|j| JobSummary {
-                key: j.key.clone(),
-                instances: j.spec.instances,
-                service: j.spec.service,
-                state_counts: self.state_counts(j),
-                tier: j.spec.tier,
-                priority: j.spec.priority,
-                cron: self.cron_view(&j.key),
-            })
+            .map(|j| self.job_summary(j))
             .collect()
+    }
+
+    /// One job's line of GET /v1/jobs.
+    pub(super) fn job_summary(&self, j: &Job) -> JobSummary {
+        JobSummary {
+            key: j.key.clone(),
+            instances: j.spec.instances,
+            service: j.spec.service,
+            state_counts: self.state_counts(j),
+            tier: j.spec.tier,
+            priority: j.spec.priority,
+            cron: self.cron_view(&j.key),
+        }
     }
 
     /// GET /v1/agents, sorted by id.
@@ -158,7 +163,7 @@ impl Core {
 }
 
 impl Core {
-    fn task_view_of(&self, t: &Task) -> TaskView {
+    pub(super) fn task_view_of(&self, t: &Task) -> TaskView {
         let pending_reason = if t.status.state == TaskState::Pending {
             self.jobs.get(&t.job).and_then(|j| j.pending_reason.clone())
         } else {

@@ -102,8 +102,23 @@ fn restart_kills_and_replaces_in_parallel() {
     assert_eq!(w.state(&t[0]), TaskState::Restarting);
     assert_eq!(a.tasks.len(), 1);
     assert_eq!(w.state(&a.tasks[0]), TaskState::Assigned);
+    let agent = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+    let set = w.core.assignment_set(&agent).unwrap();
+    let old = set
+        .assignments
+        .iter()
+        .find(|a| a.task.task_id == t[0])
+        .unwrap();
+    assert_eq!(old.kill_reason, Some(ExitReason::Restarted));
     w.report(&t[0], TaskState::Killed, None);
     assert_eq!(w.state(&t[0]), TaskState::Killed);
+    let reason = w.core.task(&t[0]).unwrap().status.exit_reason.clone();
+    assert_eq!(reason, Some(ExitReason::Restarted));
+    assert_eq!(
+        reason.unwrap().to_string(),
+        "restarted by request (replaced)",
+        "the replaced task says it was restarted, not killed"
+    );
     assert_eq!(
         w.current("www/prod/r", 0),
         a.tasks[0],

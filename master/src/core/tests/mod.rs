@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use super::*;
 
 mod agents;
+mod changes;
 mod clocks;
 mod cron;
 mod eviction_guard;
@@ -261,6 +262,8 @@ impl World {
         let mut agents = BTreeMap::new();
         let mut fired = BTreeMap::new();
         let mut quotas = BTreeMap::new();
+        // The writer stores the last batch number with each commit.
+        let mut index = self.core.seq();
         let mut configs = BTreeMap::new();
         let mut updates = BTreeMap::new();
         for c in &self.persisted {
@@ -301,6 +304,7 @@ impl World {
                 Change::PutCronFired(job, at) => {
                     fired.insert(job.clone(), *at);
                 }
+                Change::Index(i) => index = *i,
                 Change::PutConfig { job, hash, spec } => {
                     configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
                 }
@@ -315,6 +319,7 @@ impl World {
             agents: agents.into_values().collect(),
             quotas: quotas.into_iter().collect(),
             cron_fired: fired.into_iter().collect(),
+            index,
             configs: configs
                 .into_iter()
                 .map(|((job, hash), spec)| (job, hash, spec))

@@ -1,0 +1,89 @@
+//! The change stream's read of the core: what changed after an index, filtered by
+//! job and role, and batch numbers that go on after a reload.
+
+use super::*;
+use crate::core::ChangeFilter;
+
+fn all() -> ChangeFilter {
+    ChangeFilter {
+        job: None,
+        roles: None,
+        agents: true,
+    }
+}
+
+#[test]
+fn only_what_was_written_after_the_index_and_up_to_the_commit_is_reported() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let registered = w.core.seq();
+    let t = w.create(spec("c", 2, true, ""));
+    let created = w.core.seq();
+    assert!(created > registered);
+
+    let first = w.core.changes_since(0, created, &all());
+    assert_eq!(first.index, created);
+    assert_eq!(first.tasks.len(), 2);
+    assert_eq!(first.jobs.len(), 1);
+    assert_eq!(first.jobs[0].key, "www/prod/c");
+    assert_eq!(
+        first.agents.len(),
+        1,
+        "the registration (and placements) wrote a1"
+    );
+
+    w.run(&t[0]);
+    let now = w.core.seq();
+    let next = w.core.changes_since(created, now, &all());
+    let ids: Vec<&str> = next.tasks.iter().map(|t| t.task_id.as_str()).collect();
+    assert_eq!(ids, vec![t[0].as_str()], "only the task that changed");
+    assert_eq!(next.tasks[0].state, TaskState::Running);
+    // Nothing past the committed batch is shown: the caller asks again from `upto`.
+    let uncommitted = w.core.changes_since(created, created, &all());
+    assert!(uncommitted.tasks.is_empty() && uncommitted.agents.is_empty());
+    assert!(w.core.changes_since(now, now, &all()).tasks.is_empty());
+}
+
+#[test]
+fn filters_keep_one_job_or_the_token_roles_and_agents_only_for_readers_of_all() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    w.create(spec("one", 1, true, ""));
+    w.create(spec("two", 1, true, ""));
+    let upto = w.core.seq();
+    let job = ChangeFilter {
+        job: Some("www/prod/two".to_string()),
+        ..all()
+    };
+    let view = w.core.changes_since(0, upto, &job);
+    assert!(view.tasks.iter().all(|t| t.job == "www/prod/two"));
+    assert_eq!(view.tasks.len(), 1);
+    let other_role = ChangeFilter {
+        job: None,
+        roles: Some(vec!["db".to_string()]),
+        agents: false,
+    };
+    let view = w.core.changes_since(0, upto, &other_role);
+    assert!(view.tasks.is_empty() && view.jobs.is_empty() && view.agents.is_empty());
+    let own_role = ChangeFilter {
+        roles: Some(vec!["www".to_string()]),
+        ..other_role
+    };
+    assert_eq!(w.core.changes_since(0, upto, &own_role).tasks.len(), 2);
+}
+
+#[test]
+fn a_reloaded_core_numbers_its_batches_after_the_last_one_stored() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let t = w.create(spec("r", 1, true, ""));
+    w.run(&t[0]);
+    let before = w.core.seq();
+    let snap = w.snapshot();
+    w.core = Core::load(cfg(), snap, w.at(), 5);
+    assert_eq!(w.core.seq(), before, "the index goes on from the store");
+    w.create(spec("after", 1, true, ""));
+    let view = w.core.changes_since(before, w.core.seq(), &all());
+    assert!(view.tasks.iter().any(|t| t.job == "www/prod/after"));
+    assert!(view.tasks.iter().all(|t| t.job != "www/prod/r"), "{view:?}");
+}

@@ -1,0 +1,268 @@
+//! Prometheus metrics of the master (`GET /metrics`, text exposition format,
+//! docs/master.md "Metrics"). Counters and histograms are process-wide atomics
+//! bumped where things happen (no lock on any hot path: a histogram is one atomic
+//! add per bucket it falls in, plus count and sum); gauges of the state (tasks by
+//! state, agents, pending reasons) are computed from the core when scraped. No
+//! label carries a task id.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::core::{Change, MetricsState};
+
+/// A histogram of fixed buckets made of atomics only (prometheus-client's own
+/// histogram takes a lock per observation).
+#[derive(Debug)]
+pub struct AtomicHistogram {
+    bounds: &'static [f64],
+    /// Observations at or below each bound (not cumulative; summed when encoded).
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// The sum in millionths of the unit.
+    sum_micros: AtomicU64,
+}
+
+impl AtomicHistogram {
+    /// A histogram with these upper bounds (ascending; +Inf is implied).
+    pub fn new(bounds: &'static [f64]) -> AtomicHistogram {
+        AtomicHistogram {
+            bounds,
+            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one value.
+    pub fn observe(&self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut cumulative = 0;
+        let mut buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(bound, n)| {
+                cumulative += n.load(Ordering::Relaxed);
+                (*bound, cumulative)
+            })
+            .collect();
+        let count = self.count.load(Ordering::Relaxed).max(cumulative);
+        buckets.push((f64::INFINITY, count));
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        (sum, count, buckets)
+    }
+}
+
+/// Registers a process-wide histogram in a per-scrape registry.
+#[derive(Debug)]
+struct Static(&'static AtomicHistogram);
+
+impl EncodeMetric for Static {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.0.snapshot();
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+const SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const SIZES: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
+
+/// The master's counters and histograms.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Tasks placed on an agent (PENDING -> ASSIGNED).
+    pub placements: Counter,
+    /// From a task's creation to its placement.
+    pub scheduling_latency: AtomicHistogram,
+    /// One group commit of the store (one SQLite transaction).
+    pub store_commit: AtomicHistogram,
+    /// Core batches in one group commit.
+    pub group_commit_batches: AtomicHistogram,
+    /// Status reports in one `POST /v1/agents/{id}/updates`.
+    pub update_batch: AtomicHistogram,
+    /// Tasks in one answered assignment long poll.
+    pub assignment_set: AtomicHistogram,
+    /// Answers of the change stream (`GET /v1/changes`).
+    pub change_polls: Counter,
+}
+
+/// The process's metrics.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    placements: Counter::default(),
+    scheduling_latency: AtomicHistogram::new(SECONDS),
+    store_commit: AtomicHistogram::new(SECONDS),
+    group_commit_batches: AtomicHistogram::new(SIZES),
+    update_batch: AtomicHistogram::new(SIZES),
+    assignment_set: AtomicHistogram::new(SIZES),
+    change_polls: Counter::default(),
+});
+
+/// Counts the placements in a batch of changes the core handed out at `now_wall`:
+/// tasks written ASSIGNED whose last event is that ASSIGNED.
+pub fn count_placements(changes: &[Change]) {
+    for change in changes {
+        let Change::PutTask(t) = change else {
+            continue;
+        };
+        if t.status.state != drover_common::state::TaskState::Assigned {
+            continue;
+        }
+        let Some(last) = t.status.events.last() else {
+            continue;
+        };
+        if last.state == drover_common::state::TaskState::Assigned {
+            METRICS.placements.inc();
+            let ms = last.timestamp_ms.saturating_sub(t.created_ms);
+            METRICS.scheduling_latency.observe(ms as f64 / 1000.0);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct AgentLabels {
+    reachable: String,
+    maintenance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+/// How many pending reasons `/metrics` lists (the most common).
+const TOP_REASONS: usize = 5;
+
+/// The text exposition of every metric, the state's gauges from `state`
+/// (`Core::metrics_state`, read under the core's lock; encoding happens outside it).
+pub fn render(state: &MetricsState) -> String {
+    let mut registry = Registry::with_prefix("drover_master");
+    let m = &*METRICS;
+    let tasks = Family::<StateLabel, Gauge>::default();
+    let agents = Family::<AgentLabels, Gauge>::default();
+    let reasons = Family::<ReasonLabel, Gauge>::default();
+    let pending = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    for (s, n) in &state.tasks_by_state {
+        tasks
+            .get_or_create(&StateLabel {
+                state: s.to_string(),
+            })
+            .set(*n as i64);
+    }
+    for ((reachable, mode), n) in &state.agents {
+        agents
+            .get_or_create(&AgentLabels {
+                reachable: reachable.to_string(),
+                maintenance: mode.clone(),
+            })
+            .set(*n as i64);
+    }
+    for (reason, n) in state.pending_reasons.iter().take(TOP_REASONS) {
+        reasons
+            .get_or_create(&ReasonLabel {
+                reason: reason.clone(),
+            })
+            .set(*n as i64);
+    }
+    pending.set(state.pending as i64);
+    registry.register("tasks", "Tasks by state (current and kept history)", tasks);
+    registry.register("pending_tasks", "Tasks waiting for a placement", pending);
+    registry.register(
+        "pending_reasons",
+        "PENDING tasks by why they wait, the most common reasons",
+        reasons,
+    );
+    registry.register(
+        "agents",
+        "Agents by reachability and maintenance mode",
+        agents,
+    );
+    registry.register(
+        "placements",
+        "Tasks placed on an agent",
+        m.placements.clone(),
+    );
+    registry.register(
+        "scheduling_latency_seconds",
+        "From a task's creation to its placement",
+        Static(&m.scheduling_latency),
+    );
+    registry.register(
+        "store_commit_duration_seconds",
+        "One group commit of the store (an SQLite transaction with fsync)",
+        Static(&m.store_commit),
+    );
+    registry.register(
+        "store_group_commit_batches",
+        "Core batches written by one group commit",
+        Static(&m.group_commit_batches),
+    );
+    registry.register(
+        "agent_update_batch_reports",
+        "Status reports in one agent updates request",
+        Static(&m.update_batch),
+    );
+    registry.register(
+        "assignment_answer_tasks",
+        "Tasks in one answered assignment long poll",
+        Static(&m.assignment_set),
+    );
+    registry.register(
+        "change_stream_answers",
+        "Answers of the change stream (GET /v1/changes)",
+        m.change_polls.clone(),
+    );
+    let mut out = String::new();
+    if encode(&mut out, &registry).is_err() {
+        // Writing to a String cannot fail; an encoder error would be a bug.
+        let _ = writeln!(out, "# metrics could not be encoded");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_is_cumulative_with_an_infinite_bucket() {
+        static BOUNDS: &[f64] = &[1.0, 2.0];
+        let h = AtomicHistogram::new(BOUNDS);
+        for v in [0.5, 1.5, 1.7, 9.0] {
+            h.observe(v);
+        }
+        let (sum, count, buckets) = h.snapshot();
+        assert_eq!(count, 4);
+        assert!((sum - 12.7).abs() < 1e-6);
+        assert_eq!(buckets, vec![(1.0, 1), (2.0, 3), (f64::INFINITY, 4)]);
+    }
+}

@@ -196,6 +196,43 @@ fn start_runs_now_and_deschedule_stops_the_firings() {
     assert!(!w.core.jobs.contains_key("www/prod/idle"));
 }
 
+#[test]
+fn a_cron_firing_is_in_the_change_stream_like_any_other_write() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    w.create(cron_spec("tick", "0 0 1 1 *", "KILL_EXISTING"));
+    let before = w.core.seq();
+    let r = w
+        .handle(Event::CronStart {
+            job: KEY.to_string(),
+        })
+        .reply
+        .unwrap();
+    let Reply::Action(a) = r else { panic!("{r:?}") };
+    let upto = w.core.seq();
+    assert!(
+        upto > before,
+        "the firing was committed in a batch of its own"
+    );
+    let all = crate::core::ChangeFilter {
+        job: None,
+        roles: None,
+        agents: true,
+    };
+    let view = w.core.changes_since(before, upto, &all);
+    let mut seen: Vec<&str> = view.tasks.iter().map(|t| t.task_id.as_str()).collect();
+    let mut fired: Vec<&str> = a.tasks.iter().map(String::as_str).collect();
+    seen.sort_unstable();
+    fired.sort_unstable();
+    assert_eq!(seen, fired, "the run's tasks are reported");
+    assert_eq!(view.jobs.len(), 1);
+    assert_eq!(view.jobs[0].key, KEY);
+    assert!(
+        view.jobs[0].cron.is_some(),
+        "the summary names the schedule"
+    );
+}
+
 fn runs_in(core: &Core) -> usize {
     let slot = &core.jobs[KEY].slots[0];
     slot.current.iter().count() + slot.history.len()

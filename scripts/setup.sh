@@ -3,9 +3,9 @@
 # iproute2 (multi-host tests in network namespaces), procps, the system python3,
 # faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
 # executor's layout check), node, npm and chromium (the web UI's build and browser
-# suite), the packaging and systemd test tools (dpkg-dev,
-# debootstrap, systemd-container, lintian), and the Rust components named in
-# rust-toolchain.toml.
+# suite), the packaging and systemd test tools (dpkg-dev, debootstrap,
+# systemd-container, lintian), schemathesis (PyPI, in a virtualenv under /opt) and
+# the Rust components named in rust-toolchain.toml.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,6 +55,25 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
   else
     echo "setup: please install ${need[*]} (needs root); continuing without" >&2
+  fi
+fi
+
+# tests/tests/api_contract.rs runs schemathesis (from PyPI, pinned) against a live
+# master; it lives in its own virtualenv so the system python3 stays untouched.
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_VENV=/opt/drover-schemathesis
+if ! "$SCHEMATHESIS_VENV/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+  if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$SCHEMATHESIS_VENV")" ]; then
+    echo "setup: installing schemathesis $SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV"
+    if ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && [ "$(id -u)" -eq 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null || true
+    fi
+    if ! { /usr/bin/python3 -m venv "$SCHEMATHESIS_VENV" &&
+      "$SCHEMATHESIS_VENV/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"; }; then
+      echo "setup: could not install schemathesis; the API contract test will say so" >&2
+    fi
+  else
+    echo "setup: please run as root to install schemathesis into $SCHEMATHESIS_VENV" >&2
   fi
 fi
 

@@ -132,6 +132,36 @@ describe("web UI", { timeout: 110_000 }, () => {
     await context.close();
   });
 
+  it("shows a role token only what it may read; an operator's kill is refused", async () => {
+    const roleToken = (await cluster.cli("token", "create", "--role", "db")).trim();
+    const context = await browser.newContext({ ignoreHTTPSErrors: true });
+    const page = await context.newPage();
+    await page.goto(cluster.signIn.replace(/#token=.*/, `#token=${roleToken}`));
+    await page.getByRole("heading", { name: "Cluster", level: 1 }).waitFor();
+    // Hosts and capacity need an admin or operator token: the page says so.
+    await page.getByText("Hosts and capacity: this token may not read it").waitFor();
+    await page.getByText("across 0 job(s)").waitFor();
+    await page.goto(new URL("/ui/jobs/www-data/devel/web", cluster.api).href);
+    await page.getByRole("alert").getByText(/lacks the permission/).waitFor();
+    await page.goto(new URL("/ui/hosts", cluster.api).href);
+    await page.getByText("Hosts: this token may not read it").waitFor();
+    await shot(page, "00-role-token-hosts");
+    await context.close();
+    // An operator reads every job but may not kill one: the master's refusal is shown.
+    const operator = (await cluster.cli("token", "create", "--role", "operator")).trim();
+    const opContext = await browser.newContext({ ignoreHTTPSErrors: true });
+    const op = await opContext.newPage();
+    await op.goto(cluster.signIn.replace(/#token=.*/, `#token=${operator}`));
+    await op.getByRole("heading", { name: "Cluster", level: 1 }).waitFor();
+    await op.goto(new URL("/ui/jobs/www-data/devel/web", cluster.api).href);
+    await instanceRow(op, 0).getByText("RUNNING", { exact: true }).waitFor({ timeout: LIVE });
+    await op.getByRole("button", { name: "Kill instance 0" }).click();
+    await op.locator("#confirm-ok").click();
+    await op.getByRole("alert").getByText(/Kill refused: .*lacks the permission/).waitFor();
+    await shot(op, "00-operator-kill-refused");
+    await opContext.close();
+  });
+
   it("navigates cluster -> role -> job -> task, with labels and contrast", async () => {
     const page = await signedIn();
     await page.getByText("Tasks by state").waitFor();

@@ -44,12 +44,60 @@ fn file(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// GET `/` and `/ui/`: the page.
-pub async fn index() -> Response {
+/// The page.
+fn page() -> Response {
     file("text/html; charset=utf-8", INDEX_HTML)
 }
 
-/// GET `/ui/{*path}`: an asset, or the page for any other path (client routing).
+/// The web UI's page (no token: the page reads the API with the user's token).
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "ui",
+    responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
+)]
+pub async fn root() -> Response {
+    page()
+}
+
+/// The web UI's page, as at `/`.
+#[utoipa::path(
+    get,
+    path = "/ui",
+    tag = "ui",
+    responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
+)]
+pub async fn ui() -> Response {
+    page()
+}
+
+/// The web UI's page, as at `/`.
+#[utoipa::path(
+    get,
+    path = "/ui/",
+    tag = "ui",
+    responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
+)]
+pub async fn ui_slash() -> Response {
+    page()
+}
+
+/// A file of the web UI: `assets/app.js`, `assets/app.css`, or the page for any
+/// other path (the app routes on the client).
+#[utoipa::path(
+    get,
+    path = "/ui/{path}",
+    tag = "ui",
+    params(("path" = String, Path, description = "`assets/app.js`, `assets/app.css`, or a page's path (e.g. `jobs/www-data/prod/hello`).")),
+    responses(
+        (status = 200, description = "The file, or the page.", content(
+            (String = "text/html"),
+            (String = "text/javascript"),
+            (String = "text/css"),
+        )),
+        (status = 404, description = "Another path under `assets/`.", content_type = "text/plain", body = String),
+    ),
+)]
 pub async fn path(Path(path): Path<String>) -> Response {
     match path.as_str() {
         "assets/app.js" => file("text/javascript; charset=utf-8", APP_JS),
@@ -59,7 +107,7 @@ pub async fn path(Path(path): Path<String>) -> Response {
             "no such UI file; the UI's files are index.html, assets/app.js and assets/app.css",
         )
             .into_response(),
-        _ => index().await,
+        _ => page(),
     }
 }
 

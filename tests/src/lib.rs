@@ -7,6 +7,7 @@
 //! `DROVER_BIN_DIR` overrides where they are looked for.
 
 pub mod etcd;
+pub mod ha;
 pub mod load;
 pub mod netns;
 

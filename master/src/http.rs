@@ -111,7 +111,7 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
     use Access::*;
     vec![
         (route("GET", "/", ReadAll), get(index)),
-        (route("GET", "/health", Public), get(|| async { "ok" })),
+        (route("GET", "/health", Public), get(health)),
         (route("GET", "/metrics", ReadAll), get(metrics)),
         (route("POST", "/v1/jobs", JobCreate), post(create_job)),
         (route("GET", "/v1/jobs", JobList), get(list_jobs)),
@@ -297,12 +297,28 @@ impl IntoResponse for ApiErr {
     }
 }
 
+/// GET /health: `ok`, or `read-only: WHY` while the store's disk is full (the
+/// master serves reads then, so it answers 200 either way: restarting it would not
+/// help).
+async fn health(State(api): State<Shared>) -> String {
+    match api.master.read_only() {
+        Some(why) => format!("read-only: {why}"),
+        None => "ok".to_string(),
+    }
+}
+
 impl From<ApplyError> for ApiErr {
     fn from(e: ApplyError) -> ApiErr {
         match e {
             ApplyError::StoreFailed => ApiErr::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_failed",
+                e.to_string(),
+                None,
+            ),
+            ApplyError::ReadOnly(_) => ApiErr::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "read_only",
                 e.to_string(),
                 None,
             ),
@@ -1053,6 +1069,11 @@ impl From<TokenError> for ApiErr {
             }
             TokenError::AgentTaken { .. } | TokenError::Forbidden(_) => {
                 ApiErr::new(StatusCode::FORBIDDEN, "forbidden", msg, Some("agent_id"))
+            }
+            TokenError::Sql { source, .. } if crate::store::sqlite_no_space(&source) => {
+                ApiErr::from(ApplyError::ReadOnly(format!(
+                    "{msg}; the master's disk is full: free space in its data dir"
+                )))
             }
             _ => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, "store_failed", msg, None),
         }

@@ -94,13 +94,23 @@ impl Tokens {
     /// tables are read through an exclusive reader instead, and the connection is
     /// kept for the writes that work again once space is back.
     pub fn open(path: &Path) -> Result<Tokens, TokenError> {
-        let conn = Connection::open(path).map_err(sql("open"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql("open"))?;
+        let connect = || {
+            let conn = Connection::open(path).map_err(sql("open"))?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))
+                .map_err(sql("open"))?;
+            Ok::<_, TokenError>(conn)
+        };
+        let mut conn = connect()?;
         let mirror = match Tokens::load(&conn, true) {
             Err(TokenError::Sql { source, .. }) if crate::store::sqlite_no_space(&source) => {
+                // The failed connection may still hold a shared lock.
+                drop(conn);
                 let reader = crate::store::exclusive_reader(path).map_err(sql("open"))?;
-                Tokens::load(&reader, false)?
+                let mirror = Tokens::load(&reader, false)?;
+                drop(reader);
+                // Opened lazily: its first write, once space is back, opens the store.
+                conn = connect()?;
+                mirror
             }
             other => other?,
         };

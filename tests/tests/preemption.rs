@@ -162,7 +162,7 @@ fn an_update_over_quota_is_refused_with_numbers_and_changes_nothing_until_the_qu
         return;
     }
     let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
-    let quota = |cpu: &str| {
+    let quota = |cluster: &Cluster, cpu: &str| {
         let output = cluster
             .drover(&[
                 "quota", "set", "www-data", "--cpu", cpu, "--ram", "1GiB", "--disk", "1GiB",
@@ -170,7 +170,7 @@ fn an_update_over_quota_is_refused_with_numbers_and_changes_nothing_until_the_qu
             .unwrap();
         assert!(output.status.success(), "{}", describe(&output));
     };
-    quota("0.5");
+    quota(&cluster, "0.5");
     // 2 x 0.1 cpu fits in 0.5.
     let job = command_job("grow", 2, true, "sleep 1000");
     cluster.create_job(&job).unwrap();
@@ -187,6 +187,7 @@ fn an_update_over_quota_is_refused_with_numbers_and_changes_nothing_until_the_qu
     // The update asks 2 x 0.4 cpu: more than 0.5.
     let mut bigger = command_job("grow", 2, true, "sleep 2000");
     bigger["task"]["resources"]["cpu"] = json!(0.4);
+    bigger["update"] = json!({"batch_size": 2, "watch": "1s"});
     let body = json!({"spec": bigger, "user": "test"});
     let (status, answer) = cluster
         .post("/v1/jobs/www-data/test/grow/update", &body)
@@ -206,7 +207,7 @@ fn an_update_over_quota_is_refused_with_numbers_and_changes_nothing_until_the_qu
     assert_eq!(tasks(&job_now), tasks(&before));
 
     // Raised through the CLI: the same update is accepted and rolls on.
-    quota("1");
+    quota(&cluster, "1");
     let (status, answer) = cluster
         .post("/v1/jobs/www-data/test/grow/update", &body)
         .unwrap();

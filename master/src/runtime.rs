@@ -335,8 +335,30 @@ pub fn now() -> Now {
     }
 }
 
-/// Opens the store in `data_dir`, loads it and starts the writer.
+/// Opens the SQLite store in `data_dir`, loads it and starts the writer. A full
+/// disk keeps SQLite from opening the store (its `-shm` file cannot grow): the
+/// store is then loaded read-only and the master starts read-only, to open the
+/// store for writing once space is back.
 pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
+    prepare_data_dir(config)?;
+    let path = config.data_dir.join(DB_FILE);
+    match SqliteStore::open(&path) {
+        Ok(store) => open_store(config, Box::new(store), seed),
+        Err(e) if e.is_no_space() => {
+            tracing::error!(error = %e, "cannot open the store for writing: starting read-only until space is freed");
+            let started = std::time::Instant::now();
+            let snapshot = SqliteStore::load_read_only(&path)?;
+            let core = load_core(config, snapshot, seed, started);
+            let store = Box::new(DeferredSqliteStore::new(&path));
+            let writer = Writer::start_read_only(store, core.seq(), &e);
+            Ok(Master::new(core, writer))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Creates the data dir (mode 0700) if needed.
+pub fn prepare_data_dir(config: &Config) -> Result<(), RunError> {
     // The store holds every job's `task.env`: the data dir is the master's alone.
     std::fs::create_dir_all(&config.data_dir)
         .and_then(|()| {
@@ -346,20 +368,30 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         .map_err(|source| RunError::DataDir {
             path: config.data_dir.clone(),
             source,
-        })?;
-    let path = config.data_dir.join(DB_FILE);
+        })
+}
+
+/// Loads `store` and starts the writer over it.
+pub fn open_store(
+    config: &Config,
+    mut store: Box<dyn Store>,
+    seed: u64,
+) -> Result<Arc<Master>, RunError> {
     let started = std::time::Instant::now();
-    // A full disk keeps SQLite from opening the store (its `-shm` file cannot
-    // grow): load it read-only and start read-only, to open it once space is back.
-    let (snapshot, store, no_space): (_, Box<dyn Store>, _) = match SqliteStore::open(&path) {
-        Ok(mut store) => (store.load()?, Box::new(store), None),
-        Err(e) if e.is_no_space() => {
-            tracing::error!(error = %e, "cannot open the store for writing: starting read-only until space is freed");
-            let snapshot = SqliteStore::load_read_only(&path)?;
-            (snapshot, Box::new(DeferredSqliteStore::new(&path)), Some(e))
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let snapshot = store.load()?;
+    let core = load_core(config, snapshot, seed, started);
+    // Committed up to the last batch stored (the core goes on from there).
+    let writer = Writer::start(store, core.seq());
+    Ok(Master::new(core, writer))
+}
+
+/// The core of `snapshot`, logged with what it holds and the time since `started`.
+fn load_core(
+    config: &Config,
+    snapshot: crate::core::Snapshot,
+    seed: u64,
+    started: std::time::Instant,
+) -> Core {
     let (jobs, tasks, agents) = (
         snapshot.jobs.len(),
         snapshot.tasks.len(),
@@ -373,12 +405,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "loaded the store"
     );
-    // Committed up to the last batch stored (the core goes on from there).
-    let writer = match no_space {
-        None => Writer::start(store, core.seq()),
-        Some(e) => Writer::start_read_only(store, core.seq(), &e),
-    };
-    Ok(Master::new(core, writer))
+    core
 }
 
 /// Writes `addr` to `<data_dir>/master.addr` atomically (tmp + rename); a file

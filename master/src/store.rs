@@ -64,6 +64,10 @@ pub enum StoreError {
     },
     #[error("the store's schema version is {found}; this master reads version {SCHEMA_VERSION}: use a matching drover-master")]
     Schema { found: i64 },
+    #[error("etcd: cannot {op}: {message}")]
+    Etcd { op: &'static str, message: String },
+    #[error("this master is no longer the leader (its election key changed in etcd): nothing was written")]
+    Fenced,
     #[error("the store's writer thread has stopped")]
     Stopped,
     /// The store's disk (or its quota) is full: nothing of the write was stored.

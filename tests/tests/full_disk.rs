@@ -62,17 +62,26 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A one-agent cluster running the service `web`, and its task id.
+fn cluster_with_a_service() -> (Cluster, String) {
+    let mut cluster = Cluster::start(ClusterConfig::agents(1)).expect("a cluster");
+    cluster
+        .api
+        .create_job(&service_job("web", 1))
+        .expect("the service created");
+    let web = cluster
+        .wait_for_all("www-data/test/web", TaskState::Running)
+        .expect("the service running");
+    let task = web.instances[0].current.as_ref().map(|t| t.task_id.clone());
+    (cluster, task.unwrap_or_default())
+}
+
 #[test]
 fn an_agent_with_a_full_data_dir_keeps_its_tasks_and_delivers_every_status_later() {
     if !running_as_root("full disk test") {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
-    cluster.api.create_job(&service_job("web", 1)).unwrap();
-    let web = cluster
-        .wait_for_all("www-data/test/web", TaskState::Running)
-        .unwrap();
-    let web_task = web.instances[0].current.as_ref().unwrap().task_id.clone();
+    let (mut cluster, web_task) = cluster_with_a_service();
 
     // The agent's data dir on a small tmpfs (the agent stopped meanwhile: a crash
     // and a restart, which it survives anyway), then the tmpfs filled up.
@@ -165,7 +174,7 @@ fn unplaceable(name: &str) -> serde_json::Value {
 
 /// `/health`'s status and text.
 fn health(cluster: &Cluster) -> (u16, String) {
-    cluster.api.get_status("/health").unwrap()
+    cluster.api.get_status("/health").expect("GET /health")
 }
 
 /// Waits until `/health` says `ok` (true) or read-only (false).
@@ -180,7 +189,7 @@ fn wait_health(cluster: &mut Cluster, ok: bool) {
             let (status, text) = c.api.get_status("/health").ok()?;
             (status == 200 && (text == "ok") == ok).then_some(())
         })
-        .unwrap();
+        .expect("the master's /health");
 }
 
 #[test]
@@ -188,12 +197,7 @@ fn a_master_on_a_full_disk_goes_read_only_loses_nothing_and_resumes_by_itself() 
     if !running_as_root("full disk test") {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
-    cluster.api.create_job(&service_job("web", 1)).unwrap();
-    let web = cluster
-        .wait_for_all("www-data/test/web", TaskState::Running)
-        .unwrap();
-    let web_task = web.instances[0].current.as_ref().unwrap().task_id.clone();
+    let (mut cluster, web_task) = cluster_with_a_service();
 
     // The master's data dir on a small tmpfs (the master restarted onto it).
     cluster.stop_master(Duration::from_secs(5));

@@ -2,9 +2,10 @@
 # Installs what Drover's commands and tests need on a fresh Debian machine:
 # iproute2 (multi-host tests in network namespaces), procps, the system python3,
 # faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
-# executor's layout check), the packaging and systemd test tools (dpkg-dev,
-# debootstrap, systemd-container, lintian), schemathesis (PyPI, in a virtualenv
-# under /opt) and the Rust components named in rust-toolchain.toml.
+# executor's layout check), node, npm and chromium (the web UI's build and browser
+# suite), the packaging and systemd test tools (dpkg-dev, debootstrap,
+# systemd-container, lintian), schemathesis (PyPI, in a virtualenv under /opt) and
+# the Rust components named in rust-toolchain.toml.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,11 @@ if ! command -v prometheus >/dev/null 2>&1; then
   need+=(prometheus)
   installing_prometheus=yes
 fi
+# The web UI (scripts/ui.sh) builds with node and npm; its browser suite
+# (ui/tests/browser.test.mjs) drives Debian's chromium with playwright-core.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 # scripts/package.sh builds the .deb files (dpkg-deb, dpkg-shlibdeps); the
 # systemd test (tests/tests/systemd.rs) makes a Debian root with debootstrap, boots
 # it with systemd-nspawn and checks the packages with lintian.

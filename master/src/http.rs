@@ -4,14 +4,13 @@
 //! long poll that only ever serves committed placements.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use drover_common::parse::parse_job_json;
@@ -63,7 +62,7 @@ type Shared = Arc<Api>;
 /// finish the check in their handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    /// No token (`/health` only).
+    /// No token (`/health` and the web UI's files, which hold no data).
     Public,
     /// Any admin, operator or role token; the list is filtered to what it may read.
     JobList,
@@ -112,7 +111,12 @@ const fn route(method: &'static str, path: &'static str, access: Access) -> Rout
 fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
     use Access::*;
     vec![
-        (route("GET", "/", ReadAll), get(index)),
+        // The web UI's files (master/src/ui.rs): no data, so no token; the pages
+        // read the API with the user's token.
+        (route("GET", "/", Public), get(crate::ui::root)),
+        (route("GET", "/ui", Public), get(crate::ui::ui)),
+        (route("GET", "/ui/", Public), get(crate::ui::ui_slash)),
+        (route("GET", "/ui/*path", Public), get(crate::ui::path)),
         (route("GET", "/health", Public), get(health)),
         (route("GET", "/v1/openapi.json", Public), get(openapi_json)),
         (route("GET", "/metrics", ReadAll), get(metrics)),
@@ -1996,121 +2000,6 @@ async fn metrics(State(api): State<Shared>) -> Response {
         crate::metrics::render(&state),
     )
         .into_response()
-}
-
-#[utoipa::path(
-    get,
-    path = "/",
-    tag = "meta",
-    responses(
-        (status = 200, description = "The read-only status page.", content_type = "text/html", body = String),
-        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
-    ),
-)]
-async fn index(State(api): State<Shared>) -> Response {
-    let (jobs, agents, cluster, updates) = api.master.read(|c| {
-        (
-            c.job_summaries(None),
-            c.agent_views(),
-            c.cluster_view(),
-            c.update_views(),
-        )
-    });
-    let mut html = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
-         <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
-         td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head><body>\
-         <h1>Drover</h1>",
-    );
-    let guard = &cluster.eviction_guard;
-    if guard.engaged {
-        let _ = write!(
-            html,
-            "<p style=\"background:#fdd;border:2px solid #c00;padding:8px\"><b>Eviction guard \
-             engaged</b>: {}</p>",
-            escape(&guard.message)
-        );
-    }
-    html.push_str(
-        "<h2>Jobs</h2><table><tr><th>job</th><th>type</th><th>instances</th><th>tier</th>\
-         <th>priority</th><th>states</th><th>next cron firing</th></tr>",
-    );
-    for j in &jobs {
-        let states: Vec<String> = j
-            .state_counts
-            .iter()
-            .map(|(s, n)| format!("{s} {n}"))
-            .collect();
-        let kind = match (&j.cron, j.service) {
-            (Some(_), _) => "cron",
-            (None, true) => "service",
-            (None, false) => "batch",
-        };
-        let next = j
-            .cron
-            .as_ref()
-            .map(|c| match c.next_fire_ms {
-                Some(ms) => format!("{} (at Unix ms {ms})", escape(&c.schedule)),
-                None => format!("{} (never again)", escape(&c.schedule)),
-            })
-            .unwrap_or_default();
-        let _ = write!(
-            html,
-            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{kind}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{next}</td></tr>",
-            j.instances,
-            j.tier,
-            j.priority,
-            escape(&states.join(", ")),
-            k = escape(&j.key),
-        );
-    }
-    html.push_str("</table><h2>Updates</h2><table><tr><th>job</th><th>update</th><th>by</th><th>state</th><th>instances</th><th>last event</th></tr>");
-    for u in &updates {
-        let done = u
-            .instances
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p.state,
-                    wire::InstanceUpdateState::Updated | wire::InstanceUpdateState::RolledBack
-                )
-            })
-            .count();
-        let _ = write!(
-            html,
-            "<tr><td><a href=\"/v1/jobs/{k}/update\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{done}/{} done</td><td>{}</td></tr>",
-            escape(&u.id),
-            escape(&u.user),
-            u.state,
-            u.instances.len(),
-            escape(u.events.last().map_or("", |e| e.message.as_str())),
-            k = escape(&u.job),
-        );
-    }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
-    for a in &agents {
-        let _ = write!(
-            html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
-            escape(&a.agent_id),
-            escape(&a.hostname),
-            a.reachable,
-            a.maintenance,
-            a.free.cpu,
-            drover_common::units::human_bytes(a.free.ram_bytes),
-            a.tasks.len()
-        );
-    }
-    html.push_str("</table></body></html>");
-    ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 #[cfg(test)]

@@ -154,14 +154,18 @@ pub(super) enum DrainAnswer {
     info(
         title = "Drover master API",
         description = "The admin and agent HTTP API of Drover's master (docs/api.md). \
-            Every route but `GET /health` and `GET /v1/openapi.json` needs \
+            Every route but `GET /health`, `GET /v1/openapi.json` and the web UI's \
+            files (`GET /`, `/ui/...`) needs \
             `Authorization: Bearer drv_<id>_<secret>`; `x-drover-access` on each \
             operation names the access rule it needs (docs/auth.md). Every error is \
             an `ApiErrorBody`.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(
-        super::index,
+        crate::ui::root,
+        crate::ui::ui,
+        crate::ui::ui_slash,
+        crate::ui::path,
         super::health,
         super::metrics,
         super::openapi_json,
@@ -231,10 +235,12 @@ impl Modify for BearerAuth {
 pub fn openapi_path(axum_path: &str) -> String {
     axum_path
         .split('/')
-        .map(|part| match part.strip_prefix(':') {
-            Some(name) => format!("{{{name}}}"),
-            None => part.to_string(),
-        })
+        .map(
+            |part| match part.strip_prefix(':').or_else(|| part.strip_prefix('*')) {
+                Some(name) => format!("{{{name}}}"),
+                None => part.to_string(),
+            },
+        )
         .collect::<Vec<_>>()
         .join("/")
 }

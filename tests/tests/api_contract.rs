@@ -37,7 +37,8 @@ fn config(keys: &[(&str, &str, &str)], ids: &[String], hosts: &[String]) -> Stri
     let envs = list(keys.iter().map(|k| k.1.to_string()).collect());
     let names = list(keys.iter().map(|k| k.2.to_string()).collect());
     format!(
-        "[dictionaries.roles]\nvalues = {roles}\n\
+        "[cache]\nenabled = false\n\
+         [dictionaries.roles]\nvalues = {roles}\n\
          [dictionaries.envs]\nvalues = {envs}\n\
          [dictionaries.names]\nvalues = {names}\n\
          [dictionaries.ids]\nvalues = {}\n\
@@ -78,6 +79,7 @@ fn schemathesis(cluster: &Cluster, config: &Path, token: &str, filter: &[&str], 
             .args(["--warnings", "off"])
             .args(filter)
             .env("NO_COLOR", "1")
+            .current_dir(cluster.dir())
             .output()
             .expect("run schemathesis");
         let text = format!(

@@ -4,14 +4,12 @@
 //! an executor started, a watcher seeing a status): no lock and no allocation on
 //! those paths. The outbox gauges are read when scraped. No label carries a task id.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
 use drover_common::metrics::{AtomicHistogram, Static, SECONDS};
 use drover_common::state::ExitReason;
 use drover_common::wire::StatusUpdate;
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -192,12 +190,7 @@ pub fn render(gauges: &Gauges) -> String {
         "From the agent starting an executor to the task's first processes started",
         Static(&m.process_start),
     );
-    let mut out = String::new();
-    if encode(&mut out, &registry).is_err() {
-        // Writing to a String cannot fail; an encoder error would be a bug.
-        let _ = writeln!(out, "# metrics could not be encoded");
-    }
-    out
+    drover_common::metrics::text(&registry)
 }
 
 #[cfg(test)]

@@ -74,6 +74,17 @@ impl EncodeMetric for Static {
     }
 }
 
+/// The text exposition (OpenMetrics) of a registry.
+pub fn text(registry: &prometheus_client::registry::Registry) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        // Writing to a String cannot fail; an encoder error would be a bug.
+        let _ = writeln!(out, "# metrics could not be encoded");
+    }
+    out
+}
+
 /// Bucket bounds for durations, in seconds (0.5 ms to 10 s).
 pub const SECONDS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,

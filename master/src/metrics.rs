@@ -5,10 +5,8 @@
 //! state, agents, pending reasons) are computed from the core when scraped. No
 //! label carries a task id.
 
-use std::fmt::Write as _;
 use std::sync::LazyLock;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -169,10 +167,5 @@ pub fn render(state: &MetricsState) -> String {
         "Answers of the change stream (GET /v1/changes)",
         m.change_polls.clone(),
     );
-    let mut out = String::new();
-    if encode(&mut out, &registry).is_err() {
-        // Writing to a String cannot fail; an encoder error would be a bug.
-        let _ = writeln!(out, "# metrics could not be encoded");
-    }
-    out
+    drover_common::metrics::text(&registry)
 }

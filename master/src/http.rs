@@ -1227,6 +1227,7 @@ async fn task_log(
     })?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let size = answer.headers().get(LOG_SIZE_HEADER).cloned();
+    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
     let bytes = answer
         .bytes()
         .await
@@ -1234,6 +1235,12 @@ async fn task_log(
     let mut response = (status, bytes).into_response();
     if let Some(size) = size {
         response.headers_mut().insert(LOG_SIZE_HEADER, size);
+    }
+    // The agent's JSON errors stay JSON; a log is bytes.
+    if let Some(content_type) = content_type {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
     }
     Ok(response)
 }

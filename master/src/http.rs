@@ -1939,10 +1939,12 @@ async fn changes(
         .min(MAX_WAIT_MS);
     let job = q.get("job").cloned();
     let filter = if who.reads_all() {
+        // `job=` asks for that job's changes only: agents' changes would wake a
+        // waiting `job create --wait` for nothing.
         ChangeFilter {
+            agents: job.is_none(),
             job,
             roles: None,
-            agents: true,
         }
     } else {
         let Grant::Roles { roles } = &who.grant else {

@@ -709,6 +709,14 @@ impl CommitState {
         self.changed.send_modify(|_| {});
     }
 
+    /// A batch was not stored for want of space (`why`): read-only, with the
+    /// reason in place before the new epoch tells waiters their batch is gone.
+    fn reject(&self, why: String) {
+        *self.read_only.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.changed.send_modify(|_| {});
+    }
+
     /// Marks the store failed for good (the master stops).
     pub(crate) fn fail(&self) {
         self.failed.store(true, Ordering::Release);
@@ -824,8 +832,7 @@ impl Thread {
                 if st.read_only().is_none() {
                     tracing::error!(error = %e, "store commit failed for want of space: the master is read-only until space is freed; the write was not stored");
                 }
-                st.epoch.fetch_add(1, Ordering::AcqRel);
-                st.set_read_only(Some(read_only_reason(&e)));
+                st.reject(read_only_reason(&e));
                 true
             }
             Err(e) => {

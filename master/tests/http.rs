@@ -159,9 +159,21 @@ async fn api_errors_are_json_with_codes_and_fields() {
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
+    // `/` is the web UI's page (no data, no token); the job is in the API.
     let r = c
         .http
         .get(format!("http://{}/", h.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()[reqwest::header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let r = c
+        .http
+        .get(format!("http://{}/v1/jobs", h.addr))
         .bearer_auth(&c.admin)
         .send()
         .await

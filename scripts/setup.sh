@@ -4,8 +4,10 @@
 # faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
 # executor's layout check), node, npm and chromium (the web UI's build and browser
 # suite), the packaging and systemd test tools (dpkg-dev, debootstrap,
-# systemd-container, lintian), schemathesis (PyPI, in a virtualenv under /opt) and
-# the Rust components named in rust-toolchain.toml.
+# systemd-container, lintian), etcd-server (the HA tests start a real 3-member etcd
+# cluster), protobuf-compiler (protoc: the etcd-client crate compiles etcd's gRPC
+# definitions at build time), schemathesis (PyPI, in a virtualenv under /opt) and the
+# Rust components named in rust-toolchain.toml.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +41,14 @@ command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v systemd-nspawn >/dev/null 2>&1 || need+=(systemd-container)
 command -v lintian >/dev/null 2>&1 || need+=(lintian)
+# The etcd store (master/src/etcd_store.rs) and its tests: tests/tests/ha.rs starts
+# a 3-member etcd cluster on loopback; the etcd-client crate needs protoc to build.
+installing_etcd=no
+if ! command -v etcd >/dev/null 2>&1; then
+  need+=(etcd-server)
+  installing_etcd=yes
+fi
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then
     echo "setup: installing ${need[*]}"
@@ -52,6 +62,10 @@ if [ ${#need[@]} -gt 0 ]; then
     # start their own, so stop the one the install started.
     if [ "$installing_prometheus" = yes ] && [ ! -d /run/systemd/system ]; then
       service prometheus stop >/dev/null 2>&1 || true
+    fi
+    # Likewise for etcd: the tests start their own cluster on free ports.
+    if [ "$installing_etcd" = yes ] && [ ! -d /run/systemd/system ]; then
+      service etcd stop >/dev/null 2>&1 || true
     fi
   else
     echo "setup: please install ${need[*]} (needs root); continuing without" >&2

@@ -15,7 +15,8 @@ pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
 #[command(name = "drover", version, about, long_about = None)]
 pub struct Cli {
     /// The master's admin API [default: http://127.0.0.1:7070, with a note on stderr
-    /// naming it].
+    /// naming it]; masters on etcd: several URLs separated by commas (the CLI asks
+    /// their /health which one leads).
     #[arg(long, global = true, env = "DROVER_MASTER", value_name = "URL")]
     pub master: Option<String>,
 

@@ -54,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         _ => {}
     }
     let (master, note) = args::master_or_default(cli.master);
+    let master = client::Client::find_leader(&master, cli.ca.as_deref()).await;
     let endpoint = Endpoint {
         note,
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,

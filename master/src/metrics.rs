@@ -70,8 +70,9 @@ pub fn count_placements(changes: &[Change]) {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct StateLabel {
+struct TaskLabels {
     state: String,
+    tier: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -93,14 +94,15 @@ const TOP_REASONS: usize = 5;
 pub fn render(state: &MetricsState) -> String {
     let mut registry = Registry::with_prefix("drover_master");
     let m = &*METRICS;
-    let tasks = Family::<StateLabel, Gauge>::default();
+    let tasks = Family::<TaskLabels, Gauge>::default();
     let agents = Family::<AgentLabels, Gauge>::default();
     let reasons = Family::<ReasonLabel, Gauge>::default();
     let pending = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
-    for (s, n) in &state.tasks_by_state {
+    for ((s, tier), n) in &state.tasks_by_state {
         tasks
-            .get_or_create(&StateLabel {
+            .get_or_create(&TaskLabels {
                 state: s.to_string(),
+                tier: tier.to_string(),
             })
             .set(*n as i64);
     }
@@ -120,7 +122,11 @@ pub fn render(state: &MetricsState) -> String {
             .set(*n as i64);
     }
     pending.set(state.pending as i64);
-    registry.register("tasks", "Tasks by state (current and kept history)", tasks);
+    registry.register(
+        "tasks",
+        "Tasks by state and tier (current and kept history)",
+        tasks,
+    );
     registry.register("pending_tasks", "Tasks waiting for a placement", pending);
     registry.register(
         "pending_reasons",

@@ -44,12 +44,12 @@ fn file(content_type: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// The page (`index.html`).
-fn index() -> Response {
+/// The page.
+fn page() -> Response {
     file("text/html; charset=utf-8", INDEX_HTML)
 }
 
-/// GET `/`: the page.
+/// The web UI's page (no token: the page reads the API with the user's token).
 #[utoipa::path(
     get,
     path = "/",
@@ -57,10 +57,10 @@ fn index() -> Response {
     responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
 )]
 pub async fn root() -> Response {
-    index()
+    page()
 }
 
-/// GET `/ui`: the page.
+/// The web UI's page, as at `/`.
 #[utoipa::path(
     get,
     path = "/ui",
@@ -68,10 +68,10 @@ pub async fn root() -> Response {
     responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
 )]
 pub async fn ui() -> Response {
-    index()
+    page()
 }
 
-/// GET `/ui/`: the page.
+/// The web UI's page, as at `/`.
 #[utoipa::path(
     get,
     path = "/ui/",
@@ -79,18 +79,23 @@ pub async fn ui() -> Response {
     responses((status = 200, description = "The web UI's page (docs/ui.md).", content_type = "text/html", body = String)),
 )]
 pub async fn ui_slash() -> Response {
-    index()
+    page()
 }
 
-/// GET `/ui/{*path}`: an asset, or the page for any other path (client routing).
+/// A file of the web UI: `assets/app.js`, `assets/app.css`, or the page for any
+/// other path (the app routes on the client).
 #[utoipa::path(
     get,
     path = "/ui/{path}",
     tag = "ui",
-    params(("path" = String, Path, description = "`assets/app.js`, `assets/app.css`, or a page's path (the page is answered).")),
+    params(("path" = String, Path, description = "`assets/app.js`, `assets/app.css`, or a page's path (e.g. `jobs/www-data/prod/hello`).")),
     responses(
-        (status = 200, description = "The asset, or the page for a page's path.", content_type = "text/html", body = String),
-        (status = 404, description = "No such asset under `assets/`.", content_type = "text/plain", body = String),
+        (status = 200, description = "The file, or the page.", content(
+            (String = "text/html"),
+            (String = "text/javascript"),
+            (String = "text/css"),
+        )),
+        (status = 404, description = "Another path under `assets/`.", content_type = "text/plain", body = String),
     ),
 )]
 pub async fn path(Path(path): Path<String>) -> Response {
@@ -102,7 +107,7 @@ pub async fn path(Path(path): Path<String>) -> Response {
             "no such UI file; the UI's files are index.html, assets/app.js and assets/app.css",
         )
             .into_response(),
-        _ => index(),
+        _ => page(),
     }
 }
 

@@ -134,11 +134,17 @@ fn metrics_count_what_the_cluster_did_and_need_a_reader_token() {
     cluster
         .create_job(&command_job("counted", 3, false, "true"))
         .unwrap();
+    let mut spare = command_job("spare", 1, false, "true");
+    spare["tier"] = json!("preemptible");
+    cluster.create_job(&spare).unwrap();
     let mut spec = command_job("stuck", 2, true, "sleep 600");
     spec["constraints"] = json!({"host": "limit:1"});
     cluster.create_job(&spec).unwrap();
     cluster
         .wait_for_all("www-data/test/counted", TaskState::Finished)
+        .unwrap();
+    cluster
+        .wait_for_all("www-data/test/spare", TaskState::Finished)
         .unwrap();
 
     let (status, text) = cluster.get_status("/metrics").unwrap();
@@ -148,7 +154,14 @@ fn metrics_count_what_the_cluster_did_and_need_a_reader_token() {
         *s.get(key)
             .unwrap_or_else(|| panic!("no sample {key} in:\n{text}"))
     };
-    assert_eq!(get("drover_master_tasks{state=\"FINISHED\"}"), 3.0);
+    assert_eq!(
+        get("drover_master_tasks{state=\"FINISHED\",tier=\"preferred\"}"),
+        3.0
+    );
+    assert_eq!(
+        get("drover_master_tasks{state=\"FINISHED\",tier=\"preemptible\"}"),
+        1.0
+    );
     assert_eq!(get("drover_master_pending_tasks"), 1.0);
     assert_eq!(
         get("drover_master_pending_reasons{reason=\"host limit reached\"}"),
@@ -158,9 +171,9 @@ fn metrics_count_what_the_cluster_did_and_need_a_reader_token() {
         get("drover_master_agents{reachable=\"true\",maintenance=\"NONE\"}"),
         1.0
     );
-    // Four tasks were placed (three one-shots and one of the service).
-    assert!(get("drover_master_placements_total") >= 4.0, "{text}");
-    assert!(get("drover_master_scheduling_latency_seconds_count") >= 4.0);
+    // Five tasks were placed (four one-shots and one of the service).
+    assert!(get("drover_master_placements_total") >= 5.0, "{text}");
+    assert!(get("drover_master_scheduling_latency_seconds_count") >= 5.0);
     assert!(get("drover_master_store_commit_duration_seconds_count") >= 1.0);
     assert!(get("drover_master_store_group_commit_batches_count") >= 1.0);
     assert!(text.contains("# TYPE drover_master_store_commit_duration_seconds histogram"));

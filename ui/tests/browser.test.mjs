@@ -103,6 +103,7 @@ describe("web UI", { timeout: 110_000 }, () => {
           "--headless",
           "--no-sandbox",
           "--disable-gpu",
+          "--disable-quic",
           "--disable-background-networking",
           "--disable-component-update",
           "--disable-sync",
@@ -130,6 +131,36 @@ describe("web UI", { timeout: 110_000 }, () => {
     await page.getByRole("heading", { name: "Roles", level: 1 }).waitFor();
     await shot(page, "00-signed-in-roles");
     await context.close();
+  });
+
+  it("shows a role token only what it may read; an operator's kill is refused", async () => {
+    const roleToken = (await cluster.cli("token", "create", "--role", "db")).trim();
+    const context = await browser.newContext({ ignoreHTTPSErrors: true });
+    const page = await context.newPage();
+    await page.goto(cluster.signIn.replace(/#token=.*/, `#token=${roleToken}`));
+    await page.getByRole("heading", { name: "Cluster", level: 1 }).waitFor();
+    // Hosts and capacity need an admin or operator token: the page says so.
+    await page.getByText("Hosts and capacity: this token may not read it").waitFor();
+    await page.getByText("across 0 job(s)").waitFor();
+    await page.goto(new URL("/ui/jobs/www-data/devel/web", cluster.api).href);
+    await page.getByRole("alert").getByText(/lacks the permission/).waitFor();
+    await page.goto(new URL("/ui/hosts", cluster.api).href);
+    await page.getByText("Hosts: this token may not read it").waitFor();
+    await shot(page, "00-role-token-hosts");
+    await context.close();
+    // An operator reads every job but may not kill one: the master's refusal is shown.
+    const operator = (await cluster.cli("token", "create", "--role", "operator")).trim();
+    const opContext = await browser.newContext({ ignoreHTTPSErrors: true });
+    const op = await opContext.newPage();
+    await op.goto(cluster.signIn.replace(/#token=.*/, `#token=${operator}`));
+    await op.getByRole("heading", { name: "Cluster", level: 1 }).waitFor();
+    await op.goto(new URL("/ui/jobs/www-data/devel/web", cluster.api).href);
+    await instanceRow(op, 0).getByText("RUNNING", { exact: true }).waitFor({ timeout: LIVE });
+    await op.getByRole("button", { name: "Kill instance 0" }).click();
+    await op.locator("#confirm-ok").click();
+    await op.getByRole("alert").getByText(/Kill refused: .*lacks the permission/).waitFor();
+    await shot(op, "00-operator-kill-refused");
+    await opContext.close();
   });
 
   it("navigates cluster -> role -> job -> task, with labels and contrast", async () => {
@@ -216,6 +247,31 @@ describe("web UI", { timeout: 110_000 }, () => {
     await page.context().close();
   });
 
+  it("shows an update in progress and then its history, live", async () => {
+    const settings = "update: {batch_size: 1, watch: 1s}\n";
+    await cluster.createJob("upd", sleeper("upd", 2, settings));
+    const page = await signedIn();
+    await page.goto(new URL("/ui/jobs/www-data/devel/upd", cluster.api).href);
+    await instanceRow(page, 1).getByText("RUNNING", { exact: true }).waitFor({ timeout: LIVE });
+    await page.getByText("This job has had no update.").waitFor();
+    await page.evaluate(() => (window.notReloaded = true));
+    const changed = sleeper("upd", 2, settings).replace('up"; exec sleep 600', 'up again"; exec sleep 601');
+    const file = join(cluster.dir, "upd-2.yaml");
+    writeFileSync(file, changed);
+    await cluster.cli("job", "update", file);
+    await page.getByRole("heading", { name: /^(Update in progress|Last update)$/ }).waitFor({ timeout: LIVE });
+    await page.getByRole("heading", { name: "Last update" }).waitFor({ timeout: LIVE });
+    const history = page.getByRole("table", { name: "Update history" });
+    await history.getByText(/batch: instances 0/).waitFor();
+    await history.getByText(/batch: instances 1/).waitFor();
+    await page.getByText(/ROLLED_FORWARD, 2 of 2 instance\(s\) updated/).waitFor({ timeout: LIVE });
+    assert.equal(await page.evaluate(() => window.notReloaded), true, "the page reloaded");
+    // Two configs: the old one used by none, the new one by both instances.
+    await page.getByText("used by 2 instance(s)").waitFor({ timeout: LIVE });
+    await shot(page, "09-job-updated");
+    await page.context().close();
+  });
+
   it("drains a host from the hosts page and activates it again", async () => {
     const page = await signedIn();
     await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Hosts" }).click();
@@ -225,7 +281,7 @@ describe("web UI", { timeout: 110_000 }, () => {
     await confirmWithKeyboard(page);
     await row.locator("td.mode").getByText(/DRAINING|DRAINED/).waitFor({ timeout: LIVE });
     await row.locator("td.mode").getByText("DRAINED", { exact: true }).waitFor({ timeout: LIVE });
-    await shot(page, "09-host-drained");
+    await shot(page, "10-host-drained");
     assert.deepEqual(await accessibilityProblems(page), []);
     await row.getByRole("button", { name: /^activate dev-agent-1/i }).click();
     await page.locator("#confirm-ok").click();
@@ -253,7 +309,7 @@ describe("web UI", { timeout: 110_000 }, () => {
     assert.ok(result.table_ms < 10_000, `the instances table took ${result.table_ms} ms`);
     await page.getByRole("button", { name: "Next" }).first().click();
     await instanceRow(page, 199).waitFor();
-    await shot(page, "10-job-1000-page-2");
+    await shot(page, "11-job-1000-page-2");
     await page.context().close();
   });
 });

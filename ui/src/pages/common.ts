@@ -24,8 +24,3 @@ export function errorBox(e: unknown): HTMLElement {
   const message = e instanceof ApiError ? `${e.message} (${e.code})` : String(e);
   return h("p", { class: "error", role: "alert" }, message);
 }
-
-/** Replaces the content of `slot` with `nodes`, keeping the focused control if any. */
-export function fill(slot: HTMLElement, ...nodes: (Node | string)[]): void {
-  slot.replaceChildren(...nodes);
-}

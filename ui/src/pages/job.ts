@@ -11,6 +11,10 @@ import { ALL_STATES } from "../types";
 import { errorBox } from "./common";
 
 const PAGE = 100;
+/** How often the page re-reads a job whose update runs. */
+const UPDATE_POLL_MS = 2000;
+/** Update states that change without a task changing. */
+const RUNNING_UPDATE: ReadonlySet<string> = new Set(["ROLLING_FORWARD", "ROLLING_BACK"]);
 
 export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]): Page {
   const key = `${role}/${env}/${name}`;
@@ -113,6 +117,10 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
     body.removeAttribute("aria-busy");
   };
 
+  // The change stream carries task changes, not update records: while an update
+  // runs, the page also re-reads the job every UPDATE_POLL_MS so that a batch's
+  // watch ending or the update finishing shows up.
+  let updatePoll: number | undefined;
   const refresh = refresher(async () => {
     try {
       view = await get<JobView>(jobPath(key));
@@ -120,11 +128,19 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
     } catch (e) {
       body.replaceChildren(errorBox(e));
     }
+    window.clearTimeout(updatePoll);
+    if (view?.update && RUNNING_UPDATE.has(view.update.state)) {
+      updatePoll = window.setTimeout(() => refresh.trigger(), UPDATE_POLL_MS);
+    }
   }, 500);
+  const unsubscribe = ctx.live.subscribe((c) => {
+    if (c.reset || c.tasks.some((t) => t.job === key) || c.jobs.some((j) => j.key === key)) refresh.trigger();
+  });
   return {
-    dispose: ctx.live.subscribe((c) => {
-      if (c.reset || c.tasks.some((t) => t.job === key) || c.jobs.some((j) => j.key === key)) refresh.trigger();
-    }),
+    dispose: () => {
+      unsubscribe();
+      window.clearTimeout(updatePoll);
+    },
   };
 }
 
@@ -167,7 +183,7 @@ function updateSection(v: JobView): HTMLElement {
   const u = v.update;
   if (!u) return h("section", {}, h("h2", {}, "Update"), h("p", { class: "note" }, "This job has had no update."));
   const done = u.instances.filter((i) => i.state === "UPDATED").length;
-  const running = ["ROLLING_FORWARD", "ROLLING_BACK", "PAUSED"].includes(u.state);
+  const running = RUNNING_UPDATE.has(u.state) || u.state === "PAUSED";
   return h(
     "section",
     {},

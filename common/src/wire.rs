@@ -767,6 +767,16 @@ pub struct UpdateView {
     pub instances: Vec<InstanceProgress>,
     /// Oldest first.
     pub events: Vec<UpdateEvent>,
+    /// Batches started so far in the current direction (forward or rolling back)
+    /// and how many it takes in all at the batch size (a batch a drain shrinks
+    /// adds one).
+    #[serde(default)]
+    pub batch: u32,
+    #[serde(default)]
+    pub batches: u32,
+    /// While it runs: what it waits for now (the batch in flight, a drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// What a kill or restart touched.

@@ -368,9 +368,9 @@ impl Core {
                         continue;
                     }
                     let tasks = &self.tasks;
-                    let budget = budgets
-                        .entry(job_key.clone())
-                        .or_insert_with(|| Budget::of(job, |i| tasks.get(i), now.mono));
+                    let budget = budgets.entry(job_key.clone()).or_insert_with(|| {
+                        Budget::of(job, |i| tasks.get(i).map(|t| &**t), now.mono)
+                    });
                     let healthy = budget.is_healthy(t, now.mono);
                     if !forced {
                         if let Err(why) = budget.check(healthy) {

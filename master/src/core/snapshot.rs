@@ -174,7 +174,7 @@ impl Core {
                 }
                 _ => {}
             }
-            core.tasks.insert(task.id.clone(), task);
+            core.tasks.insert(task.id.clone(), Box::new(task));
         }
         core.load_updates(snapshot.updates);
         if !core.agents.is_empty() {

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::render::StartAt;
+
 /// The default master address: what `drover dev` listens on unless told otherwise.
 /// The CLI says on stderr when it falls back to it (see [`master_or_default`]).
 pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
@@ -346,9 +348,14 @@ pub enum HostCommand {
     Drain {
         #[arg(required = true)]
         hosts: Vec<String>,
-        /// Force what is left this long after the request, e.g. 30m.
+        /// Force what is left this long after the drain starts, e.g. 30m.
         #[arg(long, value_parser = parse_duration)]
         deadline: Option<Duration>,
+        /// Cordon now (SCHEDULED) and start the drain at TIME: UTC
+        /// `2026-11-25T02:00:00Z` (or `2026-11-25 02:00`), or `+DURATION` from now
+        /// (e.g. +2h).
+        #[arg(long, value_name = "TIME", value_parser = crate::render::parse_start_at)]
+        start_at: Option<StartAt>,
         /// Wait until every host is DRAINED, showing progress per host.
         #[arg(long)]
         wait: bool,

@@ -528,9 +528,15 @@ impl std::fmt::Display for MaintenanceMode {
 pub struct HostsRequest {
     /// Agent ids or host names; each must name exactly one agent.
     pub hosts: Vec<String>,
-    /// Drain only: force what is left this many milliseconds after the request.
+    /// Drain only: force what is left this many milliseconds after the drain
+    /// starts (the request, or `start_at_ms`).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Drain only: start the drain at this wall clock time (Unix milliseconds);
+    /// until then the host is SCHEDULED (cordoned). A time not in the future
+    /// drains at once.
+    #[serde(default)]
+    pub start_at_ms: Option<UnixMillis>,
     /// Drain only: change nothing, answer what the drain would do ([`HostProbe`]s).
     #[serde(default)]
     pub dry_run: bool,
@@ -606,6 +612,9 @@ pub struct HostView {
     /// When a drain forces what is left.
     #[serde(default)]
     pub deadline_ms: Option<UnixMillis>,
+    /// While SCHEDULED with a drain start time: when the drain starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_at_ms: Option<UnixMillis>,
     /// Non-terminal tasks still on the host.
     pub tasks_left: u32,
     /// While DRAINING: why tasks are not moved yet, one line per job that blocks.

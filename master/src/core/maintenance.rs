@@ -394,6 +394,7 @@ impl Core {
             }
         }
         self.drains.last_round = Some(now.mono);
+        self.sync_slots();
         let mut budgets: HashMap<String, Budget> = HashMap::new();
         let mut wake: Option<MonoMillis> = None;
         let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
@@ -430,10 +431,9 @@ impl Core {
                     if blocked.contains_key(&job_key) && !forced {
                         continue;
                     }
-                    let tasks = &self.tasks;
-                    let budget = budgets.entry(job_key.clone()).or_insert_with(|| {
-                        Budget::of(job, |i| tasks.get(i).map(|t| &**t), now.mono)
-                    });
+                    let budget = budgets
+                        .entry(job_key.clone())
+                        .or_insert_with(|| Budget::of_slots(job, now.mono));
                     let healthy = budget.is_healthy(t, now.mono);
                     if !forced {
                         if let Err(why) = budget.check(healthy) {

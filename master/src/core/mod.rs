@@ -258,6 +258,7 @@ impl Core {
     }
 
     fn finish(&mut self) -> Vec<Effect> {
+        self.sync_slots();
         let mut changes = std::mem::take(&mut self.job_changes);
         // Every row written in this batch carries the batch's number, the change
         // stream's index (it is `self.seq` below when there are changes).

@@ -465,6 +465,10 @@ pub struct ChangesView {
     pub jobs: Vec<JobSummary>,
     /// Agents written after the index (tokens that may read everything only).
     pub agents: Vec<AgentView>,
+    /// Job updates (rolling updates) written after the index, as
+    /// GET .../update shows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub updates: Vec<UpdateView>,
 }
 
 /// GET /v1/agents

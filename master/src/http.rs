@@ -1530,7 +1530,7 @@ async fn changes(
         let from = if reset { 0 } else { after };
         let mut view = m.read(|c| c.changes_since(from, committed, &filter));
         view.reset = reset;
-        let empty = view.tasks.is_empty() && view.agents.is_empty();
+        let empty = view.tasks.is_empty() && view.agents.is_empty() && view.updates.is_empty();
         if !empty || reset || tokio::time::Instant::now() >= deadline {
             crate::metrics::METRICS.change_polls.inc();
             return Ok(json(StatusCode::OK, &view));

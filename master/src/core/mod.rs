@@ -264,7 +264,8 @@ impl Core {
         // stream's index (it is `self.seq` below when there are changes).
         let rev = self.seq + 1;
         for job in std::mem::take(&mut self.dirty_updates) {
-            if let Some(u) = self.updates.get(&job) {
+            if let Some(u) = self.updates.get_mut(&job) {
+                Arc::make_mut(u).rev = rev;
                 changes.push(Change::PutUpdate(u.clone()));
             }
         }

@@ -55,6 +55,9 @@ pub struct UpdateRecord {
     /// The state a pause left (resume goes back to it).
     #[serde(default)]
     pub paused_from: Option<UpdateState>,
+    /// The store batch (change index) that last wrote it (see `Task::rev`).
+    #[serde(default)]
+    pub rev: u64,
     /// The watch timer armed last, monotonic (one per deadline, not one per event;
     /// not stored: a restarted master re-arms it from the tasks' re-derived
     /// `running_mono`).
@@ -304,6 +307,7 @@ impl Core {
             in_flight: Vec::new(),
             watched: BTreeMap::new(),
             paused_from: None,
+            rev: 0,
             armed: None,
             poked: true,
         };

@@ -15,8 +15,13 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    /// Master base URL, e.g. `http://10.0.0.1:7070`.
+    /// Master base URL, e.g. `http://10.0.0.1:7070` (several masters on etcd:
+    /// separated by commas, or `masters`).
     pub master: Option<String>,
+    /// The masters sharing an etcd store, e.g. `["http://10.0.0.1:7070",
+    /// "http://10.0.0.2:7070"]`: the agent finds the leader among them. `master`
+    /// (flag or key) wins when both are set.
+    pub masters: Option<Vec<String>>,
     /// Address the log server binds, e.g. `0.0.0.0:7071` or `127.0.0.1:0`.
     pub listen: Option<String>,
     /// URL the master and CLI use to reach this agent's log server; default:
@@ -207,6 +212,7 @@ impl ConfigFile {
         }
         take!(
             master,
+            masters,
             listen,
             advertise,
             data_dir,
@@ -248,14 +254,35 @@ impl ConfigFile {
     pub fn resolve(self, host: &HostFacts) -> Result<Config, ConfigError> {
         let invalid =
             |field: &'static str, message: String| ConfigError::Invalid { field, message };
-        let master = self.master.unwrap_or_else(|| DEFAULT_MASTER.to_string());
-        let master = master.trim_end_matches('/').to_string();
-        if !(master.starts_with("http://") || master.starts_with("https://")) {
+        let field = if self.master.is_none() && self.masters.is_some() {
+            "masters"
+        } else {
+            "master"
+        };
+        let master = self
+            .master
+            .or(self.masters.map(|m| m.join(",")))
+            .unwrap_or_else(|| DEFAULT_MASTER.to_string());
+        let urls: Vec<&str> = master
+            .split(',')
+            .map(|m| m.trim().trim_end_matches('/'))
+            .filter(|m| !m.is_empty())
+            .collect();
+        if urls.is_empty() {
             return Err(invalid(
-                "master",
-                format!("`{master}` is not a URL; write e.g. http://10.0.0.1:7070"),
+                field,
+                "names no master; write e.g. http://10.0.0.1:7070".to_string(),
             ));
         }
+        for url in &urls {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(invalid(
+                    field,
+                    format!("`{url}` is not a URL; write e.g. http://10.0.0.1:7070"),
+                ));
+            }
+        }
+        let master = urls.join(",");
         let listen_text = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_text.parse().map_err(|_| {
             invalid(

@@ -14,7 +14,7 @@ struct Args {
     /// TOML config file; its keys mirror these flags.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Master URL, e.g. http://10.0.0.1:7070.
+    /// Master URL, e.g. http://10.0.0.1:7070 (masters on etcd: several, separated by commas).
     #[arg(long)]
     master: Option<String>,
     /// Address of the log server, e.g. 0.0.0.0:7071 or 127.0.0.1:0.
@@ -92,6 +92,7 @@ impl Args {
     fn into_overrides(self) -> (Option<PathBuf>, ConfigFile) {
         let over = ConfigFile {
             master: self.master,
+            masters: None,
             listen: self.listen,
             advertise: self.advertise,
             data_dir: self.data_dir,

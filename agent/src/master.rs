@@ -1,5 +1,11 @@
 //! The agent's client of the master's agent API: register, heartbeat, long-poll the
 //! assignment set, post status updates; every request carries the agent's token.
+//! With several masters (on etcd) the client talks to one at a time and moves on
+//! when it cannot reach it or it answers 503 `not_leader`: to the leader that
+//! answer names (`X-Drover-Leader`) when it is one of the list, else to the next.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use std::time::Duration;
 
@@ -8,6 +14,9 @@ use drover_common::wire::{
     RegisterResponse, SelfDrainRequest, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
     LOGS_KEY_HEADER,
 };
+
+/// The header of a standby's 503 naming the leader's URL.
+const LEADER_HEADER: &str = "x-drover-leader";
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -64,17 +73,19 @@ impl MasterTls {
     }
 }
 
-/// HTTP client of one master.
+/// HTTP client of the master (one of a list).
 #[derive(Clone, Debug)]
 pub struct MasterClient {
-    base: String,
+    bases: Arc<Vec<String>>,
+    current: Arc<AtomicUsize>,
     http: reqwest::Client,
     /// Sent at registration: what the log server requires from the master.
     logs_key: Option<String>,
 }
 
 impl MasterClient {
-    /// A client of the master at `base` (`http://host:port`) sending `token`
+    /// A client of the master at `base` (`http://host:port`, or several
+    /// separated by commas: the masters sharing an etcd store) sending `token`
     /// (`drv_...`) as its bearer token.
     pub fn new(base: &str, token: Option<&str>) -> MasterClient {
         MasterClient::with_tls(base, token, None)
@@ -101,10 +112,46 @@ impl MasterClient {
             .pool_idle_timeout(Duration::from_secs(50))
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());
+        let bases: Vec<String> = base
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
         MasterClient {
-            base: base.trim_end_matches('/').to_string(),
+            bases: Arc::new(bases),
+            current: Arc::new(AtomicUsize::new(0)),
             http,
             logs_key: None,
+        }
+    }
+
+    /// The master talked to now.
+    fn base(&self) -> &str {
+        let i = self.current.load(Ordering::Relaxed);
+        self.bases
+            .get(i % self.bases.len().max(1))
+            .map_or("", String::as_str)
+    }
+
+    /// Moves on from the master at `failed` (unless another request already did):
+    /// to `leader` when it is in the list, else to the next one.
+    fn move_on(&self, failed: &str, leader: Option<&str>) {
+        if self.bases.len() < 2 {
+            return;
+        }
+        let at = self.current.load(Ordering::Relaxed);
+        if !failed.starts_with(self.base()) {
+            return;
+        }
+        let next = leader
+            .and_then(|l| self.bases.iter().position(|b| b == l.trim_end_matches('/')))
+            .unwrap_or((at + 1) % self.bases.len());
+        if self
+            .current
+            .compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::info!(master = %self.bases[next], "switching to another master");
         }
     }
 
@@ -125,19 +172,29 @@ impl MasterClient {
         req: reqwest::RequestBuilder,
         url: String,
     ) -> Result<reqwest::Response, MasterError> {
-        let resp = req
-            .send()
-            .await
-            .map_err(|source| MasterError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let resp = match req.send().await {
+            Ok(resp) => resp,
+            Err(source) => {
+                if source.is_connect() {
+                    self.move_on(&url, None);
+                }
+                return Err(MasterError::Unreachable { url, source });
+            }
+        };
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
         }
+        let leader = resp
+            .headers()
+            .get(LEADER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let text = resp.text().await.unwrap_or_default();
         let body = serde_json::from_str::<ApiErrorBody>(&text).ok();
+        if body.as_ref().is_some_and(|b| b.error.code == "not_leader") {
+            self.move_on(&url, leader.as_deref());
+        }
         let about_agent = body
             .as_ref()
             .is_some_and(|b| b.error.field.as_deref() == Some("agent_id"));
@@ -162,7 +219,7 @@ impl MasterClient {
         body: &B,
         timeout: Duration,
     ) -> Result<T, MasterError> {
-        let url = format!("{}{}", self.base, path);
+        let url = format!("{}{}", self.base(), path);
         let req = self.http.post(&url).json(body).timeout(timeout);
         self.send(req, url).await
     }
@@ -176,7 +233,7 @@ impl MasterClient {
 
     /// POST /v1/agents/register
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, MasterError> {
-        let url = format!("{}/v1/agents/register", self.base);
+        let url = format!("{}/v1/agents/register", self.base());
         let mut request = self
             .http
             .post(&url)
@@ -212,7 +269,7 @@ impl MasterClient {
     ) -> Result<(AssignmentSet, Duration), MasterError> {
         let url = format!(
             "{}/v1/agents/{agent_id}/assignments?after_version={after_version}&wait_ms={}",
-            self.base,
+            self.base(),
             wait.as_millis()
         );
         let sent = std::time::Instant::now();

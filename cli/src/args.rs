@@ -17,7 +17,8 @@ pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
 #[command(name = "drover", version, about, long_about = None)]
 pub struct Cli {
     /// The master's admin API [default: http://127.0.0.1:7070, with a note on stderr
-    /// naming it].
+    /// naming it]; masters on etcd: several URLs separated by commas (the CLI asks
+    /// their /health which one leads).
     #[arg(long, global = true, env = "DROVER_MASTER", value_name = "URL")]
     pub master: Option<String>,
 
@@ -66,6 +67,12 @@ pub enum Command {
     Cron(CronCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
+    /// Open the master's web page of the cluster, a role or a job in a browser
+    /// ($BROWSER, else xdg-open); prints the address (only that, with no browser).
+    Open {
+        /// ROLE (its jobs) or ROLE/ENV/NAME (a job); none: the cluster overview.
+        key: Option<String>,
+    },
     /// Print a shell completion script, e.g. `drover completions bash >
     /// /etc/bash_completion.d/drover` (no master needed).
     Completions {

@@ -205,6 +205,50 @@ impl Client {
         &self.base
     }
 
+    /// Of several masters (URLs separated by commas: masters sharing an etcd
+    /// store), the one that leads: the first whose `/health` says
+    /// `"leader": true`, else the `leader_url` a standby names, else the first
+    /// URL (whose errors then say what is wrong). One URL is returned as it is.
+    pub async fn find_leader(list: &str, ca: Option<&std::path::Path>) -> String {
+        let urls: Vec<&str> = list
+            .split(',')
+            .map(|u| u.trim().trim_end_matches('/'))
+            .filter(|u| !u.is_empty())
+            .collect();
+        if urls.len() < 2 {
+            return list.to_string();
+        }
+        let mut hint = None;
+        for url in &urls {
+            let Ok(client) = Client::connect(url, None, ca) else {
+                continue;
+            };
+            let health = client
+                .http
+                .get(format!("{url}/health"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+            let Ok(text) = (match health {
+                Ok(r) => r.text().await,
+                Err(_) => continue,
+            }) else {
+                continue;
+            };
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(v) if v["leader"] == serde_json::Value::Bool(true) => return url.to_string(),
+                Ok(v) => {
+                    if let Some(l) = v["leader_url"].as_str() {
+                        hint.get_or_insert(l.to_string());
+                    }
+                }
+                // A master on SQLite answers "ok": it is the only one.
+                Err(_) => return url.to_string(),
+            }
+        }
+        hint.unwrap_or_else(|| urls[0].to_string())
+    }
+
     /// GET /health: Ok when the master answers.
     pub async fn health(&self) -> Result<(), ClientError> {
         let url = format!("{}/health", self.base);

@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod dev;
 pub mod follow;
 pub mod hosts;
+pub mod open;
 pub mod procs;
 pub mod progress;
 pub mod render;
@@ -53,6 +54,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         _ => {}
     }
     let (master, note) = args::master_or_default(cli.master);
+    let master = client::Client::find_leader(&master, cli.ca.as_deref()).await;
     let endpoint = Endpoint {
         note,
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
@@ -68,6 +70,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
         Command::Host(command) => hosts::run(&endpoint, command).await,
+        Command::Open { key } => {
+            if let Some(note) = &endpoint.note {
+                eprintln!("{note}");
+            }
+            open::run(&endpoint.master, key.as_deref())
+        }
         Command::Dev(_) | Command::Tls(_) | Command::Completions { .. } => Ok(false),
     }
 }

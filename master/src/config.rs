@@ -10,6 +10,7 @@ use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
+use crate::etcd_store::EtcdOptions;
 use crate::tls::TlsFiles;
 
 /// Command-line flags of `drover-master`; each overrides the TOML key of the same
@@ -30,6 +31,34 @@ pub struct Args {
     /// Where the store (drover.db), master.addr, admin.token and audit.log live.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where the state is kept: `sqlite` (default: <data_dir>/drover.db, one
+    /// master) or `etcd://host:port,host:port,...` (several masters, one leader).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// The etcd cluster's CA (PEM): turns TLS towards etcd on.
+    #[arg(long, value_name = "FILE.pem")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd, with etcd_key.
+    #[arg(long, value_name = "FILE.pem")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The private key of etcd_cert (PEM).
+    #[arg(long, value_name = "FILE.pem")]
+    pub etcd_key: Option<PathBuf>,
+    /// The etcd cluster's --max-txn-ops (default 128): larger commits are split
+    /// safely through a redo log.
+    #[arg(long, value_name = "N")]
+    pub etcd_max_txn_ops: Option<usize>,
+    /// The etcd cluster's --max-request-bytes (default 1572864).
+    #[arg(long, value_name = "BYTES")]
+    pub etcd_max_request_bytes: Option<usize>,
+    /// TTL of the election lease on etcd: a dead leader is replaced this long
+    /// after its last keep-alive (default 2s, at least 2s: etcd's minimum).
+    #[arg(long, value_name = "DURATION")]
+    pub lease_ttl: Option<String>,
+    /// The URL agents and the CLI reach this master at, told to them by standbys
+    /// (default: http://<listen>, https with TLS).
+    #[arg(long, value_name = "URL")]
+    pub advertise: Option<String>,
     /// Allow listening on a non-loopback address without TLS: bearer tokens then
     /// cross the network in clear text. Logged as a warning at every start.
     #[arg(long)]
@@ -125,6 +154,14 @@ struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
     insecure: Option<bool>,
+    store: Option<String>,
+    etcd_ca: Option<PathBuf>,
+    etcd_cert: Option<PathBuf>,
+    etcd_key: Option<PathBuf>,
+    etcd_max_txn_ops: Option<usize>,
+    etcd_max_request_bytes: Option<usize>,
+    lease_ttl: Option<String>,
+    advertise: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
@@ -162,6 +199,41 @@ pub struct Config {
     /// Serve TLS with these files (None: plain HTTP).
     pub tls: Option<TlsFiles>,
     pub core: CoreConfig,
+    /// Where the state is kept.
+    pub store: StoreChoice,
+    /// Election settings (used on etcd only).
+    pub ha: HaConfig,
+}
+
+/// Where the master keeps its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// `<data_dir>/drover.db`.
+    Sqlite,
+    /// An etcd cluster shared by several masters.
+    Etcd(EtcdOptions),
+}
+
+/// Leader election settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HaConfig {
+    /// TTL of the election lease.
+    pub lease_ttl_ms: u64,
+    /// The URL clients reach this master at.
+    pub advertise: String,
+}
+
+/// The default election lease TTL.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 2_000;
+
+impl HaConfig {
+    /// The defaults for a master listening on `listen`.
+    pub fn for_listen(listen: SocketAddr, tls: bool) -> HaConfig {
+        HaConfig {
+            lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
+            advertise: format!("{}://{listen}", if tls { "https" } else { "http" }),
+        }
+    }
 }
 
 /// A configuration problem, naming the field.
@@ -384,12 +456,83 @@ impl Config {
                 .unwrap_or(d.quarantine_jobs),
         };
         validate(&core)?;
+        let store = match args.store.or(file.store).as_deref() {
+            None | Some("sqlite") => StoreChoice::Sqlite,
+            Some(url) => {
+                let mut options = EtcdOptions::parse(
+                    url,
+                    args.etcd_ca.or(file.etcd_ca),
+                    args.etcd_cert.or(file.etcd_cert),
+                    args.etcd_key.or(file.etcd_key),
+                )
+                .map_err(|e| ConfigError::Field {
+                    field: e.field,
+                    message: if e.field == "store" {
+                        format!("{} (or `sqlite`, the default)", e.message)
+                    } else {
+                        e.message
+                    },
+                })?;
+                if let Some(n) = args.etcd_max_txn_ops.or(file.etcd_max_txn_ops) {
+                    options.max_txn_ops = n;
+                }
+                if let Some(n) = args.etcd_max_request_bytes.or(file.etcd_max_request_bytes) {
+                    options.max_request_bytes = n;
+                }
+                if options.max_txn_ops < 4 {
+                    return Err(ConfigError::Field {
+                        field: "etcd_max_txn_ops",
+                        message: "must be at least 4; give the etcd cluster's --max-txn-ops".into(),
+                    });
+                }
+                if options.max_request_bytes < 256 * 1024 {
+                    return Err(ConfigError::Field {
+                        field: "etcd_max_request_bytes",
+                        message:
+                            "must be at least 262144; give the etcd cluster's --max-request-bytes"
+                                .into(),
+                    });
+                }
+                if listen.port() == 0 {
+                    return Err(ConfigError::Field {
+                        field: "listen",
+                        message: "a master on etcd needs a fixed port (agents and the CLI list the masters' addresses); write e.g. 10.0.0.1:7070".into(),
+                    });
+                }
+                StoreChoice::Etcd(options)
+            }
+        };
+        let mut ha = HaConfig::for_listen(listen, tls.is_some());
+        ha.lease_ttl_ms = duration(
+            "lease_ttl",
+            args.lease_ttl.or(file.lease_ttl),
+            DEFAULT_LEASE_TTL_MS,
+        )?;
+        if ha.lease_ttl_ms < 2_000 {
+            return Err(ConfigError::Field {
+                field: "lease_ttl",
+                message: "must be at least 2s (etcd's shortest lease with its default timing)"
+                    .into(),
+            });
+        }
+        if let Some(url) = args.advertise.or(file.advertise) {
+            let url = url.trim_end_matches('/').to_string();
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Field {
+                    field: "advertise",
+                    message: format!("`{url}` is not a URL; write e.g. https://10.0.0.1:7070"),
+                });
+            }
+            ha.advertise = url;
+        }
         Ok(Config {
             listen,
             data_dir,
             insecure,
             tls,
             core,
+            store,
+            ha,
         })
     }
 }

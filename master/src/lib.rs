@@ -7,8 +7,10 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod etcd_store;
 mod guard;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod ratelimit;
 pub mod runtime;
@@ -17,6 +19,7 @@ pub mod store;
 pub mod systemd;
 pub mod tls;
 pub mod tokens;
+mod ui;
 
 pub use config::{Args, Config, ConfigError};
 pub use runtime::{Master, RunError};

@@ -226,8 +226,15 @@ pub fn now() -> Now {
     }
 }
 
-/// Opens the store in `data_dir`, loads it and starts the writer.
+/// Opens the SQLite store in `data_dir`, loads it and starts the writer.
 pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
+    prepare_data_dir(config)?;
+    let store = SqliteStore::open(&config.data_dir.join(DB_FILE))?;
+    open_store(config, Box::new(store), seed)
+}
+
+/// Creates the data dir (mode 0700) if needed.
+pub fn prepare_data_dir(config: &Config) -> Result<(), RunError> {
     // The store holds every job's `task.env`: the data dir is the master's alone.
     std::fs::create_dir_all(&config.data_dir)
         .and_then(|()| {
@@ -237,8 +244,15 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         .map_err(|source| RunError::DataDir {
             path: config.data_dir.clone(),
             source,
-        })?;
-    let mut store = SqliteStore::open(&config.data_dir.join(DB_FILE))?;
+        })
+}
+
+/// Loads `store` and starts the writer over it.
+pub fn open_store(
+    config: &Config,
+    mut store: Box<dyn Store>,
+    seed: u64,
+) -> Result<Arc<Master>, RunError> {
     let started = std::time::Instant::now();
     let snapshot = store.load()?;
     let (jobs, tasks, agents) = (
@@ -255,7 +269,7 @@ pub fn open(config: &Config, seed: u64) -> Result<Arc<Master>, RunError> {
         "loaded the store"
     );
     // Committed up to the last batch stored (the core goes on from there).
-    let writer = Writer::start(Box::new(store), core.seq());
+    let writer = Writer::start(store, core.seq());
     Ok(Master::new(core, writer))
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::http::Api;
-use crate::runtime::{open, seed, write_addr_file, Master, RunError};
+use crate::runtime::{open, prepare_data_dir, seed, write_addr_file, Master, RunError};
 use crate::store::DB_FILE;
 use crate::tls::PeerCert;
 use crate::tokens::Tokens;
@@ -29,9 +29,20 @@ pub async fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    serve_wrapped(api, listener, tls, shutdown, |router| router).await
+}
+
+/// `serve` with the router wrapped by `wrap` (the leader's gate on etcd).
+pub async fn serve_wrapped(
+    api: Arc<Api>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
+) -> Result<(), RunError> {
     let master = api.master.clone();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let app = crate::http::router(api);
+    let app = wrap(crate::http::router(api));
     let timers = {
         let mut rx = stop_rx.clone();
         tokio::spawn(master.clone().run_timers(async move {
@@ -85,7 +96,7 @@ pub const MAX_HEADERS: usize = 64;
 /// the request it is serving and waits for them all. Each connection is HTTP/1.1
 /// (over TLS when `tls` is set, the client certificate then added to each request
 /// as a `PeerCert`), with a bounded head and a read timeout for its head.
-async fn accept_loop(
+pub(crate) async fn accept_loop(
     listener: TcpListener,
     app: axum::Router,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -193,22 +204,7 @@ async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
         None => None,
     };
     let master = open(config, seed())?;
-    let tokens = Arc::new(Tokens::open(&config.data_dir.join(DB_FILE))?);
-    if let Some(path) = tokens.bootstrap(&config.data_dir, now_ms())? {
-        tracing::warn!(path = %path.display(), "first start: created the bootstrap admin token (mode 0600); use it to create other tokens, then keep it safe");
-    }
-    let audit = Audit::open(&config.data_dir).map_err(|source| RunError::Audit {
-        path: config.data_dir.clone(),
-        source,
-    })?;
-    let api = Arc::new(Api {
-        master,
-        tokens,
-        audit,
-        agent_certs: tls.is_some(),
-        http: reqwest::Client::new(),
-        limiter: Default::default(),
-    });
+    let api = api(config, master, tls.is_some())?;
     let bind_err = |source| RunError::Bind {
         addr: config.listen,
         source,
@@ -219,11 +215,44 @@ async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
     Ok((api, listener, addr, tls))
 }
 
+/// The API over a loaded master: the token registry (with the bootstrap admin
+/// token) and the audit log in the data dir.
+pub(crate) fn api(
+    config: &Config,
+    master: Arc<Master>,
+    agent_certs: bool,
+) -> Result<Arc<Api>, RunError> {
+    let tokens = Arc::new(Tokens::open(&config.data_dir.join(DB_FILE))?);
+    if let Some(path) = tokens.bootstrap(&config.data_dir, now_ms())? {
+        tracing::warn!(path = %path.display(), "first start: created the bootstrap admin token (mode 0600); use it to create other tokens, then keep it safe");
+    }
+    let audit = Audit::open(&config.data_dir).map_err(|source| RunError::Audit {
+        path: config.data_dir.clone(),
+        source,
+    })?;
+    Ok(Arc::new(Api {
+        master,
+        tokens,
+        audit,
+        agent_certs,
+        http: reqwest::Client::new(),
+        limiter: Default::default(),
+    }))
+}
+
 /// Opens the store, binds, writes master.addr and serves until `shutdown`.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    if let crate::config::StoreChoice::Etcd(options) = &config.store {
+        prepare_data_dir(&config)?;
+        write_addr_file(&config.data_dir, config.listen)?;
+        tracing::info!(url = %config.ha.advertise, data_dir = %config.data_dir.display(), "drover-master on etcd: campaigning");
+        crate::systemd::ready("standby on etcd: campaigning for leadership");
+        let options = options.clone();
+        return crate::leader::run(config, options, shutdown).await;
+    }
     let (api, listener, addr, tls) = open_and_bind(&config).await?;
     if !addr.ip().is_loopback() && tls.is_none() {
         tracing::warn!(%addr, "INSECURE: --insecure is set and the API is served over plain HTTP on a non-loopback address; bearer tokens and agent traffic cross the network in clear text");

@@ -53,6 +53,10 @@ pub enum StoreError {
     },
     #[error("the store's schema version is {found}; this master reads version {SCHEMA_VERSION}: use a matching drover-master")]
     Schema { found: i64 },
+    #[error("etcd: cannot {op}: {message}")]
+    Etcd { op: &'static str, message: String },
+    #[error("this master is no longer the leader (its election key changed in etcd): nothing was written")]
+    Fenced,
 }
 
 /// Where the master keeps its state. Implementations commit a batch atomically.

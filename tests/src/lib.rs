@@ -6,6 +6,8 @@
 //! The binaries must be built first: `cargo build --workspace --bins` (CI does).
 //! `DROVER_BIN_DIR` overrides where they are looked for.
 
+pub mod etcd;
+pub mod ha;
 pub mod load;
 pub mod netns;
 

@@ -1,0 +1,848 @@
+//! The etcd store: the same `Store` as SQLite, kept in an etcd cluster under the
+//! key prefix `/drover/` (one key per job, task, agent, config, update, quota and
+//! cron firing, plus `meta/index`), through the etcd-client crate.
+//!
+//! The `Store` trait is synchronous (the group-commit writer is a thread of its own);
+//! etcd's client is async. An [`EtcdConn`] owns a dedicated one-thread tokio runtime
+//! that runs the client, and the store hands each request to it and blocks on a
+//! channel for the answer, so it works from the writer's thread and from inside the
+//! master's own runtime alike.
+//!
+//! A commit is one etcd transaction when it fits etcd's limits (`--max-txn-ops`,
+//! default 128 operations, and `--max-request-bytes`, default 1.5 MiB: both must be
+//! told to the master when the cluster uses others). A larger commit is split
+//! safely with a redo log: its operations are first written as chunks under
+//! `redo/`, then one small transaction writes `redo/commit` (the commit point),
+//! then the operations are applied in transactions that fit and the log is
+//! deleted. A master that loads the store finishes a committed log and drops an
+//! uncommitted one, so a batch is either wholly in the store or not at all.
+//!
+//! Every transaction of a leader is fenced: it succeeds only while the leader's
+//! election key still has the create revision it had when the master was elected
+//! (`leader`), so a master that lost its lease can never write again.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    TlsOptions, Txn, TxnOp,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task, UpdateRecord, Usage};
+use crate::store::{Store, StoreError};
+
+/// The key prefix of everything the master stores in etcd.
+pub const PREFIX: &str = "/drover/";
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's default `--max-request-bytes` (1.5 MiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// Room left in each request for gRPC and protobuf framing.
+const REQUEST_MARGIN: usize = 64 * 1024;
+/// Keys read per range request while loading.
+const PAGE: i64 = 500;
+/// How long a transaction is retried on transport errors (an etcd member down, an
+/// etcd leader change) before the store counts as failed.
+const RETRY_FOR: Duration = Duration::from_secs(5);
+/// The schema version written to `meta/schema_version`.
+const SCHEMA_VERSION: &str = "1";
+
+/// Where the etcd cluster is and how to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Client URLs (`http://h:p`, or `https://h:p` with TLS).
+    pub endpoints: Vec<String>,
+    /// CA (PEM) the members' certificates must chain to; turns TLS on.
+    pub ca: Option<PathBuf>,
+    /// Client certificate and key (PEM) for clusters that require them.
+    pub identity: Option<(PathBuf, PathBuf)>,
+    /// The cluster's `--max-txn-ops`.
+    pub max_txn_ops: usize,
+    /// The cluster's `--max-request-bytes`.
+    pub max_request_bytes: usize,
+}
+
+/// Why an `etcd://` store option is not usable.
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct EtcdOptionError {
+    /// The option at fault.
+    pub field: &'static str,
+    /// What is wrong and what to write.
+    pub message: String,
+}
+
+impl EtcdOptions {
+    /// Parses `etcd://host:port,host:port,...`; `ca` turns TLS on (https endpoints),
+    /// `cert` and `key` come together.
+    pub fn parse(
+        url: &str,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+    ) -> Result<EtcdOptions, EtcdOptionError> {
+        let bad = |message: String| EtcdOptionError {
+            field: "store",
+            message,
+        };
+        let Some(list) = url.strip_prefix("etcd://") else {
+            return Err(bad(format!(
+                "`{url}` is not an etcd store; write etcd://host:port,host:port"
+            )));
+        };
+        let scheme = if ca.is_some() { "https" } else { "http" };
+        let mut endpoints = Vec::new();
+        for member in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let ok = member
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok || member.contains('/') {
+                return Err(bad(format!(
+                    "`{member}` in `{url}` is not host:port; write etcd://10.0.0.1:2379,10.0.0.2:2379"
+                )));
+            }
+            endpoints.push(format!("{scheme}://{member}"));
+        }
+        if endpoints.is_empty() {
+            return Err(bad(format!(
+                "`{url}` names no etcd member; write etcd://host:port,host:port"
+            )));
+        }
+        let identity = match (cert, key) {
+            (None, None) => None,
+            (Some(c), Some(k)) => Some((c, k)),
+            (c, _) => {
+                return Err(EtcdOptionError {
+                    field: if c.is_none() { "etcd_cert" } else { "etcd_key" },
+                    message: "etcd_cert and etcd_key come together; set both or neither"
+                        .to_string(),
+                })
+            }
+        };
+        if identity.is_some() && ca.is_none() {
+            return Err(EtcdOptionError {
+                field: "etcd_ca",
+                message: "a client certificate needs TLS: set etcd_ca to the etcd cluster's CA"
+                    .to_string(),
+            });
+        }
+        Ok(EtcdOptions {
+            endpoints,
+            ca,
+            identity,
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        })
+    }
+}
+
+fn etcd(op: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
+    move |e| StoreError::Etcd {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// A connection to the etcd cluster with the runtime that drives it.
+pub struct EtcdConn {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+    /// The cluster's limits, from the options.
+    pub limits: Limits,
+}
+
+/// How large one etcd transaction may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Operations per transaction.
+    pub max_ops: usize,
+    /// Bytes of keys and values per transaction.
+    pub max_bytes: usize,
+}
+
+impl EtcdConn {
+    /// Connects to the cluster (fails when no member answers within a few seconds).
+    pub fn connect(options: &EtcdOptions) -> Result<Arc<EtcdConn>, StoreError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("drover-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Etcd {
+                op: "start the etcd runtime",
+                message: e.to_string(),
+            })?;
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2));
+        if let Some(ca) = &options.ca {
+            let read = |path: &PathBuf| {
+                std::fs::read(path).map_err(|e| StoreError::Etcd {
+                    op: "read the etcd TLS files",
+                    message: format!("{}: {e}", path.display()),
+                })
+            };
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
+            if let Some((cert, key)) = &options.identity {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            connect = connect.with_tls(tls);
+        }
+        let endpoints = options.endpoints.clone();
+        let client = block(&runtime, async move {
+            let mut client = Client::connect(endpoints, Some(connect)).await?;
+            // Connecting is lazy: ask once so a wrong address fails here.
+            client.status().await?;
+            Ok::<_, etcd_client::Error>(client)
+        })
+        .map_err(etcd("connect to etcd"))?;
+        Ok(Arc::new(EtcdConn {
+            runtime,
+            client,
+            limits: Limits {
+                max_ops: options.max_txn_ops.max(2),
+                max_bytes: options
+                    .max_request_bytes
+                    .saturating_sub(REQUEST_MARGIN)
+                    .max(4096),
+            },
+        }))
+    }
+
+    /// A client handle (cheap to clone) for async code in any runtime.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Runs `fut` on the connection's runtime (where the client's connections live).
+    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.runtime.spawn(fut)
+    }
+
+    /// Runs `fut` on the connection's runtime and waits for it.
+    pub fn block<F>(&self, fut: F) -> F::Output
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        block(&self.runtime, fut)
+    }
+}
+
+/// Spawns `fut` on `runtime` and blocks this thread on its result: usable from
+/// plain threads and from inside another tokio runtime.
+fn block<F>(runtime: &tokio::runtime::Runtime, fut: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    // The spawned task always sends unless the runtime is shutting down, which
+    // only happens when the connection is dropped (not while it is borrowed).
+    rx.recv().unwrap_or_else(|_| std::process::abort())
+}
+
+/// The election key a leader's writes are conditioned on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The leader's election key.
+    pub key: Vec<u8>,
+    /// Its create revision when this master was elected.
+    pub revision: i64,
+}
+
+/// One write to etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum Op {
+    Put { key: String, value: String },
+    Delete { key: String },
+    DeletePrefix { prefix: String },
+}
+
+impl Op {
+    fn size(&self) -> usize {
+        32 + match self {
+            Op::Put { key, value } => key.len() + value.len(),
+            Op::Delete { key } => key.len(),
+            Op::DeletePrefix { prefix } => 2 * prefix.len(),
+        }
+    }
+
+    fn txn_op(&self) -> TxnOp {
+        match self {
+            Op::Put { key, value } => TxnOp::put(key.as_str(), value.as_str(), None),
+            Op::Delete { key } => TxnOp::delete(key.as_str(), None),
+            Op::DeletePrefix { prefix } => {
+                TxnOp::delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))
+            }
+        }
+    }
+
+    fn key(&self) -> &str {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key } => key,
+            Op::DeletePrefix { prefix } => prefix,
+        }
+    }
+}
+
+/// Keeps, of several writes of one key, only the last; drops writes a later prefix
+/// delete covers. What is left conflicts only where a key is written after a prefix
+/// delete that covers it (a job deleted and created again in one batch).
+fn last_writes(ops: Vec<Op>) -> Vec<Op> {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut prefixes: Vec<String> = Vec::new();
+    let mut kept: Vec<Op> = Vec::with_capacity(ops.len());
+    for op in ops.into_iter().rev() {
+        match &op {
+            Op::DeletePrefix { prefix } => {
+                prefixes.push(prefix.clone());
+                kept.push(op);
+            }
+            Op::Put { key, .. } | Op::Delete { key } => {
+                if prefixes.iter().any(|p| key.starts_with(p.as_str())) || !seen.insert(key.clone())
+                {
+                    continue;
+                }
+                kept.push(op);
+            }
+        }
+    }
+    kept.reverse();
+    kept
+}
+
+/// Splits `ops` into consecutive transactions within `limits` where no key is
+/// written after a prefix delete covering it in the same transaction (etcd
+/// refuses those).
+fn groups(ops: &[Op], limits: Limits) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0usize);
+    let mut deleted: Vec<&str> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let covered = !matches!(op, Op::DeletePrefix { .. })
+            && deleted.iter().any(|p| op.key().starts_with(p));
+        let full = i - start >= limits.max_ops || bytes + op.size() > limits.max_bytes;
+        if i > start && (covered || full) {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+            deleted.clear();
+        }
+        bytes += op.size();
+        if let Op::DeletePrefix { prefix } = op {
+            deleted.push(prefix);
+        }
+    }
+    if start < ops.len() {
+        out.push(start..ops.len());
+    }
+    out
+}
+
+/// A task config as stored (the key holds the job and hash only for uniqueness).
+#[derive(Serialize, Deserialize)]
+struct StoredConfig<S> {
+    job: String,
+    hash: String,
+    spec: S,
+}
+
+/// The `Store` in etcd.
+pub struct EtcdStore {
+    conn: Arc<EtcdConn>,
+    prefix: String,
+    fence: Option<Fence>,
+}
+
+impl EtcdStore {
+    /// A store under [`PREFIX`]; with `fence`, every write is conditioned on it.
+    pub fn new(conn: Arc<EtcdConn>, fence: Option<Fence>) -> EtcdStore {
+        EtcdStore::with_prefix(conn, fence, PREFIX)
+    }
+
+    /// A store under another key prefix (tests, several clusters on one etcd).
+    pub fn with_prefix(conn: Arc<EtcdConn>, fence: Option<Fence>, prefix: &str) -> EtcdStore {
+        EtcdStore {
+            conn,
+            prefix: prefix.to_string(),
+            fence,
+        }
+    }
+
+    fn key(&self, table: &str, id: &str) -> String {
+        format!("{}{table}/{id}", self.prefix)
+    }
+
+    fn configs_of(&self, job: &str) -> String {
+        format!("{}configs/{job}\u{0}", self.prefix)
+    }
+
+    fn ops(&self, changes: &[Change]) -> Result<Vec<Op>, StoreError> {
+        fn json<T: Serialize + ?Sized>(
+            what: &'static str,
+            key: &str,
+            v: &T,
+        ) -> Result<String, StoreError> {
+            serde_json::to_string(v).map_err(|source| StoreError::Encode {
+                what,
+                key: key.to_string(),
+                source,
+            })
+        }
+        let mut ops = Vec::with_capacity(changes.len());
+        let put = |key: String, value: String| Op::Put { key, value };
+        for c in changes {
+            match c {
+                Change::PutJob(spec, key, created) => {
+                    let record = JobRecord {
+                        key: key.clone(),
+                        spec: spec.as_ref().clone(),
+                        created_ms: *created,
+                    };
+                    ops.push(put(self.key("jobs", key), json("job", key, &record)?));
+                }
+                Change::DeleteJob(key) => {
+                    ops.push(Op::Delete {
+                        key: self.key("jobs", key),
+                    });
+                    ops.push(Op::Delete {
+                        key: self.key("cron_fired", key),
+                    });
+                    ops.push(Op::Delete {
+                        key: self.key("updates", key),
+                    });
+                    ops.push(Op::DeletePrefix {
+                        prefix: self.configs_of(key),
+                    });
+                }
+                Change::PutTask(t) => ops.push(put(
+                    self.key("tasks", &t.id),
+                    json("task", &t.id, t.as_ref())?,
+                )),
+                Change::DeleteTask(id) => ops.push(Op::Delete {
+                    key: self.key("tasks", id),
+                }),
+                Change::PutAgent(a) => ops.push(put(
+                    self.key("agents", &a.id),
+                    json("agent", &a.id, a.as_ref())?,
+                )),
+                Change::PutQuota(role, Some(q)) => {
+                    ops.push(put(self.key("quotas", role), json("quota", role, q)?))
+                }
+                Change::PutQuota(role, None) => ops.push(Op::Delete {
+                    key: self.key("quotas", role),
+                }),
+                Change::PutCronFired(job, at) => {
+                    ops.push(put(self.key("cron_fired", job), at.to_string()))
+                }
+                Change::Index(index) => ops.push(put(self.key("meta", "index"), index.to_string())),
+                Change::PutConfig { job, hash, spec } => {
+                    let stored = StoredConfig {
+                        job: job.clone(),
+                        hash: hash.clone(),
+                        spec: spec.as_ref(),
+                    };
+                    let key = format!("{}{hash}", self.configs_of(job));
+                    ops.push(put(key, json("config", &format!("{job} {hash}"), &stored)?));
+                }
+                Change::PutUpdate(u) => ops.push(put(
+                    self.key("updates", &u.view.job),
+                    json("update", &u.view.job, u.as_ref())?,
+                )),
+            }
+        }
+        Ok(last_writes(ops))
+    }
+
+    /// One transaction of `ops`, fenced; retried on transport errors.
+    fn txn(&self, ops: &[Op]) -> Result<(), StoreError> {
+        let began = Instant::now();
+        loop {
+            let mut txn = Txn::new();
+            if let Some(f) = &self.fence {
+                txn = txn.when(vec![Compare::create_revision(
+                    f.key.clone(),
+                    CompareOp::Equal,
+                    f.revision,
+                )]);
+            }
+            let txn = txn.and_then(ops.iter().map(Op::txn_op).collect::<Vec<_>>());
+            let mut client = self.conn.client();
+            match self.conn.block(async move { client.txn(txn).await }) {
+                Ok(resp) if resp.succeeded() => return Ok(()),
+                Ok(_) => return Err(StoreError::Fenced),
+                Err(e) if began.elapsed() < RETRY_FOR && retryable(&e) => {
+                    tracing::debug!(error = %e, "etcd transaction failed; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(etcd("commit")(e)),
+            }
+        }
+    }
+
+    /// Applies `ops` in as many transactions as the limits need.
+    fn apply(&self, ops: &[Op]) -> Result<(), StoreError> {
+        for range in groups(ops, self.conn.limits) {
+            self.txn(&ops[range])?;
+        }
+        Ok(())
+    }
+
+    /// Writes `ops` through the redo log (see the module doc).
+    fn commit_through_log(&self, ops: &[Op]) -> Result<(), StoreError> {
+        let redo = self.key("redo", "");
+        // JSON escaping at most doubles a value; keep each chunk within a request.
+        let budget = self.conn.limits.max_bytes / 2 - 64;
+        let mut chunks: Vec<Vec<&Op>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for op in ops {
+            let last = chunks.len() - 1;
+            if !chunks[last].is_empty() && bytes + op.size() > budget {
+                chunks.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += op.size();
+            let last = chunks.len() - 1;
+            chunks[last].push(op);
+        }
+        // A log left by a failed commit of this master is not committed: drop it.
+        self.txn(&[Op::DeletePrefix {
+            prefix: redo.clone(),
+        }])?;
+        for (n, chunk) in chunks.iter().enumerate() {
+            let value = serde_json::to_string(chunk).map_err(|source| StoreError::Encode {
+                what: "redo log",
+                key: n.to_string(),
+                source,
+            })?;
+            self.txn(&[Op::Put {
+                key: format!("{redo}{n:08}"),
+                value,
+            }])?;
+        }
+        self.txn(&[Op::Put {
+            key: format!("{redo}commit"),
+            value: chunks.len().to_string(),
+        }])?;
+        self.apply(ops)?;
+        self.txn(&[Op::DeletePrefix { prefix: redo }])
+    }
+
+    /// Finishes a committed redo log left by a master that stopped while applying
+    /// it, or drops an uncommitted one.
+    fn recover_log(&self) -> Result<(), StoreError> {
+        let redo = self.key("redo", "");
+        let kvs = self.range(&redo, None)?.0;
+        if kvs.is_empty() {
+            return Ok(());
+        }
+        let commit = format!("{redo}commit");
+        if kvs.iter().any(|(k, _)| *k == commit) {
+            let mut ops: Vec<Op> = Vec::new();
+            for (key, value) in kvs.iter().filter(|(k, _)| *k != commit) {
+                let chunk: Vec<Op> =
+                    serde_json::from_str(value).map_err(|source| StoreError::Decode {
+                        what: "redo log",
+                        key: key.clone(),
+                        source,
+                    })?;
+                ops.extend(chunk);
+            }
+            tracing::warn!(
+                ops = ops.len(),
+                "finishing a large commit left half-applied by the previous leader"
+            );
+            self.apply(&ops)?;
+        } else {
+            tracing::warn!("dropping an uncommitted redo log of the previous leader");
+        }
+        self.txn(&[Op::DeletePrefix { prefix: redo }])
+    }
+
+    /// Every key under `prefix` (pages of [`PAGE`] at one revision) as strings,
+    /// and that revision (or `at`).
+    fn range(
+        &self,
+        prefix: &str,
+        at: Option<i64>,
+    ) -> Result<(Vec<(String, String)>, i64), StoreError> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.as_bytes().to_vec();
+        let mut out = Vec::new();
+        let mut revision = at.unwrap_or(0);
+        loop {
+            let mut client = self.conn.client();
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(PAGE)
+                .with_revision(revision);
+            if revision == 0 {
+                options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+            }
+            let key = from.clone();
+            let resp = self
+                .conn
+                .block(async move { client.get(key, Some(options)).await })
+                .map_err(etcd("load"))?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            for kv in resp.kvs() {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let value =
+                    String::from_utf8(kv.value().to_vec()).map_err(|_| StoreError::Etcd {
+                        op: "load",
+                        message: format!("the value of {key} is not UTF-8"),
+                    })?;
+                out.push((key, value));
+            }
+            match (resp.more(), resp.kvs().last()) {
+                (true, Some(last)) => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok((out, revision)),
+            }
+        }
+    }
+
+    fn check_schema(&self) -> Result<(), StoreError> {
+        let key = self.key("meta", "schema_version");
+        let found = self.range(&key, None)?.0;
+        match found.into_iter().find(|(k, _)| *k == key) {
+            None => self.txn(&[Op::Put {
+                key,
+                value: SCHEMA_VERSION.to_string(),
+            }]),
+            Some((_, v)) if v == SCHEMA_VERSION => Ok(()),
+            Some((_, v)) => Err(StoreError::Schema {
+                found: v.parse().unwrap_or(-1),
+            }),
+        }
+    }
+}
+
+/// Whether a failed request may succeed when sent again (transport trouble, an
+/// etcd leader change) rather than being refused for good.
+fn retryable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// The end of the key range of every key starting with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    key: &str,
+    value: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(value).map_err(|source| StoreError::Decode {
+        what,
+        key: key.to_string(),
+        source,
+    })
+}
+
+impl Store for EtcdStore {
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        self.recover_log()?;
+        self.check_schema()?;
+        let mut snap = Snapshot::default();
+        let (kvs, _) = self.range(&self.prefix, None)?;
+        for (key, value) in kvs {
+            let Some((table, id)) = key[self.prefix.len()..].split_once('/') else {
+                continue;
+            };
+            match table {
+                "jobs" => snap.jobs.push(decode::<JobRecord>("job", id, &value)?),
+                "tasks" => snap.tasks.push(decode::<Task>("task", id, &value)?),
+                "agents" => snap
+                    .agents
+                    .push(decode::<AgentRecord>("agent", id, &value)?),
+                "quotas" => snap
+                    .quotas
+                    .push((id.to_string(), decode::<Usage>("quota", id, &value)?)),
+                "cron_fired" => snap
+                    .cron_fired
+                    .push((id.to_string(), decode::<u64>("cron firing", id, &value)?)),
+                "updates" => snap
+                    .updates
+                    .push(decode::<UpdateRecord>("update", id, &value)?),
+                "configs" => {
+                    let c: StoredConfig<_> = decode("config", id, &value)?;
+                    snap.configs.push((c.job, c.hash, c.spec));
+                }
+                "meta" if id == "index" => snap.index = decode::<u64>("index", id, &value)?,
+                _ => {}
+            }
+        }
+        Ok(snap)
+    }
+
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        let ops = self.ops(changes)?;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if groups(&ops, self.conn.limits).len() == 1 {
+            self.txn(&ops)
+        } else {
+            self.commit_through_log(&ops)
+        }
+    }
+}
+
+/// Every stored row as changes: what `migrate` commits into the other store.
+pub fn snapshot_changes(snap: Snapshot) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for j in snap.jobs {
+        changes.push(Change::PutJob(Arc::new(j.spec), j.key, j.created_ms));
+    }
+    for (job, hash, spec) in snap.configs {
+        changes.push(Change::PutConfig {
+            job,
+            hash,
+            spec: Arc::new(spec),
+        });
+    }
+    for u in snap.updates {
+        changes.push(Change::PutUpdate(Arc::new(u)));
+    }
+    for t in snap.tasks {
+        changes.push(Change::PutTask(Box::new(t)));
+    }
+    for a in snap.agents {
+        changes.push(Change::PutAgent(Box::new(a)));
+    }
+    for (role, q) in snap.quotas {
+        changes.push(Change::PutQuota(role, Some(q)));
+    }
+    for (job, at) in snap.cron_fired {
+        changes.push(Change::PutCronFired(job, at));
+    }
+    changes.push(Change::Index(snap.index));
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(k: &str) -> Op {
+        Op::Put {
+            key: k.into(),
+            value: "v".into(),
+        }
+    }
+
+    #[test]
+    fn only_the_last_write_of_a_key_is_kept_and_a_later_prefix_delete_drops_earlier_puts() {
+        let ops = vec![
+            put("/t/a"),
+            put("/c/j\u{0}h1"),
+            Op::Delete { key: "/t/a".into() },
+            Op::DeletePrefix {
+                prefix: "/c/j\u{0}".into(),
+            },
+            put("/c/j\u{0}h2"),
+            put("/t/b"),
+            put("/t/b"),
+        ];
+        assert_eq!(
+            last_writes(ops),
+            vec![
+                Op::Delete { key: "/t/a".into() },
+                Op::DeletePrefix {
+                    prefix: "/c/j\u{0}".into()
+                },
+                put("/c/j\u{0}h2"),
+                put("/t/b"),
+            ]
+        );
+    }
+
+    #[test]
+    fn transactions_are_cut_at_the_limits_and_where_a_put_follows_a_prefix_delete() {
+        let limits = Limits {
+            max_ops: 3,
+            max_bytes: 1 << 20,
+        };
+        let ops: Vec<Op> = (0..7).map(|i| put(&format!("/t/{i}"))).collect();
+        assert_eq!(groups(&ops, limits), vec![0..3, 3..6, 6..7]);
+        let ops = vec![
+            put("/t/a"),
+            Op::DeletePrefix {
+                prefix: "/c/j\u{0}".into(),
+            },
+            put("/c/j\u{0}h"),
+        ];
+        assert_eq!(groups(&ops, limits), vec![0..2, 2..3]);
+        let small = Limits {
+            max_ops: 100,
+            max_bytes: 2 * put("/t/0").size(),
+        };
+        let ops: Vec<Op> = (0..5).map(|i| put(&format!("/t/{i}"))).collect();
+        assert_eq!(groups(&ops, small), vec![0..2, 2..4, 4..5]);
+        assert!(groups(&[], limits).is_empty());
+    }
+
+    #[test]
+    fn a_store_url_lists_members_and_tls_needs_a_ca() {
+        let o = EtcdOptions::parse("etcd://10.0.0.1:2379, 10.0.0.2:2379", None, None, None)
+            .expect("valid");
+        assert_eq!(
+            o.endpoints,
+            vec!["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        let o = EtcdOptions::parse("etcd://h:1", Some("ca.pem".into()), None, None).expect("tls");
+        assert_eq!(o.endpoints, vec!["https://h:1"]);
+        for bad in [
+            "etcd://",
+            "http://h:1",
+            "etcd://h",
+            "etcd://h:x",
+            "etcd://h:1/p",
+        ] {
+            let e = EtcdOptions::parse(bad, None, None, None).expect_err(bad);
+            assert_eq!(e.field, "store", "{bad}");
+        }
+        let e = EtcdOptions::parse("etcd://h:1", None, Some("c".into()), None).expect_err("key");
+        assert_eq!(e.field, "etcd_key");
+        let e = EtcdOptions::parse("etcd://h:1", None, Some("c".into()), Some("k".into()))
+            .expect_err("ca");
+        assert_eq!(e.field, "etcd_ca");
+        assert_eq!(prefix_end("/drover/"), b"/drover0".to_vec());
+    }
+}

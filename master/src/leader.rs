@@ -1,0 +1,390 @@
+//! Several masters on one etcd store: leader election with a lease, and the
+//! master's life around it.
+//!
+//! Each master holds an etcd lease (TTL `lease_ttl`, kept alive every third of
+//! it) and campaigns on the election `/drover-election/` with its advertised URL
+//! as value. Until it is elected it is a standby: it answers `/health` (saying who
+//! leads) and everything else with 503 `not_leader` and the leader's URL in the
+//! `X-Drover-Leader` header, so agents and the CLI go there. Once elected it loads
+//! the store and serves as a single master does, every store transaction fenced on
+//! its election key (`etcd_store::Fence`). It stops serving at once when its lease
+//! may have expired: a request is served only while the last keep-alive answered
+//! was sent less than three quarters of the TTL ago (a paused master that wakes
+//! up refuses everything before it notices anything else), and when the lease is
+//! lost or a fenced write fails it stops, drops its in-memory state and campaigns
+//! again as a standby.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use drover_common::state::mono_ms;
+use etcd_client::{Client, LeaderKey, ResignOptions};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::etcd_store::{EtcdConn, EtcdOptions, EtcdStore, Fence};
+use crate::http::ApiErr;
+use crate::runtime::{open_store, seed, RunError};
+use crate::store::StoreError;
+
+/// The election's name (its keys are `/drover-election/<lease id>`).
+pub const ELECTION: &str = "/drover-election/";
+/// The response header naming the leader's URL on a standby's refusals.
+pub const LEADER_HEADER: &str = "x-drover-leader";
+
+/// What this master knows about the election.
+pub struct Leadership {
+    url: String,
+    ttl_ms: u64,
+    leading: AtomicBool,
+    /// Monotonic ms until which the lease is surely alive (0: not known alive).
+    valid_until: AtomicU64,
+    leader: Mutex<Option<String>>,
+}
+
+impl Leadership {
+    /// This master, reachable at `url`, with leases of `ttl_ms`.
+    pub fn new(url: String, ttl_ms: u64) -> Leadership {
+        Leadership {
+            url,
+            ttl_ms,
+            leading: AtomicBool::new(false),
+            valid_until: AtomicU64::new(0),
+            leader: Mutex::new(None),
+        }
+    }
+
+    /// Whether this master leads and its lease is surely alive now.
+    pub fn may_serve(&self) -> bool {
+        self.leading.load(Ordering::Acquire) && mono_ms() < self.valid_until.load(Ordering::Acquire)
+    }
+
+    /// The leader's URL as last seen (this master's own while it leads).
+    pub fn leader(&self) -> Option<String> {
+        if self.leading.load(Ordering::Acquire) {
+            return Some(self.url.clone());
+        }
+        self.leader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_leader(&self, url: Option<String>) {
+        *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = url;
+    }
+
+    /// A keep-alive sent at `sent` (monotonic ms) was answered: the lease lives
+    /// at least until `sent + ttl` at etcd; serve until three quarters of that.
+    fn renewed(&self, sent: u64) {
+        self.valid_until
+            .fetch_max(sent + self.ttl_ms * 3 / 4, Ordering::AcqRel);
+    }
+
+    /// The `/health` answer of a master on etcd.
+    pub fn health(&self) -> serde_json::Value {
+        serde_json::json!({
+            "status": "ok",
+            "store": "etcd",
+            "leader": self.may_serve(),
+            "url": self.url,
+            "leader_url": self.leader(),
+        })
+    }
+
+    /// The refusal of a master that does not lead (503 `not_leader`, with the
+    /// leader's URL in `X-Drover-Leader` when known).
+    pub fn refusal(&self) -> Response {
+        let leader = self.leader().filter(|l| *l != self.url);
+        let message = match &leader {
+            Some(l) => format!(
+                "this master does not lead; the leader is {l}: send writes and agent traffic there"
+            ),
+            None => "this master does not lead and no leader is elected yet; retry in a moment"
+                .to_string(),
+        };
+        let mut resp = ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", message, None)
+            .into_response();
+        if let Some(value) = leader.and_then(|l| HeaderValue::from_str(&l).ok()) {
+            resp.headers_mut().insert(LEADER_HEADER, value);
+        }
+        resp
+    }
+}
+
+/// Serves `/health` from the election and refuses every other request unless
+/// this master may serve (the layer around a leader's router; a standby's router
+/// is this layer around nothing).
+async fn gate(
+    axum::extract::State(lead): axum::extract::State<Arc<Leadership>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if request.uri().path() == "/health" {
+        return axum::Json(lead.health()).into_response();
+    }
+    if !lead.may_serve() {
+        return lead.refusal();
+    }
+    next.run(request).await
+}
+
+fn gated(router: Router, lead: &Arc<Leadership>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(lead.clone(), gate))
+}
+
+/// Keeps `lease` alive every third of the TTL until it is lost (expired at etcd,
+/// or not renewed before it may have expired); then returns.
+async fn keep_alive(mut client: Client, lease: i64, lead: Arc<Leadership>) {
+    let period = Duration::from_millis((lead.ttl_ms / 3).max(100));
+    let mut stream = None;
+    loop {
+        if stream.is_none() {
+            stream = client.lease_keep_alive(lease).await.ok();
+        }
+        let sent = mono_ms();
+        let mut ok = false;
+        if let Some((keeper, answers)) = stream.as_mut() {
+            let round = async {
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match tokio::time::timeout(period, round).await {
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => ok = true,
+                Ok(Ok(Some(_))) => {
+                    tracing::warn!(lease, "the election lease expired at etcd");
+                    return;
+                }
+                _ => stream = None,
+            }
+        }
+        if ok {
+            lead.renewed(sent);
+        } else if mono_ms() >= lead.valid_until.load(Ordering::Acquire) {
+            tracing::warn!(lease, "cannot renew the election lease in time");
+            return;
+        }
+        let spent = Duration::from_millis(mono_ms().saturating_sub(sent));
+        tokio::time::sleep(period.saturating_sub(spent)).await;
+    }
+}
+
+/// Follows who leads (for `/health` and the standby's redirects) until dropped.
+async fn follow_leader(mut client: Client, lead: Arc<Leadership>) {
+    loop {
+        let url = match client.leader(ELECTION).await {
+            Ok(resp) => resp
+                .kv()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            Err(_) => None,
+        };
+        lead.set_leader(url);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Serves `app` on a fresh listener until `stop` turns true.
+async fn bind(config: &Config) -> Result<TcpListener, RunError> {
+    let bind_err = |source| RunError::Bind {
+        addr: config.listen,
+        source,
+    };
+    // The old listener of this process may still be closing: retry a moment.
+    let mut tries = 0;
+    loop {
+        match TcpListener::bind(config.listen).await {
+            Ok(l) => return Ok(l),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                tracing::debug!(error = %e, "cannot bind yet; retrying");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(bind_err(e)),
+        }
+    }
+}
+
+/// How one term of this master ended.
+enum Term {
+    Shutdown,
+    SteppedDown,
+}
+
+/// Runs a master on the etcd store until `shutdown`: standby, leader when
+/// elected, standby again when the lease is lost.
+pub async fn run(
+    config: Config,
+    options: EtcdOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let tls = match &config.tls {
+        Some(files) => Some(crate::tls::server_config(files)?),
+        None => None,
+    };
+    let conn = {
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || EtcdConn::connect(&options))
+            .await
+            .map_err(|e| StoreError::Etcd {
+                op: "connect",
+                message: e.to_string(),
+            })??
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let lead = Arc::new(Leadership::new(
+        config.ha.advertise.clone(),
+        config.ha.lease_ttl_ms,
+    ));
+    let follower = conn.spawn(follow_leader(conn.client(), lead.clone()));
+    let result = loop {
+        match term(&config, &conn, &lead, tls.clone(), stop_rx.clone()).await {
+            Ok(Term::Shutdown) => break Ok(()),
+            Ok(Term::SteppedDown) => {
+                tracing::warn!("stepped down: this master is a standby again");
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    follower.abort();
+    result
+}
+
+/// One term: a lease, standby until elected (or shut down), then leader until
+/// the lease is lost (or shut down).
+async fn term(
+    config: &Config,
+    conn: &Arc<EtcdConn>,
+    lead: &Arc<Leadership>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Term, RunError> {
+    let ttl_s = config.ha.lease_ttl_ms.div_ceil(1000) as i64;
+    let mut client = conn.client();
+    // The standby answers while the lease is granted and the campaign runs.
+    let (standby_tx, standby_rx) = watch::channel(false);
+    let standby = {
+        let app = gated(Router::new(), lead);
+        let listener = bind(config).await?;
+        tokio::spawn(crate::server::accept_loop(
+            listener,
+            app,
+            tls.clone(),
+            standby_rx,
+        ))
+    };
+    tracing::info!(url = %lead.url, "standby: campaigning for leadership");
+    let lease = loop {
+        let granted = async { client.lease_grant(ttl_s, None).await };
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => {
+                let _ = standby_tx.send(true);
+                let _ = standby.await;
+                return Ok(Term::Shutdown);
+            }
+            r = granted => match r {
+                Ok(r) => break r.id(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot get an election lease; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    };
+    lead.renewed(mono_ms());
+    let kept = conn.spawn(keep_alive(conn.client(), lease, lead.clone()));
+    let campaign = {
+        let (mut c, url) = (conn.client(), lead.url.clone());
+        conn.spawn(async move { c.campaign(ELECTION, url, lease).await })
+    };
+    let (mut kept, mut campaign) = (kept, campaign);
+    let elected: Option<LeaderKey> = tokio::select! {
+        _ = stop.wait_for(|s| *s) => None,
+        _ = &mut kept => None,
+        r = &mut campaign => match r {
+            Ok(Ok(mut resp)) => resp.take_leader(),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "campaign failed");
+                None
+            }
+            Err(_) => None,
+        },
+    };
+    let _ = standby_tx.send(true);
+    let _ = standby.await;
+    let Some(key) = elected else {
+        campaign.abort();
+        kept.abort();
+        let _ = client.lease_revoke(lease).await;
+        return Ok(if *stop.borrow() {
+            Term::Shutdown
+        } else {
+            Term::SteppedDown
+        });
+    };
+    let fence = Fence {
+        key: key.key().to_vec(),
+        revision: key.rev(),
+    };
+    tracing::info!(url = %lead.url, revision = fence.revision, "elected leader: loading the store");
+    let store = EtcdStore::new(conn.clone(), Some(fence));
+    let opened = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || open_store(&config, Box::new(store), seed()))
+            .await
+            .map_err(|e| StoreError::Etcd {
+                op: "load",
+                message: e.to_string(),
+            })?
+    };
+    let master = match opened {
+        Ok(m) => m,
+        Err(RunError::Store(StoreError::Fenced)) => {
+            kept.abort();
+            let _ = client.lease_revoke(lease).await;
+            return Ok(Term::SteppedDown);
+        }
+        Err(e) => return Err(e),
+    };
+    lead.leading.store(true, Ordering::Release);
+    let api = crate::server::api(config, master, tls.is_some())?;
+    let listener = bind(config).await?;
+    let keeper = kept.abort_handle();
+    let shutdown = {
+        let mut stop = stop.clone();
+        async move {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => {}
+                _ = kept => tracing::warn!("lost the election lease: stepping down"),
+            }
+        }
+    };
+    let lead2 = lead.clone();
+    tracing::info!(url = %lead.url, "leading");
+    let served =
+        crate::server::serve_wrapped(api, listener, tls, shutdown, move |r| gated(r, &lead2)).await;
+    keeper.abort();
+    lead.leading.store(false, Ordering::Release);
+    lead.valid_until.store(0, Ordering::Release);
+    // Give leadership up at once so a standby need not wait for the lease.
+    let _ = client
+        .resign(Some(ResignOptions::new().with_leader(key)))
+        .await;
+    let _ = client.lease_revoke(lease).await;
+    if *stop.borrow() {
+        return served.map(|()| Term::Shutdown);
+    }
+    match served {
+        Ok(()) | Err(RunError::StoreFailed) => Ok(Term::SteppedDown),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,402 @@
+//! Several masters on a real etcd cluster, for the HA tests: a 3-member etcd
+//! (`etcd::EtcdCluster`), `n` drover-masters with `--store etcd://...` on fixed
+//! loopback ports and one agent given every master's URL. The token registry is
+//! per master (see docs/operations.md): the first master is started alone to
+//! create the admin token and an agent token bound to the agent's id, then its
+//! registry is copied to the others.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+
+use crate::etcd::{free_ports, EtcdCluster};
+use crate::{bin, AdminApi, Proc, TEST_MASTER_CONFIG, WAIT};
+
+/// The agent's id.
+pub const AGENT_ID: &str = "ha-agent-0";
+
+/// The etcd cluster, the masters and the agent.
+pub struct HaCluster {
+    /// The etcd members.
+    pub etcd: EtcdCluster,
+    masters: Vec<Option<Proc>>,
+    /// Each master's URL (`http://127.0.0.1:PORT`).
+    pub urls: Vec<String>,
+    agent: Option<Proc>,
+    /// The bootstrap admin token (the same on every master).
+    pub token: String,
+    dir: tempfile::TempDir,
+}
+
+impl HaCluster {
+    /// Starts etcd (3 members), `masters` masters and one agent; waits until one
+    /// master leads and the agent registered.
+    pub fn start(masters: usize) -> anyhow::Result<HaCluster> {
+        let dir = tempfile::Builder::new().prefix("drover-ha-").tempdir()?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        for sub in ["logs", "sandbox"] {
+            std::fs::create_dir_all(dir.path().join(sub))?;
+            std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
+        }
+        std::fs::write(dir.path().join("master.toml"), TEST_MASTER_CONFIG)?;
+        let etcd = EtcdCluster::start(dir.path(), 3)?;
+        let ports = free_ports(masters)?;
+        let urls = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect();
+        let mut cluster = HaCluster {
+            etcd,
+            masters: (0..masters).map(|_| None).collect(),
+            urls,
+            agent: None,
+            token: String::new(),
+            dir,
+        };
+        // The first master alone: it leads, creates the tokens, and stops.
+        cluster.start_master(0)?;
+        cluster.wait_leader(WAIT)?;
+        let mut api = AdminApi::new()?;
+        api.url = cluster.urls[0].clone();
+        api.use_admin_token(&cluster.master_dir(0))?;
+        cluster.token = api.token.clone().unwrap_or_default();
+        // Bound to its agent id from the start: a binding made at registration
+        // would be known to the registering master only.
+        let agent_dir = cluster.dir.path().join("agent");
+        std::fs::create_dir_all(&agent_dir)?;
+        std::fs::write(agent_dir.join("agent-id"), format!("{AGENT_ID}\n"))?;
+        let token = api.create_token(&json!({"kind": "agent", "agent_id": AGENT_ID}))?;
+        drover::credentials::write_token_file(&agent_dir.join("agent.token"), &token)?;
+        if let Some(mut m) = cluster.masters[0].take() {
+            m.stop(Duration::from_secs(10));
+        }
+        for k in 1..masters {
+            let to = cluster.master_dir(k);
+            std::fs::create_dir_all(&to)?;
+            for entry in std::fs::read_dir(cluster.master_dir(0))? {
+                let entry = entry?;
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("drover.db") || name == "admin.token" {
+                    std::fs::copy(entry.path(), to.join(&*name))?;
+                }
+            }
+        }
+        for k in 0..masters {
+            cluster.start_master(k)?;
+        }
+        cluster.wait_leader(WAIT)?;
+        cluster.start_agent()?;
+        cluster.wait_for("the agent to register", WAIT, |c| {
+            let agents: Vec<Value> = c.get("/v1/agents").ok()?;
+            agents
+                .iter()
+                .any(|a| a["reachable"] == json!(true))
+                .then_some(())
+        })?;
+        Ok(cluster)
+    }
+
+    /// The cluster's directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn master_dir(&self, k: usize) -> PathBuf {
+        self.dir.path().join(format!("master-{k}"))
+    }
+
+    /// Starts master `k` (again).
+    pub fn start_master(&mut self, k: usize) -> anyhow::Result<()> {
+        let listen = self.urls[k].trim_start_matches("http://").to_string();
+        let mut command = Command::new(bin("drover-master")?);
+        command
+            .arg("--config")
+            .arg(self.dir.path().join("master.toml"))
+            .arg("--store")
+            .arg(self.etcd.store_url())
+            .arg("--listen")
+            .arg(&listen)
+            .arg("--data-dir")
+            .arg(self.master_dir(k))
+            .env("RUST_LOG", "info,drover_master::leader=debug");
+        let log = self.dir.path().join(format!("logs/master-{k}.log"));
+        self.masters[k] = Some(Proc::spawn(&format!("master {k}"), command, &log)?);
+        Ok(())
+    }
+
+    fn start_agent(&mut self) -> anyhow::Result<()> {
+        let mut command = Command::new(bin("drover-agent")?);
+        command
+            .arg("--master")
+            .arg(self.urls.join(","))
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(self.dir.path().join("agent"))
+            .arg("--sandbox-root")
+            .arg(self.dir.path().join("sandbox"))
+            .arg("--executor")
+            .arg(bin("drover-executor")?)
+            .arg("--cpu")
+            .arg("64")
+            .arg("--ram")
+            .arg("64GiB")
+            .arg("--disk")
+            .arg("64GiB")
+            .arg("--hostname")
+            .arg("agent-0")
+            // "executor started" (debug) counts the launches.
+            .env("RUST_LOG", "info,drover_agent::runtime::watching=debug");
+        let log = self.dir.path().join("logs/agent.log");
+        self.agent = Some(Proc::spawn("agent", command, &log)?);
+        Ok(())
+    }
+
+    /// The `/health` answer of master `k` (None: no answer).
+    pub fn health(&self, k: usize) -> Option<Value> {
+        reqwest::blocking::Client::new()
+            .get(format!("{}/health", self.urls[k]))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .ok()?
+            .json()
+            .ok()
+    }
+
+    /// The master that says it leads, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.urls.len()).find(|&k| {
+            self.health(k)
+                .is_some_and(|h| h["leader"] == Value::Bool(true))
+        })
+    }
+
+    /// Waits until a master leads; returns it.
+    pub fn wait_leader(&self, timeout: Duration) -> anyhow::Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(k) = self.leader() {
+                return Ok(k);
+            }
+            if Instant::now() > deadline {
+                bail!("no master leads after {timeout:?}\n{}", self.diagnostics());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// An admin client of master `k`.
+    pub fn api(&self, k: usize) -> anyhow::Result<AdminApi> {
+        let mut api = AdminApi::new()?;
+        api.url = self.urls[k].clone();
+        api.token = Some(self.token.clone());
+        Ok(api)
+    }
+
+    /// GET `path` from the leader (found again for each call).
+    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let k = self.leader().context("no leader")?;
+        self.api(k)?.get(path)
+    }
+
+    /// Polls `check` every 100 ms until Some or `timeout`.
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&HaCluster) -> Option<T>,
+    ) -> anyhow::Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(v) = check(self) {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}\n{}", self.diagnostics());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The pid of master `k`, if it runs.
+    pub fn master_pid(&self, k: usize) -> Option<u32> {
+        self.masters[k].as_ref().map(Proc::pid)
+    }
+
+    /// SIGKILLs master `k`.
+    pub fn kill_master(&mut self, k: usize) {
+        if let Some(mut m) = self.masters[k].take() {
+            m.kill();
+        }
+    }
+
+    /// Sends `signal` to master `k` (SIGSTOP, SIGCONT).
+    pub fn signal_master(&self, k: usize, signal: Signal) {
+        if let Some(pid) = self.master_pid(k) {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
+    /// The agent's log.
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("logs/agent.log")).unwrap_or_default()
+    }
+
+    /// Master `k`'s log.
+    pub fn master_log(&self, k: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("logs/master-{k}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Every log's tail, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let mut out = String::new();
+        for k in 0..self.urls.len() {
+            let path = self.dir.path().join(format!("logs/master-{k}.log"));
+            out.push_str(&format!(
+                "--- master {k} ({}):\n{}\n",
+                self.urls[k],
+                crate::log_tail(&path)
+            ));
+        }
+        out.push_str(&format!(
+            "--- agent:\n{}\n",
+            crate::log_tail(&self.dir.path().join("logs/agent.log"))
+        ));
+        out.push_str(&self.etcd.logs());
+        out
+    }
+
+    /// Stops every master and the agent (SIGKILL) and every etcd member.
+    pub fn kill_everything(&mut self) {
+        for k in 0..self.masters.len() {
+            self.kill_master(k);
+        }
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+        for k in 0..3 {
+            self.etcd.kill(k);
+        }
+    }
+
+    /// Starts every etcd member, every master and the agent again.
+    pub fn start_everything(&mut self) -> anyhow::Result<()> {
+        for k in 0..3 {
+            self.etcd.restart(k)?;
+        }
+        self.etcd.wait_ready()?;
+        for k in 0..self.masters.len() {
+            self.start_master(k)?;
+        }
+        self.wait_leader(WAIT)?;
+        self.start_agent()
+    }
+}
+
+/// Submits jobs to whichever master leads, moving on when one cannot be reached
+/// or refuses as a standby: what the CLI and agents do with a list of masters.
+pub struct Submitter {
+    urls: Vec<String>,
+    token: String,
+    http: reqwest::blocking::Client,
+    current: usize,
+}
+
+/// What became of one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Acknowledged (2xx).
+    Ok(Value),
+    /// Refused with this status (the master answered; nothing was done).
+    Refused(u16, String),
+    /// No answer (connection lost): it may or may not have happened.
+    Unknown,
+}
+
+impl Submitter {
+    /// A client of every master of `cluster`.
+    pub fn new(cluster: &HaCluster) -> anyhow::Result<Submitter> {
+        Ok(Submitter {
+            urls: cluster.urls.clone(),
+            token: cluster.token.clone(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .connect_timeout(Duration::from_secs(1))
+                .build()?,
+            current: 0,
+        })
+    }
+
+    /// One attempt at `method path` on the current master; moves on after a
+    /// refusal by a standby or no answer.
+    pub fn once(&mut self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Outcome {
+        let url = format!("{}{path}", self.urls[self.current]);
+        let mut request = self.http.request(method, url).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        match request.send() {
+            Ok(r) if r.status().is_success() => Outcome::Ok(r.json().unwrap_or(Value::Null)),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let leader = r
+                    .headers()
+                    .get("x-drover-leader")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let text = r.text().unwrap_or_default();
+                if status == 503 {
+                    self.current = leader
+                        .and_then(|l| self.urls.iter().position(|u| *u == l))
+                        .unwrap_or((self.current + 1) % self.urls.len());
+                }
+                Outcome::Refused(status, text)
+            }
+            Err(e) => {
+                if e.is_connect() {
+                    self.current = (self.current + 1) % self.urls.len();
+                    // Nothing was sent: certainly not done.
+                    return Outcome::Refused(0, e.to_string());
+                }
+                self.current = (self.current + 1) % self.urls.len();
+                Outcome::Unknown
+            }
+        }
+    }
+
+    /// Retries `once` until acknowledged or answered with a client error, for
+    /// up to `timeout`; the last outcome.
+    pub fn until_done(
+        &mut self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Outcome {
+        let deadline = Instant::now() + timeout;
+        let mut unknown = false;
+        loop {
+            let outcome = self.once(method.clone(), path, body);
+            match &outcome {
+                Outcome::Ok(_) => return outcome,
+                Outcome::Refused(s, _) if (400..500).contains(s) => {
+                    return if unknown { Outcome::Unknown } else { outcome };
+                }
+                Outcome::Unknown => unknown = true,
+                Outcome::Refused(..) => {}
+            }
+            if Instant::now() > deadline {
+                return if unknown { Outcome::Unknown } else { outcome };
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -371,7 +371,7 @@ pub enum HostCommand {
         timeout: Duration,
         /// Change nothing: predict, per host and job, whether the drain stays within
         /// each job's policy and how long it takes.
-        #[arg(long, conflicts_with_all = ["wait", "deadline"])]
+        #[arg(long, conflicts_with_all = ["wait", "deadline", "start_at"])]
         dry_run: bool,
     },
     /// End maintenance (or a quarantine): hosts take new tasks again.

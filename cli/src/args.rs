@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::render::StartAt;
+
 /// The default master address: what `drover dev` listens on unless told otherwise.
 /// The CLI says on stderr when it falls back to it (see [`master_or_default`]).
 pub const DEFAULT_MASTER: &str = "http://127.0.0.1:7070";
@@ -353,9 +355,14 @@ pub enum HostCommand {
     Drain {
         #[arg(required = true)]
         hosts: Vec<String>,
-        /// Force what is left this long after the request, e.g. 30m.
+        /// Force what is left this long after the drain starts, e.g. 30m.
         #[arg(long, value_parser = parse_duration)]
         deadline: Option<Duration>,
+        /// Cordon now (SCHEDULED) and start the drain at TIME: UTC
+        /// `2026-11-25T02:00:00Z` (or `2026-11-25 02:00`), or `+DURATION` from now
+        /// (e.g. +2h).
+        #[arg(long, value_name = "TIME", value_parser = crate::render::parse_start_at)]
+        start_at: Option<StartAt>,
         /// Wait until every host is DRAINED, showing progress per host.
         #[arg(long)]
         wait: bool,
@@ -364,7 +371,7 @@ pub enum HostCommand {
         timeout: Duration,
         /// Change nothing: predict, per host and job, whether the drain stays within
         /// each job's policy and how long it takes.
-        #[arg(long, conflicts_with_all = ["wait", "deadline"])]
+        #[arg(long, conflicts_with_all = ["wait", "deadline", "start_at"])]
         dry_run: bool,
     },
     /// End maintenance (or a quarantine): hosts take new tasks again.

@@ -455,6 +455,7 @@ impl Client {
         let request = HostsRequest {
             hosts,
             deadline_ms: None,
+            start_at_ms: None,
             dry_run: true,
         };
         self.post("/v1/hosts/drain", &request).await

@@ -44,7 +44,11 @@ impl<'a> Changes<'a> {
                 .changes(self.index, self.job, wait.min(MAX_WAIT))
                 .await?;
             self.index = answer.index;
-            if !answer.tasks.is_empty() || !answer.agents.is_empty() || answer.reset {
+            if !answer.tasks.is_empty()
+                || !answer.agents.is_empty()
+                || !answer.updates.is_empty()
+                || answer.reset
+            {
                 return Ok(true);
             }
             if Instant::now() >= deadline {

@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use drover_common::spec::is_valid_name;
+use drover_common::state::{now_ms, UnixMillis};
 use drover_common::wire::{HostProbe, HostView, HostsRequest, MaintenanceMode};
 
 use crate::args::HostCommand;
 use crate::client::Client;
+use crate::render::timestamp;
 use crate::table::Table;
 use crate::Endpoint;
 
@@ -40,14 +42,15 @@ pub async fn run(master: &Endpoint, command: HostCommand) -> anyhow::Result<bool
             }
         }
         HostCommand::Cordon { hosts } => {
-            maintain(&client, "cordon", hosts, None).await?;
+            maintain(&client, "cordon", hosts, None, None).await?;
         }
         HostCommand::Activate { hosts } => {
-            maintain(&client, "activate", hosts, None).await?;
+            maintain(&client, "activate", hosts, None, None).await?;
         }
         HostCommand::Drain {
             hosts,
             deadline,
+            start_at,
             wait,
             timeout,
             dry_run,
@@ -59,7 +62,8 @@ pub async fn run(master: &Endpoint, command: HostCommand) -> anyhow::Result<bool
                 return Ok(probe.iter().all(|h| h.within_policy));
             }
             let deadline_ms = deadline.map(|d| d.as_millis() as u64);
-            let views = maintain(&client, "drain", hosts, deadline_ms).await?;
+            let start_at_ms = start_at.map(|s| s.unix_ms(now_ms()));
+            let views = maintain(&client, "drain", hosts, deadline_ms, start_at_ms).await?;
             if wait {
                 let names: Vec<String> = views.into_iter().map(|v| v.agent_id).collect();
                 return wait_drained(&client, &names, timeout).await;
@@ -90,6 +94,7 @@ async fn maintain(
     op: &str,
     hosts: Vec<String>,
     deadline_ms: Option<u64>,
+    start_at_ms: Option<UnixMillis>,
 ) -> anyhow::Result<Vec<HostView>> {
     check_names(&hosts)?;
     let views = client
@@ -98,6 +103,7 @@ async fn maintain(
             &HostsRequest {
                 hosts,
                 deadline_ms,
+                start_at_ms,
                 dry_run: false,
             },
         )
@@ -246,8 +252,11 @@ pub fn host_status(h: &HostView) -> String {
         if h.reachable { "yes" } else { "NO" },
         h.tasks_left,
     );
+    if let Some(at) = h.drain_at_ms {
+        out.push_str(&format!("  drain starts: {} UTC\n", timestamp(at)));
+    }
     if let Some(d) = h.deadline_ms {
-        out.push_str(&format!("  deadline: {d} (unix ms)\n"));
+        out.push_str(&format!("  deadline: {} UTC\n", timestamp(d)));
     }
     for b in &h.blocked {
         out.push_str(&format!("  blocked: {b}\n"));
@@ -255,7 +264,11 @@ pub fn host_status(h: &HostView) -> String {
     if !h.events.is_empty() {
         out.push_str("  events:\n");
         for e in &h.events {
-            out.push_str(&format!("    {} {}\n", e.timestamp_ms, e.message));
+            out.push_str(&format!(
+                "    {} {}\n",
+                timestamp(e.timestamp_ms),
+                e.message
+            ));
         }
     }
     out
@@ -274,6 +287,7 @@ mod tests {
             reason: Some("maintenance".into()),
             since_ms: 5,
             deadline_ms: None,
+            drain_at_ms: None,
             tasks_left: left,
             blocked: blocked.iter().map(|s| s.to_string()).collect(),
             events: Vec::new(),

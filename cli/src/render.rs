@@ -437,6 +437,87 @@ pub fn time_of_day(ms: UnixMillis) -> String {
     timestamp(ms)[11..].to_string()
 }
 
+/// A `--start-at` time: absolute, or relative to when the command runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    At(UnixMillis),
+    In(std::time::Duration),
+}
+
+impl StartAt {
+    /// The wall clock time it names, `now` being the current one.
+    pub fn unix_ms(self, now: UnixMillis) -> UnixMillis {
+        match self {
+            StartAt::At(ms) => ms,
+            StartAt::In(d) => now.saturating_add(d.as_millis() as u64),
+        }
+    }
+}
+
+/// Parses `--start-at`: `+DURATION` (e.g. `+2h`) or a UTC time
+/// `YYYY-MM-DDTHH:MM[:SS]Z`, also written `YYYY-MM-DD HH:MM[:SS]`.
+pub fn parse_start_at(text: &str) -> Result<StartAt, String> {
+    let bad = || {
+        format!(
+            "--start-at {text:?}: give a UTC time like 2026-11-25T02:00:00Z or \
+             \"2026-11-25 02:00\", or +DURATION from now like +2h"
+        )
+    };
+    if let Some(rel) = text.strip_prefix('+') {
+        return rel
+            .parse::<drover_common::units::Duration>()
+            .map(|d| StartAt::In(d.get()))
+            .map_err(|e| format!("--start-at {text:?}: {e}"));
+    }
+    let t = text.trim_end_matches('Z');
+    let (date, time) = t.split_once(['T', ' ']).ok_or_else(bad)?;
+    let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
+    let d: Vec<&str> = date.split('-').collect();
+    let h: Vec<&str> = time.split(':').collect();
+    let ([y, mo, da], [hh, mi, rest @ ..]) = (d.as_slice(), h.as_slice()) else {
+        return Err(bad());
+    };
+    let ss = match rest {
+        [] => 0,
+        [s] => num(s)?,
+        _ => return Err(bad()),
+    };
+    let (y, mo, da, hh, mi) = (num(y)?, num(mo)?, num(da)?, num(hh)?, num(mi)?);
+    if !(1970..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || da == 0
+        || da > days_in_month(y, mo)
+        || hh > 23
+        || mi > 59
+        || ss > 59
+    {
+        return Err(bad());
+    }
+    let days = days_from_civil(i64::from(y), mo, da);
+    let secs = days as u64 * 86_400 + u64::from(hh * 3600 + mi * 60 + ss);
+    Ok(StartAt::At(secs * 1000))
+}
+
+fn days_in_month(y: u32, m: u32) -> u32 {
+    match m {
+        2 if (y.is_multiple_of(4) && !y.is_multiple_of(100)) || y.is_multiple_of(400) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Howard Hinnant's (year, month, day) to days since the epoch.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = i64::from((m + 9) % 12);
+    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Howard Hinnant's days-since-epoch to (year, month, day).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -454,6 +535,28 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_at_takes_utc_times_and_offsets_from_now() {
+        let at = parse_start_at("2026-11-25T02:00:00Z").unwrap();
+        assert_eq!(timestamp(at.unix_ms(0)), "2026-11-25 02:00:00.000");
+        assert_eq!(parse_start_at("2026-11-25 02:00").unwrap(), at);
+        assert_eq!(
+            parse_start_at("2024-02-29 23:59:59").unwrap().unix_ms(0) / 1000 % 86_400,
+            86_399
+        );
+        assert_eq!(parse_start_at("+2h").unwrap().unix_ms(1_000), 7_201_000);
+        for bad in [
+            "tomorrow",
+            "2026-13-01 00:00",
+            "2026-02-30 00:00",
+            "2026-11-25",
+            "+2x",
+        ] {
+            let e = parse_start_at(bad).unwrap_err();
+            assert!(e.contains("--start-at"), "{bad}: {e}");
+        }
+    }
     use drover_common::state::{EventSource, ExitReason, TaskEvent};
     use drover_common::DesiredState;
 

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail};
 use drover_common::configs::{config_hash, field_diff, format_ranges, plan_update, UpdatePlan};
@@ -19,9 +19,6 @@ use crate::client::Client;
 use crate::specfile;
 use crate::table::Table;
 use crate::target::parse_job_target;
-
-/// How often `--wait` polls.
-const POLL: Duration = Duration::from_millis(250);
 
 fn load(file: &Path) -> anyhow::Result<Option<JobSpec>> {
     match specfile::load(file) {
@@ -175,23 +172,35 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
     }
     let started = Instant::now();
     let mut shown_events = 0;
+    let mut shown_waiting = None;
+    // Started before the first read: a change committed in between wakes `next`.
+    let mut changes = crate::follow::Changes::start(client, Some(&key)).await?;
     loop {
         let view = client.update(&key).await?;
+        let elapsed = started.elapsed().as_secs_f64();
         for e in view.events.iter().skip(shown_events) {
             println!(
-                "  {:>6.1}s  {}  {}  [{}]",
-                started.elapsed().as_secs_f64(),
+                "  {elapsed:>6.1}s  {}  {}  [{}]",
                 view.state,
                 e.message,
                 progress(&view)
             );
         }
         shown_events = shown_events.max(view.events.len());
+        if view.waiting.is_some() && view.waiting != shown_waiting {
+            println!(
+                "  {elapsed:>6.1}s  {}  waiting: {}",
+                view.state,
+                view.waiting.as_deref().unwrap_or_default()
+            );
+        }
+        shown_waiting = view.waiting.clone();
         if view.state.is_terminal() {
             println!("update {} of {key}: {}", view.id, view.state);
             return Ok(view.state == UpdateState::RolledForward);
         }
-        if started.elapsed() > args.timeout {
+        let left = args.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() || !changes.next(left).await? {
             bail!(
                 "update {} of {key} is still {} after {}s; `drover job update status {key}` \
                  follows it, --timeout waits longer",
@@ -200,15 +209,19 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
                 args.timeout.as_secs()
             );
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 
-/// `3/9 updated, 3 updating, 0 failed`.
+/// `batch 2/3: 3/9 updated, 3 updating, 0 failed`.
 pub fn progress(view: &UpdateView) -> String {
     let count = |s: InstanceUpdateState| view.instances.iter().filter(|p| p.state == s).count();
     let total = view.instances.len();
-    let mut out = format!(
+    let mut out = String::new();
+    if view.batches > 0 {
+        let _ = write!(out, "batch {}/{}: ", view.batch, view.batches);
+    }
+    let _ = write!(
+        out,
         "{}/{total} updated, {} updating, {} failed",
         count(InstanceUpdateState::Updated),
         count(InstanceUpdateState::Updating),

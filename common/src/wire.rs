@@ -465,6 +465,10 @@ pub struct ChangesView {
     pub jobs: Vec<JobSummary>,
     /// Agents written after the index (tokens that may read everything only).
     pub agents: Vec<AgentView>,
+    /// Job updates (rolling updates) written after the index, as
+    /// GET .../update shows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub updates: Vec<UpdateView>,
 }
 
 /// GET /v1/agents
@@ -539,9 +543,15 @@ impl std::fmt::Display for MaintenanceMode {
 pub struct HostsRequest {
     /// Agent ids or host names; each must name exactly one agent.
     pub hosts: Vec<String>,
-    /// Drain only: force what is left this many milliseconds after the request.
+    /// Drain only: force what is left this many milliseconds after the drain
+    /// starts (the request, or `start_at_ms`).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Drain only: start the drain at this wall clock time (Unix milliseconds);
+    /// until then the host is SCHEDULED (cordoned). A time not in the future
+    /// drains at once.
+    #[serde(default)]
+    pub start_at_ms: Option<UnixMillis>,
     /// Drain only: change nothing, answer what the drain would do ([`HostProbe`]s).
     #[serde(default)]
     pub dry_run: bool,
@@ -617,6 +627,9 @@ pub struct HostView {
     /// When a drain forces what is left.
     #[serde(default)]
     pub deadline_ms: Option<UnixMillis>,
+    /// While SCHEDULED with a drain start time: when the drain starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_at_ms: Option<UnixMillis>,
     /// Non-terminal tasks still on the host.
     pub tasks_left: u32,
     /// While DRAINING: why tasks are not moved yet, one line per job that blocks.
@@ -778,6 +791,16 @@ pub struct UpdateView {
     pub instances: Vec<InstanceProgress>,
     /// Oldest first.
     pub events: Vec<UpdateEvent>,
+    /// Batches started so far in the current direction (forward or rolling back)
+    /// and how many it takes in all at the batch size (a batch a drain shrinks
+    /// adds one).
+    #[serde(default)]
+    pub batch: u32,
+    #[serde(default)]
+    pub batches: u32,
+    /// While it runs: what it waits for now (the batch in flight, a drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// What a kill or restart touched.

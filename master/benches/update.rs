@@ -172,6 +172,14 @@ fn main() {
         }
     }
     let worst = batch_decisions.iter().max().unwrap();
+    let each: Vec<String> = batch_decisions
+        .iter()
+        .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
+        .collect();
+    println!(
+        "each batch decision (ms, the first is the start request): {}",
+        each.join(" ")
+    );
     println!(
         "update of {INSTANCES} instances in batches of {BATCH}: {} batch decisions, \
          slowest {:.2} ms, mean {:.2} ms; slowest status report event {:.2} ms; \

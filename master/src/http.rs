@@ -1316,6 +1316,7 @@ async fn hosts_request(body: Body, drain: bool) -> Result<HostsRequest, ApiErr> 
     })?;
     for (set, field) in [
         (req.deadline_ms.is_some(), "deadline_ms"),
+        (req.start_at_ms.is_some(), "start_at_ms"),
         (req.dry_run, "dry_run"),
     ] {
         if set && !drain {
@@ -1362,14 +1363,28 @@ async fn cordon_hosts(State(api): State<Shared>, body: Body) -> Result<Response,
 )]
 async fn drain_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, true).await?;
+    if req.dry_run && req.start_at_ms.is_some() {
+        return Err(ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "dry_run predicts a drain starting now; remove start_at_ms".to_string(),
+            Some("start_at_ms"),
+        ));
+    }
     if req.dry_run {
         let probe = api
             .master
             .read(|c| c.drain_probe(&req.hosts, crate::runtime::now()))?;
         return Ok(json(StatusCode::OK, &probe));
     }
-    let op = MaintenanceOp::Drain {
-        deadline_ms: req.deadline_ms,
+    let op = match req.start_at_ms {
+        Some(at_ms) => MaintenanceOp::DrainAt {
+            at_ms,
+            deadline_ms: req.deadline_ms,
+        },
+        None => MaintenanceOp::Drain {
+            deadline_ms: req.deadline_ms,
+        },
     };
     maintain(&api.master, op, req.hosts).await
 }
@@ -1979,7 +1994,7 @@ async fn changes(
         let from = if reset { 0 } else { after };
         let mut view = m.read(|c| c.changes_since(from, committed, &filter));
         view.reset = reset;
-        let empty = view.tasks.is_empty() && view.agents.is_empty();
+        let empty = view.tasks.is_empty() && view.agents.is_empty() && view.updates.is_empty();
         if !empty || reset || tokio::time::Instant::now() >= deadline {
             crate::metrics::METRICS.change_polls.inc();
             return Ok(json(StatusCode::OK, &view));

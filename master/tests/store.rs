@@ -78,6 +78,8 @@ fn agent() -> AgentRecord {
             reason: Some("maintenance".to_string()),
             since_ms: 50,
             deadline_ms: Some(60_050),
+            drain_at_ms: Some(40),
+            drain_deadline_ms: Some(60_000),
             events: [HostEvent {
                 timestamp_ms: 50,
                 message: "drain requested".to_string(),

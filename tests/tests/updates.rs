@@ -339,3 +339,66 @@ fn twenty_instances_in_batches_of_five_take_the_watch_times_plus_at_most_6s() {
         "took {took:?}: more than 6 s over the 4 s of watch times"
     );
 }
+
+/// A drain and an update of the same job at once: the update's batches count the
+/// instances the drain has down and the drain counts the batch in flight, so at no
+/// poll are more than `batch_size` (2) of the 6 instances down; both finish.
+#[test]
+fn a_drain_during_an_update_never_takes_more_than_a_batch_down_with_it() {
+    let Some(mut c) = start("both", 6, 2) else {
+        return;
+    };
+    let on = hosts_of(&c.job(&key("both")).unwrap());
+    let busiest = on
+        .iter()
+        .max_by_key(|a| on.iter().filter(|b| b == a).count())
+        .unwrap()
+        .clone();
+    let (status, body) = c
+        .post("/v1/hosts/drain", &json!({"hosts": [busiest]}))
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post_update(&c, "both", &spec("both", 6, "true; ", 2), None);
+    assert_eq!(status, 201, "{body}");
+    let mut most_down = 0;
+    let u = wait_update(&mut c, "both", |job| {
+        let down = job.instances.len() - running_instances(job);
+        most_down = most_down.max(down);
+        assert!(down <= 2, "{down} of 6 instances down: {job:#?}");
+    });
+    assert_eq!(u.state, UpdateState::RolledForward, "{u:#?}");
+    assert!(u.instances.iter().all(|p| p.failures == 0), "{u:#?}");
+    assert!(
+        most_down > 0,
+        "the update and the drain took instances down"
+    );
+    let started = Instant::now();
+    loop {
+        let h: Value = c.get(&format!("/v1/hosts/{busiest}")).unwrap();
+        if h["mode"] == "DRAINED" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the drain did not finish: {h}\n{}",
+            c.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let job = c.wait_for_all(&key("both"), TaskState::Running).unwrap();
+    assert!(job
+        .instances
+        .iter()
+        .all(|i| i.config == Some(u.to_config.clone())));
+    assert!(
+        !hosts_of(&job).contains(&busiest),
+        "nothing left on the drained host"
+    );
+}
+
+fn hosts_of(view: &JobView) -> Vec<String> {
+    view.instances
+        .iter()
+        .filter_map(|i| i.current.as_ref()?.agent_id.clone())
+        .collect()
+}

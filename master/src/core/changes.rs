@@ -80,12 +80,25 @@ impl Core {
         } else {
             Vec::new()
         };
+        let updates = self
+            .updates
+            .values()
+            .filter(|u| fresh(u.rev))
+            .filter(|u| filter.job.as_ref().is_none_or(|key| *key == u.view.job))
+            .filter(|u| {
+                self.jobs
+                    .get(&u.view.job)
+                    .is_some_and(|j| role_ok(&j.spec.role))
+            })
+            .map(|u| u.view.clone())
+            .collect();
         ChangesView {
             index: upto,
             reset: false,
             tasks,
             jobs,
             agents,
+            updates,
         }
     }
 }

@@ -318,7 +318,7 @@ impl Core {
                 None => {
                     let id = self.next_task_id(&name, instance);
                     let task = new_task(&id, key, instance, 0, now.wall, TaskState::Pending, why);
-                    self.tasks.insert(id.clone(), task);
+                    self.tasks.insert(id.clone(), Box::new(task));
                     self.queue.push_back(id.clone());
                     self.mark(&id);
                     if let Some(slot) = self

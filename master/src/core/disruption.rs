@@ -7,7 +7,7 @@ use drover_common::spec::SlaPolicy;
 use drover_common::state::{MonoMillis, TaskState};
 
 use super::model::Job;
-use super::Task;
+use super::{Core, Task};
 
 /// The policy of a job that declares none: one instance at a time.
 const DEFAULT_MAX_DISRUPTED: u32 = 1;
@@ -37,6 +37,26 @@ impl Budget {
         task: impl Fn(&str) -> Option<&'a Task>,
         now: MonoMillis,
     ) -> Budget {
+        let states = job.slots.iter().map(|slot| {
+            let t = slot.current.as_deref().and_then(&task)?;
+            Some((t.status.state, t.running_mono))
+        });
+        Budget::of_states(job, states, now)
+    }
+
+    /// The budget of `job` at `now` from its slots' `seen` states (synced by
+    /// [`Core::sync_slots`]): no task lookups, so a drain round over many jobs is
+    /// cheap.
+    pub(super) fn of_slots(job: &Job, now: MonoMillis) -> Budget {
+        Budget::of_states(job, job.slots.iter().map(|s| s.seen), now)
+    }
+
+    /// The budget from each slot's current task (state, RUNNING since).
+    fn of_states(
+        job: &Job,
+        states: impl Iterator<Item = Option<(TaskState, Option<MonoMillis>)>>,
+        now: MonoMillis,
+    ) -> Budget {
         let instances = job.slots.len() as u32;
         let (min_healthy, max_disrupted, min_time_ms) = match &job.spec.sla_policy {
             None => (None, Some(DEFAULT_MAX_DISRUPTED), 0),
@@ -52,13 +72,10 @@ impl Budget {
             min_time_ms,
             next_healthy_at: None,
         };
-        for slot in &job.slots {
-            let Some(t) = slot.current.as_deref().and_then(&task) else {
-                continue;
-            };
-            match t.status.state {
+        for (state, running_mono) in states.flatten() {
+            match state {
                 TaskState::Running => {
-                    let since = t.running_mono.unwrap_or(0);
+                    let since = running_mono.unwrap_or(0);
                     let at = since.saturating_add(min_time_ms);
                     if at <= now {
                         b.healthy += 1;
@@ -138,6 +155,52 @@ impl Budget {
     pub(super) fn take(&mut self, healthy: bool) {
         self.healthy -= u32::from(healthy && self.healthy > 0);
         self.disrupted += 1;
+    }
+}
+
+impl Core {
+    /// Copies the state of each task changed in this event that is its slot's
+    /// current task into the slot (`Slot::seen`). Every change of a task marks it
+    /// dirty (it must be stored), so the dirty set is a complete list of what
+    /// changed; run before a drain round reads the slots and when an event ends.
+    pub(super) fn sync_slots(&mut self) {
+        for id in &self.dirty_tasks {
+            let Some(t) = self.tasks.get(id) else {
+                continue;
+            };
+            let Some(slot) = self
+                .jobs
+                .get_mut(&t.job)
+                .and_then(|j| j.slots.get_mut(t.instance as usize))
+            else {
+                continue;
+            };
+            if slot.current.as_deref() == Some(id.as_str()) {
+                slot.seen = Some((t.status.state, t.running_mono));
+            }
+        }
+    }
+
+    /// Slots whose `seen` state differs from their current task's (tests check
+    /// after every event that there are none).
+    #[cfg(test)]
+    pub(super) fn slot_drift(&self) -> Option<String> {
+        for (key, job) in &self.jobs {
+            for (i, slot) in job.slots.iter().enumerate() {
+                let actual = slot
+                    .current
+                    .as_ref()
+                    .and_then(|id| self.tasks.get(id))
+                    .map(|t| (t.status.state, t.running_mono));
+                if actual != slot.seen {
+                    return Some(format!(
+                        "{key} instance {i}: seen {:?}, is {actual:?}",
+                        slot.seen
+                    ));
+                }
+            }
+        }
+        None
     }
 }
 

@@ -69,7 +69,7 @@ impl Core {
             );
             task.config = job.config.clone();
             job.slots[instance as usize].current = Some(id.clone());
-            self.tasks.insert(id.clone(), task);
+            self.tasks.insert(id.clone(), Box::new(task));
             self.queue.push_back(id.clone());
             self.mark(&id);
             ids.push(id);

@@ -141,7 +141,7 @@ impl Core {
         task.flaps = flaps;
         task.throttle_until = penalty.map(|p| now.wall + p);
         task.config = config;
-        self.tasks.insert(id.clone(), task);
+        self.tasks.insert(id.clone(), Box::new(task));
         self.mark(&id);
         match penalty {
             Some(p) => self.push_timer(now.mono + p, Timer::Throttle { task: id.clone() }),

@@ -42,6 +42,13 @@ pub struct HostMaintenance {
     /// the time left at load; the core forces on the monotonic clock).
     #[serde(default)]
     pub deadline_ms: Option<UnixMillis>,
+    /// While SCHEDULED by `drain --start-at`: when the drain starts (wall clock,
+    /// stored; the core starts it on the monotonic clock, re-derived at load).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_at_ms: Option<UnixMillis>,
+    /// With `drain_at_ms`: the drain's deadline, counted from its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_ms: Option<u64>,
     /// The latest maintenance events, oldest first.
     #[serde(default)]
     pub events: VecDeque<HostEvent>,
@@ -70,6 +77,13 @@ pub enum MaintenanceOp {
     Cordon,
     /// -> DRAINING; `deadline_ms` after the request, what is left is forced.
     Drain { deadline_ms: Option<u64> },
+    /// -> SCHEDULED now, DRAINING at wall clock time `at_ms` (Aurora's maintenance
+    /// schedule: cordoned at once, drained when the window opens); `deadline_ms`
+    /// counts from the drain's start. A time not in the future drains at once.
+    DrainAt {
+        at_ms: UnixMillis,
+        deadline_ms: Option<u64>,
+    },
     /// -> NONE.
     Activate,
 }
@@ -79,6 +93,7 @@ impl MaintenanceOp {
         match self {
             MaintenanceOp::Cordon => "cordon",
             MaintenanceOp::Drain { .. } => "drain",
+            MaintenanceOp::DrainAt { .. } => "drain --start-at",
             MaintenanceOp::Activate => "activate",
         }
     }
@@ -92,6 +107,8 @@ pub(super) struct Drains {
     draining: BTreeSet<u32>,
     /// Per draining agent with a deadline: when what is left is forced.
     deadlines: HashMap<u32, MonoMillis>,
+    /// Per SCHEDULED agent with a drain start time: when its drain starts.
+    starts: BTreeMap<u32, MonoMillis>,
     /// Per draining agent, why tasks wait, one line per job.
     blocked: HashMap<u32, Vec<String>>,
     /// The earliest drain timer armed and not yet fired.
@@ -110,6 +127,12 @@ impl Drains {
         let mut drains = Drains::default();
         for (i, a) in agents.iter().enumerate() {
             let m = &a.rec.maintenance;
+            if let (MaintenanceMode::Scheduled, Some(at)) = (m.mode, m.drain_at_ms) {
+                // Like a deadline: what was left of the wait by the wall clock, at
+                // most the whole wait the operator asked for.
+                let whole = at.saturating_sub(m.since_ms);
+                drains.starts.insert(i as u32, now.mono_of(at, whole));
+            }
             if m.mode != MaintenanceMode::Draining {
                 continue;
             }
@@ -124,9 +147,13 @@ impl Drains {
         drains
     }
 
-    /// The monotonic deadlines armed at load, for their timers.
+    /// The monotonic deadlines and drain starts armed at load, for their timers.
     pub(super) fn deadlines(&self) -> Vec<MonoMillis> {
-        self.deadlines.values().copied().collect()
+        self.deadlines
+            .values()
+            .chain(self.starts.values())
+            .copied()
+            .collect()
     }
 
     /// A drain timer fired.
@@ -171,6 +198,10 @@ impl HostMaintenance {
         }
         if mode != MaintenanceMode::Draining {
             self.deadline_ms = None;
+        }
+        if mode != MaintenanceMode::Scheduled {
+            self.drain_at_ms = None;
+            self.drain_deadline_ms = None;
         }
         self.event(now, message);
     }
@@ -243,6 +274,11 @@ impl Core {
                 MaintenanceOp::Cordon => {
                     matches!(mode, MaintenanceMode::Draining | MaintenanceMode::Drained)
                 }
+                // A drain start time for a host draining already would be ignored.
+                MaintenanceOp::DrainAt { at_ms, .. } => {
+                    at_ms > now.wall
+                        && matches!(mode, MaintenanceMode::Draining | MaintenanceMode::Drained)
+                }
                 MaintenanceOp::Drain { .. } | MaintenanceOp::Activate => false,
             };
             if conflict {
@@ -273,6 +309,7 @@ impl Core {
                             if m.reason.is_none() {
                                 m.reason = Some("maintenance".to_string());
                             }
+                            self.drains.starts.remove(&idx);
                             m.set(MaintenanceMode::Draining, now, message);
                             m.deadline_ms = deadline.map(|d| now.wall_of(d));
                             self.drains.draining.insert(idx);
@@ -289,9 +326,34 @@ impl Core {
                         _ => false,
                     }
                 }
+                (MaintenanceOp::DrainAt { at_ms, deadline_ms }, mode) => {
+                    let at = now.mono.saturating_add(at_ms.saturating_sub(now.wall));
+                    let message = format!(
+                        "drain scheduled to start in {} ms{}",
+                        at_ms.saturating_sub(now.wall),
+                        deadline_ms
+                            .map(|d| format!(", deadline {d} ms after its start"))
+                            .unwrap_or_default()
+                    );
+                    match mode {
+                        MaintenanceMode::None | MaintenanceMode::Scheduled => {
+                            if m.reason.is_none() {
+                                m.reason = Some("maintenance".to_string());
+                            }
+                            m.set(MaintenanceMode::Scheduled, now, message);
+                            m.drain_at_ms = Some(at_ms);
+                            m.drain_deadline_ms = deadline_ms;
+                            self.drains.starts.insert(idx, at);
+                            self.push_timer(at, Timer::Drain);
+                            true
+                        }
+                        _ => false,
+                    }
+                }
                 (MaintenanceOp::Activate, MaintenanceMode::None) => false,
                 (MaintenanceOp::Activate, _) => {
                     m.set(MaintenanceMode::None, now, "activated".to_string());
+                    self.drains.starts.remove(&idx);
                     self.drains.draining.remove(&idx);
                     self.drains.deadlines.remove(&idx);
                     self.drains.blocked.remove(&idx);
@@ -318,6 +380,7 @@ impl Core {
     /// hosts with nothing left become DRAINED. Runs after every event while any
     /// host drains.
     pub(super) fn drain_round(&mut self, now: Now) {
+        self.start_scheduled_drains(now);
         if self.drains.draining.is_empty() {
             return;
         }
@@ -331,6 +394,7 @@ impl Core {
             }
         }
         self.drains.last_round = Some(now.mono);
+        self.sync_slots();
         let mut budgets: HashMap<String, Budget> = HashMap::new();
         let mut wake: Option<MonoMillis> = None;
         let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
@@ -367,10 +431,9 @@ impl Core {
                     if blocked.contains_key(&job_key) && !forced {
                         continue;
                     }
-                    let tasks = &self.tasks;
                     let budget = budgets
                         .entry(job_key.clone())
-                        .or_insert_with(|| Budget::of(job, |i| tasks.get(i), now.mono));
+                        .or_insert_with(|| Budget::of_slots(job, now.mono));
                     let healthy = budget.is_healthy(t, now.mono);
                     if !forced {
                         if let Err(why) = budget.check(healthy) {
@@ -415,6 +478,40 @@ impl Core {
             if self.drains.arm(at) {
                 self.push_timer(at, Timer::Drain);
             }
+        }
+    }
+
+    /// SCHEDULED hosts whose drain start time came: DRAINING from now, with the
+    /// deadline they were given counted from now.
+    fn start_scheduled_drains(&mut self, now: Now) {
+        let due: Vec<u32> = self
+            .drains
+            .starts
+            .iter()
+            .filter(|(_, &at)| at <= now.mono)
+            .map(|(&idx, _)| idx)
+            .collect();
+        for idx in due {
+            self.drains.starts.remove(&idx);
+            let m = &mut self.agents[idx as usize].rec.maintenance;
+            if m.mode != MaintenanceMode::Scheduled {
+                continue;
+            }
+            let deadline = m.drain_deadline_ms.map(|d| now.mono.saturating_add(d));
+            let message = match m.drain_deadline_ms {
+                Some(d) => format!("scheduled drain started, deadline in {d} ms"),
+                None => "scheduled drain started, no deadline".to_string(),
+            };
+            m.set(MaintenanceMode::Draining, now, message);
+            m.deadline_ms = deadline.map(|d| now.wall_of(d));
+            self.drains.draining.insert(idx);
+            self.drains.set_deadline(idx, deadline);
+            if let Some(at) = deadline {
+                self.push_timer(at, Timer::Drain);
+            }
+            // The round runs in this event.
+            self.drains.last_round = None;
+            self.dirty_agents.insert(idx);
         }
     }
 
@@ -542,6 +639,7 @@ impl Core {
             reason: m.reason.clone(),
             since_ms: m.since_ms,
             deadline_ms: m.deadline_ms,
+            drain_at_ms: m.drain_at_ms,
             tasks_left: a.tasks.len() as u32,
             blocked: self.drains.blocked.get(&idx).cloned().unwrap_or_default(),
             events: m.events.iter().cloned().collect(),

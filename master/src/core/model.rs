@@ -115,6 +115,10 @@ pub(super) struct Slot {
     pub(super) current: Option<String>,
     /// Older tasks, oldest first.
     pub(super) history: VecDeque<String>,
+    /// The current task's state and RUNNING start as of the end of the last
+    /// event (or the start of this event's drain round): the drain's SLA budgets
+    /// read a job's slots without looking each task up (see `Core::sync_slots`).
+    pub(super) seen: Option<(TaskState, Option<MonoMillis>)>,
 }
 
 /// A job's constraints, parsed once.

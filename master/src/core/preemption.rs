@@ -300,9 +300,9 @@ impl Core {
                 vneed.ports = t.ports.len() as u32;
                 let mut sla = None;
                 if vjob.spec.sla_policy.is_some() {
-                    let b = budgets
-                        .entry(t.job.as_str())
-                        .or_insert_with(|| Budget::of(vjob, |i| self.tasks.get(i), now.mono));
+                    let b = budgets.entry(t.job.as_str()).or_insert_with(|| {
+                        Budget::of(vjob, |i| self.tasks.get(i).map(|t| &**t), now.mono)
+                    });
                     let h = b.is_healthy(t, now.mono);
                     if b.check(h).is_err() {
                         continue;

@@ -35,7 +35,7 @@ impl Core {
             let Some(job) = self.jobs.get(key) else {
                 continue;
             };
-            let budget = Budget::of(job, |i| self.tasks.get(i), now.mono);
+            let budget = Budget::of(job, |i| self.tasks.get(i).map(|t| &**t), now.mono);
             let at_once = budget.at_once();
             let (within, reason) = if budget.never() {
                 (false, budget.check(true).err())

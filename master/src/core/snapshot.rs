@@ -174,7 +174,16 @@ impl Core {
                 }
                 _ => {}
             }
-            core.tasks.insert(task.id.clone(), task);
+            core.tasks.insert(task.id.clone(), Box::new(task));
+        }
+        for job in core.jobs.values_mut() {
+            for slot in &mut job.slots {
+                slot.seen = slot
+                    .current
+                    .as_ref()
+                    .and_then(|id| core.tasks.get(id))
+                    .map(|t| (t.status.state, t.running_mono));
+            }
         }
         core.load_updates(snapshot.updates);
         if !core.agents.is_empty() {

@@ -21,7 +21,7 @@ use drover_common::configs::{config_hash, format_ranges, plan_update};
 use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, MonoMillis, TaskState};
 use drover_common::wire::{
-    InstanceProgress, InstanceUpdateState, UpdateEvent, UpdateState, UpdateView,
+    InstanceProgress, InstanceUpdateState, MaintenanceMode, UpdateEvent, UpdateState, UpdateView,
 };
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +55,9 @@ pub struct UpdateRecord {
     /// The state a pause left (resume goes back to it).
     #[serde(default)]
     pub paused_from: Option<UpdateState>,
+    /// The store batch (change index) that last wrote it (see `Task::rev`).
+    #[serde(default)]
+    pub rev: u64,
     /// The watch timer armed last, monotonic (one per deadline, not one per event;
     /// not stored: a restarted master re-arms it from the tasks' re-derived
     /// `running_mono`).
@@ -103,6 +106,31 @@ impl UpdateRecord {
         self.view.state == UpdateState::RollingBack
             || self.paused_from == Some(UpdateState::RollingBack)
     }
+}
+
+/// Whether the next batch started.
+enum Batch {
+    Started,
+    /// Not now, for this reason (a drain has instances down).
+    Held(String),
+    /// Nothing is left to start.
+    Done,
+}
+
+/// Counts a batch just started, `left` instances still to go after it.
+fn count_batch(u: &mut UpdateRecord, left: usize) {
+    let size = u.view.settings.batch_size.max(1) as usize;
+    u.view.batch += 1;
+    u.view.batches = u.view.batch + left.div_ceil(size) as u32;
+}
+
+/// Sets what the update waits for; whether that changed.
+fn set_waiting(u: &mut UpdateRecord, why: Option<String>) -> bool {
+    if u.view.waiting == why {
+        return false;
+    }
+    u.view.waiting = why;
+    true
 }
 
 /// What one instance in flight is doing.
@@ -268,6 +296,9 @@ impl Core {
                 instances_after: plan.instances_after,
                 instances: progress,
                 events: Vec::new(),
+                batch: 0,
+                batches: 0,
+                waiting: None,
             },
             old_config,
             next: 0,
@@ -276,6 +307,7 @@ impl Core {
             in_flight: Vec::new(),
             watched: BTreeMap::new(),
             paused_from: None,
+            rev: 0,
             armed: None,
             poked: true,
         };
@@ -426,23 +458,81 @@ impl Core {
         loop {
             changed |= self.check_in_flight(u, now);
             if u.view.state.is_terminal() {
+                set_waiting(u, None);
                 return true;
             }
-            if !u.in_flight.is_empty() || u.view.state == UpdateState::Paused {
+            if u.view.state == UpdateState::Paused {
+                return changed | set_waiting(u, Some("paused; resume or abort it".to_string()));
+            }
+            if !u.in_flight.is_empty() {
                 return changed;
             }
             // The batch is done: start the next or finish.
-            let started = match u.view.state {
+            let batch = match u.view.state {
                 UpdateState::RollingForward => self.start_forward_batch(u, now),
                 UpdateState::RollingBack => self.start_back_batch(u, now),
-                _ => false,
+                _ => Batch::Done,
             };
-            changed = true;
-            if !started {
-                self.finish_update(u, now);
-                return true;
+            match batch {
+                Batch::Started => changed = true,
+                Batch::Held(why) => return changed | set_waiting(u, Some(why)),
+                Batch::Done => {
+                    self.finish_update(u, now);
+                    set_waiting(u, None);
+                    return true;
+                }
             }
         }
+    }
+
+    /// Instances of `u`'s job outside its batch that a drain has down: the task it
+    /// took was replaced and the replacement is not RUNNING yet. A batch counts
+    /// them, so an update and a drain together never have more than `batch_size`
+    /// instances down (the drain counts the batch in its SLA budget the same way).
+    fn drained_down(&self, u: &UpdateRecord) -> usize {
+        let draining = self.agents.iter().any(|a| {
+            matches!(
+                a.rec.maintenance.mode,
+                MaintenanceMode::Draining | MaintenanceMode::Drained
+            )
+        });
+        let Some(job) = self.jobs.get(&u.view.job).filter(|_| draining) else {
+            return 0;
+        };
+        let in_flight: BTreeSet<u32> = u.in_flight.iter().copied().collect();
+        job.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !in_flight.contains(&(*i as u32)))
+            .filter(|(_, slot)| {
+                let down = slot
+                    .current
+                    .as_ref()
+                    .and_then(|id| self.tasks.get(id))
+                    .is_some_and(|t| {
+                        t.status.state != TaskState::Running && !t.status.state.is_terminal()
+                    });
+                down && slot
+                    .history
+                    .back()
+                    .and_then(|id| self.tasks.get(id))
+                    .is_some_and(|t| t.kill_reason == Some(ExitReason::Drained))
+            })
+            .count()
+    }
+
+    /// How many instances the next batch may take: the batch size less what a
+    /// drain has down, or why none.
+    fn batch_room(&self, u: &UpdateRecord) -> Result<usize, String> {
+        let size = u.view.settings.batch_size.max(1) as usize;
+        let down = self.drained_down(u);
+        if down >= size {
+            return Err(format!(
+                "{down} instance(s) down by a host drain (batch size {size}); the next batch \
+                 starts when their replacements run"
+            ));
+        }
+        Ok(size - down)
     }
 
     /// Looks at each instance in flight; failures may fail the update.
@@ -453,6 +543,7 @@ impl Core {
         let mut wake: Option<MonoMillis> = None;
         let mut left: Vec<u32> = Vec::new();
         let mut failure = false;
+        let (mut watched, mut starting) = (0, 0);
         for instance in u.in_flight.clone() {
             let Some(p) = u.progress(instance) else {
                 continue;
@@ -503,7 +594,10 @@ impl Core {
                 }
                 Check::Waiting(at) => {
                     if let Some(at) = at {
+                        watched += 1;
                         wake = Some(wake.map_or(at, |w: MonoMillis| w.min(at)));
+                    } else {
+                        starting += 1;
                     }
                 }
             }
@@ -511,6 +605,14 @@ impl Core {
         if !left.is_empty() {
             let left: BTreeSet<u32> = left.into_iter().collect();
             u.in_flight.retain(|i| !left.contains(i));
+        }
+        if !u.in_flight.is_empty() && u.view.state != UpdateState::Paused {
+            let why = format!(
+                "batch {}/{}: {watched} instance(s) RUNNING, watched for {}; {starting} \
+                 starting, stopping or waiting for a place",
+                u.view.batch, u.view.batches, settings.watch
+            );
+            changed |= set_waiting(u, Some(why));
         }
         if let Some(at) = wake.filter(|at| u.armed.is_none_or(|a| a <= now.mono || *at < a)) {
             u.armed = Some(at);
@@ -623,14 +725,19 @@ impl Core {
         }
     }
 
-    fn start_forward_batch(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
-        let size = u.view.settings.batch_size.max(1) as usize;
-        let end = (u.next + size).min(u.view.instances.len());
-        if u.next >= end {
-            return false;
+    fn start_forward_batch(&mut self, u: &mut UpdateRecord, now: Now) -> Batch {
+        if u.next >= u.view.instances.len() {
+            return Batch::Done;
         }
+        let room = match self.batch_room(u) {
+            Ok(room) => room,
+            Err(why) => return Batch::Held(why),
+        };
+        let end = (u.next + room).min(u.view.instances.len());
         let batch: Vec<InstanceProgress> = u.view.instances[u.next..end].to_vec();
         u.next = end;
+        let left = u.view.instances.len() - end;
+        count_batch(u, left);
         let list: Vec<u32> = batch.iter().map(|p| p.instance).collect();
         u.event(now, format!("batch: instances {}", join(&list)));
         for p in batch {
@@ -639,17 +746,22 @@ impl Core {
                 q.state = InstanceUpdateState::Updating;
             }
         }
-        true
+        Batch::Started
     }
 
-    fn start_back_batch(&mut self, u: &mut UpdateRecord, now: Now) -> bool {
-        let size = u.view.settings.batch_size.max(1) as usize;
-        let end = (u.back_next + size).min(u.back.len());
-        if u.back_next >= end {
-            return false;
+    fn start_back_batch(&mut self, u: &mut UpdateRecord, now: Now) -> Batch {
+        if u.back_next >= u.back.len() {
+            return Batch::Done;
         }
+        let room = match self.batch_room(u) {
+            Ok(room) => room,
+            Err(why) => return Batch::Held(why),
+        };
+        let end = (u.back_next + room).min(u.back.len());
         let list: Vec<u32> = u.back[u.back_next..end].to_vec();
         u.back_next = end;
+        let left = u.back.len() - end;
+        count_batch(u, left);
         u.event(now, format!("rollback batch: instances {}", join(&list)));
         for instance in list {
             let from = u.progress(instance).and_then(|p| p.from.clone());
@@ -658,7 +770,7 @@ impl Core {
                 q.state = InstanceUpdateState::RollingBack;
             }
         }
-        true
+        Batch::Started
     }
 
     /// Puts one instance on config `to` (None: removes it) and adds it to the batch.
@@ -730,7 +842,7 @@ impl Core {
             j.slots.resize(instance as usize + 1, Slot::default());
         }
         j.slots[instance as usize].current = Some(id.clone());
-        self.tasks.insert(id.clone(), task);
+        self.tasks.insert(id.clone(), Box::new(task));
         self.queue.push_back(id.clone());
         Some(id)
     }
@@ -832,6 +944,8 @@ fn begin_rollback(u: &mut UpdateRecord, now: Now, why: String) {
         .collect();
     u.back = started;
     u.back_next = 0;
+    u.view.batch = 0;
+    u.view.batches = 0;
     u.in_flight.clear();
     u.watched.clear();
     u.view.state = UpdateState::RollingBack;

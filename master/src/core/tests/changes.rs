@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::ChangeFilter;
+use drover_common::wire::UpdateState;
 
 fn all() -> ChangeFilter {
     ChangeFilter {
@@ -86,4 +87,68 @@ fn a_reloaded_core_numbers_its_batches_after_the_last_one_stored() {
     let view = w.core.changes_since(before, w.core.seq(), &all());
     assert!(view.tasks.iter().any(|t| t.job == "www/prod/after"));
     assert!(view.tasks.iter().all(|t| t.job != "www/prod/r"), "{view:?}");
+}
+
+/// An update's record is in the stream whenever it is written, also when nothing
+/// else changes (a pause), so `job update --wait` can follow it.
+#[test]
+fn update_records_written_after_the_index_are_in_the_stream() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    w.register("a2", 8.0, 16, &[]);
+    let t = w.create(spec("c", 2, true, ""));
+    for id in &t {
+        w.run(id);
+    }
+    w.create(spec("other", 1, true, ""));
+    let before = w.core.seq();
+    let mut new = spec("c", 2, true, "");
+    new.task.processes[0].cmdline = "sleep 200".to_string();
+    w.handle(Event::StartUpdate {
+        job: "www/prod/c".to_string(),
+        spec: Box::new(new),
+        instances: None,
+        user: "alice".to_string(),
+    })
+    .reply
+    .unwrap();
+    let started = w.core.seq();
+    let view = w.core.changes_since(before, started, &all());
+    assert_eq!(view.updates.len(), 1);
+    assert_eq!(view.updates[0].job, "www/prod/c");
+    w.handle(Event::UpdateAction {
+        job: "www/prod/c".to_string(),
+        action: UpdateAction::Pause,
+    })
+    .reply
+    .unwrap();
+    let paused = w.core.seq();
+    assert!(paused > started);
+    let view = w.core.changes_since(started, paused, &all());
+    assert!(view.tasks.is_empty(), "a pause changes no task");
+    assert_eq!(view.updates.len(), 1);
+    assert_eq!(view.updates[0].state, UpdateState::Paused);
+    let other = ChangeFilter {
+        job: Some("www/prod/other".to_string()),
+        ..all()
+    };
+    assert!(w
+        .core
+        .changes_since(started, paused, &other)
+        .updates
+        .is_empty());
+    let role = ChangeFilter {
+        roles: Some(vec!["ads".to_string()]),
+        ..all()
+    };
+    assert!(w
+        .core
+        .changes_since(started, paused, &role)
+        .updates
+        .is_empty());
+    assert!(w
+        .core
+        .changes_since(paused, paused, &all())
+        .updates
+        .is_empty());
 }

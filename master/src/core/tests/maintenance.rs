@@ -255,6 +255,126 @@ fn a_drain_deadline_runs_on_the_monotonic_clock_and_survives_restarts_capped() {
     }
 }
 
+/// `drain --start-at`: the host is SCHEDULED (cordoned) at once and DRAINING at
+/// the start time, which runs on the monotonic clock and survives restarts like a
+/// deadline (capped at the whole wait); the deadline counts from the start.
+#[test]
+fn a_drain_with_a_start_time_cordons_now_and_drains_at_the_start() {
+    const HOUR: i64 = 3_600_000;
+    // (wall step while running, wall step while down, restart after, starts by)
+    for (live_step, down_step, restart_at, starts_by) in [
+        (0, 0, None, 10_000),
+        (HOUR, 0, None, 10_000),
+        (-HOUR, 0, None, 10_000),
+        (0, 0, Some(4_000), 10_000),
+        (0, -HOUR, Some(4_000), 14_000),
+        (0, HOUR, Some(4_000), 4_000),
+    ] {
+        let case = format!("live {live_step}, down {down_step}, restart {restart_at:?}");
+        let mut w = world(2);
+        let t = w.create(spec("solo", 1, true, r#","sla_policy":{"min_healthy":1}"#));
+        w.agents_act();
+        let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
+        let start = w.now;
+        let at_ms = w.at().wall + 10_000;
+        w.maint(
+            MaintenanceOp::DrainAt {
+                at_ms,
+                deadline_ms: Some(5_000),
+            },
+            &[&host],
+        )
+        .unwrap();
+        let v = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
+        assert_eq!(v.mode, MaintenanceMode::Scheduled, "{case}");
+        assert_eq!(v.drain_at_ms, Some(at_ms), "{case}");
+        // Cordoned: a new job goes to the other host.
+        let other = w.create(spec("other", 1, true, ""));
+        assert_ne!(
+            w.core.task(&other[0]).unwrap().agent.as_deref(),
+            Some(host.as_str())
+        );
+        w.wall_skew += live_step;
+        if let Some(at) = restart_at {
+            w.pass(at);
+            let snap = w.snapshot();
+            w.wall_skew += down_step;
+            w.core = Core::load(cfg(), snap, w.at(), 9);
+        }
+        while w.now + 300 < start + starts_by {
+            assert_eq!(
+                w.mode(&host),
+                MaintenanceMode::Scheduled,
+                "{case} at {}",
+                w.now - start
+            );
+            w.pass(250);
+        }
+        w.pass(600);
+        assert_eq!(w.mode(&host), MaintenanceMode::Draining, "{case}");
+        let v = &w.core.host_views_named(&hosts(&[&host])).unwrap()[0];
+        assert_eq!(v.drain_at_ms, None, "{case}");
+        assert!(v.deadline_ms.is_some(), "{case}");
+        // min_healthy 1 of 1 blocks it until the deadline, 5 s after the start.
+        assert_eq!(w.state(&t[0]), TaskState::Running, "{case}");
+        w.pass(4_000);
+        assert_eq!(w.state(&t[0]), TaskState::Running, "{case}");
+        w.pass(1_500);
+        assert_eq!(w.state(&t[0]), TaskState::Draining, "{case}");
+    }
+}
+
+#[test]
+fn a_scheduled_drain_is_ended_by_activate_replaced_by_a_drain_now_and_refused_when_draining() {
+    let mut w = world(2);
+    w.create(spec("solo", 1, true, ""));
+    w.agents_act();
+    let at_ms = w.at().wall + 10_000;
+    let later = MaintenanceOp::DrainAt {
+        at_ms,
+        deadline_ms: None,
+    };
+    w.maint(later, &["a1"]).unwrap();
+    w.maint(MaintenanceOp::Activate, &["a1"]).unwrap();
+    w.pass(11_000);
+    assert_eq!(
+        w.mode("a1"),
+        MaintenanceMode::None,
+        "activate cancels the start"
+    );
+    w.maint(later, &["a1"]).unwrap();
+    w.drain(&["a1"], None);
+    let v = &w.core.host_views_named(&hosts(&["a1"])).unwrap()[0];
+    assert_eq!(v.mode, MaintenanceMode::Draining);
+    assert_eq!(
+        v.drain_at_ms, None,
+        "a drain now replaces the scheduled one"
+    );
+    let at_ms = w.at().wall + 10_000;
+    let e = w
+        .maint(
+            MaintenanceOp::DrainAt {
+                at_ms,
+                deadline_ms: None,
+            },
+            &["a1", "a2"],
+        )
+        .unwrap_err();
+    assert!(matches!(e, CoreError::HostConflict { .. }), "{e:?}");
+    assert_eq!(w.mode("a2"), MaintenanceMode::None, "nothing half-applied");
+    // A start time not in the future drains at once.
+    let now = w.at().wall;
+    w.maint(
+        MaintenanceOp::DrainAt {
+            at_ms: now,
+            deadline_ms: None,
+        },
+        &["a2"],
+    )
+    .unwrap();
+    assert_eq!(w.mode("a2"), MaintenanceMode::Draining);
+}
+
 #[test]
 fn min_healthy_with_min_time_waits_for_replacements_to_be_healthy_long_enough() {
     let mut w = world(4);

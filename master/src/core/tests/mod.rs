@@ -145,6 +145,10 @@ impl World {
         if let Some(drift) = self.core.limit_counts_drift() {
             panic!("limit counts drifted: {drift}");
         }
+        // So do the slots' copies of their current tasks' states (drain budgets).
+        if let Some(drift) = self.core.slot_drift() {
+            panic!("slot states drifted: {drift}");
+        }
         for e in &out.effects {
             if let Effect::Persist { changes, .. } = e {
                 self.persisted.extend(changes.iter().cloned());

@@ -3,7 +3,7 @@
 //! restart mid-update, and property tests of the engine's guarantees.
 
 use drover_common::configs::config_hash;
-use drover_common::wire::{InstanceUpdateState, UpdateState, UpdateView};
+use drover_common::wire::{InstanceUpdateState, MaintenanceMode, UpdateState, UpdateView};
 
 use super::*;
 
@@ -414,7 +414,7 @@ fn tasks_a_drain_takes_during_an_update_are_no_update_failures() {
     );
     assert!(!v.events.iter().any(|e| e.message.contains("failure")));
     assert!(configs(&w).iter().all(|c| *c == new));
-    let drained: Vec<&Task> = w
+    let drained: Vec<&Box<Task>> = w
         .core
         .tasks
         .values()
@@ -427,6 +427,127 @@ fn tasks_a_drain_takes_during_an_update_are_no_update_failures() {
     assert_eq!(w.state(&watched), TaskState::Killed);
     let on_host = w.core.agents[w.core.agent_idx[&host] as usize].tasks.len();
     assert_eq!(on_host, 0, "the drained host is empty");
+}
+
+/// Instances of the job whose current task is not RUNNING (down or on the way).
+fn down(w: &World) -> usize {
+    w.core.jobs[KEY].slots.len() - running(w)
+}
+
+/// A drain and an update together: the update's batches count the instances a
+/// drain has down, and the drain counts the batch in flight, so the job never has
+/// more than `batch_size` instances down at once, wherever the two meet.
+#[test]
+fn a_drain_and_an_update_together_never_take_more_than_a_batch_down() {
+    let mut w = world(12);
+    w.create(web(
+        9,
+        "sleep 100",
+        3,
+        r#"},"constraints":{"host":"limit:1""#,
+    ));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 9);
+    let host_of = |w: &World, i: u32| {
+        w.core
+            .task(&w.current(KEY, i))
+            .unwrap()
+            .agent
+            .clone()
+            .unwrap()
+    };
+    // A drain first: instance 4's task is taken (the default policy lets one go).
+    let h4 = host_of(&w, 4);
+    w.handle(Event::Maintenance {
+        op: MaintenanceOp::Drain { deadline_ms: None },
+        hosts: vec![h4.clone()],
+    })
+    .reply
+    .unwrap();
+    assert_eq!(down(&w), 1, "the drain took instance 4");
+    // The update's first batch counts it: two instances, not three.
+    let new_spec = web(9, "sleep 200", 3, r#"},"constraints":{"host":"limit:1""#);
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    let v = view(&w);
+    assert_eq!(batches(&v, "batch: instances "), vec!["0,1"], "{v:#?}");
+    assert!(down(&w) <= 3, "{} down", down(&w));
+    // While batches run, drain two more hosts carrying later instances.
+    let (h6, h8) = (host_of(&w, 6), host_of(&w, 8));
+    let mut drained_more = false;
+    let mut most = 0;
+    for _ in 0..400 {
+        if view(&w).state.is_terminal() {
+            break;
+        }
+        play(&mut w, 250);
+        most = most.max(down(&w));
+        assert!(
+            down(&w) <= 3,
+            "{} instances down: {:#?}",
+            down(&w),
+            view(&w)
+        );
+        if !drained_more && view(&w).batch == 2 {
+            w.handle(Event::Maintenance {
+                op: MaintenanceOp::Drain { deadline_ms: None },
+                hosts: vec![h6.clone(), h8.clone()],
+            })
+            .reply
+            .unwrap();
+            drained_more = true;
+            assert!(down(&w) <= 3, "{} instances down after the drain", down(&w));
+        }
+    }
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert!(drained_more);
+    assert_eq!(most, 3, "batches ran full when nothing else was down");
+    assert!(configs(&w).iter().all(|c| *c == new));
+    assert!(v.instances.iter().all(|p| p.failures == 0), "{v:#?}");
+    for h in [&h4, &h6, &h8] {
+        let a = &w.core.agents[w.core.agent_idx[h] as usize];
+        assert_eq!(a.rec.maintenance.mode, MaintenanceMode::Drained, "{h}");
+    }
+}
+
+/// While a drain has as many instances down as the batch size, the next batch
+/// waits and says why; it starts once the replacements run.
+#[test]
+fn an_update_waits_while_a_drain_has_a_whole_batch_down() {
+    let mut w = world(8);
+    let mut spec = web(4, "sleep 100", 1, r#"},"constraints":{"host":"limit:1""#);
+    spec.sla_policy = None;
+    w.create(spec);
+    play(&mut w, 1_000);
+    let host = w
+        .core
+        .task(&w.current(KEY, 3))
+        .unwrap()
+        .agent
+        .clone()
+        .unwrap();
+    w.handle(Event::Maintenance {
+        op: MaintenanceOp::Drain { deadline_ms: None },
+        hosts: vec![host],
+    })
+    .reply
+    .unwrap();
+    update(
+        &mut w,
+        web(4, "sleep 200", 1, r#"},"constraints":{"host":"limit:1""#),
+        None,
+    )
+    .unwrap();
+    let v = view(&w);
+    assert!(batches(&v, "batch: instances ").is_empty(), "{v:#?}");
+    let why = v.waiting.clone().unwrap_or_default();
+    assert!(why.contains("down by a host drain"), "{why}");
+    assert_eq!(v.state, UpdateState::RollingForward);
+    let v = until_done(&mut w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert_eq!(batches(&v, "batch: instances "), vec!["0", "1", "2", "3"]);
+    assert_eq!(v.waiting, None);
 }
 
 /// A batch job of `n` instances running `cmd`, updated 2 at a time.

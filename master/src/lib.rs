@@ -12,6 +12,7 @@ mod guard;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod ratelimit;
 pub mod runtime;
 pub mod server;

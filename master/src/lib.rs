@@ -23,4 +23,4 @@ pub mod tokens;
 
 pub use config::{Args, Config, ConfigError};
 pub use runtime::{Master, RunError};
-pub use server::{run, serve, start, Handle};
+pub use server::{run, serve, start, start_with, Handle};

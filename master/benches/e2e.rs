@@ -198,7 +198,7 @@ fn bench_store() -> Option<Box<dyn drover_master::store::Store>> {
     let url = std::env::var("E2E_STORE").ok()?;
     let mut options =
         drover_master::etcd_store::EtcdOptions::parse(&url, None, None, None).unwrap();
-    if let Some(n) = std::env::var("E2E_ETCD_MAX_TXN_OPS").ok() {
+    if let Ok(n) = std::env::var("E2E_ETCD_MAX_TXN_OPS") {
         options.max_txn_ops = n.parse().unwrap();
     }
     let conn = drover_master::etcd_store::EtcdConn::connect(&options).unwrap();

@@ -202,7 +202,9 @@ fn bench_store() -> Option<Box<dyn drover_master::store::Store>> {
         options.max_txn_ops = n.parse().unwrap();
     }
     let conn = drover_master::etcd_store::EtcdConn::connect(&options).unwrap();
-    Some(Box::new(drover_master::etcd_store::EtcdStore::new(conn, None)))
+    Some(Box::new(drover_master::etcd_store::EtcdStore::new(
+        conn, None,
+    )))
 }
 
 async fn throughput() {

@@ -15,9 +15,7 @@ use tokio::sync::watch;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::http::Api;
-use crate::runtime::{
-    open, open_store, prepare_data_dir, seed, write_addr_file, Master, RunError,
-};
+use crate::runtime::{open, open_store, prepare_data_dir, seed, write_addr_file, Master, RunError};
 use crate::store::Store;
 use crate::store::DB_FILE;
 use crate::tls::PeerCert;
@@ -314,10 +312,7 @@ pub async fn start(config: Config) -> Result<Handle, RunError> {
 
 /// `start` on `store` instead of the SQLite store of `config` (benches; no
 /// election: the caller makes sure this master is the only writer).
-pub async fn start_with(
-    config: Config,
-    store: Option<Box<dyn Store>>,
-) -> Result<Handle, RunError> {
+pub async fn start_with(config: Config, store: Option<Box<dyn Store>>) -> Result<Handle, RunError> {
     let (api, listener, addr, tls) = open_and_bind(&config, store).await?;
     let (master, tokens) = (api.master.clone(), api.tokens.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -2,11 +2,12 @@
 # Installs what Drover's commands and tests need on a fresh Debian machine:
 # iproute2 (multi-host tests in network namespaces), procps, the system python3,
 # faketime (libfaketime: the wall clock step tests), binutils (`nm`, for the
-# executor's layout check), the packaging and systemd test tools (dpkg-dev,
-# debootstrap, systemd-container, lintian), etcd-server (the HA tests start a real
-# 3-member etcd cluster), protobuf-compiler (protoc: the etcd-client crate compiles
-# etcd's gRPC definitions at build time), and the Rust components named in
-# rust-toolchain.toml.
+# executor's layout check), node, npm and chromium (the web UI's build and browser
+# suite), the packaging and systemd test tools (dpkg-dev, debootstrap,
+# systemd-container, lintian), etcd-server (the HA tests start a real 3-member etcd
+# cluster), protobuf-compiler (protoc: the etcd-client crate compiles etcd's gRPC
+# definitions at build time), schemathesis (PyPI, in a virtualenv under /opt) and the
+# Rust components named in rust-toolchain.toml.
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,11 @@ if ! command -v prometheus >/dev/null 2>&1; then
   need+=(prometheus)
   installing_prometheus=yes
 fi
+# The web UI (scripts/ui.sh) builds with node and npm; its browser suite
+# (ui/tests/browser.test.mjs) drives Debian's chromium with playwright-core.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 # scripts/package.sh builds the .deb files (dpkg-deb, dpkg-shlibdeps); the
 # systemd test (tests/tests/systemd.rs) makes a Debian root with debootstrap, boots
 # it with systemd-nspawn and checks the packages with lintian.
@@ -63,6 +69,25 @@ if [ ${#need[@]} -gt 0 ]; then
     fi
   else
     echo "setup: please install ${need[*]} (needs root); continuing without" >&2
+  fi
+fi
+
+# tests/tests/api_contract.rs runs schemathesis (from PyPI, pinned) against a live
+# master; it lives in its own virtualenv so the system python3 stays untouched.
+SCHEMATHESIS_VERSION=4.32.5
+SCHEMATHESIS_VENV=/opt/drover-schemathesis
+if ! "$SCHEMATHESIS_VENV/bin/schemathesis" --version 2>/dev/null | grep -q "$SCHEMATHESIS_VERSION"; then
+  if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$SCHEMATHESIS_VENV")" ]; then
+    echo "setup: installing schemathesis $SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV"
+    if ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && [ "$(id -u)" -eq 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null || true
+    fi
+    if ! { /usr/bin/python3 -m venv "$SCHEMATHESIS_VENV" &&
+      "$SCHEMATHESIS_VENV/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"; }; then
+      echo "setup: could not install schemathesis; the API contract test will say so" >&2
+    fi
+  else
+    echo "setup: please run as root to install schemathesis into $SCHEMATHESIS_VENV" >&2
   fi
 fi
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, clippy, then all unit, integration and
 # black-box tests. This is the README's test command and what CI runs. Each step
-# prints a header (`==> [N/6] what`) and the time it took, so a failure is easy to place.
+# prints a header (`==> [N/7] what`) and the time it took, so a failure is easy to place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +13,7 @@ step() {
   fi
   step_number=$((step_number + 1))
   step_started=$SECONDS
-  echo "==> [$step_number/6] $*"
+  echo "==> [$step_number/7] $*"
 }
 
 step "setup: packages the tests need (scripts/setup.sh)"
@@ -33,5 +33,11 @@ else
 fi
 step "doc tests"
 cargo test --workspace --doc
+# The committed ui/dist must be what ui/src builds to (refresh: scripts/ui.sh and
+# commit ui/dist); then the web UI in Chromium against a real `drover dev` cluster,
+# screenshots in target/ui-artifacts.
+step "web UI: dist matches its source, browser suite (ui/tests)"
+./scripts/ui.sh --check
+(cd ui && npm run --silent browser-test)
 echo "    (took $((SECONDS - step_started))s)"
 echo "==> all checks passed"

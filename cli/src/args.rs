@@ -65,6 +65,12 @@ pub enum Command {
     Cron(CronCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
+    /// Open the master's web page of the cluster, a role or a job in a browser
+    /// ($BROWSER, else xdg-open); prints the address (only that, with no browser).
+    Open {
+        /// ROLE (its jobs) or ROLE/ENV/NAME (a job); none: the cluster overview.
+        key: Option<String>,
+    },
     /// Print a shell completion script, e.g. `drover completions bash >
     /// /etc/bash_completion.d/drover` (no master needed).
     Completions {

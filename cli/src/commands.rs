@@ -168,6 +168,10 @@ async fn create(
         created.tasks.len(),
         created.tasks.join(" ")
     );
+    println!(
+        "  page: {}",
+        crate::open::job_url(client.base(), &key.to_string())
+    );
     if !wait {
         return Ok(true);
     }

@@ -230,13 +230,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
     );
     let ca = dir.join("tls").join(crate::tls::CA_CERT);
     let token = dir.join("master").join(ADMIN_TOKEN_FILE);
+    let secret = credentials::read_token(&token)?;
     println!(
-        "  web page: {}/ (read-only status page; it wants the admin token as a bearer token:\n            \
-         curl --cacert {} -H \"Authorization: Bearer $(cat {})\" {}/)",
-        cluster.client.base(),
+        "  web page: {}\n            (signs the page in with the admin token, carried in the \
+         fragment, which the browser never sends;\n            the browser warns about the \
+         dev CA {}: see docs/ui.md)",
+        ui_sign_in_url(cluster.client.base(), &secret),
         ca.display(),
-        token.display(),
-        cluster.client.base(),
     );
     println!(
         "  try:      {}   (Ctrl-C stops everything)",
@@ -292,6 +292,16 @@ fn this_binary() -> String {
     } else {
         exe.display().to_string()
     }
+}
+
+/// The web UI's address that signs the page in with `token`: the token rides in
+/// the URL's fragment (`#token=...`), which browsers never send to the server; the
+/// page moves it into the tab's sessionStorage and drops it from the address bar.
+pub fn ui_sign_in_url(master: &str, token: &str) -> String {
+    format!(
+        "{}#token={token}",
+        crate::open::url(master, &crate::open::Target::Cluster)
+    )
 }
 
 /// The command line `drover dev` suggests: the master, CA and token it made, and the

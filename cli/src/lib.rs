@@ -8,6 +8,7 @@ pub mod credentials;
 pub mod dev;
 pub mod follow;
 pub mod hosts;
+pub mod open;
 pub mod procs;
 pub mod progress;
 pub mod render;
@@ -69,6 +70,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
         Command::Host(command) => hosts::run(&endpoint, command).await,
+        Command::Open { key } => {
+            if let Some(note) = &endpoint.note {
+                eprintln!("{note}");
+            }
+            open::run(&endpoint.master, key.as_deref())
+        }
         Command::Dev(_) | Command::Tls(_) | Command::Completions { .. } => Ok(false),
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::units::{ByteSize, Duration};
 
 /// A job: `instances` near-identical copies of one task.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// The owner, usually a service account; the first part of the job key.
@@ -80,7 +80,9 @@ impl JobSpec {
 
 /// Aurora's cron collision policies: what a firing does while the previous run of
 /// the job still has active tasks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum CronCollisionPolicy {
     /// Kill the active run, then start the new one.
@@ -100,7 +102,9 @@ impl fmt::Display for CronCollisionPolicy {
 }
 
 /// Aurora's tiers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// Production: counted against the role's quota, never preempted, may preempt
@@ -122,7 +126,7 @@ impl fmt::Display for Tier {
 }
 
 /// What one instance runs: processes sharing one sandbox and one cgroup.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     /// The processes, started in the order `order` allows.
@@ -154,7 +158,7 @@ pub struct TaskSpec {
 }
 
 /// One process of a task (a Thermos process).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProcessSpec {
     /// Unique within the task; names the log files.
@@ -179,7 +183,7 @@ pub struct ProcessSpec {
 }
 
 /// Resources a task requests from its host.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     /// CPU cores, a decimal (0.5 is half a core).
@@ -210,7 +214,7 @@ impl Resources {
 }
 
 /// The kind of health check.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HealthCheckType {
     /// GET `endpoint`, healthy when the code and body match.
@@ -223,7 +227,7 @@ pub enum HealthCheckType {
 }
 
 /// Aurora's health check config.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     /// http, shell or tcp.
@@ -263,7 +267,7 @@ pub struct HealthCheck {
 }
 
 /// How a task is asked to stop.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Lifecycle {
     /// The HTTP shutdown protocol; absent: start at SIGTERM.
@@ -272,7 +276,7 @@ pub struct Lifecycle {
 }
 
 /// Aurora's HttpLifecycleConfig.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpLifecycle {
     /// The named port the endpoints listen on.
@@ -293,7 +297,7 @@ pub struct HttpLifecycle {
 }
 
 /// Rolling update settings (Aurora's UpdateConfig).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateConfig {
     /// Instances updated at once.
@@ -326,7 +330,7 @@ impl Default for UpdateConfig {
 }
 
 /// What happens when the task's agent stops reporting.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PartitionPolicy {
     /// Replace the task elsewhere (after `delay`).
@@ -356,7 +360,7 @@ impl Default for PartitionPolicy {
 /// Kubernetes PodDisruptionBudget). Exactly one of `min_healthy`,
 /// `min_healthy_percent` and `max_disrupted` is set; a job without a policy drains
 /// one instance at a time (`max_disrupted: 1`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlaPolicy {
     /// At least this many instances RUNNING (healthy) for `min_time` after a kill.
@@ -496,6 +500,17 @@ impl From<String> for ConstraintExpr {
         ConstraintExpr::new(text)
     }
 }
+
+impl utoipa::PartialSchema for ConstraintExpr {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::units::text_schema(
+            "an Aurora constraint: `limit:N`, `value`, `a|b` or `!value`",
+            "limit:1",
+        )
+    }
+}
+
+impl utoipa::ToSchema for ConstraintExpr {}
 
 impl Serialize for ConstraintExpr {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -39,7 +39,19 @@ pub fn mono_ms() -> MonoMillis {
 }
 
 /// Aurora's task states.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TaskState {
     /// Waiting for a host.
@@ -189,7 +201,7 @@ impl fmt::Display for TaskState {
 }
 
 /// What the master wants of a task (SwarmKit's desired state).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum DesiredState {
     /// Run it.
@@ -199,7 +211,7 @@ pub enum DesiredState {
 }
 
 /// Why a task ended: the second component of a task's state (Treadmill's exit status).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ExitReason {
     /// A process exited with this code (0 is success).
@@ -285,7 +297,7 @@ impl fmt::Display for ExitReason {
 }
 
 /// Who caused a transition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EventSource {
     /// The master's lifecycle rules or scheduler.
@@ -301,7 +313,7 @@ pub enum EventSource {
 }
 
 /// One entry of a task's history.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskEvent {
     pub timestamp_ms: UnixMillis,
     pub state: TaskState,

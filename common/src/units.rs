@@ -267,9 +267,32 @@ pub fn human_bytes(n: u64) -> String {
     format!("{n}B")
 }
 
+/// The OpenAPI schema of a value written as text: a string, described, with an example.
+pub fn text_schema(
+    description: &str,
+    example: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .description(Some(description))
+        .examples([serde_json::Value::from(example)])
+        .into()
+}
+
 /// Accepts a string with a unit, or a bare number meaning `default_unit`.
 macro_rules! unit_serde {
     ($ty:ty, $bare:expr) => {
+        impl utoipa::PartialSchema for $ty {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                text_schema(
+                    concat!("a number with a unit, e.g. ", $bare),
+                    $bare.trim_matches('"'),
+                )
+            }
+        }
+
+        impl utoipa::ToSchema for $ty {}
+
         impl Serialize for $ty {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.collect_str(self)

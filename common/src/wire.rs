@@ -16,7 +16,7 @@ pub const PROTOCOL_VERSION: u32 = 1;
 // ---------------------------------------------------------------- executor
 
 /// What the executor runs: written by the agent as the executor's `--task` file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecutorTask {
     pub task_id: String,
@@ -59,7 +59,7 @@ pub fn socket_address<D: std::os::fd::AsRawFd, E>(
 }
 
 /// One process as the executor sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ProcessState {
     /// Not started yet (ordering, concurrency, min_duration, or final).
@@ -73,7 +73,7 @@ pub enum ProcessState {
 }
 
 /// A process's status inside an executor status.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ProcessStatus {
     pub name: String,
     pub state: ProcessState,
@@ -157,7 +157,7 @@ pub enum ZygoteReply {
 // ---------------------------------------------------------------- agent <-> master
 
 /// What an agent offers.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentResources {
     pub cpu: f64,
     pub ram_bytes: u64,
@@ -167,7 +167,7 @@ pub struct AgentResources {
 }
 
 /// POST /v1/agents/register
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterRequest {
     pub protocol_version: u32,
     /// Stable across restarts; kept in the agent's data dir.
@@ -184,7 +184,7 @@ pub struct RegisterRequest {
 
 /// The versions of an agent's binaries, as the agent reports them at registration
 /// (`drover agent list` shows them, so version skew across a fleet is visible).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentVersions {
     /// `drover-agent`'s version.
     pub agent: String,
@@ -194,7 +194,7 @@ pub struct AgentVersions {
 }
 
 /// Answer to a registration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterResponse {
     pub agent_id: String,
     /// How often the master expects a heartbeat.
@@ -207,7 +207,7 @@ pub struct RegisterResponse {
 }
 
 /// A task as the agent holds it, for reconciliation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentTaskReport {
     pub task_id: String,
     pub state: TaskState,
@@ -216,7 +216,7 @@ pub struct AgentTaskReport {
 }
 
 /// POST /v1/agents/{id}/heartbeat
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatRequest {
     /// `task_set_digest` of the non-terminal task ids the agent holds.
     pub task_digest: u64,
@@ -228,7 +228,7 @@ pub struct HeartbeatRequest {
 }
 
 /// Answer to a heartbeat.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HeartbeatResponse {
     /// The digests differ, or the master reconciles: send `tasks` next time (now).
     pub send_full_task_set: bool,
@@ -237,7 +237,7 @@ pub struct HeartbeatResponse {
 }
 
 /// One task the agent should hold, and what the master wants of it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Assignment {
     pub desired: DesiredState,
     /// Why it should stop, when desired is SHUTDOWN.
@@ -257,7 +257,7 @@ pub struct Assignment {
 /// GET /v1/agents/{id}/assignments?after_version=N&wait_ms=M: the complete set of
 /// tasks the agent should hold. A task the agent runs that is not in the set is
 /// unknown to the master and is killed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AssignmentSet {
     pub version: u64,
     pub assignments: Vec<Assignment>,
@@ -270,7 +270,7 @@ pub const ASSIGNMENTS_HELD_MS_HEADER: &str = "x-drover-held-ms";
 
 /// A status change relayed from an executor (or decided by the agent, e.g. executor
 /// lost). `seq` increases per task; the master ignores what it has already applied.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusUpdate {
     pub task_id: String,
     pub seq: u64,
@@ -283,13 +283,13 @@ pub struct StatusUpdate {
 }
 
 /// POST /v1/agents/{id}/updates
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusUpdateBatch {
     pub updates: Vec<StatusUpdate>,
 }
 
 /// The master committed these: the agent may delete them from its outbox.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatusAck {
     /// (task_id, seq) pairs; everything up to seq for that task is acknowledged.
     pub acked: Vec<(String, u64)>,
@@ -314,13 +314,13 @@ pub fn task_set_digest<'a>(task_ids: impl IntoIterator<Item = &'a str>) -> u64 {
 // ---------------------------------------------------------------- admin API views
 
 /// Every admin API error: `{"error": {"code", "message", "field"}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiErrorBody {
     pub error: ApiError,
 }
 
 /// One error, with the field at fault when there is one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiError {
     /// Stable machine-readable code: `invalid_spec`, `job_exists`, `not_found`...
     pub code: String,
@@ -337,14 +337,14 @@ pub struct ApiError {
 pub const LOGS_KEY_HEADER: &str = "x-drover-logs-key";
 
 /// A problem at a field path.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub message: String,
 }
 
 /// A task as the admin API shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskView {
     pub task_id: String,
     pub job: String,
@@ -365,7 +365,7 @@ pub struct TaskView {
 }
 
 /// One instance (slot) of a job: its current task and the terminal ones before it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InstanceView {
     pub instance: u32,
     /// The hash of the task config this instance runs (`configs` holds it).
@@ -376,7 +376,7 @@ pub struct InstanceView {
 }
 
 /// GET /v1/jobs/{role}/{env}/{name}
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     pub key: String,
     pub spec: JobSpec,
@@ -397,7 +397,7 @@ pub struct JobView {
 }
 
 /// A line of GET /v1/jobs.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobSummary {
     pub key: String,
     pub instances: u32,
@@ -415,7 +415,7 @@ pub struct JobSummary {
 }
 
 /// A cron job (GET /v1/cron, and in GET /v1/jobs).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CronView {
     pub job: String,
     pub schedule: String,
@@ -432,7 +432,7 @@ pub struct CronView {
 }
 
 /// Production resources of a quota: cpu in cores, ram and disk in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaResources {
     pub cpu: f64,
@@ -441,7 +441,7 @@ pub struct QuotaResources {
 }
 
 /// A role's quota and its production use (GET /v1/quotas[/{role}]).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QuotaView {
     pub role: String,
     /// None: the role is not bounded.
@@ -451,7 +451,7 @@ pub struct QuotaView {
 
 /// GET /v1/changes?index=N: what changed after index N, as the current views of the
 /// changed objects (docs/api.md, "Change stream").
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChangesView {
     /// Pass it as `index` to get the next changes.
     pub index: u64,
@@ -468,7 +468,7 @@ pub struct ChangesView {
 }
 
 /// GET /v1/agents
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AgentView {
     pub agent_id: String,
     pub hostname: String,
@@ -489,7 +489,18 @@ pub struct AgentView {
 
 /// A host's maintenance mode (Aurora's MaintenanceMode).
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MaintenanceMode {
@@ -523,7 +534,7 @@ impl std::fmt::Display for MaintenanceMode {
 }
 
 /// Body of POST /v1/hosts/cordon, /drain and /activate.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostsRequest {
     /// Agent ids or host names; each must name exactly one agent.
@@ -537,7 +548,7 @@ pub struct HostsRequest {
 }
 
 /// Body of POST /v1/agents/{id}/drain: the agent's host is shutting down.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SelfDrainRequest {
     /// Force what is left this many milliseconds after the request.
@@ -547,7 +558,7 @@ pub struct SelfDrainRequest {
 
 /// `drover host drain --dry-run` (POST /v1/hosts/drain with `dry_run`): what a drain of these hosts
 /// would do, per host and job, without changing anything (Aurora's sla_probe_hosts).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HostProbe {
     pub agent_id: String,
     pub hostname: String,
@@ -562,7 +573,7 @@ pub struct HostProbe {
 }
 
 /// One job's part of a drain probe (its budget is shared across every host probed).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobProbe {
     pub job: String,
     /// Its tasks on this host.
@@ -585,14 +596,14 @@ pub struct JobProbe {
 }
 
 /// One maintenance event of a host.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HostEvent {
     pub timestamp_ms: UnixMillis,
     pub message: String,
 }
 
 /// GET /v1/hosts and /v1/hosts/{host}: a host's maintenance state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HostView {
     pub agent_id: String,
     pub hostname: String,
@@ -618,7 +629,7 @@ pub struct HostView {
 
 /// GET /v1/cluster and POST /v1/cluster/eviction-guard/release: the fleet at a
 /// glance and the eviction guard.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterView {
     /// Agents the master knows.
     pub agents: u32,
@@ -629,7 +640,7 @@ pub struct ClusterView {
 
 /// The eviction guard: while `engaged`, tasks on unreachable agents are neither
 /// LOST nor replaced (exclusive tasks excepted: their lease ends them anyway).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EvictionGuardView {
     pub engaged: bool,
     /// When it engaged (wall clock).
@@ -647,14 +658,14 @@ pub struct EvictionGuardView {
 }
 
 /// Body of POST .../kill and .../restart: which instances (`0-3,7`); absent: all.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InstancesRequest {
     #[serde(default)]
     pub instances: Option<String>,
 }
 
 /// Body of POST /v1/jobs/{key}/update: the new spec, optionally only some instances.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UpdateRequest {
     pub spec: JobSpec,
     /// `0-3,7`; absent: every instance.
@@ -666,7 +677,7 @@ pub struct UpdateRequest {
 }
 
 /// Where an update is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum UpdateState {
     RollingForward,
@@ -711,7 +722,7 @@ impl std::fmt::Display for UpdateState {
 }
 
 /// Where one instance of an update is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum InstanceUpdateState {
     /// Not started.
@@ -729,7 +740,7 @@ pub enum InstanceUpdateState {
 }
 
 /// One instance's progress in an update.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InstanceProgress {
     pub instance: u32,
     /// The config it ran before (None: the update adds it).
@@ -742,14 +753,14 @@ pub struct InstanceProgress {
 }
 
 /// One line of an update's history.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UpdateEvent {
     pub at_ms: UnixMillis,
     pub message: String,
 }
 
 /// An update as the admin API shows it (GET /v1/jobs/{key}/update).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UpdateView {
     pub id: String,
     pub job: String,
@@ -770,7 +781,7 @@ pub struct UpdateView {
 }
 
 /// What a kill or restart touched.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionResponse {
     pub job: String,
     pub tasks: Vec<String>,

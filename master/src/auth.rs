@@ -17,7 +17,7 @@ pub const TOKEN_SECRET_LEN: usize = 64;
 pub const MAX_AUTHORIZATION_LEN: usize = 256;
 
 /// What a token is for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Grant {
     /// Everything: jobs of every role, tokens, agents.

@@ -4,14 +4,13 @@
 //! long poll that only ever serves committed placements.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use drover_common::parse::parse_job_json;
@@ -27,6 +26,8 @@ use crate::auth::{Grant, Permission, Principal};
 use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply, UpdateAction};
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
+
+pub mod openapi;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -61,7 +62,7 @@ type Shared = Arc<Api>;
 /// finish the check in their handler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    /// No token (`/health` only).
+    /// No token (`/health` and the web UI's files, which hold no data).
     Public,
     /// Any admin, operator or role token; the list is filtered to what it may read.
     JobList,
@@ -110,8 +111,14 @@ const fn route(method: &'static str, path: &'static str, access: Access) -> Rout
 fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
     use Access::*;
     vec![
-        (route("GET", "/", ReadAll), get(index)),
-        (route("GET", "/health", Public), get(|| async { "ok" })),
+        // The web UI's files (master/src/ui.rs): no data, so no token; the pages
+        // read the API with the user's token.
+        (route("GET", "/", Public), get(crate::ui::root)),
+        (route("GET", "/ui", Public), get(crate::ui::ui)),
+        (route("GET", "/ui/", Public), get(crate::ui::ui_slash)),
+        (route("GET", "/ui/*path", Public), get(crate::ui::path)),
+        (route("GET", "/health", Public), get(health)),
+        (route("GET", "/v1/openapi.json", Public), get(openapi_json)),
         (route("GET", "/metrics", ReadAll), get(metrics)),
         (route("POST", "/v1/jobs", JobCreate), post(create_job)),
         (route("GET", "/v1/jobs", JobList), get(list_jobs)),
@@ -139,11 +146,11 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         ),
         (
             route("POST", "/v1/jobs/:role/:env/:name/update/pause", JobWrite),
-            update_route(UpdateAction::Pause),
+            post(update_pause),
         ),
         (
             route("POST", "/v1/jobs/:role/:env/:name/update/resume", JobWrite),
-            update_route(UpdateAction::Resume),
+            post(update_resume),
         ),
         (
             route(
@@ -151,11 +158,11 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
                 "/v1/jobs/:role/:env/:name/update/rollback",
                 JobWrite,
             ),
-            update_route(UpdateAction::Rollback),
+            post(update_rollback),
         ),
         (
             route("POST", "/v1/jobs/:role/:env/:name/update/abort", JobWrite),
-            update_route(UpdateAction::Abort),
+            post(update_abort),
         ),
         (route("GET", "/v1/tasks/:id", TaskRead), get(get_task)),
         (
@@ -237,15 +244,6 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             post(revoke_token),
         ),
     ]
-}
-
-/// The handler of POST .../update/{pause,resume,abort,rollback}.
-fn update_route(action: UpdateAction) -> MethodRouter<Shared> {
-    post(
-        move |State(api): State<Shared>, Path(key): Path<(String, String, String)>| {
-            update_action(api, key, action)
-        },
-    )
 }
 
 /// The route table: every route's method, path and access (tests enumerate it).
@@ -486,6 +484,16 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
     (status, Json(value)).into_response()
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "jobs",
+    request_body = drover_common::JobSpec,
+    responses(
+        (status = 201, description = "Created and committed: the job key and its task ids in instance order.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn create_job(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -502,7 +510,7 @@ async fn create_job(
     match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
         Reply::JobCreated { job, tasks } => Ok(json(
             StatusCode::CREATED,
-            &serde_json::json!({ "job": job, "tasks": tasks }),
+            &wire::ActionResponse { job, tasks },
         )),
         other => Err(unexpected(other)),
     }
@@ -531,6 +539,17 @@ fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
 
 /// POST /v1/jobs/{key}/update: an `UpdateRequest`, read field by field so the spec
 /// is validated like POST /v1/jobs (all errors, with paths).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/update",
+    tag = "updates",
+    params(openapi::JobPath),
+    request_body = wire::UpdateRequest,
+    responses(
+        (status = 201, description = "The update, started.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn start_update(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -585,6 +604,16 @@ async fn start_update(
 }
 
 /// GET /v1/jobs/{key}/update: the job's latest update.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{role}/{env}/{name}/update",
+    tag = "updates",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The job's latest update.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn get_update(
     State(api): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -614,6 +643,109 @@ async fn update_action(
     }
 }
 
+/// Pauses the running update: no new batch starts.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/update/pause",
+    tag = "updates",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The update, paused.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn update_pause(
+    State(api): State<Shared>,
+    Path(key): Path<JobKeyPath>,
+) -> Result<Response, ApiErr> {
+    update_action(api, key, UpdateAction::Pause).await
+}
+
+/// Resumes a paused update in the direction it was going.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/update/resume",
+    tag = "updates",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The update, going on.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn update_resume(
+    State(api): State<Shared>,
+    Path(key): Path<JobKeyPath>,
+) -> Result<Response, ApiErr> {
+    update_action(api, key, UpdateAction::Resume).await
+}
+
+/// Rolls the running update back, the last started instance first.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/update/rollback",
+    tag = "updates",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The update, rolling back.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn update_rollback(
+    State(api): State<Shared>,
+    Path(key): Path<JobKeyPath>,
+) -> Result<Response, ApiErr> {
+    update_action(api, key, UpdateAction::Rollback).await
+}
+
+/// Ends the running update as ABORTED; every instance stays on its config.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/update/abort",
+    tag = "updates",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The update, aborted.", body = wire::UpdateView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn update_abort(
+    State(api): State<Shared>,
+    Path(key): Path<JobKeyPath>,
+) -> Result<Response, ApiErr> {
+    update_action(api, key, UpdateAction::Abort).await
+}
+
+/// A job key from the path: role, environment, name.
+type JobKeyPath = (String, String, String);
+
+/// Whether the master is up (no token).
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "meta",
+    responses(
+        (status = 200, description = "The master is up: `ok`.", content_type = "text/plain", body = String),
+    ),
+)]
+async fn health() -> &'static str {
+    "ok"
+}
+
+/// This API's OpenAPI 3 contract (no token): the same document as docs/openapi.json.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "meta",
+    responses(
+        (status = 200, description = "This contract (OpenAPI 3.1).", body = Object),
+    ),
+)]
+async fn openapi_json() -> Response {
+    static CONTRACT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = CONTRACT.get_or_init(openapi::contract_json);
+    ([(header::CONTENT_TYPE, "application/json")], text.as_str()).into_response()
+}
+
 /// 200 with the body of a reply that carries one; a reply without one is a bug.
 fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
     match reply {
@@ -637,6 +769,16 @@ fn unexpected(reply: Reply) -> ApiErr {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    tag = "jobs",
+    params(openapi::JobListQuery),
+    responses(
+        (status = 200, description = "Job summaries, sorted by key.", body = Vec<wire::JobSummary>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_jobs(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -672,6 +814,16 @@ fn key_of(role: &str, env: &str, name: &str) -> String {
 /// The text that replaces `task.env` values for callers not of the job's role.
 pub const HIDDEN_SECRET: &str = "(hidden)";
 
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{role}/{env}/{name}",
+    tag = "jobs",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The job, its instances and configs.", body = wire::JobView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn get_job(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -751,6 +903,17 @@ async fn instances_from(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/kill",
+    tag = "jobs",
+    params(openapi::JobPath),
+    request_body = Option<InstancesRequest>,
+    responses(
+        (status = 200, description = "The tasks touched.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn kill_job(
     State(api): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -761,6 +924,17 @@ async fn kill_job(
     ok_reply(api.master.apply(Event::Kill { job, instances }).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/restart",
+    tag = "jobs",
+    params(openapi::JobPath),
+    request_body = Option<InstancesRequest>,
+    responses(
+        (status = 200, description = "The replacement tasks.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn restart_job(
     State(api): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -771,6 +945,16 @@ async fn restart_job(
     ok_reply(api.master.apply(Event::Restart { job, instances }).await?)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    params(openapi::TaskPath),
+    responses(
+        (status = 200, description = "The task.", body = wire::TaskView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn get_task(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -785,25 +969,62 @@ async fn get_task(
     Ok(json(StatusCode::OK, &view))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The fleet at a glance and the eviction guard.", body = wire::ClusterView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn cluster(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.cluster_view()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/eviction-guard/release",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The cluster after the release.", body = wire::ClusterView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn release_guard(State(api): State<Shared>) -> Result<Response, ApiErr> {
     ok_reply(api.master.apply(Event::ReleaseEvictionGuard).await?)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas",
+    tag = "quotas",
+    responses(
+        (status = 200, description = "Every role with a quota or a production job.", body = Vec<wire::QuotaView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_quotas(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.quota_views()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{role}",
+    tag = "quotas",
+    params(openapi::RolePath),
+    responses(
+        (status = 200, description = "The role's quota and use.", body = wire::QuotaView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn get_quota(State(api): State<Shared>, Path(role): Path<String>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.quota_view(&role)))
 }
 
 /// Body of POST /v1/quotas/{role}: the production resources the role may hold
 /// (`{"cpu": 4, "ram_bytes": ..., "disk_bytes": ...}`), or `{"remove": true}`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SetQuotaRequest {
     #[serde(default)]
@@ -816,6 +1037,17 @@ struct SetQuotaRequest {
     remove: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/quotas/{role}",
+    tag = "quotas",
+    params(openapi::RolePath),
+    request_body = SetQuotaRequest,
+    responses(
+        (status = 200, description = "The role's quota now.", body = wire::QuotaView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn set_quota(
     State(api): State<Shared>,
     Path(role): Path<String>,
@@ -864,10 +1096,29 @@ async fn set_quota(
     ok_reply(api.master.apply(Event::SetQuota { role, quota }).await?)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cron",
+    tag = "cron",
+    responses(
+        (status = 200, description = "Every cron job, sorted by key.", body = Vec<wire::CronView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_cron(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.cron_views()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/cron/{role}/{env}/{name}/start",
+    tag = "cron",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "The tasks started.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn cron_start(
     State(api): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -876,6 +1127,16 @@ async fn cron_start(
     ok_reply(api.master.apply(Event::CronStart { job }).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/cron/{role}/{env}/{name}/deschedule",
+    tag = "cron",
+    params(openapi::JobPath),
+    responses(
+        (status = 200, description = "Descheduled.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn cron_deschedule(
     State(api): State<Shared>,
     Path((role, env, name)): Path<(String, String, String)>,
@@ -890,6 +1151,16 @@ const LOG_PROXY_TIMEOUT: Duration = Duration::from_secs(30);
 /// GET /v1/tasks/{id}/logs/{process}/{stream}?offset=N: the task's log, read from
 /// its agent's log server with the key the agent gave at registration (the log
 /// server answers nobody else). Status, body and `x-drover-log-size` are passed on.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}/logs/{process}/{stream}",
+    tag = "tasks",
+    params(openapi::LogPath, openapi::LogQuery),
+    responses(
+        (status = 200, description = "Up to 4 MiB of the log from `offset`, as the agent sent it.", content_type = "application/octet-stream", body = String, headers(("x-drover-log-size" = u64, description = "The log file's size in bytes."))),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn task_log(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -956,6 +1227,7 @@ async fn task_log(
     })?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let size = answer.headers().get(LOG_SIZE_HEADER).cloned();
+    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
     let bytes = answer
         .bytes()
         .await
@@ -964,20 +1236,54 @@ async fn task_log(
     if let Some(size) = size {
         response.headers_mut().insert(LOG_SIZE_HEADER, size);
     }
+    // The agent's JSON errors stay JSON; a log is bytes.
+    if let Some(content_type) = content_type {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
+    }
     Ok(response)
 }
 
 /// The header the agents' log servers send with a log's total size.
 const LOG_SIZE_HEADER: &str = "x-drover-log-size";
 
+#[utoipa::path(
+    get,
+    path = "/v1/agents",
+    tag = "agents",
+    responses(
+        (status = 200, description = "Every agent, sorted by id.", body = Vec<wire::AgentView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_agents(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.agent_views()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/hosts",
+    tag = "hosts",
+    responses(
+        (status = 200, description = "Every host, sorted by name.", body = Vec<wire::HostView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_hosts(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.host_views()))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/hosts/{host}",
+    tag = "hosts",
+    params(openapi::HostPath),
+    responses(
+        (status = 200, description = "The host.", body = wire::HostView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn get_host(State(api): State<Shared>, Path(host): Path<String>) -> Result<Response, ApiErr> {
     let mut views = api
         .master
@@ -1020,11 +1326,31 @@ async fn maintain(m: &Master, op: MaintenanceOp, hosts: Vec<String>) -> Result<R
     ok_reply(m.apply(Event::Maintenance { op, hosts }).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/cordon",
+    tag = "hosts",
+    request_body = HostsRequest,
+    responses(
+        (status = 200, description = "The hosts after the change.", body = Vec<wire::HostView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn cordon_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, false).await?;
     maintain(&api.master, MaintenanceOp::Cordon, req.hosts).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/drain",
+    tag = "hosts",
+    request_body = HostsRequest,
+    responses(
+        (status = 200, description = "The hosts after the change, or with `dry_run` what a drain would do.", body = openapi::DrainAnswer),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn drain_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, true).await?;
     if req.dry_run {
@@ -1039,6 +1365,16 @@ async fn drain_hosts(State(api): State<Shared>, body: Body) -> Result<Response, 
     maintain(&api.master, op, req.hosts).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/hosts/activate",
+    tag = "hosts",
+    request_body = HostsRequest,
+    responses(
+        (status = 200, description = "The hosts after the change.", body = Vec<wire::HostView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn activate_hosts(State(api): State<Shared>, body: Body) -> Result<Response, ApiErr> {
     let req = hosts_request(body, false).await?;
     maintain(&api.master, MaintenanceOp::Activate, req.hosts).await
@@ -1059,6 +1395,16 @@ impl From<TokenError> for ApiErr {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/register",
+    tag = "agent API",
+    request_body = RegisterRequest,
+    responses(
+        (status = 200, description = "Registered.", body = wire::RegisterResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn register(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -1103,6 +1449,17 @@ async fn register(
     ok_reply(api.master.apply(Event::Register(Box::new(req))).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/heartbeat",
+    tag = "agent API",
+    params(openapi::AgentPath),
+    request_body = HeartbeatRequest,
+    responses(
+        (status = 200, description = "What the agent should do next.", body = wire::HeartbeatResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn heartbeat(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1116,6 +1473,17 @@ async fn heartbeat(
     )
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/updates",
+    tag = "agent API",
+    params(openapi::AgentPath),
+    request_body = StatusUpdateBatch,
+    responses(
+        (status = 200, description = "What was committed.", body = wire::StatusAck),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn updates(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1133,7 +1501,7 @@ async fn updates(
 }
 
 /// Answer of POST /v1/agents/{id}/forbid and /allow.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct AgentAccessResponse {
     agent_id: String,
     forbidden: bool,
@@ -1141,6 +1509,16 @@ struct AgentAccessResponse {
     revoked_tokens: Vec<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/forbid",
+    tag = "agents",
+    params(openapi::AgentPath),
+    responses(
+        (status = 200, description = "The agent id is refused from now on.", body = AgentAccessResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn forbid_agent(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1159,6 +1537,16 @@ async fn forbid_agent(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/allow",
+    tag = "agents",
+    params(openapi::AgentPath),
+    responses(
+        (status = 200, description = "The agent id may register again.", body = AgentAccessResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn allow_agent(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1174,6 +1562,15 @@ async fn allow_agent(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tokens",
+    tag = "tokens",
+    responses(
+        (status = 200, description = "Every token, oldest first, without secrets.", body = Vec<TokenInfo>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn list_tokens(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.tokens.list())
 }
@@ -1181,7 +1578,7 @@ async fn list_tokens(State(api): State<Shared>) -> Response {
 /// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` (an agent
 /// token may name its `agent_id`) or `{"kind": "roles", "roles": ["www-data"]}`,
 /// and an optional description.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateTokenRequest {
     kind: String,
@@ -1272,13 +1669,23 @@ impl CreateTokenRequest {
 }
 
 /// Answer of POST /v1/tokens: the token's record and its text, shown only here.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct CreateTokenResponse {
     #[serde(flatten)]
     info: TokenInfo,
     token: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "tokens",
+    request_body = CreateTokenRequest,
+    responses(
+        (status = 201, description = "The token and its secret (shown only here).", body = CreateTokenResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn create_token(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -1298,6 +1705,16 @@ async fn create_token(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tokens/{id}/revoke",
+    tag = "tokens",
+    params(openapi::TokenPath),
+    responses(
+        (status = 200, description = "The token, revoked.", body = TokenInfo),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn revoke_token(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1307,6 +1724,17 @@ async fn revoke_token(
 }
 
 /// The agent's host is shutting down: drain it.
+#[utoipa::path(
+    post,
+    path = "/v1/agents/{id}/drain",
+    tag = "agent API",
+    params(openapi::AgentPath),
+    request_body = SelfDrainRequest,
+    responses(
+        (status = 200, description = "The agent's host after the change.", body = Vec<wire::HostView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn agent_drain(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1380,6 +1808,16 @@ fn poll_step(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/agents/{id}/assignments",
+    tag = "agent API",
+    params(openapi::AgentPath, openapi::AssignmentsQuery),
+    responses(
+        (status = 200, description = "The tasks the agent should hold.", content_type = "application/json", body = wire::AssignmentSet, headers(("x-drover-held-ms" = u64, description = "How long the master held the poll."))),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn assignments(
     State(api): State<Shared>,
     Path(id): Path<String>,
@@ -1466,6 +1904,16 @@ fn shutting_down(then: &str) -> ApiErr {
 /// Answers at once when something the token may see was committed after index N
 /// (or N is newer than this master's index: `reset`), else when the next such
 /// commit happens, else empty at the deadline.
+#[utoipa::path(
+    get,
+    path = "/v1/changes",
+    tag = "jobs",
+    params(openapi::ChangesQuery),
+    responses(
+        (status = 200, description = "What changed after the index (docs/api.md, change stream).", body = wire::ChangesView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn changes(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
@@ -1533,6 +1981,15 @@ async fn changes(
 }
 
 /// GET /metrics: Prometheus text exposition (docs/master.md, "Metrics").
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    responses(
+        (status = 200, description = "Prometheus metrics (docs/master.md, Metrics).", content_type = "application/openmetrics-text", body = String),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
 async fn metrics(State(api): State<Shared>) -> Response {
     let state = api.master.read(|c| c.metrics_state());
     (
@@ -1543,112 +2000,6 @@ async fn metrics(State(api): State<Shared>) -> Response {
         crate::metrics::render(&state),
     )
         .into_response()
-}
-
-async fn index(State(api): State<Shared>) -> Response {
-    let (jobs, agents, cluster, updates) = api.master.read(|c| {
-        (
-            c.job_summaries(None),
-            c.agent_views(),
-            c.cluster_view(),
-            c.update_views(),
-        )
-    });
-    let mut html = String::from(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Drover</title>\
-         <style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}\
-         td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}</style></head><body>\
-         <h1>Drover</h1>",
-    );
-    let guard = &cluster.eviction_guard;
-    if guard.engaged {
-        let _ = write!(
-            html,
-            "<p style=\"background:#fdd;border:2px solid #c00;padding:8px\"><b>Eviction guard \
-             engaged</b>: {}</p>",
-            escape(&guard.message)
-        );
-    }
-    html.push_str(
-        "<h2>Jobs</h2><table><tr><th>job</th><th>type</th><th>instances</th><th>tier</th>\
-         <th>priority</th><th>states</th><th>next cron firing</th></tr>",
-    );
-    for j in &jobs {
-        let states: Vec<String> = j
-            .state_counts
-            .iter()
-            .map(|(s, n)| format!("{s} {n}"))
-            .collect();
-        let kind = match (&j.cron, j.service) {
-            (Some(_), _) => "cron",
-            (None, true) => "service",
-            (None, false) => "batch",
-        };
-        let next = j
-            .cron
-            .as_ref()
-            .map(|c| match c.next_fire_ms {
-                Some(ms) => format!("{} (at Unix ms {ms})", escape(&c.schedule)),
-                None => format!("{} (never again)", escape(&c.schedule)),
-            })
-            .unwrap_or_default();
-        let _ = write!(
-            html,
-            "<tr><td><a href=\"/v1/jobs/{k}\">{k}</a></td><td>{kind}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{next}</td></tr>",
-            j.instances,
-            j.tier,
-            j.priority,
-            escape(&states.join(", ")),
-            k = escape(&j.key),
-        );
-    }
-    html.push_str("</table><h2>Updates</h2><table><tr><th>job</th><th>update</th><th>by</th><th>state</th><th>instances</th><th>last event</th></tr>");
-    for u in &updates {
-        let done = u
-            .instances
-            .iter()
-            .filter(|p| {
-                matches!(
-                    p.state,
-                    wire::InstanceUpdateState::Updated | wire::InstanceUpdateState::RolledBack
-                )
-            })
-            .count();
-        let _ = write!(
-            html,
-            "<tr><td><a href=\"/v1/jobs/{k}/update\">{k}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{done}/{} done</td><td>{}</td></tr>",
-            escape(&u.id),
-            escape(&u.user),
-            u.state,
-            u.instances.len(),
-            escape(u.events.last().map_or("", |e| e.message.as_str())),
-            k = escape(&u.job),
-        );
-    }
-    html.push_str("</table><h2>Agents</h2><table><tr><th>agent</th><th>hostname</th><th>reachable</th><th>maintenance</th><th>free cpu</th><th>free ram</th><th>tasks</th></tr>");
-    for a in &agents {
-        let _ = write!(
-            html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}</td><td>{}</td><td>{}</td></tr>",
-            escape(&a.agent_id),
-            escape(&a.hostname),
-            a.reachable,
-            a.maintenance,
-            a.free.cpu,
-            drover_common::units::human_bytes(a.free.ram_bytes),
-            a.tasks.len()
-        );
-    }
-    html.push_str("</table></body></html>");
-    ([(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod store;
 pub mod systemd;
 pub mod tls;
 pub mod tokens;
+mod ui;
 
 pub use config::{Args, Config, ConfigError};
 pub use runtime::{Master, RunError};

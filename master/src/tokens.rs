@@ -19,7 +19,7 @@ use crate::auth::{self, AuthError, Grant, NewToken, Principal};
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 
 /// A token as listed: everything but its secret.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     pub id: String,
     #[serde(flatten)]

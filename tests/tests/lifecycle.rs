@@ -57,6 +57,16 @@ fn batch_job_runs_every_instance_to_finished() {
         "{}",
         describe(&output)
     );
+    // The job's web page (docs/ui.md), as `drover open` gives it.
+    let page = format!(
+        "  page: {}/ui/jobs/www-data/test/batch\n",
+        cluster.api.url.trim_end_matches('/')
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(&page),
+        "{page}: {}",
+        describe(&output)
+    );
     let view = cluster
         .wait_for_all("www-data/test/batch", TaskState::Finished)
         .unwrap();

@@ -1,10 +1,10 @@
 //! Black-box checks that need no cluster: `drover job validate` on the examples and
-//! on an invalid spec, the CLI's advice when no master answers, and that
-//! drover-common stays free of tokio, hyper and nix.
+//! on an invalid spec, the CLI's advice when no master answers, `drover open`, and
+//! that drover-common stays free of tokio, hyper and nix.
 
 use std::process::Command;
 
-use drover_tests::{describe, drover, workspace_root};
+use drover_tests::{bin, describe, drover, workspace_root};
 
 #[test]
 fn every_example_validates() {
@@ -154,6 +154,69 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
     }
     let output = drover(None, &["completions", "tcsh"]).unwrap();
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+}
+
+#[test]
+fn drover_open_hands_the_page_to_the_browser_or_prints_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("opened");
+    // A "browser" that writes what it was asked to open.
+    let browser = dir.path().join("browser");
+    // (Written whole, then renamed: the test never reads half of it.)
+    std::fs::write(
+        &browser,
+        format!(
+            "#!/bin/sh\necho \"$@\" > {got}.part && /bin/mv {got}.part {got}\n",
+            got = got.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &browser,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let open = |args: &[&str], browser: Option<&std::path::Path>| {
+        let mut command = Command::new(bin("drover").unwrap());
+        command
+            .args(["--master", "https://m.example:7070/", "open"])
+            .args(args)
+            .env("PATH", dir.path());
+        match browser {
+            Some(b) => command.env("BROWSER", b),
+            None => command.env_remove("BROWSER"),
+        };
+        command.output().unwrap()
+    };
+    let url = "https://m.example:7070/ui/jobs/www-data/devel/hello";
+    let output = open(&["www-data/devel/hello"], Some(&browser));
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), url);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !got.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), url);
+    // No browser (no $BROWSER, no xdg-open on PATH): the address only, and why.
+    let output = open(&["www-data"], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "https://m.example:7070/ui/roles/www-data"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no browser"),
+        "{}",
+        describe(&output)
+    );
+    // A key of two parts is refused with the forms.
+    let output = open(&["www-data/devel"], None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("error: KEY `www-data/devel`"),
+        "{}",
+        describe(&output)
+    );
 }
 
 #[test]

@@ -106,9 +106,6 @@ fn three_of_five_agents_cut_off_keep_every_task_until_they_heal() {
     let v = cluster_view(&c).unwrap();
     assert!(v.eviction_guard.engaged);
     assert_eq!(v.eviction_guard.held_tasks, 3, "{v:?}");
-    // The web page says so too.
-    let (_, page) = c.get_status("/").unwrap();
-    assert!(page.contains("Eviction guard"), "{page}");
     // And the CLI, which exits 1 while the guard is engaged.
     let out = cli(&c, &["cluster", "status"]).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -89,9 +89,18 @@ impl Core {
         if retry {
             // Freed room goes to the highest standing first (production, then
             // priority): a preempted task's replacement must not take its
-            // preemptor's room.
+            // preemptor's room. Each task stands by its own config (an update may
+            // have changed the job's tier or priority since it was queued): a job's
+            // waiting tasks go highest standing first, and the jobs by the standing
+            // of the task each places next.
             let mut jobs: Vec<String> = self.blocked.keys().cloned().collect();
-            jobs.sort_by_cached_key(|j| std::cmp::Reverse(self.standing_of(j).map(|s| s.0)));
+            for job in &jobs {
+                self.order_blocked_by_standing(job);
+            }
+            jobs.sort_by_cached_key(|j| {
+                let front = self.blocked.get(j).and_then(|q| q.front());
+                std::cmp::Reverse(front.and_then(|id| self.standing_of_task(id)).map(|s| s.0))
+            });
             for job in jobs {
                 loop {
                     self.prune_blocked_front(&job);
@@ -130,6 +139,21 @@ impl Core {
                 self.blocked.entry(job).or_default().push_back(id);
             }
         }
+    }
+
+    /// Puts a job's waiting tasks in order of their own config's standing, highest
+    /// first (queue order among equals). Only a job running several configs can
+    /// have tasks of different standing.
+    fn order_blocked_by_standing(&mut self, job: &str) {
+        if self.jobs.get(job).is_none_or(|j| j.configs.len() < 2) {
+            return;
+        }
+        let Some(mut q) = self.blocked.remove(job) else {
+            return;
+        };
+        q.make_contiguous()
+            .sort_by_cached_key(|id| std::cmp::Reverse(self.standing_of_task(id).map(|s| s.0)));
+        self.blocked.insert(job.to_string(), q);
     }
 
     /// Drops tasks that are no longer PENDING (killed, replaced job) from the front

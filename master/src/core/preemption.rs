@@ -194,18 +194,6 @@ fn free_of(agent: &Agent) -> Free {
 }
 
 impl Core {
-    /// The standing of a job's tasks.
-    pub(super) fn standing_of(&self, job: &str) -> Option<(Standing, &str)> {
-        let spec = &self.jobs.get(job)?.spec;
-        Some((
-            Standing {
-                production: spec.is_production(),
-                priority: spec.priority,
-            },
-            spec.role.as_str(),
-        ))
-    }
-
     /// The standing of task `id`, by its own config (an update may change `tier`
     /// and `priority`).
     pub(super) fn standing_of_task(&self, id: &str) -> Option<(Standing, &str)> {

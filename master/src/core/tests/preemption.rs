@@ -344,3 +344,65 @@ fn a_victims_sla_policy_bounds_how_many_of_its_instances_go_at_once() {
     );
     assert_eq!(w.state(&small[0]), TaskState::Pending);
 }
+
+/// A preemptible job of role `role` and priority `priority`.
+fn role_job(role: &str, name: &str, instances: u32, priority: u32, service: bool) -> JobSpec {
+    let mut v =
+        serde_json::to_value(spec(name, instances, service, r#","tier":"preemptible""#)).unwrap();
+    v["role"] = serde_json::json!(role);
+    v["priority"] = serde_json::json!(priority);
+    serde_json::from_value(v).unwrap()
+}
+
+#[test]
+fn freed_room_goes_to_the_waiting_task_of_highest_standing_by_its_own_config() {
+    let mut w = World::new();
+    w.register("a1", 1.0, 16, &[]);
+    w.register("a2", 1.0, 16, &[]);
+    // Roles apart: no preemptible task here may preempt another.
+    let filler = w.create(role_job("f", "filler", 2, 0, false));
+    for t in &filler {
+        w.run(t);
+    }
+    // Job a waits with priority 9; a canary update moves instance 0 to priority 1,
+    // so its newest config stands below job b's 5 while instance 1 stands above.
+    let a = w.create(role_job("ra", "a", 2, 9, true));
+    let canary = role_job("ra", "a", 2, 1, true);
+    w.handle(Event::StartUpdate {
+        job: "ra/prod/a".to_string(),
+        spec: Box::new(canary),
+        instances: Some(vec![0]),
+        user: "alice".to_string(),
+    })
+    .reply
+    .unwrap();
+    assert_eq!(w.core.jobs["ra/prod/a"].spec.priority, 1, "newest config");
+    let inst1 = w.current("ra/prod/a", 1);
+    assert_eq!(inst1, a[1], "instance 1 keeps its config");
+    let b = w.create(role_job("rb", "b", 1, 5, false));
+    assert_eq!(w.state(&inst1), TaskState::Pending);
+    assert_eq!(w.state(&b[0]), TaskState::Pending);
+    // One cpu frees up: it goes to instance 1 (priority 9 by its own config), not to
+    // job b (5), though job a's newest config stands at 1.
+    w.handle(Event::Kill {
+        job: "f/prod/filler".to_string(),
+        instances: Some(vec![0]),
+    })
+    .reply
+    .unwrap();
+    w.report(&filler[0], TaskState::Killed, None);
+    assert_eq!(w.state(&inst1), TaskState::Assigned);
+    assert_eq!(w.state(&b[0]), TaskState::Pending);
+    let inst0 = w.current("ra/prod/a", 0);
+    assert_eq!(w.state(&inst0), TaskState::Pending);
+    // The next cpu goes to job b (5) before instance 0's new config (1).
+    w.handle(Event::Kill {
+        job: "f/prod/filler".to_string(),
+        instances: Some(vec![1]),
+    })
+    .reply
+    .unwrap();
+    w.report(&filler[1], TaskState::Killed, None);
+    assert_eq!(w.state(&b[0]), TaskState::Assigned);
+    assert_eq!(w.state(&inst0), TaskState::Pending);
+}

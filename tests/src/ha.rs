@@ -328,7 +328,7 @@ impl Submitter {
             urls: cluster.urls.clone(),
             token: cluster.token.clone(),
             http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(10))
+                .timeout(Duration::from_secs(30))
                 .connect_timeout(Duration::from_secs(1))
                 .build()?,
             current: 0,

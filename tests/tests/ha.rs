@@ -189,7 +189,9 @@ fn losing_one_etcd_member_changes_nothing() -> anyhow::Result<()> {
         let name = format!("e{i}");
         let spec = command_job(&name, 1, false, "true");
         match submit.until_done(Method::POST, "/v1/jobs", Some(&spec), WAIT) {
-            Outcome::Ok(_) => {
+            // Unknown: an attempt timed out on a busy machine and a retry found
+            // the job there; it must then be there in the end as well.
+            Outcome::Ok(_) | Outcome::Unknown => {
                 acked.insert(name);
             }
             other => panic!("{name}: {other:?}\n{}", cluster.diagnostics()),

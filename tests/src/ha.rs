@@ -213,16 +213,8 @@ impl HaCluster {
         timeout: Duration,
         mut check: impl FnMut(&HaCluster) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check(self) {
-                return Ok(v);
-            }
-            if Instant::now() > deadline {
-                bail!("timed out waiting for {what}\n{}", self.diagnostics());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut me = self;
+        crate::poll_for(&mut me, what, timeout, |c| check(c), |c| c.diagnostics())
     }
 
     /// The pid of master `k`, if it runs.

@@ -89,6 +89,10 @@ pub struct ConfigFile {
     pub shutdown_marker: Option<PathBuf>,
     /// Upper bound of the retry backoff towards the master, e.g. `5s`.
     pub max_backoff: Option<String>,
+    /// A file holding the bearer token Prometheus sends to read `GET /metrics`
+    /// (any secret of 16-256 printable characters); absent: only the master's key
+    /// reads it.
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 /// A resolved, validated configuration.
@@ -132,6 +136,8 @@ pub struct Config {
     /// Zero: no self-drain on host shutdown.
     pub shutdown_drain_timeout: Duration,
     pub shutdown_marker: Option<PathBuf>,
+    /// The file of the token that reads `GET /metrics`.
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 /// A configuration problem, naming the field.
@@ -240,7 +246,8 @@ impl ConfigFile {
             poll_wait,
             max_backoff,
             shutdown_drain_timeout,
-            shutdown_marker
+            shutdown_marker,
+            metrics_token_file
         );
         if let Some(attrs) = over.attributes {
             self.attributes
@@ -459,6 +466,7 @@ impl ConfigFile {
             max_backoff,
             shutdown_drain_timeout,
             shutdown_marker: self.shutdown_marker,
+            metrics_token_file: self.metrics_token_file,
         })
     }
 }

@@ -12,6 +12,7 @@ pub mod executor;
 pub mod host;
 pub mod logs;
 pub mod master;
+pub mod metrics;
 pub mod outbox;
 pub mod runtime;
 pub mod sandbox;

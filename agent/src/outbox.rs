@@ -303,6 +303,12 @@ impl Outbox {
         self.pending.len()
     }
 
+    /// The wall-clock stamp of the oldest pending update, if any (a scan: for
+    /// scrapes, not hot paths).
+    pub fn oldest_timestamp_ms(&self) -> Option<u64> {
+        self.pending.values().map(|(u, _)| u.timestamp_ms).min()
+    }
+
     /// True when nothing waits for an acknowledgement.
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()

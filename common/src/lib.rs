@@ -5,6 +5,8 @@
 
 pub mod configs;
 pub mod layout;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod parse;
 pub mod spec;
 pub mod state;

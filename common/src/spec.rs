@@ -12,6 +12,16 @@ use crate::units::{ByteSize, Duration};
 
 /// A job: `instances` near-identical copies of one task.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(example = json!({
+    "role": "www-data",
+    "environment": "test",
+    "name": "example",
+    "instances": 1,
+    "task": {
+        "processes": [{"name": "main", "cmdline": "sleep 60"}],
+        "resources": {"cpu": 0.1, "ram": "32MiB", "disk": "32MiB"}
+    }
+}))]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// The owner, usually a service account; the first part of the job key.

@@ -309,8 +309,10 @@ fn process_restarts_until_max_failures_and_no_faster_than_min_duration() {
         .map(|l| l.parse().unwrap())
         .collect();
     assert_eq!(starts.len(), 3);
+    // `date` runs after fork and exec, so a start that ran late under load shortens
+    // the gap it measures to the next one; restarts without the wait are ~1 ms apart.
     for w in starts.windows(2) {
-        assert!(w[1] - w[0] >= 480, "restarted after {} ms", w[1] - w[0]);
+        assert!(w[1] - w[0] >= 300, "restarted after {} ms", w[1] - w[0]);
     }
     assert_eq!(ex.wait_exit(LONG), 1);
 }

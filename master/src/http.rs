@@ -304,6 +304,12 @@ impl From<ApplyError> for ApiErr {
                 e.to_string(),
                 None,
             ),
+            ApplyError::ReadOnly(_) => ApiErr::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "read_only",
+                e.to_string(),
+                None,
+            ),
             ApplyError::Core(c) => c.into(),
         }
     }
@@ -724,11 +730,14 @@ type JobKeyPath = (String, String, String);
     path = "/health",
     tag = "meta",
     responses(
-        (status = 200, description = "The master is up: `ok`.", content_type = "text/plain", body = String),
+        (status = 200, description = "The master is up: `ok`, or `read-only: WHY` while its store's disk is full (reads are served, writes answer 507 `read_only`; a restart would not help, so this stays 200).", content_type = "text/plain", body = String),
     ),
 )]
-async fn health() -> &'static str {
-    "ok"
+async fn health(State(api): State<Shared>) -> String {
+    match api.master.read_only() {
+        Some(why) => format!("read-only: {why}"),
+        None => "ok".to_string(),
+    }
 }
 
 /// This API's OpenAPI 3 contract (no token): the same document as docs/openapi.json.
@@ -1390,6 +1399,11 @@ impl From<TokenError> for ApiErr {
             TokenError::AgentTaken { .. } | TokenError::Forbidden(_) => {
                 ApiErr::new(StatusCode::FORBIDDEN, "forbidden", msg, Some("agent_id"))
             }
+            TokenError::Sql { source, .. } if crate::store::sqlite_no_space(&source) => {
+                ApiErr::from(ApplyError::ReadOnly(format!(
+                    "{msg}; the master's disk is full: free space in its data dir"
+                )))
+            }
             _ => ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, "store_failed", msg, None),
         }
     }
@@ -1925,10 +1939,12 @@ async fn changes(
         .min(MAX_WAIT_MS);
     let job = q.get("job").cloned();
     let filter = if who.reads_all() {
+        // `job=` asks for that job's changes only: agents' changes would wake a
+        // waiting `job create --wait` for nothing.
         ChangeFilter {
+            agents: job.is_none(),
             job,
             roles: None,
-            agents: true,
         }
     } else {
         let Grant::Roles { roles } = &who.grant else {

@@ -5,92 +5,18 @@
 //! state, agents, pending reasons) are computed from the core when scraped. No
 //! label carries a task id.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
+
+use drover_common::metrics::{AtomicHistogram, Static};
 
 use crate::core::{Change, MetricsState};
 
-/// A histogram of fixed buckets made of atomics only (prometheus-client's own
-/// histogram takes a lock per observation).
-#[derive(Debug)]
-pub struct AtomicHistogram {
-    bounds: &'static [f64],
-    /// Observations at or below each bound (not cumulative; summed when encoded).
-    counts: Vec<AtomicU64>,
-    count: AtomicU64,
-    /// The sum in millionths of the unit.
-    sum_micros: AtomicU64,
-}
-
-impl AtomicHistogram {
-    /// A histogram with these upper bounds (ascending; +Inf is implied).
-    pub fn new(bounds: &'static [f64]) -> AtomicHistogram {
-        AtomicHistogram {
-            bounds,
-            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one value.
-    pub fn observe(&self, value: f64) {
-        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let mut cumulative = 0;
-        let mut buckets: Vec<(f64, u64)> = self
-            .bounds
-            .iter()
-            .zip(&self.counts)
-            .map(|(bound, n)| {
-                cumulative += n.load(Ordering::Relaxed);
-                (*bound, cumulative)
-            })
-            .collect();
-        let count = self.count.load(Ordering::Relaxed).max(cumulative);
-        buckets.push((f64::INFINITY, count));
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        (sum, count, buckets)
-    }
-}
-
-/// Registers a process-wide histogram in a per-scrape registry.
-#[derive(Debug)]
-struct Static(&'static AtomicHistogram);
-
-impl EncodeMetric for Static {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let (sum, count, buckets) = self.0.snapshot();
-        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        MetricType::Histogram
-    }
-}
-
-const SECONDS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-const SIZES: &[f64] = &[
-    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
-];
+use drover_common::metrics::{SECONDS, SIZES};
 
 /// The master's counters and histograms.
 #[derive(Debug)]
@@ -144,8 +70,9 @@ pub fn count_placements(changes: &[Change]) {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct StateLabel {
+struct TaskLabels {
     state: String,
+    tier: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -167,14 +94,15 @@ const TOP_REASONS: usize = 5;
 pub fn render(state: &MetricsState) -> String {
     let mut registry = Registry::with_prefix("drover_master");
     let m = &*METRICS;
-    let tasks = Family::<StateLabel, Gauge>::default();
+    let tasks = Family::<TaskLabels, Gauge>::default();
     let agents = Family::<AgentLabels, Gauge>::default();
     let reasons = Family::<ReasonLabel, Gauge>::default();
     let pending = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
-    for (s, n) in &state.tasks_by_state {
+    for ((s, tier), n) in &state.tasks_by_state {
         tasks
-            .get_or_create(&StateLabel {
+            .get_or_create(&TaskLabels {
                 state: s.to_string(),
+                tier: tier.to_string(),
             })
             .set(*n as i64);
     }
@@ -194,7 +122,11 @@ pub fn render(state: &MetricsState) -> String {
             .set(*n as i64);
     }
     pending.set(state.pending as i64);
-    registry.register("tasks", "Tasks by state (current and kept history)", tasks);
+    registry.register(
+        "tasks",
+        "Tasks by state and tier (current and kept history)",
+        tasks,
+    );
     registry.register("pending_tasks", "Tasks waiting for a placement", pending);
     registry.register(
         "pending_reasons",
@@ -241,28 +173,5 @@ pub fn render(state: &MetricsState) -> String {
         "Answers of the change stream (GET /v1/changes)",
         m.change_polls.clone(),
     );
-    let mut out = String::new();
-    if encode(&mut out, &registry).is_err() {
-        // Writing to a String cannot fail; an encoder error would be a bug.
-        let _ = writeln!(out, "# metrics could not be encoded");
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_histogram_is_cumulative_with_an_infinite_bucket() {
-        static BOUNDS: &[f64] = &[1.0, 2.0];
-        let h = AtomicHistogram::new(BOUNDS);
-        for v in [0.5, 1.5, 1.7, 9.0] {
-            h.observe(v);
-        }
-        let (sum, count, buckets) = h.snapshot();
-        assert_eq!(count, 4);
-        assert!((sum - 12.7).abs() < 1e-6);
-        assert_eq!(buckets, vec![(1.0, 1), (2.0, 3), (f64::INFINITY, 4)]);
-    }
+    drover_common::metrics::text(&registry)
 }

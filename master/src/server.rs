@@ -218,7 +218,13 @@ async fn open_and_bind(config: &Config, store: Option<Box<dyn Store>>) -> Result
     };
     let listener = TcpListener::bind(config.listen).await.map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
-    write_addr_file(&config.data_dir, addr)?;
+    if let Err(e) = write_addr_file(&config.data_dir, addr) {
+        // On a full disk the master still serves reads (read-only mode).
+        if api.master.read_only().is_none() {
+            return Err(e);
+        }
+        tracing::error!(error = %e, %addr, "cannot write master.addr (read-only: the disk is full)");
+    }
     Ok((api, listener, addr, tls))
 }
 
@@ -267,7 +273,7 @@ pub async fn run(
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
     // The store is loaded and the listener bound: connections from now on queue
     // until `serve` accepts them a moment later.
-    let status = api.master.read(crate::systemd::status);
+    let status = api.master.status();
     crate::systemd::ready(&format!("serving on {addr}; {status}"));
     serve(api, listener, tls, shutdown).await
 }

@@ -71,6 +71,14 @@ fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> TokenError {
     move |source| TokenError::Sql { op, source }
 }
 
+/// What the registry mirrors in memory: tokens by id, forbidden agents, agents'
+/// log keys.
+type Mirror = (
+    HashMap<String, Entry>,
+    HashSet<String>,
+    HashMap<String, String>,
+);
+
 /// The registry: the mirror behind a lock, the connection behind another.
 pub struct Tokens {
     conn: Mutex<Connection>,
@@ -81,10 +89,49 @@ pub struct Tokens {
 
 impl Tokens {
     /// Opens the tables in the SQLite file at `path` (creating them) and loads them.
+    ///
+    /// On a full disk (SQLite cannot grow the `-shm` file to open the store) the
+    /// tables are read through an exclusive reader instead, and the connection is
+    /// kept for the writes that work again once space is back.
     pub fn open(path: &Path) -> Result<Tokens, TokenError> {
-        let conn = Connection::open(path).map_err(sql("open"))?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(sql("open"))?;
+        let connect = || {
+            let conn = Connection::open(path).map_err(sql("open"))?;
+            conn.busy_timeout(std::time::Duration::from_secs(10))
+                .map_err(sql("open"))?;
+            Ok::<_, TokenError>(conn)
+        };
+        let mut conn = connect()?;
+        let mirror = match Tokens::load(&conn, true) {
+            Err(TokenError::Sql { source, .. }) if crate::store::sqlite_no_space(&source) => {
+                // The failed connection may still hold a shared lock.
+                drop(conn);
+                let reader = crate::store::exclusive_reader(path).map_err(sql("open"))?;
+                let mirror = Tokens::load(&reader, false)?;
+                drop(reader);
+                // Opened lazily: its first write, once space is back, opens the store.
+                conn = connect()?;
+                mirror
+            }
+            other => other?,
+        };
+        let (entries, forbidden, log_keys) = mirror;
+        Ok(Tokens {
+            conn: Mutex::new(conn),
+            entries: RwLock::new(entries),
+            forbidden: RwLock::new(forbidden),
+            log_keys: RwLock::new(log_keys),
+        })
+    }
+
+    /// The tables' content (creating them first when `create`).
+    fn load(conn: &Connection, create: bool) -> Result<Mirror, TokenError> {
+        if create {
+            Tokens::create_tables(conn)?;
+        }
+        Tokens::read_tables(conn)
+    }
+
+    fn create_tables(conn: &Connection) -> Result<(), TokenError> {
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS tokens (
                 id TEXT PRIMARY KEY, hash BLOB NOT NULL, record TEXT NOT NULL);
@@ -93,7 +140,10 @@ impl Tokens {
              CREATE TABLE IF NOT EXISTS agent_log_keys (
                 id TEXT PRIMARY KEY, key TEXT NOT NULL);",
         )
-        .map_err(sql("create tables"))?;
+        .map_err(sql("create tables"))
+    }
+
+    fn read_tables(conn: &Connection) -> Result<Mirror, TokenError> {
         let mut entries = HashMap::new();
         {
             let mut stmt = conn
@@ -142,12 +192,7 @@ impl Tokens {
             rows.collect::<Result<HashMap<_, _>, _>>()
                 .map_err(sql("load agent log keys"))?
         };
-        Ok(Tokens {
-            conn: Mutex::new(conn),
-            entries: RwLock::new(entries),
-            forbidden: RwLock::new(forbidden),
-            log_keys: RwLock::new(log_keys),
-        })
+        Ok((entries, forbidden, log_keys))
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {

@@ -159,14 +159,35 @@ async fn api_errors_are_json_with_codes_and_fields() {
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
-    let r = c
-        .http
-        .get(format!("http://{}/", h.addr))
-        .bearer_auth(&c.admin)
-        .send()
+    // The web UI's files need no token (they hold no data); any /ui/... path is the
+    // page, whose script is served beside it; an unknown asset is a 404.
+    for path in ["/", "/ui", "/ui/", "/ui/jobs/www/prod/dup"] {
+        let r = reqwest::get(format!("http://{}{path}", h.addr))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let csp = r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(csp.contains("default-src 'none'"), "{path}: {csp}");
+        assert!(
+            r.text().await.unwrap().contains("/ui/assets/app.js"),
+            "{path}"
+        );
+    }
+    let r = reqwest::get(format!("http://{}/ui/assets/app.js", h.addr))
         .await
         .unwrap();
-    assert!(r.text().await.unwrap().contains("www/prod/dup"));
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/javascript"));
+    let r = reqwest::get(format!("http://{}/ui/assets/nope.js", h.addr))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
     h.stop().await.unwrap();
 }
 

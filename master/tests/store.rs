@@ -1,6 +1,7 @@
 //! The SQLite store on a real file: what is committed is loaded back exactly, later
 //! changes to a row win, deletes stick, and the group-commit writer acknowledges
-//! only committed batches.
+//! only committed batches; a store out of space makes the writer read-only (the
+//! batch dropped, and those made on top of it) until a write works again.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -10,8 +11,9 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{EventSource, TaskState, TaskStatus};
 use drover_common::wire::{AgentResources, AgentVersions, HostEvent, MaintenanceMode};
 use drover_common::DesiredState;
+use drover_master::core::Snapshot;
 use drover_master::core::{AgentRecord, Change, HostFailure, HostMaintenance, Task};
-use drover_master::store::{SqliteStore, Store, Writer, DB_FILE};
+use drover_master::store::{SqliteStore, Store, StoreError, Writer, DB_FILE};
 
 fn spec(name: &str) -> JobSpec {
     serde_json::from_value(serde_json::json!({
@@ -251,4 +253,90 @@ fn configs_load_back_and_a_job_replaced_in_one_batch_loses_its_old_ones() {
     assert_eq!(snap.jobs[0].created_ms, 9);
     let hashes: Vec<&str> = snap.configs.iter().map(|(_, h, _)| h.as_str()).collect();
     assert_eq!(hashes, ["new"]);
+}
+
+/// A store whose writes fail for want of space while `full` is set; it records
+/// the tasks it stored.
+struct FullDisk {
+    full: Arc<std::sync::atomic::AtomicBool>,
+    stored: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Store for FullDisk {
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        Ok(Snapshot::default())
+    }
+
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::NoSpace {
+                op: "commit",
+                detail: "database or disk is full".to_string(),
+            });
+        }
+        let mut stored = self.stored.lock().unwrap();
+        for c in changes {
+            if let Change::PutTask(t) = c {
+                stored.push(t.id.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_full_store_turns_the_writer_read_only_until_a_write_works_again() {
+    let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stored = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store = FullDisk {
+        full: full.clone(),
+        stored: stored.clone(),
+    };
+    let writer = Writer::start(Box::new(store), 0);
+    let put = |i: u64| {
+        vec![Change::PutTask(Box::new(task(
+            &format!("t{i}"),
+            TaskState::Pending,
+        )))]
+    };
+    let state = writer.state.clone();
+    let mut progress = state.subscribe();
+    writer.submit(1, put(1), Vec::new());
+    while state.committed() < 1 {
+        progress.changed().await.unwrap();
+    }
+    assert_eq!(state.read_only(), None);
+    let epoch = state.epoch();
+    // The disk fills: batch 2 is not stored, and batch 3, made on top of it by a
+    // core of the same epoch, is dropped too, even once space is back.
+    full.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.submit_from(2, epoch, put(2), Vec::new());
+    while state.epoch() == epoch {
+        progress.changed().await.unwrap();
+    }
+    let why = state.read_only().expect("read-only");
+    assert!(
+        why.contains("disk is full") && why.contains("free"),
+        "{why}"
+    );
+    assert!(!state.failed());
+    full.store(false, std::sync::atomic::Ordering::SeqCst);
+    writer.submit_from(3, epoch, put(3), Vec::new());
+    // Space is back: the writer's own retry ends read-only mode.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while state.read_only().is_some() {
+        assert!(std::time::Instant::now() < until, "still read-only");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(state.committed(), 1);
+    // A core reloaded at the new epoch writes again.
+    writer.submit_from(2, state.epoch(), put(4), Vec::new());
+    while state.committed() < 2 {
+        progress.changed().await.unwrap();
+    }
+    assert_eq!(
+        *stored.lock().unwrap(),
+        vec!["t1".to_string(), "t4".to_string()]
+    );
+    assert!(writer.load().is_ok());
 }

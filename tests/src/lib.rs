@@ -289,7 +289,16 @@ pub fn spawn_master_with_env(
 ) -> anyhow::Result<(Proc, String)> {
     let master_dir = dir.join("master");
     let addr_file = master_dir.join("master.addr");
-    let _ = std::fs::remove_file(&addr_file);
+    // A fixed address (a restart) is known: the master is up once it accepts
+    // there (master.addr, which a master on a full disk cannot rewrite, is not
+    // needed).
+    let fixed = listen
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .filter(|a| a.port() != 0);
+    if fixed.is_none() {
+        let _ = std::fs::remove_file(&addr_file);
+    }
     let mut command = Command::new(bin("drover-master")?);
     command
         .arg("--config")
@@ -314,8 +323,12 @@ pub fn spawn_master_with_env(
     let mut master = Proc::spawn("drover-master", command, &dir.join("logs/master.log"))?;
     let deadline = Instant::now() + WAIT;
     loop {
+        if let Some(addr) = fixed {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Ok((master, listen.to_string()));
+            }
         // Written with a rename: a non-empty file is complete.
-        if let Ok(text) = std::fs::read_to_string(&addr_file) {
+        } else if let Ok(text) = std::fs::read_to_string(&addr_file) {
             if !text.trim().is_empty() {
                 return Ok((master, text.trim().to_string()));
             }

@@ -22,7 +22,8 @@ const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_co
                       response_headers_conformance,response_schema_conformance";
 
 /// Test cases per operation and phase: enough to reach every field and error path
-/// of each body, few enough that the three runs take about a minute.
+/// of each body, few enough that the three runs take about a minute
+/// (`DROVER_SCHEMATHESIS_EXAMPLES` asks for more).
 const MAX_EXAMPLES: &str = "8";
 
 /// A schemathesis config naming values that exist in the cluster, so that part of
@@ -37,7 +38,8 @@ fn config(keys: &[(&str, &str, &str)], ids: &[String], hosts: &[String]) -> Stri
     let envs = list(keys.iter().map(|k| k.1.to_string()).collect());
     let names = list(keys.iter().map(|k| k.2.to_string()).collect());
     format!(
-        "[dictionaries.roles]\nvalues = {roles}\n\
+        "[cache]\nenabled = false\n\
+         [dictionaries.roles]\nvalues = {roles}\n\
          [dictionaries.envs]\nvalues = {envs}\n\
          [dictionaries.names]\nvalues = {names}\n\
          [dictionaries.ids]\nvalues = {}\n\
@@ -62,6 +64,8 @@ fn schemathesis(cluster: &Cluster, config: &Path, token: &str, filter: &[&str], 
     std::fs::create_dir_all(&reports).expect("create target/schemathesis");
     let report = reports.join(format!("{what}.log"));
     let seed = std::env::var("DROVER_SCHEMATHESIS_SEED").unwrap_or_else(|_| "1".to_string());
+    let examples =
+        std::env::var("DROVER_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| MAX_EXAMPLES.to_string());
     let started = Instant::now();
     let run = || {
         let output = Command::new(SCHEMATHESIS)
@@ -72,12 +76,13 @@ fn schemathesis(cluster: &Cluster, config: &Path, token: &str, filter: &[&str], 
             .args(["--url", &cluster.url])
             .args(["--header", &format!("Authorization: Bearer {token}")])
             .args(["--checks", CHECKS])
-            .args(["--max-examples", MAX_EXAMPLES])
+            .args(["--max-examples", &examples])
             .args(["--seed", &seed])
             .args(["--workers", "2", "--request-timeout", "30", "--no-shrink"])
             .args(["--warnings", "off"])
             .args(filter)
             .env("NO_COLOR", "1")
+            .current_dir(cluster.dir())
             .output()
             .expect("run schemathesis");
         let text = format!(

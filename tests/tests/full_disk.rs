@@ -1,7 +1,9 @@
 //! Black-box: an agent whose data dir fills up (a 1 MiB tmpfs, filled with a file)
 //! keeps its tasks running and loses no status: the outbox write of a task that
 //! finishes meanwhile fails loudly and is retried, and the master learns FINISHED once
-//! space is back.
+//! space is back. A master whose data dir fills up goes read-only (writes 507, reads
+//! and heartbeats served, nothing acknowledged lost, nothing refused stored), resumes
+//! by itself once space is back, and starts read-only on a full disk.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,7 +40,7 @@ impl Tmpfs {
             .arg(dir)
             .status()?
             .success();
-        anyhow::ensure!(copied, "cannot copy the agent's data dir");
+        anyhow::ensure!(copied, "cannot copy the data dir");
         Ok(t)
     }
 
@@ -60,17 +62,26 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A one-agent cluster running the service `web`, and its task id.
+fn cluster_with_a_service() -> (Cluster, String) {
+    let mut cluster = Cluster::start(ClusterConfig::agents(1)).expect("a cluster");
+    cluster
+        .api
+        .create_job(&service_job("web", 1))
+        .expect("the service created");
+    let web = cluster
+        .wait_for_all("www-data/test/web", TaskState::Running)
+        .expect("the service running");
+    let task = web.instances[0].current.as_ref().map(|t| t.task_id.clone());
+    (cluster, task.unwrap_or_default())
+}
+
 #[test]
 fn an_agent_with_a_full_data_dir_keeps_its_tasks_and_delivers_every_status_later() {
     if !running_as_root("full disk test") {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
-    cluster.api.create_job(&service_job("web", 1)).unwrap();
-    let web = cluster
-        .wait_for_all("www-data/test/web", TaskState::Running)
-        .unwrap();
-    let web_task = web.instances[0].current.as_ref().unwrap().task_id.clone();
+    let (mut cluster, web_task) = cluster_with_a_service();
 
     // The agent's data dir on a small tmpfs (the agent stopped meanwhile: a crash
     // and a restart, which it survives anyway), then the tmpfs filled up.
@@ -143,6 +154,140 @@ fn an_agent_with_a_full_data_dir_keeps_its_tasks_and_delivers_every_status_later
     cluster
         .wait_for_all("www-data/test/brief", TaskState::Finished)
         .unwrap();
+    let web = cluster.api.job("www-data/test/web").unwrap();
+    assert_eq!(web.instances[0].current.as_ref().unwrap().task_id, web_task);
+    drop(cluster);
+    drop(tmpfs);
+}
+
+/// A batch job that no agent can place (it never starts a process): a write.
+fn unplaceable(name: &str) -> serde_json::Value {
+    json!({
+        "role": "www-data", "environment": "test", "name": name,
+        "instances": 1, "service": false,
+        "task": {
+            "processes": [{"name": "p", "cmdline": "sleep 1"}],
+            "resources": {"cpu": 64, "ram": "32MiB", "disk": "32MiB"}
+        }
+    })
+}
+
+/// `/health`'s status and text.
+fn health(cluster: &Cluster) -> (u16, String) {
+    cluster.api.get_status("/health").expect("GET /health")
+}
+
+/// Waits until `/health` says `ok` (true) or read-only (false).
+fn wait_health(cluster: &mut Cluster, ok: bool) {
+    let what = if ok {
+        "writes to resume"
+    } else {
+        "read-only mode"
+    };
+    cluster
+        .wait_for(what, WAIT, |c| {
+            let (status, text) = c.api.get_status("/health").ok()?;
+            (status == 200 && (text == "ok") == ok).then_some(())
+        })
+        .expect("the master's /health");
+}
+
+#[test]
+fn a_master_on_a_full_disk_goes_read_only_loses_nothing_and_resumes_by_itself() {
+    if !running_as_root("full disk test") {
+        return;
+    }
+    let (mut cluster, web_task) = cluster_with_a_service();
+
+    // The master's data dir on a small tmpfs (the master restarted onto it).
+    cluster.stop_master(Duration::from_secs(5));
+    let tmpfs = Tmpfs::over(&cluster.dir().join("master"), "4m").unwrap();
+    cluster.start_master_again().unwrap();
+    let filler = tmpfs.fill();
+
+    // Writes go on while SQLite finds room in its files, then one is refused:
+    // 507, saying what to do, and nothing of it stored.
+    let mut acked = Vec::new();
+    let refused = loop {
+        assert!(acked.len() < 5_000, "no write was refused on the full disk");
+        let name = format!("j{}", acked.len());
+        let (status, body) = cluster.api.post("/v1/jobs", &unplaceable(&name)).unwrap();
+        match status {
+            201 => acked.push(name),
+            507 => break (name, body),
+            _ => panic!("HTTP {status}: {body}"),
+        }
+    };
+    let (refused, body) = refused;
+    assert_eq!(body["error"]["code"], "read_only", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("disk is full") && message.contains("free space"),
+        "{message}"
+    );
+    let (status, text) = health(&cluster);
+    assert_eq!(status, 200);
+    assert!(text.starts_with("read-only: "), "{text}");
+    let keys = cluster.api.job_keys().unwrap();
+    assert!(
+        !keys.contains(&format!("www-data/test/{refused}")),
+        "{keys:?}"
+    );
+    for name in &acked {
+        assert!(
+            keys.contains(&format!("www-data/test/{name}")),
+            "{name} lost"
+        );
+    }
+    // Every write is refused, the same way.
+    let (status, body) = cluster
+        .api
+        .post("/v1/jobs/www-data/test/web/kill", &json!({}))
+        .unwrap();
+    assert_eq!(status, 507, "{body}");
+    // Reads and heartbeats go on: the agent stays reachable, the service runs on.
+    std::thread::sleep(Duration::from_secs(6));
+    let agents = cluster.api.agents().unwrap();
+    assert!(agents[0].reachable, "{agents:?}");
+    let web = cluster.api.job("www-data/test/web").unwrap();
+    let current = web.instances[0].current.as_ref().unwrap();
+    assert_eq!(
+        (current.task_id.as_str(), current.state),
+        (web_task.as_str(), TaskState::Running)
+    );
+    assert!(cluster.master().unwrap().is_running());
+
+    // Space is back: writes resume by themselves.
+    std::fs::remove_file(&filler).unwrap();
+    wait_health(&mut cluster, true);
+    cluster.api.create_job(&service_job("after", 1)).unwrap();
+    cluster
+        .wait_for_all("www-data/test/after", TaskState::Running)
+        .unwrap();
+
+    // A master started on a full disk starts read-only, with everything it had
+    // acknowledged, and resumes once space is back.
+    cluster.stop_master(Duration::from_secs(5));
+    let filler = tmpfs.fill();
+    cluster.start_master_again().unwrap();
+    let (status, text) = health(&cluster);
+    assert_eq!(status, 200);
+    assert!(text.starts_with("read-only: "), "{text}");
+    let keys = cluster.api.job_keys().unwrap();
+    for name in acked.iter().chain([&"after".to_string()]) {
+        assert!(
+            keys.contains(&format!("www-data/test/{name}")),
+            "{name} lost"
+        );
+    }
+    let (status, body) = cluster.api.post("/v1/jobs", &unplaceable("late")).unwrap();
+    assert_eq!(status, 507, "{body}");
+    std::thread::sleep(Duration::from_secs(3));
+    let agents = cluster.api.agents().unwrap();
+    assert!(agents[0].reachable, "{agents:?}");
+    std::fs::remove_file(&filler).unwrap();
+    wait_health(&mut cluster, true);
+    cluster.api.create_job(&unplaceable("late")).unwrap();
     let web = cluster.api.job("www-data/test/web").unwrap();
     assert_eq!(web.instances[0].current.as_ref().unwrap().task_id, web_task);
     drop(cluster);

@@ -2,8 +2,8 @@
 //! preemptible batch tasks gets a production service that does not fit: victims go
 //! PREEMPTING then KILLED naming the preemptor, the production instances RUNNING,
 //! the victims' replacements PENDING saying who preempted them. A production job
-//! over its role's quota is refused with the numbers, then accepted once the quota
-//! is raised (through the CLI). Cron jobs fire every few seconds (the master's
+//! over its role's quota, and an update that would take a job over it, are refused
+//! with the numbers, then accepted once the quota is raised (through the CLI). Cron jobs fire every few seconds (the master's
 //! `cron_seconds` test switch), KILL_EXISTING and CANCEL_NEW behave, and a master
 //! restart runs no firing twice. Each scenario is its own test (nextest runs them in
 //! parallel).
@@ -154,6 +154,72 @@ fn a_production_job_over_quota_is_refused_with_numbers_until_the_quota_is_raised
         })
         .unwrap();
     assert_eq!(q["quota"]["cpu"], json!(1.0), "{q}");
+}
+
+#[test]
+fn an_update_over_quota_is_refused_with_numbers_and_changes_nothing_until_the_quota_is_raised() {
+    if !running_as_root("quota update test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let quota = |cluster: &Cluster, cpu: &str| {
+        let output = cluster
+            .drover(&[
+                "quota", "set", "www-data", "--cpu", cpu, "--ram", "1GiB", "--disk", "1GiB",
+            ])
+            .unwrap();
+        assert!(output.status.success(), "{}", describe(&output));
+    };
+    quota(&cluster, "0.5");
+    // 2 x 0.1 cpu fits in 0.5.
+    let job = command_job("grow", 2, true, "sleep 1000");
+    cluster.create_job(&job).unwrap();
+    let before = cluster
+        .wait_for_all("www-data/test/grow", TaskState::Running)
+        .unwrap();
+    let tasks = |v: &JobView| -> Vec<String> {
+        v.instances
+            .iter()
+            .map(|i| i.current.as_ref().unwrap().task_id.clone())
+            .collect()
+    };
+
+    // The update asks 2 x 0.4 cpu: more than 0.5.
+    let mut bigger = command_job("grow", 2, true, "sleep 2000");
+    bigger["task"]["resources"]["cpu"] = json!(0.4);
+    bigger["update"] = json!({"batch_size": 2, "watch": "1s"});
+    let body = json!({"spec": bigger, "user": "test"});
+    let (status, answer) = cluster
+        .post("/v1/jobs/www-data/test/grow/update", &body)
+        .unwrap();
+    assert_eq!(status, 403, "{answer}");
+    assert_eq!(answer["error"]["code"], "quota_exceeded", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("quota cpu 0.5"), "{message}");
+    assert!(message.contains("in use cpu 0"), "{message}");
+    assert!(message.contains("asked cpu 0.8"), "{message}");
+    // Nothing changed: no update, the same tasks on the old config.
+    let (status, _) = cluster
+        .get_status("/v1/jobs/www-data/test/grow/update")
+        .unwrap();
+    assert_eq!(status, 404);
+    let job_now = cluster.job("www-data/test/grow").unwrap();
+    assert_eq!(tasks(&job_now), tasks(&before));
+
+    // Raised through the CLI: the same update is accepted and rolls on.
+    quota(&cluster, "1");
+    let (status, answer) = cluster
+        .post("/v1/jobs/www-data/test/grow/update", &body)
+        .unwrap();
+    assert_eq!(status, 201, "{answer}");
+    cluster
+        .wait_for("the update to roll forward", WAIT, |c| {
+            let u: Value = c.get("/v1/jobs/www-data/test/grow/update").ok()?;
+            (u["state"] == "ROLLED_FORWARD").then_some(())
+        })
+        .unwrap();
+    let after = cluster.job("www-data/test/grow").unwrap();
+    assert!(tasks(&after).iter().all(|t| !tasks(&before).contains(t)));
 }
 
 /// A cron job of 2 one-shot instances firing every `every` seconds.

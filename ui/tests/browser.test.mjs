@@ -103,6 +103,7 @@ describe("web UI", { timeout: 110_000 }, () => {
           "--headless",
           "--no-sandbox",
           "--disable-gpu",
+          "--disable-quic",
           "--disable-background-networking",
           "--disable-component-update",
           "--disable-sync",

@@ -90,16 +90,44 @@ pub(super) fn new_logs_key() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The log server's gate: `Authorization: Bearer <logs key>` (compared in constant
-/// time by `subtle`), else 401; `/health` is open.
+/// The secrets the agent's HTTP server accepts.
+pub(super) struct Keys {
+    /// The log server's key, given to the master at registration: every route.
+    pub logs: String,
+    /// The token of `metrics_token_file`: `GET /metrics` only.
+    pub metrics: Option<String>,
+}
+
+/// The agent's metrics token from `path`: 16-256 printable ASCII characters (the
+/// error says what is wrong; the agent does not start without it).
+pub(super) fn read_metrics_token(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let token = text.trim();
+    if !(16..=256).contains(&token.len()) || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(
+            "must hold one token of 16-256 printable characters (e.g. `openssl rand -hex 32`)"
+                .to_string(),
+        );
+    }
+    Ok(token.to_string())
+}
+
+/// Whether `given` is `key`, compared in constant time (`subtle`).
+fn same_secret(given: &str, key: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+}
+
+/// The HTTP server's gate: `Authorization: Bearer <logs key>` for every route, or
+/// the metrics token for `GET /metrics`, else 401; `/health` is open.
 pub(super) async fn require_logs_key(
-    axum::extract::State(key): axum::extract::State<Arc<String>>,
+    axum::extract::State(keys): axum::extract::State<Arc<Keys>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse as _;
-    use subtle::ConstantTimeEq as _;
-    if request.uri().path() == "/health" {
+    let path = request.uri().path();
+    if path == "/health" {
         return next.run(request).await;
     }
     let given = request
@@ -108,13 +136,19 @@ pub(super) async fn require_logs_key(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+    let metrics = path == "/metrics";
+    let metrics_token = keys.metrics.as_deref().filter(|_| metrics);
+    if same_secret(given, &keys.logs) || metrics_token.is_some_and(|t| same_secret(given, t)) {
         return next.run(request).await;
     }
+    let message = if metrics {
+        "the agent's /metrics needs the token of its metrics_token_file as a bearer token (docs/agent.md, Metrics)"
+    } else {
+        "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"
+    };
     (
         axum::http::StatusCode::UNAUTHORIZED,
-        axum::Json(serde_json::json!({"error": {"code": "unauthorized",
-            "message": "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"}})),
+        axum::Json(serde_json::json!({"error": {"code": "unauthorized", "message": message}})),
     )
         .into_response()
 }

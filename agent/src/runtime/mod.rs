@@ -16,6 +16,7 @@ mod gc;
 mod identity;
 mod lease;
 mod relay;
+mod scrape;
 mod session;
 mod watching;
 
@@ -40,7 +41,9 @@ use crate::master::MasterClient;
 use crate::outbox::{write_atomic, Outbox, OutboxError};
 use adopt::readopt;
 use gc::ticker;
-use identity::{load_or_create_agent_id, new_logs_key, read_token, require_logs_key};
+use identity::{
+    load_or_create_agent_id, new_logs_key, read_metrics_token, read_token, require_logs_key, Keys,
+};
 use lease::{restore_last_contact, restore_lease};
 use relay::{flush_outbox, relay, write_outbox};
 use session::{heartbeats, poll_assignments, registrar, self_drain};
@@ -58,6 +61,8 @@ pub enum AgentError {
     Outbox(#[from] OutboxError),
     #[error("TLS: {0}")]
     Tls(String),
+    #[error("invalid `metrics_token_file` {path}: {message}")]
+    MetricsToken { path: PathBuf, message: String },
     #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
     Bind {
         addr: SocketAddr,
@@ -178,6 +183,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.sandbox_root, &cfg.hostname)
         .map_err(dir_err("agent id in", &cfg.data_dir))?;
     let outbox = Arc::new(Mutex::new(Outbox::open(&cfg.data_dir)?));
+    let metrics_token = match &cfg.metrics_token_file {
+        Some(path) => {
+            Some(
+                read_metrics_token(path).map_err(|message| AgentError::MetricsToken {
+                    path: path.clone(),
+                    message,
+                })?,
+            )
+        }
+        None => None,
+    };
 
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -290,9 +306,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.spawn(ticker(shared.clone()));
     // The log server answers the master only: it proxies reads for authorized
     // callers (docs/auth.md), with the key this agent gave it at registration.
-    let app = crate::logs::router(shared.layout.clone()).layer(
-        axum::middleware::from_fn_with_state(Arc::new(logs_key), require_logs_key),
-    );
+    // `/metrics` also takes the metrics token (docs/agent.md, "Metrics").
+    let keys = Keys {
+        logs: logs_key,
+        metrics: metrics_token,
+    };
+    let app = crate::logs::router(shared.layout.clone())
+        .route(
+            "/metrics",
+            axum::routing::get(scrape::metrics).with_state(shared.clone()),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(keys),
+            require_logs_key,
+        ));
     let (stop_tx, mut stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
         let stopped = async move {

@@ -50,6 +50,9 @@ pub(super) async fn write_outbox(
             match tokio::task::spawn_blocking(move || lock(&outbox).put(b)).await {
                 Ok(Ok(n)) => {
                     tracing::debug!(written = n, "outbox batch written");
+                    for update in &batch {
+                        crate::metrics::METRICS.status_written(update);
+                    }
                     break;
                 }
                 Ok(Err(e)) => tracing::error!(error = %e, "outbox write failed; retrying"),

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_common::state::{now_ms, ExitReason};
+use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::{Assignment, ExecutorStatus, StatusUpdate};
 use tokio::sync::{mpsc, watch};
 
@@ -62,6 +62,7 @@ pub(super) async fn start_task(
     tracing::debug!(task_id = %id, us = t0.elapsed().as_micros() as u64, "executor spawned (microseconds)");
     match spawned {
         Ok(mut spawned) => {
+            crate::metrics::METRICS.executor_starts.inc();
             tracing::debug!(task_id = %id, pid = ?spawned.child.id(), "executor started");
             if let Some(ready) = spawned.ready.take() {
                 // One byte once the socket listens, EOF if the executor died first;
@@ -73,11 +74,12 @@ pub(super) async fn start_task(
             drop(permit);
             let watched = match spawned.child {
                 ExecutorProcess::Untracked { pid } => Watched::Adopted(pid),
-                _ => Watched::Child(Box::new(spawned)),
+                _ => Watched::Child(Box::new(spawned), t0),
             };
             watch_task(shared, id, watched, kill_rx).await
         }
         Err(e) => {
+            crate::metrics::METRICS.executor_start_failures.inc();
             tracing::error!(task_id = %id, error = %e, "could not start executor");
             let update = numbered(&shared, Verdict::setup_failed(&id, e.to_string()), 0);
             finish(&shared, update);
@@ -113,9 +115,9 @@ pub(super) fn finish(shared: &Shared, update: StatusUpdate) {
 
 /// The executor a watcher follows.
 pub(super) enum Watched {
-    /// Spawned by this agent (and waited for until its socket listened): reaped
-    /// here, its exit is known at once.
-    Child(Box<executor::Spawned>),
+    /// Spawned by this agent (and waited for until its socket listened) at the
+    /// instant given: reaped here, its exit is known at once.
+    Child(Box<executor::Spawned>, std::time::Instant),
     /// Found running at start (pid from /proc when known; else from agent.json).
     Adopted(Option<u32>),
 }
@@ -131,8 +133,13 @@ pub(super) async fn watch_task(
 ) {
     let socket = shared.layout.socket(&id);
     let mut connection = None;
+    // For the metrics: when the executor was started (until its STARTING status)
+    // and when the task's KILLING status was stamped.
+    let mut spawned_at = None;
+    let mut killing_at: Option<u64> = None;
     let (child_exited, known_pid) = match watched {
-        Watched::Child(spawned) => {
+        Watched::Child(spawned, at) => {
+            spawned_at = Some(at);
             connection = spawned.connection;
             let mut child = spawned.child;
             let (tx, rx) = watch::channel(false);
@@ -212,6 +219,7 @@ pub(super) async fn watch_task(
                         attempts = 0;
                         tracing::debug!(task_id = %id, seq = status.seq, state = %status.state, "executor status");
                         let terminal = status.state.is_terminal();
+                        observe_timings(&status, &mut spawned_at, &mut killing_at);
                         let _ = shared.updates_tx.send(update_from_status(&status));
                         if terminal {
                             lock(&shared.tasks).unwatch(&id);
@@ -266,6 +274,35 @@ pub(super) async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
     );
     tracing::warn!(task_id = %id, seq = update.seq, message = update.message, "reporting task LOST");
     finish(shared, update);
+}
+
+/// Feeds the timing histograms from one status of a watched executor: the process
+/// start (executor started -> STARTING, once) and the kill escalation (KILLING ->
+/// terminal, both stamped by the executor).
+fn observe_timings(
+    status: &ExecutorStatus,
+    spawned_at: &mut Option<std::time::Instant>,
+    killing_at: &mut Option<u64>,
+) {
+    let m = &crate::metrics::METRICS;
+    match status.state {
+        TaskState::Starting | TaskState::Running => {
+            if let Some(at) = spawned_at.take() {
+                m.process_start.observe(at.elapsed().as_secs_f64());
+            }
+        }
+        TaskState::Killing => {
+            killing_at.get_or_insert(status.timestamp_ms);
+        }
+        _ => {}
+    }
+    if status.state.is_terminal() {
+        *spawned_at = None;
+        if let Some(at) = killing_at.take() {
+            let ms = status.timestamp_ms.saturating_sub(at);
+            m.kill_escalation.observe(ms as f64 / 1000.0);
+        }
+    }
 }
 
 /// Sends a kill request to task `task_id`'s watcher, if one follows it.

@@ -167,6 +167,11 @@ impl Core {
         core
     }
 
+    /// The thresholds this core runs with.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
     /// The last store batch sequence number handed out. It goes on across restarts
     /// (a loaded core starts at the highest `rev` stored), so it is also the change
     /// stream's index.

@@ -1,9 +1,10 @@
-//! Counts of the state for the `/metrics` gauges: tasks by state, agents by
+//! Counts of the state for the `/metrics` gauges: tasks by state and tier, agents by
 //! reachability and maintenance mode, PENDING tasks and why they wait. Pure, one
 //! pass over the tasks (a scrape of 100,000 tasks stays in milliseconds).
 
 use std::collections::BTreeMap;
 
+use drover_common::spec::Tier;
 use drover_common::state::TaskState;
 
 use super::Core;
@@ -11,7 +12,8 @@ use super::Core;
 /// What `/metrics` shows of the state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MetricsState {
-    pub tasks_by_state: BTreeMap<TaskState, u64>,
+    /// (state, tier of the task's own config) -> tasks.
+    pub tasks_by_state: BTreeMap<(TaskState, &'static str), u64>,
     /// (reachable, maintenance mode) -> agents.
     pub agents: BTreeMap<(bool, String), u64>,
     pub pending: u64,
@@ -27,7 +29,14 @@ impl Core {
         let mut state = MetricsState::default();
         let mut pending_by_job: BTreeMap<&str, u64> = BTreeMap::new();
         for t in self.tasks.values() {
-            *state.tasks_by_state.entry(t.status.state).or_insert(0) += 1;
+            let tier = match self.jobs.get(&t.job).map(|j| j.spec_of(&t.config).tier) {
+                Some(Tier::Preemptible) => "preemptible",
+                _ => "preferred",
+            };
+            *state
+                .tasks_by_state
+                .entry((t.status.state, tier))
+                .or_insert(0) += 1;
             if t.status.state == TaskState::Pending {
                 state.pending += 1;
                 *pending_by_job.entry(t.job.as_str()).or_insert(0) += 1;

@@ -1,0 +1,279 @@
+//! Prometheus metrics of the agent (`GET /metrics` on its HTTP server, text
+//! exposition format; docs/agent.md, "Metrics"). Counters and histograms are
+//! process-wide atomics bumped where things happen (a status written to the outbox,
+//! an executor started, a watcher seeing a status): no lock and no allocation on
+//! those paths. The outbox gauges are read when scraped. No label carries a task id.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use drover_common::metrics::{AtomicHistogram, Static, SECONDS};
+use drover_common::state::ExitReason;
+use drover_common::wire::StatusUpdate;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Exit reasons as labels, in [`reason_index`]'s order; `none` for a terminal
+/// status without a reason.
+pub const REASONS: [&str; 15] = [
+    "exit_code",
+    "signal",
+    "oom_killed",
+    "health_check_failed",
+    "killed_by_request",
+    "restarted",
+    "updated",
+    "drained",
+    "preempted",
+    "agent_lost",
+    "transient_state_timeout",
+    "sandbox_setup_failed",
+    "executor_lost",
+    "failed_to_start",
+    "none",
+];
+
+/// The index of a reason's label in [`REASONS`].
+pub fn reason_index(reason: Option<&ExitReason>) -> usize {
+    match reason {
+        Some(ExitReason::ExitCode { .. }) => 0,
+        Some(ExitReason::Signal { .. }) => 1,
+        Some(ExitReason::OomKilled) => 2,
+        Some(ExitReason::HealthCheckFailed { .. }) => 3,
+        Some(ExitReason::KilledByRequest) => 4,
+        Some(ExitReason::Restarted) => 5,
+        Some(ExitReason::Updated) => 6,
+        Some(ExitReason::Drained) => 7,
+        Some(ExitReason::Preempted { .. }) => 8,
+        Some(ExitReason::AgentLost) => 9,
+        Some(ExitReason::TransientStateTimeout { .. }) => 10,
+        Some(ExitReason::SandboxSetupFailed { .. }) => 11,
+        Some(ExitReason::ExecutorLost) => 12,
+        Some(ExitReason::FailedToStart { .. }) => 13,
+        None => 14,
+    }
+}
+
+/// Bounds of the kill escalation histogram, in seconds: an escalation waits for a
+/// graceful shutdown, then SIGTERM's grace (`finalization_wait`), then SIGKILL.
+const ESCALATION: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// The agent's counters and histograms.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Executors started (spawned or forked) for new tasks.
+    pub executor_starts: Counter,
+    /// Executors that could not be started (the task ends LOST, sandbox setup failed).
+    pub executor_start_failures: Counter,
+    /// Terminal statuses written to the outbox, by exit reason ([`REASONS`]).
+    exits: [AtomicU64; REASONS.len()],
+    /// Tasks that ended because their health checks failed.
+    pub health_check_failures: Counter,
+    /// From a task's KILLING status to its terminal one (the executor's clock): the
+    /// whole kill escalation as the executor reports it.
+    pub kill_escalation: AtomicHistogram,
+    /// From the agent starting an executor to the task's first processes started
+    /// (its STARTING status).
+    pub process_start: AtomicHistogram,
+}
+
+/// The process's metrics.
+pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    executor_starts: Counter::default(),
+    executor_start_failures: Counter::default(),
+    exits: std::array::from_fn(|_| AtomicU64::new(0)),
+    health_check_failures: Counter::default(),
+    kill_escalation: AtomicHistogram::new(ESCALATION),
+    process_start: AtomicHistogram::new(SECONDS),
+});
+
+impl Metrics {
+    /// Counts a status written to the outbox: a terminal one by its exit reason,
+    /// and a health check failure when that is how the task ended.
+    pub fn status_written(&self, update: &StatusUpdate) {
+        if !update.state.is_terminal() {
+            return;
+        }
+        let reason = update.exit_reason.as_ref();
+        self.exits[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
+        if matches!(reason, Some(ExitReason::HealthCheckFailed { .. })) {
+            self.health_check_failures.inc();
+        }
+    }
+
+    /// Terminal statuses counted for the reason at `index` of [`REASONS`].
+    pub fn exits(&self, index: usize) -> u64 {
+        self.exits
+            .get(index)
+            .map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+}
+
+/// What the agent's state says when scraped.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// Status updates in the outbox, not yet acknowledged by the master.
+    pub outbox_updates: usize,
+    /// Age of the oldest of them (0 when empty).
+    pub outbox_oldest_age_seconds: f64,
+    /// Tasks the agent watches (their executors run).
+    pub tasks: usize,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// The text exposition of every agent metric.
+pub fn render(gauges: &Gauges) -> String {
+    let mut registry = Registry::with_prefix("drover_agent");
+    let m = &*METRICS;
+    let gauge = |value: f64| {
+        let g = Gauge::<f64, AtomicU64>::default();
+        g.set(value);
+        g
+    };
+    registry.register(
+        "outbox_updates",
+        "Status updates in the durable outbox, not yet acknowledged by the master",
+        gauge(gauges.outbox_updates as f64),
+    );
+    registry.register(
+        "outbox_oldest_age_seconds",
+        "Age of the oldest update in the outbox (0 when it is empty)",
+        gauge(gauges.outbox_oldest_age_seconds),
+    );
+    registry.register(
+        "tasks",
+        "Tasks whose executor the agent watches",
+        gauge(gauges.tasks as f64),
+    );
+    registry.register(
+        "executor_starts",
+        "Executors started for new tasks",
+        m.executor_starts.clone(),
+    );
+    registry.register(
+        "executor_start_failures",
+        "Executors that could not be started",
+        m.executor_start_failures.clone(),
+    );
+    let exits = Family::<ReasonLabel, Counter>::default();
+    for (i, reason) in REASONS.iter().enumerate() {
+        let n = m.exits(i);
+        if n > 0 {
+            exits.get_or_create(&ReasonLabel { reason }).inc_by(n);
+        }
+    }
+    registry.register(
+        "task_exits",
+        "Tasks that ended on this agent, by exit reason",
+        exits,
+    );
+    registry.register(
+        "health_check_failures",
+        "Tasks stopped because their health checks failed",
+        m.health_check_failures.clone(),
+    );
+    registry.register(
+        "kill_escalation_seconds",
+        "From a task's KILLING status to its end, as its executor reports them",
+        Static(&m.kill_escalation),
+    );
+    registry.register(
+        "process_start_seconds",
+        "From the agent starting an executor to the task's first processes started",
+        Static(&m.process_start),
+    );
+    drover_common::metrics::text(&registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::state::TaskState;
+
+    fn update(state: TaskState, exit_reason: Option<ExitReason>) -> StatusUpdate {
+        StatusUpdate {
+            task_id: "t-0-abc".into(),
+            seq: 1,
+            state,
+            exit_reason,
+            message: String::new(),
+            timestamp_ms: 0,
+            processes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_reason_has_its_own_label() {
+        let reasons = [
+            ExitReason::ExitCode { code: 1 },
+            ExitReason::Signal { signal: 9 },
+            ExitReason::OomKilled,
+            ExitReason::HealthCheckFailed {
+                last_error: String::new(),
+            },
+            ExitReason::KilledByRequest,
+            ExitReason::Restarted,
+            ExitReason::Updated,
+            ExitReason::Drained,
+            ExitReason::Preempted { by: String::new() },
+            ExitReason::AgentLost,
+            ExitReason::TransientStateTimeout {
+                state: TaskState::Starting,
+            },
+            ExitReason::SandboxSetupFailed {
+                error: String::new(),
+            },
+            ExitReason::ExecutorLost,
+            ExitReason::FailedToStart {
+                process: String::new(),
+                error: String::new(),
+            },
+        ];
+        let mut seen: Vec<usize> = reasons.iter().map(|r| reason_index(Some(r))).collect();
+        seen.push(reason_index(None));
+        // The serialized kind is the label.
+        for r in &reasons {
+            let kind = serde_json::to_value(r).unwrap()["kind"].clone();
+            assert_eq!(kind, REASONS[reason_index(Some(r))], "{r:?}");
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), REASONS.len());
+    }
+
+    #[test]
+    fn terminal_statuses_are_counted_by_reason_and_health_failures_apart() {
+        let m = &*METRICS;
+        let health = ExitReason::HealthCheckFailed {
+            last_error: "503".into(),
+        };
+        let (exits_before, failures_before) = (m.exits(3), m.health_check_failures.get());
+        m.status_written(&update(TaskState::Running, None));
+        m.status_written(&update(TaskState::Failed, Some(health)));
+        assert_eq!(m.exits(3), exits_before + 1);
+        assert_eq!(m.health_check_failures.get(), failures_before + 1);
+        let text = render(&Gauges {
+            outbox_updates: 2,
+            outbox_oldest_age_seconds: 1.5,
+            tasks: 1,
+        });
+        assert!(text.contains("drover_agent_outbox_updates 2"), "{text}");
+        assert!(
+            text.contains("drover_agent_outbox_oldest_age_seconds 1.5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drover_agent_task_exits_total{reason=\"health_check_failed\"}"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE drover_agent_kill_escalation_seconds histogram"));
+    }
+}

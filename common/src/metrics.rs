@@ -1,0 +1,114 @@
+//! Prometheus building blocks shared by the master's and the agent's `/metrics`
+//! (feature `metrics`): a histogram of atomics (no lock on the path that observes)
+//! and the bucket bounds both use.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+
+/// A histogram of fixed buckets made of atomics only (prometheus-client's own
+/// histogram takes a lock per observation).
+#[derive(Debug)]
+pub struct AtomicHistogram {
+    bounds: &'static [f64],
+    /// Observations at or below each bound (not cumulative; summed when encoded).
+    counts: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// The sum in millionths of the unit.
+    sum_micros: AtomicU64,
+}
+
+impl AtomicHistogram {
+    /// A histogram with these upper bounds (ascending; +Inf is implied).
+    pub fn new(bounds: &'static [f64]) -> AtomicHistogram {
+        AtomicHistogram {
+            bounds,
+            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one value.
+    pub fn observe(&self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// The sum, the count and the cumulative buckets (+Inf last).
+    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut cumulative = 0;
+        let mut buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(&self.counts)
+            .map(|(bound, n)| {
+                cumulative += n.load(Ordering::Relaxed);
+                (*bound, cumulative)
+            })
+            .collect();
+        let count = self.count.load(Ordering::Relaxed).max(cumulative);
+        buckets.push((f64::INFINITY, count));
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        (sum, count, buckets)
+    }
+}
+
+/// A process-wide histogram, registered in a per-scrape registry.
+#[derive(Debug)]
+pub struct Static(pub &'static AtomicHistogram);
+
+impl EncodeMetric for Static {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.0.snapshot();
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The text exposition (OpenMetrics) of a registry.
+pub fn text(registry: &prometheus_client::registry::Registry) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
+        // Writing to a String cannot fail; an encoder error would be a bug.
+        let _ = writeln!(out, "# metrics could not be encoded");
+    }
+    out
+}
+
+/// Bucket bounds for durations, in seconds (0.5 ms to 10 s).
+pub const SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Bucket bounds for sizes (batches, sets), in items.
+pub const SIZES: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_is_cumulative_with_an_infinite_bucket() {
+        static BOUNDS: &[f64] = &[1.0, 2.0];
+        let h = AtomicHistogram::new(BOUNDS);
+        for v in [0.5, 1.5, 1.7, 9.0] {
+            h.observe(v);
+        }
+        let (sum, count, buckets) = h.snapshot();
+        assert_eq!(count, 4);
+        assert!((sum - 12.7).abs() < 1e-6);
+        assert_eq!(buckets, vec![(1.0, 1), (2.0, 3), (f64::INFINITY, 4)]);
+    }
+}

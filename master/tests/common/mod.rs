@@ -33,8 +33,6 @@ pub fn config(dir: &Path) -> Config {
             restart_grace_ms: 10_000,
             ..CoreConfig::default()
         },
-        store: drover_master::config::StoreChoice::Sqlite,
-        ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
     }
 }
 

@@ -130,7 +130,10 @@ fn a_paused_leader_writes_nothing_after_its_lease_expired() -> anyhow::Result<()
         &serde_json::to_value(command_job("stale", 1, false, "true"))?,
     );
     if let Ok(answer) = answer {
-        assert_ne!(answer.0, 201, "the paused leader accepted a job: {answer:?}");
+        assert_ne!(
+            answer.0, 201,
+            "the paused leader accepted a job: {answer:?}"
+        );
     }
     // (It may be between its leader's and its standby's listener for a moment.)
     let health = cluster.wait_for("the old leader to answer /health", WAIT, |c| c.health(old))?;

@@ -6,6 +6,9 @@
 //! 4. master restart with 10,000 tasks on 20 agents: load + serve.
 //!
 //! Not run in CI: `cargo bench -p drover-master --bench e2e`.
+//! `E2E_ONLY_THROUGHPUT=1` runs the throughput part (and the restart) only;
+//! `E2E_STORE=etcd://h:p,...` runs the throughput part on an empty etcd cluster
+//! (with `E2E_ETCD_MAX_TXN_OPS` the cluster's --max-txn-ops, default 128).
 
 #![allow(clippy::unwrap_used)]
 
@@ -189,9 +192,31 @@ async fn latency() {
     h.stop().await.unwrap();
 }
 
+/// The store of the throughput run: SQLite, or the etcd cluster named by
+/// `E2E_STORE=etcd://host:port,...` (an empty one: the bench's job must be new).
+fn bench_store() -> Option<Box<dyn drover_master::store::Store>> {
+    let url = std::env::var("E2E_STORE").ok()?;
+    let mut options =
+        drover_master::etcd_store::EtcdOptions::parse(&url, None, None, None).unwrap();
+    if let Ok(n) = std::env::var("E2E_ETCD_MAX_TXN_OPS") {
+        options.max_txn_ops = n.parse().unwrap();
+    }
+    let conn = drover_master::etcd_store::EtcdConn::connect(&options).unwrap();
+    Some(Box::new(drover_master::etcd_store::EtcdStore::new(
+        conn, None,
+    )))
+}
+
 async fn throughput() {
     let dir = tempfile::tempdir().unwrap();
-    let h = drover_master::start(config(dir.path())).await.unwrap();
+    let store = bench_store();
+    println!(
+        "throughput store: {}",
+        std::env::var("E2E_STORE").unwrap_or_else(|_| "sqlite".into())
+    );
+    let h = drover_master::start_with(config(dir.path()), store)
+        .await
+        .unwrap();
     let base = format!("http://{}", h.addr);
     let done = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicUsize::new(0));

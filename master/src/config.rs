@@ -22,6 +22,9 @@ use crate::tls::TlsFiles;
     about = "Drover's master: stores jobs, schedules tasks, serves the admin and agent APIs"
 )]
 pub struct Args {
+    /// A command instead of serving.
+    #[command(subcommand)]
+    pub command: Option<MasterCommand>,
     /// TOML config file; flags override its keys.
     #[arg(long, value_name = "FILE.toml")]
     pub config: Option<PathBuf>,
@@ -145,6 +148,27 @@ pub struct Args {
     /// How many different jobs those failures must come from.
     #[arg(long, value_name = "N")]
     pub quarantine_jobs: Option<u32>,
+}
+
+/// What `drover-master` does instead of serving.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum MasterCommand {
+    /// Copies a stopped master's state from one store to another (every master
+    /// stopped): `--from sqlite:/var/lib/drover-master --to etcd://h:p,h:p`, or
+    /// back. The etcd TLS flags (--etcd-ca, --etcd-cert, --etcd-key) go before
+    /// `migrate`.
+    Migrate {
+        /// The store to read: `sqlite:PATH` (the data dir or its drover.db) or
+        /// `etcd://host:port,...`.
+        #[arg(long, value_name = "STORE")]
+        from: String,
+        /// The store to write (empty unless --force).
+        #[arg(long, value_name = "STORE")]
+        to: String,
+        /// Write into a store that already holds state (row by row, over it).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// The TOML file; every key optional.

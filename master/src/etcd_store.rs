@@ -150,7 +150,8 @@ fn etcd(op: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
 
 /// A connection to the etcd cluster with the runtime that drives it.
 pub struct EtcdConn {
-    runtime: tokio::runtime::Runtime,
+    /// Always Some until dropped (taken to shut it down without blocking).
+    runtime: Option<tokio::runtime::Runtime>,
     client: Client,
     /// The cluster's limits, from the options.
     pub limits: Limits,
@@ -194,15 +195,23 @@ impl EtcdConn {
             connect = connect.with_tls(tls);
         }
         let endpoints = options.endpoints.clone();
-        let client = block(&runtime, async move {
+        let client = block(Some(&runtime), async move {
             let mut client = Client::connect(endpoints, Some(connect)).await?;
             // Connecting is lazy: ask once so a wrong address fails here.
             client.status().await?;
             Ok::<_, etcd_client::Error>(client)
         })
-        .map_err(etcd("connect to etcd"))?;
+        .map_err(etcd("connect to etcd"));
+        let client = match client {
+            Ok(c) => c,
+            Err(e) => {
+                // Dropping a runtime blocks, which panics inside another runtime.
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         Ok(Arc::new(EtcdConn {
-            runtime,
+            runtime: Some(runtime),
             client,
             limits: Limits {
                 max_ops: options.max_txn_ops.max(2),
@@ -225,7 +234,10 @@ impl EtcdConn {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.runtime.spawn(fut)
+        match &self.runtime {
+            Some(rt) => rt.spawn(fut),
+            None => tokio::spawn(fut),
+        }
     }
 
     /// Runs `fut` on the connection's runtime and waits for it.
@@ -234,21 +246,35 @@ impl EtcdConn {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        block(&self.runtime, fut)
+        block(self.runtime.as_ref(), fut)
+    }
+}
+
+impl Drop for EtcdConn {
+    fn drop(&mut self) {
+        // The last handle may go inside the master's runtime, where dropping a
+        // runtime (which blocks) would panic.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
 /// Spawns `fut` on `runtime` and blocks this thread on its result: usable from
 /// plain threads and from inside another tokio runtime.
-fn block<F>(runtime: &tokio::runtime::Runtime, fut: F) -> F::Output
+fn block<F>(runtime: Option<&tokio::runtime::Runtime>, fut: F) -> F::Output
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    runtime.spawn(async move {
+    let task = async move {
         let _ = tx.send(fut.await);
-    });
+    };
+    // The runtime is only taken by Drop, never while the connection is borrowed.
+    if let Some(runtime) = runtime {
+        runtime.spawn(task);
+    }
     // The spawned task always sends unless the runtime is shutting down, which
     // only happens when the connection is dropped (not while it is borrowed).
     rx.recv().unwrap_or_else(|_| std::process::abort())

@@ -189,13 +189,13 @@ async fn follow_leader(mut client: Client, lead: Arc<Leadership>) {
     }
 }
 
-/// Serves `app` on a fresh listener until `stop` turns true.
+/// Binds `config.listen` (retrying a moment while this process's previous
+/// listener on it closes).
 async fn bind(config: &Config) -> Result<TcpListener, RunError> {
     let bind_err = |source| RunError::Bind {
         addr: config.listen,
         source,
     };
-    // The old listener of this process may still be closing: retry a moment.
     let mut tries = 0;
     loop {
         match TcpListener::bind(config.listen).await {
@@ -348,7 +348,9 @@ async fn term(
     };
     let master = match opened {
         Ok(m) => m,
-        Err(RunError::Store(StoreError::Fenced)) => {
+        // Deposed while loading, or etcd unavailable: a standby again (and retry).
+        Err(RunError::Store(e @ (StoreError::Fenced | StoreError::Etcd { .. }))) => {
+            tracing::warn!(error = %e, "cannot load the store as leader; stepping down");
             kept.abort();
             let _ = client.lease_revoke(lease).await;
             return Ok(Term::SteppedDown);

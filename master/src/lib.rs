@@ -12,6 +12,7 @@ mod guard;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod migrate;
 pub mod ratelimit;
 pub mod runtime;
 pub mod server;
@@ -23,4 +24,4 @@ mod ui;
 
 pub use config::{Args, Config, ConfigError};
 pub use runtime::{Master, RunError};
-pub use server::{run, serve, start, Handle};
+pub use server::{run, serve, start, start_with, Handle};

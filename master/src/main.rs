@@ -1,5 +1,6 @@
 //! `drover-master`: tracing, config (exit 64 naming the field on bad config), run
-//! until SIGTERM or SIGINT, then stop accepting, flush the store and exit 0.
+//! until SIGTERM or SIGINT, then stop accepting, flush the store and exit 0; or
+//! `drover-master migrate` (see `migrate`).
 
 use std::process::ExitCode;
 
@@ -15,7 +16,29 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(drover_master::config::MasterCommand::Migrate { from, to, force }) =
+        args.command.take()
+    {
+        let tls = drover_master::migrate::EtcdTls {
+            ca: args.etcd_ca,
+            cert: args.etcd_cert,
+            key: args.etcd_key,
+        };
+        return match drover_master::migrate::migrate(&from, &to, force, &tls) {
+            Ok(m) => {
+                println!(
+                    "migrated {} jobs, {} tasks, {} agents (change index {}) from {from} to {to}",
+                    m.jobs, m.tasks, m.agents, m.index
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("drover-master migrate: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let config = match Config::load(args) {
         Ok(c) => c,
         Err(e) => {

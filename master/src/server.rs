@@ -15,7 +15,8 @@ use tokio::sync::watch;
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::http::Api;
-use crate::runtime::{open, prepare_data_dir, seed, write_addr_file, Master, RunError};
+use crate::runtime::{open, open_store, prepare_data_dir, seed, write_addr_file, Master, RunError};
+use crate::store::Store;
 use crate::store::DB_FILE;
 use crate::tls::PeerCert;
 use crate::tokens::Tokens;
@@ -198,12 +199,18 @@ type Bound = (
     Option<Arc<rustls::ServerConfig>>,
 );
 
-async fn open_and_bind(config: &Config) -> Result<Bound, RunError> {
+async fn open_and_bind(config: &Config, store: Option<Box<dyn Store>>) -> Result<Bound, RunError> {
     let tls = match &config.tls {
         Some(files) => Some(crate::tls::server_config(files)?),
         None => None,
     };
-    let master = open(config, seed())?;
+    let master = match store {
+        None => open(config, seed())?,
+        Some(store) => {
+            prepare_data_dir(config)?;
+            open_store(config, store, seed())?
+        }
+    };
     let api = api(config, master, tls.is_some())?;
     let bind_err = |source| RunError::Bind {
         addr: config.listen,
@@ -259,7 +266,7 @@ pub async fn run(
         let options = options.clone();
         return crate::leader::run(config, options, shutdown).await;
     }
-    let (api, listener, addr, tls) = open_and_bind(&config).await?;
+    let (api, listener, addr, tls) = open_and_bind(&config, None).await?;
     if !addr.ip().is_loopback() && tls.is_none() {
         tracing::warn!(%addr, "INSECURE: --insecure is set and the API is served over plain HTTP on a non-loopback address; bearer tokens and agent traffic cross the network in clear text");
     }
@@ -306,7 +313,13 @@ impl Drop for Handle {
 
 /// Starts a master in this process (binds, writes master.addr, serves).
 pub async fn start(config: Config) -> Result<Handle, RunError> {
-    let (api, listener, addr, tls) = open_and_bind(&config).await?;
+    start_with(config, None).await
+}
+
+/// `start` on `store` instead of the SQLite store of `config` (benches; no
+/// election: the caller makes sure this master is the only writer).
+pub async fn start_with(config: Config, store: Option<Box<dyn Store>>) -> Result<Handle, RunError> {
+    let (api, listener, addr, tls) = open_and_bind(&config, store).await?;
     let (master, tokens) = (api.master.clone(), api.tokens.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let join = tokio::spawn(serve(api, listener, tls, async move {

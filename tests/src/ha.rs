@@ -213,16 +213,8 @@ impl HaCluster {
         timeout: Duration,
         mut check: impl FnMut(&HaCluster) -> Option<T>,
     ) -> anyhow::Result<T> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = check(self) {
-                return Ok(v);
-            }
-            if Instant::now() > deadline {
-                bail!("timed out waiting for {what}\n{}", self.diagnostics());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut me = self;
+        crate::poll_for(&mut me, what, timeout, |c| check(c), |c| c.diagnostics())
     }
 
     /// The pid of master `k`, if it runs.
@@ -328,7 +320,7 @@ impl Submitter {
             urls: cluster.urls.clone(),
             token: cluster.token.clone(),
             http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(10))
+                .timeout(Duration::from_secs(30))
                 .connect_timeout(Duration::from_secs(1))
                 .build()?,
             current: 0,

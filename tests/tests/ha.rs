@@ -123,15 +123,18 @@ fn a_paused_leader_writes_nothing_after_its_lease_expired() -> anyhow::Result<()
     let mut etcd = cluster.etcd.client()?;
     let before = etcd.revision()?;
     cluster.signal_master(old, Signal::SIGCONT);
-    // It refuses at once: its lease may have expired.
+    // It refuses at once (its lease may have expired), or is already between its
+    // leader's and its standby's listener (connection refused).
     let answer = api.post(
         "/v1/jobs",
         &serde_json::to_value(command_job("stale", 1, false, "true"))?,
-    )?;
-    assert_ne!(
-        answer.0, 201,
-        "the paused leader accepted a job: {answer:?}"
     );
+    if let Ok(answer) = answer {
+        assert_ne!(
+            answer.0, 201,
+            "the paused leader accepted a job: {answer:?}"
+        );
+    }
     // (It may be between its leader's and its standby's listener for a moment.)
     let health = cluster.wait_for("the old leader to answer /health", WAIT, |c| c.health(old))?;
     assert_eq!(health["leader"], Value::Bool(false), "{health}");
@@ -189,7 +192,9 @@ fn losing_one_etcd_member_changes_nothing() -> anyhow::Result<()> {
         let name = format!("e{i}");
         let spec = command_job(&name, 1, false, "true");
         match submit.until_done(Method::POST, "/v1/jobs", Some(&spec), WAIT) {
-            Outcome::Ok(_) => {
+            // Unknown: an attempt timed out on a busy machine and a retry found
+            // the job there; it must then be there in the end as well.
+            Outcome::Ok(_) | Outcome::Unknown => {
                 acked.insert(name);
             }
             other => panic!("{name}: {other:?}\n{}", cluster.diagnostics()),

@@ -19,8 +19,11 @@ use drover_master::{Config, Handle};
 use serde_json::Value;
 
 pub fn config(dir: &Path) -> Config {
+    let listen = "127.0.0.1:0".parse().unwrap();
     Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen,
+        store: drover_master::config::StoreChoice::Sqlite,
+        ha: drover_master::config::HaConfig::for_listen(listen, false),
         data_dir: dir.to_path_buf(),
         insecure: false,
         tls: None,

@@ -213,6 +213,19 @@ fn a_policy_that_can_never_be_met_is_reported_and_the_deadline_forces_it() {
     );
 }
 
+/// One clock case of the timer tests: the wall clock steps by `live_step` while the
+/// master runs; with `restart_at`, the master stops after that long, the wall clock
+/// steps by `down_step` while it is down, and it loads its snapshot again.
+fn step_clocks(w: &mut World, live_step: i64, down_step: i64, restart_at: Option<u64>) {
+    w.wall_skew += live_step;
+    if let Some(at) = restart_at {
+        w.pass(at);
+        let snap = w.snapshot();
+        w.wall_skew += down_step;
+        w.core = Core::load(cfg(), snap, w.at(), 9);
+    }
+}
+
 #[test]
 fn a_drain_deadline_runs_on_the_monotonic_clock_and_survives_restarts_capped() {
     const HOUR: i64 = 3_600_000;
@@ -234,13 +247,7 @@ fn a_drain_deadline_runs_on_the_monotonic_clock_and_survives_restarts_capped() {
         let host = w.core.task(&t[0]).unwrap().agent.clone().unwrap();
         let start = w.now;
         w.drain(&[&host], Some(10_000));
-        w.wall_skew += live_step;
-        if let Some(at) = restart_at {
-            w.pass(at);
-            let snap = w.snapshot();
-            w.wall_skew += down_step;
-            w.core = Core::load(cfg(), snap, w.at(), 9);
-        }
+        step_clocks(&mut w, live_step, down_step, restart_at);
         while w.now + 500 < start + forced_by {
             assert_eq!(
                 w.state(&t[0]),
@@ -294,13 +301,7 @@ fn a_drain_with_a_start_time_cordons_now_and_drains_at_the_start() {
             w.core.task(&other[0]).unwrap().agent.as_deref(),
             Some(host.as_str())
         );
-        w.wall_skew += live_step;
-        if let Some(at) = restart_at {
-            w.pass(at);
-            let snap = w.snapshot();
-            w.wall_skew += down_step;
-            w.core = Core::load(cfg(), snap, w.at(), 9);
-        }
+        step_clocks(&mut w, live_step, down_step, restart_at);
         while w.now + 300 < start + starts_by {
             assert_eq!(
                 w.mode(&host),

@@ -148,6 +148,10 @@ pub struct Args {
     /// How many different jobs those failures must come from.
     #[arg(long, value_name = "N")]
     pub quarantine_jobs: Option<u32>,
+    /// Task configs a job keeps for history beyond those its instances run and its
+    /// unfinished update may need (the newest N).
+    #[arg(long, value_name = "N")]
+    pub config_history: Option<usize>,
 }
 
 /// What `drover-master` does instead of serving.
@@ -211,6 +215,7 @@ struct FileConfig {
     quarantine_failures: Option<u32>,
     quarantine_window: Option<String>,
     quarantine_jobs: Option<u32>,
+    config_history: Option<usize>,
 }
 
 /// The validated configuration.
@@ -478,6 +483,10 @@ impl Config {
                 .quarantine_jobs
                 .or(file.quarantine_jobs)
                 .unwrap_or(d.quarantine_jobs),
+            config_history: args
+                .config_history
+                .or(file.config_history)
+                .unwrap_or(d.config_history),
         };
         validate(&core)?;
         let store = match args.store.or(file.store).as_deref() {

@@ -33,7 +33,9 @@ use etcd_client::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task, UpdateRecord, Usage};
+use crate::core::{
+    AgentRecord, Change, ConfigRecord, JobRecord, Snapshot, Task, UpdateRecord, Usage,
+};
 use crate::store::{Store, StoreError};
 
 /// The key prefix of everything the master stores in etcd.
@@ -384,6 +386,9 @@ struct StoredConfig<S> {
     job: String,
     hash: String,
     spec: S,
+    /// When it last became the job's newest config; 0 when stored before.
+    #[serde(default)]
+    used_ms: u64,
 }
 
 /// The `Store` in etcd.
@@ -475,15 +480,24 @@ impl EtcdStore {
                     ops.push(put(self.key("cron_fired", job), at.to_string()))
                 }
                 Change::Index(index) => ops.push(put(self.key("meta", "index"), index.to_string())),
-                Change::PutConfig { job, hash, spec } => {
+                Change::PutConfig {
+                    job,
+                    hash,
+                    spec,
+                    used_ms,
+                } => {
                     let stored = StoredConfig {
                         job: job.clone(),
                         hash: hash.clone(),
                         spec: spec.as_ref(),
+                        used_ms: *used_ms,
                     };
                     let key = format!("{}{hash}", self.configs_of(job));
                     ops.push(put(key, json("config", &format!("{job} {hash}"), &stored)?));
                 }
+                Change::DeleteConfig { job, hash } => ops.push(Op::Delete {
+                    key: format!("{}{hash}", self.configs_of(job)),
+                }),
                 Change::PutUpdate(u) => ops.push(put(
                     self.key("updates", &u.view.job),
                     json("update", &u.view.job, u.as_ref())?,
@@ -728,7 +742,12 @@ impl Store for EtcdStore {
                     .push(decode::<UpdateRecord>("update", id, &value)?),
                 "configs" => {
                     let c: StoredConfig<_> = decode("config", id, &value)?;
-                    snap.configs.push((c.job, c.hash, c.spec));
+                    snap.configs.push(ConfigRecord {
+                        job: c.job,
+                        hash: c.hash,
+                        spec: c.spec,
+                        used_ms: c.used_ms,
+                    });
                 }
                 "meta" if id == "index" => snap.index = decode::<u64>("index", id, &value)?,
                 _ => {}
@@ -756,11 +775,12 @@ pub fn snapshot_changes(snap: Snapshot) -> Vec<Change> {
     for j in snap.jobs {
         changes.push(Change::PutJob(Arc::new(j.spec), j.key, j.created_ms));
     }
-    for (job, hash, spec) in snap.configs {
+    for c in snap.configs {
         changes.push(Change::PutConfig {
-            job,
-            hash,
-            spec: Arc::new(spec),
+            job: c.job,
+            hash: c.hash,
+            spec: Arc::new(c.spec),
+            used_ms: c.used_ms,
         });
     }
     for u in snap.updates {

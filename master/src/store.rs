@@ -22,7 +22,9 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::watch;
 
-use crate::core::{AgentRecord, Change, JobRecord, Snapshot, Task, UpdateRecord, Usage};
+use crate::core::{
+    AgentRecord, Change, ConfigRecord, JobRecord, Snapshot, Task, UpdateRecord, Usage,
+};
 
 /// The file name of the SQLite database inside the data dir.
 pub const DB_FILE: &str = "drover.db";
@@ -179,7 +181,7 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS job_configs (
                 job TEXT NOT NULL, hash TEXT NOT NULL, spec TEXT NOT NULL,
-                PRIMARY KEY (job, hash));
+                used_ms INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job, hash));
              CREATE TABLE IF NOT EXISTS updates (
                 job TEXT PRIMARY KEY, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -206,6 +208,14 @@ impl SqliteStore {
             }
             Some(SCHEMA_VERSION) => {}
             Some(found) => return Err(StoreError::Schema { found }),
+        }
+        // Stores written before configs were pruned have no `used_ms`: their
+        // configs count as the oldest.
+        if !configs_have_used_ms(&conn).map_err(open_err)? {
+            conn.execute_batch(
+                "ALTER TABLE job_configs ADD COLUMN used_ms INTEGER NOT NULL DEFAULT 0",
+            )
+            .map_err(open_err)?;
         }
         Ok(SqliteStore { conn })
     }
@@ -372,26 +382,36 @@ fn load_from(conn: &Connection) -> Result<Snapshot, StoreError> {
         let (job, fired) = row.map_err(sql("load cron firings"))?;
         snap.cron_fired.push((job, fired as u64));
     }
-    let mut stmt = conn
-        .prepare("SELECT job, hash, spec FROM job_configs")
-        .map_err(sql("load configs"))?;
+    // A store opened read-only may predate `used_ms` (added when opened to write).
+    let query = if configs_have_used_ms(conn).map_err(sql("load configs"))? {
+        "SELECT job, hash, spec, used_ms FROM job_configs"
+    } else {
+        "SELECT job, hash, spec, 0 FROM job_configs"
+    };
+    let mut stmt = conn.prepare(query).map_err(sql("load configs"))?;
     let rows = stmt
         .query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
             ))
         })
         .map_err(sql("load configs"))?;
     for row in rows {
-        let (job, hash, spec) = row.map_err(sql("load configs"))?;
+        let (job, hash, spec, used_ms) = row.map_err(sql("load configs"))?;
         let spec = serde_json::from_str(&spec).map_err(|source| StoreError::Decode {
             what: "config",
             key: format!("{job} {hash}"),
             source,
         })?;
-        snap.configs.push((job, hash, spec));
+        snap.configs.push(ConfigRecord {
+            job,
+            hash,
+            spec,
+            used_ms: used_ms.max(0) as u64,
+        });
     }
     let mut stmt = conn
         .prepare("SELECT job, record FROM updates")
@@ -412,6 +432,18 @@ fn load_from(conn: &Connection) -> Result<Snapshot, StoreError> {
     Ok(snap)
 }
 
+/// Whether `job_configs` has its `used_ms` column.
+fn configs_have_used_ms(conn: &Connection) -> rusqlite::Result<bool> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('job_configs')")?;
+    let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    for name in names {
+        if name? == "used_ms" {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Applies `changes` in one transaction (see `Store::commit`).
 fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError> {
     // Later changes to the same row win: keep only the last of each.
@@ -427,10 +459,11 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
             Change::PutCronFired(job, _) => (4, job.as_str()),
             Change::PutUpdate(u) => (5, u.view.job.as_str()),
             Change::Index(_) => (6, "index"),
-            // Configs are few: all kept. A job's delete is kept even when a
-            // later write of the job supersedes its row: it also deletes the
-            // job's configs and update written before it (all run in order).
-            Change::PutConfig { .. } => {
+            // Configs are few: all kept (a put and a later delete of one run in
+            // order). A job's delete is kept even when a later write of the job
+            // supersedes its row: it also deletes the job's configs and update
+            // written before it (all run in order).
+            Change::PutConfig { .. } | Change::DeleteConfig { .. } => {
                 keep[i] = true;
                 continue;
             }
@@ -475,8 +508,12 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
             .map_err(sql("prepare"))?;
         let mut put_config = tx
             .prepare_cached(
-                "INSERT OR REPLACE INTO job_configs (job, hash, spec) VALUES (?1, ?2, ?3)",
+                "INSERT OR REPLACE INTO job_configs (job, hash, spec, used_ms)
+                     VALUES (?1, ?2, ?3, ?4)",
             )
+            .map_err(sql("prepare"))?;
+        let mut del_config = tx
+            .prepare_cached("DELETE FROM job_configs WHERE job = ?1 AND hash = ?2")
             .map_err(sql("prepare"))?;
         let mut put_update = tx
             .prepare_cached("INSERT OR REPLACE INTO updates (job, record) VALUES (?1, ?2)")
@@ -519,7 +556,12 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
                         .execute(params![key])
                         .map_err(sql("delete job"))?;
                 }
-                Change::PutConfig { job, hash, spec } => {
+                Change::PutConfig {
+                    job,
+                    hash,
+                    spec,
+                    used_ms,
+                } => {
                     let json = serde_json::to_string(spec.as_ref()).map_err(|source| {
                         StoreError::Encode {
                             what: "config",
@@ -528,8 +570,13 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
                         }
                     })?;
                     put_config
-                        .execute(params![job, hash, json])
+                        .execute(params![job, hash, json, *used_ms as i64])
                         .map_err(sql("write config"))?;
+                }
+                Change::DeleteConfig { job, hash } => {
+                    del_config
+                        .execute(params![job, hash])
+                        .map_err(sql("delete config"))?;
                 }
                 Change::PutUpdate(u) => {
                     let json =

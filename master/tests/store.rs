@@ -229,6 +229,7 @@ fn configs_load_back_and_a_job_replaced_in_one_batch_loses_its_old_ones() {
         job: key.clone(),
         hash: hash.to_string(),
         spec: Arc::new(spec("a")),
+        used_ms: 5,
     };
     {
         let mut store = SqliteStore::open(&path).unwrap();
@@ -253,8 +254,107 @@ fn configs_load_back_and_a_job_replaced_in_one_batch_loses_its_old_ones() {
     let snap = SqliteStore::open(&path).unwrap().load().unwrap();
     assert_eq!(snap.jobs.len(), 1);
     assert_eq!(snap.jobs[0].created_ms, 9);
-    let hashes: Vec<&str> = snap.configs.iter().map(|(_, h, _)| h.as_str()).collect();
+    let hashes: Vec<&str> = snap.configs.iter().map(|c| c.hash.as_str()).collect();
     assert_eq!(hashes, ["new"]);
+}
+
+#[test]
+fn pruned_configs_are_deleted_durably_and_the_others_keep_their_use_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let key = "www/prod/a".to_string();
+    let config = |hash: &str, used_ms: u64| Change::PutConfig {
+        job: key.clone(),
+        hash: hash.to_string(),
+        spec: Arc::new(spec("a")),
+        used_ms,
+    };
+    let delete = |hash: &str| Change::DeleteConfig {
+        job: key.clone(),
+        hash: hash.to_string(),
+    };
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .commit(&[
+                Change::PutJob(Arc::new(spec("a")), key.clone(), 5),
+                config("c1", 10),
+                config("c2", 20),
+                config("c3", 30),
+            ])
+            .unwrap();
+        // One batch: c1 dropped, c3 written again (it became the newest again),
+        // c4 written then dropped at once.
+        store
+            .commit(&[
+                delete("c1"),
+                config("c3", 40),
+                config("c4", 35),
+                delete("c4"),
+            ])
+            .unwrap();
+    }
+    let snap = SqliteStore::open(&path).unwrap().load().unwrap();
+    let mut kept: Vec<(&str, u64)> = snap
+        .configs
+        .iter()
+        .map(|c| (c.hash.as_str(), c.used_ms))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, [("c2", 20), ("c3", 40)]);
+}
+
+#[test]
+fn a_store_from_before_config_use_times_loads_and_gains_the_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .commit(&[Change::PutJob(Arc::new(spec("a")), "www/prod/a".into(), 5)])
+            .unwrap();
+    }
+    // The table as an older master wrote it: no used_ms.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP TABLE job_configs;
+             CREATE TABLE job_configs (
+                job TEXT NOT NULL, hash TEXT NOT NULL, spec TEXT NOT NULL,
+                PRIMARY KEY (job, hash));",
+        )
+        .unwrap();
+        let json = serde_json::to_string(&spec("a")).unwrap();
+        conn.execute(
+            "INSERT INTO job_configs (job, hash, spec) VALUES ('www/prod/a', 'old', ?1)",
+            [json],
+        )
+        .unwrap();
+    }
+    let mut store = SqliteStore::open(&path).unwrap();
+    let snap = store.load().unwrap();
+    assert_eq!(snap.configs.len(), 1);
+    assert_eq!(
+        (snap.configs[0].hash.as_str(), snap.configs[0].used_ms),
+        ("old", 0)
+    );
+    store
+        .commit(&[Change::PutConfig {
+            job: "www/prod/a".into(),
+            hash: "new".into(),
+            spec: Arc::new(spec("a")),
+            used_ms: 7,
+        }])
+        .unwrap();
+    let mut kept: Vec<(String, u64)> = store
+        .load()
+        .unwrap()
+        .configs
+        .into_iter()
+        .map(|c| (c.hash, c.used_ms))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, [("new".to_string(), 7), ("old".to_string(), 0)]);
 }
 
 /// A store whose writes fail for want of space while `full` is set; it records

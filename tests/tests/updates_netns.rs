@@ -47,9 +47,9 @@ fn down(view: &JobView) -> usize {
     view.instances
         .iter()
         .filter(|i| {
-            !i.current
+            i.current
                 .as_ref()
-                .is_some_and(|t| t.state == TaskState::Running)
+                .is_none_or(|t| t.state != TaskState::Running)
         })
         .count()
 }
@@ -136,7 +136,7 @@ fn follow(
             );
         }
         let cut_long_enough =
-            cut_at.elapsed() >= heal_after && !(keep_cut_while_running && !u.state.is_terminal());
+            cut_at.elapsed() >= heal_after && (!keep_cut_while_running || u.state.is_terminal());
         if !healed && (cut_long_enough || cut_at.elapsed() > Duration::from_secs(60)) {
             c.ns(cut).heal().unwrap();
             healed = true;

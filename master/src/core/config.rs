@@ -59,6 +59,9 @@ pub struct CoreConfig {
     pub quarantine_window_ms: u64,
     /// How many different jobs the failures must come from.
     pub quarantine_jobs: u32,
+    /// Task configs a job keeps for history beyond those its instances run and
+    /// its unfinished update may need: the newest this many.
+    pub config_history: usize,
 }
 
 impl Default for CoreConfig {
@@ -87,6 +90,7 @@ impl Default for CoreConfig {
             quarantine_failures: 5,
             quarantine_window_ms: 10 * 60_000,
             quarantine_jobs: 2,
+            config_history: 10,
         }
     }
 }

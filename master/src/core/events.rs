@@ -34,11 +34,18 @@ pub enum Change {
     /// the core): a restarted master goes on numbering from it, so the change
     /// stream's index never repeats.
     Index(u64),
-    /// One task config of a job, by its hash.
+    /// One task config of a job, by its hash; `used_ms`: when it last became the
+    /// job's newest config (wall clock; orders the configs kept for history).
     PutConfig {
         job: String,
         hash: String,
         spec: Arc<JobSpec>,
+        used_ms: UnixMillis,
+    },
+    /// A task config of a job that is no longer kept (see `config_history`).
+    DeleteConfig {
+        job: String,
+        hash: String,
     },
     /// A job's update record (the whole record, replacing the stored one).
     PutUpdate(Arc<UpdateRecord>),

@@ -40,6 +40,7 @@ impl Core {
             job: key.clone(),
             hash: job.config.clone(),
             spec: spec.clone(),
+            used_ms: now.wall,
         });
         job.cron = schedule.map(|schedule| CronState {
             schedule,

@@ -67,7 +67,7 @@ use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
-pub use snapshot::Snapshot;
+pub use snapshot::{ConfigRecord, Snapshot};
 pub use stats::MetricsState;
 pub use update::UpdateRecord;
 

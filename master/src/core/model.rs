@@ -140,16 +140,21 @@ pub(super) struct JobConfig {
     pub(super) need: Need,
     pub(super) constraints: JobConstraints,
     pub(super) candidates: Option<(u64, Arc<Vec<u32>>)>,
+    /// When it last became the job's newest config (wall clock): the newest
+    /// `config_history` are kept for history.
+    pub(super) used_ms: UnixMillis,
 }
 
 impl JobConfig {
-    /// A config of `spec` (its constraints were checked when it was accepted).
-    pub(super) fn new(spec: Arc<JobSpec>) -> JobConfig {
+    /// A config of `spec` (its constraints were checked when it was accepted),
+    /// the job's newest at `used_ms`.
+    pub(super) fn new(spec: Arc<JobSpec>, used_ms: UnixMillis) -> JobConfig {
         JobConfig {
             need: need_of(&spec),
             constraints: constraints_of(&spec).unwrap_or_default(),
             spec,
             candidates: None,
+            used_ms,
         }
     }
 }
@@ -307,7 +312,7 @@ impl Job {
         let config = drover_common::configs::config_hash(&spec);
         let need = need_of(&spec);
         let mut configs = BTreeMap::new();
-        configs.insert(config.clone(), JobConfig::new(spec.clone()));
+        configs.insert(config.clone(), JobConfig::new(spec.clone(), created_ms));
         Job {
             key,
             slots: vec![Slot::default(); spec.instances as usize],

@@ -25,10 +25,23 @@ pub struct Snapshot {
     pub cron_fired: Vec<(String, UnixMillis)>,
     /// The last batch number committed (`Change::Index`); 0 for a new store.
     pub index: u64,
-    /// Task configs: (job key, hash, spec).
-    pub configs: Vec<(String, String, JobSpec)>,
+    /// Task configs.
+    pub configs: Vec<ConfigRecord>,
     /// Update records, any order.
     pub updates: Vec<UpdateRecord>,
+}
+
+/// One stored task config of a job.
+#[derive(Clone, Debug)]
+pub struct ConfigRecord {
+    /// The job's key.
+    pub job: String,
+    /// The config's content hash (`drover_common::configs::config_hash`).
+    pub hash: String,
+    pub spec: JobSpec,
+    /// When it last became the job's newest config (wall clock; 0 when stored by
+    /// a master that did not record it).
+    pub used_ms: UnixMillis,
 }
 
 impl Core {
@@ -87,11 +100,12 @@ impl Core {
             j.cron = cron;
             core.jobs.insert(job.key, j);
         }
-        for (key, hash, spec) in snapshot.configs {
-            if let Some(job) = core.jobs.get_mut(&key) {
+        for c in snapshot.configs {
+            if let Some(job) = core.jobs.get_mut(&c.job) {
                 job.configs
-                    .entry(hash)
-                    .or_insert_with(|| JobConfig::new(Arc::new(spec)));
+                    .entry(c.hash)
+                    .or_insert_with(|| JobConfig::new(Arc::new(c.spec), c.used_ms))
+                    .used_ms = c.used_ms;
             }
         }
         // Instances an update is removing keep their slots until their tasks end.

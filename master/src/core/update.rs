@@ -253,7 +253,8 @@ impl Core {
         };
         j.configs
             .entry(new_hash.clone())
-            .or_insert_with(|| JobConfig::new(spec.clone()));
+            .or_insert_with(|| JobConfig::new(spec.clone(), now.wall))
+            .used_ms = now.wall;
         j.spec = spec.clone();
         j.config = new_hash.clone();
         j.need = need_of(&spec);
@@ -266,6 +267,7 @@ impl Core {
             job: job.to_string(),
             hash: new_hash.clone(),
             spec,
+            used_ms: now.wall,
         });
 
         let mut progress: Vec<InstanceProgress> = Vec::new();
@@ -327,6 +329,7 @@ impl Core {
         let view = u.view.clone();
         self.updates.insert(job.to_string(), Arc::new(u));
         self.dirty_updates.insert(job.to_string());
+        self.prune_configs(job);
         Ok(Reply::Update(Box::new(view)))
     }
 
@@ -388,6 +391,9 @@ impl Core {
         u.poked = true;
         let view = u.view.clone();
         self.dirty_updates.insert(job.to_string());
+        if view.state.is_terminal() {
+            self.prune_configs(job);
+        }
         Ok(Reply::Update(Box::new(view)))
     }
 
@@ -439,10 +445,15 @@ impl Core {
             if let Some(mut shared) = self.updates.remove(&job) {
                 let u = Arc::make_mut(&mut shared);
                 u.poked = false;
-                if self.drive(u, now) {
+                let changed = self.drive(u, now);
+                let ended = u.view.state.is_terminal();
+                self.updates.insert(job.clone(), shared);
+                if changed {
                     self.dirty_updates.insert(job.clone());
                 }
-                self.updates.insert(job, shared);
+                if ended {
+                    self.prune_configs(&job);
+                }
             }
         }
     }
@@ -878,12 +889,15 @@ impl Core {
                 let spec = j.configs.get(&u.old_config)?.spec.clone();
                 Some((spec, j.created_ms))
             });
-            if let Some((spec, created)) = restored {
-                let mut spec = spec.as_ref().clone();
+            if let Some((config, created)) = restored {
+                let mut spec = config.as_ref().clone();
                 spec.instances = u.view.instances_before;
                 let spec = Arc::new(spec);
                 let constraints = constraints_of(&spec).unwrap_or_default();
                 if let Some(j) = self.jobs.get_mut(&job) {
+                    if let Some(c) = j.configs.get_mut(&u.old_config) {
+                        c.used_ms = now.wall;
+                    }
                     j.spec = spec.clone();
                     j.config = u.old_config.clone();
                     j.need = need_of(&spec);
@@ -892,6 +906,13 @@ impl Core {
                 }
                 self.job_changes
                     .push(Change::PutJob(spec, job.clone(), created));
+                // The job's newest config again (for `config_history`).
+                self.job_changes.push(Change::PutConfig {
+                    job: job.clone(),
+                    hash: u.old_config.clone(),
+                    spec: config,
+                    used_ms: now.wall,
+                });
             }
             (UpdateState::RolledBack, u.view.instances_before)
         } else {
@@ -900,6 +921,66 @@ impl Core {
         self.trim_slots(&job, count);
         u.view.state = state;
         u.event(now, format!("{state}"));
+    }
+
+    /// Drops the job's task configs no longer needed, durably (`DeleteConfig`):
+    /// each is kept while an instance runs it (a current task, or any task not yet
+    /// ended), while an unfinished update may move an instance to it or back (its
+    /// instances' configs before and after, the job's config before), and when it
+    /// is among the newest `config_history` by when it last became the job's
+    /// newest config. The job's newest config is always kept.
+    pub(super) fn prune_configs(&mut self, job: &str) {
+        let Some(j) = self.jobs.get(job) else {
+            return;
+        };
+        let keep_newest = self.cfg.config_history;
+        if j.configs.len() <= keep_newest.max(1) {
+            return;
+        }
+        let mut keep: BTreeSet<&str> = BTreeSet::new();
+        keep.insert(j.config.as_str());
+        for slot in &j.slots {
+            for id in slot.current.iter().chain(slot.history.iter()) {
+                let Some(t) = self.tasks.get(id) else {
+                    continue;
+                };
+                if slot.current.as_ref() == Some(id) || !t.status.state.is_terminal() {
+                    keep.insert(t.config.as_str());
+                }
+            }
+        }
+        if let Some(u) = self
+            .updates
+            .get(job)
+            .filter(|u| !u.view.state.is_terminal())
+        {
+            keep.insert(u.old_config.as_str());
+            for p in &u.view.instances {
+                keep.extend(p.from.as_deref());
+                keep.extend(p.to.as_deref());
+            }
+        }
+        let mut by_age: Vec<(&String, &JobConfig)> = j.configs.iter().collect();
+        by_age.sort_by(|a, b| b.1.used_ms.cmp(&a.1.used_ms).then(b.0.cmp(a.0)));
+        keep.extend(by_age.iter().take(keep_newest).map(|(h, _)| h.as_str()));
+        let drop: Vec<String> = j
+            .configs
+            .keys()
+            .filter(|h| !keep.contains(h.as_str()))
+            .cloned()
+            .collect();
+        if drop.is_empty() {
+            return;
+        }
+        if let Some(j) = self.jobs.get_mut(job) {
+            for hash in drop {
+                j.configs.remove(&hash);
+                self.job_changes.push(Change::DeleteConfig {
+                    job: job.to_string(),
+                    hash,
+                });
+            }
+        }
     }
 
     /// Drops the slots at and above `count` whose tasks have all ended.

@@ -54,6 +54,7 @@ fn cfg() -> CoreConfig {
         cron_grace_ms: 60_000,
         cron_seconds: true,
         drain_round_interval_ms: 0,
+        config_history: 2,
         quarantine_failures: 3,
         quarantine_window_ms: 60_000,
         quarantine_jobs: 2,
@@ -309,8 +310,19 @@ impl World {
                     fired.insert(job.clone(), *at);
                 }
                 Change::Index(i) => index = *i,
-                Change::PutConfig { job, hash, spec } => {
-                    configs.insert((job.clone(), hash.clone()), spec.as_ref().clone());
+                Change::PutConfig {
+                    job,
+                    hash,
+                    spec,
+                    used_ms,
+                } => {
+                    configs.insert(
+                        (job.clone(), hash.clone()),
+                        (spec.as_ref().clone(), *used_ms),
+                    );
+                }
+                Change::DeleteConfig { job, hash } => {
+                    configs.remove(&(job.clone(), hash.clone()));
                 }
                 Change::PutUpdate(u) => {
                     updates.insert(u.view.job.clone(), u.as_ref().clone());
@@ -326,7 +338,12 @@ impl World {
             index,
             configs: configs
                 .into_iter()
-                .map(|((job, hash), spec)| (job, hash, spec))
+                .map(|((job, hash), (spec, used_ms))| ConfigRecord {
+                    job,
+                    hash,
+                    spec,
+                    used_ms,
+                })
                 .collect(),
             updates: updates.into_values().collect(),
         }

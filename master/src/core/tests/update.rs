@@ -5,6 +5,8 @@
 use drover_common::configs::config_hash;
 use drover_common::wire::{InstanceUpdateState, MaintenanceMode, UpdateState, UpdateView};
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 const KEY: &str = "www/prod/web";
@@ -690,6 +692,92 @@ fn no_batch_starts_over_instances_a_lost_agent_has_down() {
     assert_eq!(batches(&v, "batch: instances "), vec!["0,1"]);
     assert!(most_by_update <= 2, "{most_by_update} down by the update");
     back_and_rolled_forward(&mut w, &silent, &new);
+}
+
+/// The configs the job keeps (hashes), from the core and from what was stored.
+fn kept_configs(w: &mut World) -> (BTreeSet<String>, BTreeSet<String>) {
+    let core: BTreeSet<String> = w.core.jobs[KEY].configs.keys().cloned().collect();
+    let stored: BTreeSet<String> = w
+        .snapshot()
+        .configs
+        .into_iter()
+        .filter(|c| c.job == KEY)
+        .map(|c| c.hash)
+        .collect();
+    (core, stored)
+}
+
+/// Old configs are dropped, durably, once nothing needs them: kept are the
+/// configs instances run, those an unfinished update may roll back to, and the
+/// newest `config_history` (2 in these tests).
+#[test]
+fn configs_nothing_needs_are_pruned_beyond_the_history_and_durably() {
+    let mut w = world(2);
+    w.create(web(2, "sleep 100", 2, ""));
+    play(&mut w, 1_000);
+    let mut hashes = vec![config_hash(&web(2, "sleep 100", 2, ""))];
+    // Canaries: instance 0 moves to a new config each time, instance 1 stays on
+    // the first.
+    for n in 1..=4 {
+        let spec = web(2, &format!("sleep {}", 100 + n), 2, "");
+        hashes.push(config_hash(&spec));
+        update(&mut w, spec, Some(vec![0])).unwrap();
+        let v = until_done(&mut w, 60_000);
+        assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+        w.advance(1_000);
+    }
+    // Instance 1 runs hashes[0], instance 0 hashes[4]; hashes[3] is among the
+    // newest two; hashes[1] and [2] are gone, from the store too.
+    let (core, stored) = kept_configs(&mut w);
+    let want: BTreeSet<String> = [0, 3, 4].iter().map(|&i| hashes[i].clone()).collect();
+    assert_eq!(core, want);
+    assert_eq!(stored, want);
+    // A restarted master loads the same and keeps pruning the same way.
+    let snap = w.snapshot();
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    assert_eq!(kept_configs(&mut w).0, want);
+
+    // An unfinished update keeps what it may roll back to: instance 1 moves off
+    // hashes[0] and the update is paused mid-way (one instance at a time).
+    let spec = web(2, "sleep 200", 1, "");
+    let last = config_hash(&spec);
+    update(&mut w, spec, None).unwrap();
+    for _ in 0..40 {
+        if view(&w).instances[0].state == InstanceUpdateState::Updated {
+            break;
+        }
+        play(&mut w, 250);
+    }
+    w.handle(Event::UpdateAction {
+        job: KEY.to_string(),
+        action: UpdateAction::Pause,
+    })
+    .reply
+    .unwrap();
+    let (core, _) = kept_configs(&mut w);
+    assert!(core.contains(&hashes[0]), "instance 1 runs it: {core:?}");
+    assert!(
+        core.contains(&hashes[4]),
+        "instance 0 may roll back to it: {core:?}"
+    );
+    assert!(core.contains(&last));
+    // Roll back: instance 0 goes back to hashes[4]; nothing it needs was dropped.
+    w.handle(Event::UpdateAction {
+        job: KEY.to_string(),
+        action: UpdateAction::Rollback,
+    })
+    .reply
+    .unwrap();
+    let v = until_done(&mut w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledBack, "{v:#?}");
+    assert_eq!(configs(&w), vec![hashes[4].clone(), hashes[0].clone()]);
+    let (core, stored) = kept_configs(&mut w);
+    assert_eq!(core, stored);
+    assert!(
+        core.contains(&hashes[0]) && core.contains(&hashes[4]),
+        "{core:?}"
+    );
+    assert!(core.len() <= 3, "{core:?}");
 }
 
 /// A batch job of `n` instances running `cmd`, updated 2 at a time.

@@ -328,6 +328,11 @@ impl Submitter {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
                 let text = r.text().unwrap_or_default();
+                if status == 502 {
+                    // A standby's leader took it and was lost: may have happened.
+                    self.current = (self.current + 1) % self.urls.len();
+                    return Outcome::Unknown;
+                }
                 if status == 503 {
                     self.current = leader
                         .and_then(|l| self.urls.iter().position(|u| *u == l))

@@ -389,6 +389,25 @@ fn get_on(
     Ok((status, answer.text()?, served_by))
 }
 
+/// `get_on` until the answer is not a refusal of a master that found no
+/// leader (503/502 while an election settles, or no connection), for up to
+/// `WAIT`: the status and body of the first real answer.
+fn settled_get(
+    cluster: &HaCluster,
+    k: usize,
+    token: &str,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
+    cluster.wait_for(
+        &format!("master {k} to answer {path}"),
+        WAIT,
+        |c| match get_on(c, k, token, path) {
+            Ok((502 | 503, _, _)) | Err(_) => None,
+            Ok((status, body, _)) => Some((status, body)),
+        },
+    )
+}
+
 #[test]
 fn a_token_made_on_one_leader_works_on_the_next_and_its_revocation_everywhere() -> anyhow::Result<()>
 {
@@ -422,32 +441,41 @@ fn a_token_made_on_one_leader_works_on_the_next_and_its_revocation_everywhere() 
     let second = cluster.wait_for("another master to lead", WAIT, |c| {
         c.leader().filter(|&k| k != first)
     })?;
-    let (status, body, _) = get_on(&cluster, second, &token, "/v1/jobs")?;
+    let (status, body) = settled_get(&cluster, second, &token, "/v1/jobs")?;
     assert_eq!(status, 200, "the new leader refused the token: {body}");
-    let (status, body) = cluster
-        .api(second)?
-        .post(&format!("/v1/tokens/{id}/revoke"), &json!({}))?;
+    // (Revoking twice is harmless: sent again while an election settles.)
+    let revoke = format!("/v1/tokens/{id}/revoke");
+    let (status, body) = cluster.wait_for("the revocation to be answered", WAIT, |c| {
+        match c.api(second).ok()?.post(&revoke, &json!({})) {
+            Ok((502 | 503, _)) | Err(_) => None,
+            Ok(answer) => Some(answer),
+        }
+    })?;
     assert_eq!(status, 200, "{body}");
     cluster.start_master(first)?;
     cluster.wait_for("the restarted master to answer", WAIT, |c| c.health(first))?;
     // Refused by every master: the leader, and the standbys that forward to it.
     for k in 0..3 {
-        let (status, body, _) = get_on(&cluster, k, &token, "/v1/jobs")?;
-        assert_eq!(status, 401, "master {k} took the revoked token: {body}");
+        let (status, body) = settled_get(&cluster, k, &token, "/v1/jobs")?;
+        assert_eq!(
+            status,
+            401,
+            "master {k} took the revoked token: {body}\n{}",
+            cluster.diagnostics()
+        );
     }
     // And by the next leader, which loads the registry from etcd.
     cluster.kill_master(second);
     let third = cluster.wait_for("a third term", WAIT, |c| {
         c.leader().filter(|&k| k != second)
     })?;
-    let (status, body, _) = get_on(&cluster, third, &token, "/v1/jobs")?;
+    let (status, body) = settled_get(&cluster, third, &token, "/v1/jobs")?;
     assert_eq!(
         status, 401,
         "the next leader took the revoked token: {body}"
     );
-    let revoke_path = format!("/v1/tokens/{id}/revoke");
     cluster.wait_for("the revocation's audit record in etcd", WAIT, |_| {
-        audited(&mut etcd, &revoke_path).then_some(())
+        audited(&mut etcd, &revoke).then_some(())
     })?;
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! A real etcd cluster for tests: `n` members of Debian's `etcd` (installed by
 //! scripts/setup.sh) on loopback, on free ports, with data dirs under the test's
 //! temporary dir, killed when dropped. Members can be killed and started again.
+//! Members may also listen on further local addresses (the root-namespace ends of
+//! network-namespace veths) so masters in namespaces reach them.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -44,11 +46,19 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
     token: String,
+    /// Further addresses every member's client port listens on.
+    hosts: Vec<String>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members under `dir` and waits until the cluster answers.
     pub fn start(dir: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
+        EtcdCluster::start_listening(dir, n, &[])
+    }
+
+    /// Like `start`, with each member's client port also listening on each of
+    /// `hosts` (local addresses, e.g. veth ends; see `store_url_via`).
+    pub fn start_listening(dir: &Path, n: usize, hosts: &[String]) -> anyhow::Result<EtcdCluster> {
         if !etcd_installed() {
             bail!("etcd is not installed: run scripts/setup.sh (Debian package etcd-server)");
         }
@@ -74,6 +84,7 @@ impl EtcdCluster {
             members,
             initial,
             token,
+            hosts: hosts.to_vec(),
         };
         for k in 0..n {
             cluster.spawn(k)?;
@@ -85,6 +96,13 @@ impl EtcdCluster {
     fn spawn(&mut self, k: usize) -> anyhow::Result<()> {
         let m = &mut self.members[k];
         let client = format!("http://127.0.0.1:{}", m.client);
+        let listen: Vec<String> = std::iter::once(client.clone())
+            .chain(
+                self.hosts
+                    .iter()
+                    .map(|h| format!("http://{h}:{}", m.client)),
+            )
+            .collect();
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let mut command = Command::new("etcd");
         command
@@ -93,7 +111,7 @@ impl EtcdCluster {
             .arg("--data-dir")
             .arg(&m.data_dir)
             .arg("--listen-client-urls")
-            .arg(&client)
+            .arg(listen.join(","))
             .arg("--advertise-client-urls")
             .arg(&client)
             .arg("--listen-peer-urls")
@@ -128,6 +146,17 @@ impl EtcdCluster {
     /// The master's `--store` value for this cluster.
     pub fn store_url(&self) -> String {
         format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    /// The `--store` value for a master reaching the members at `host` (one of
+    /// the `hosts` given to `start_listening`).
+    pub fn store_url_via(&self, host: &str) -> String {
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{host}:{}", m.client))
+            .collect();
+        format!("etcd://{}", endpoints.join(","))
     }
 
     /// SIGKILLs member `k`.

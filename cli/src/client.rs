@@ -407,17 +407,15 @@ impl Client {
             }
             let next = next_master(&self.masters, &base, leader.as_deref());
             let left = deadline.saturating_duration_since(Instant::now()).as_secs();
-            match said {
-                None => eprintln!(
-                    "drover: {base} {why} (failover?); trying the other masters for up to {} s",
-                    FAILOVER_WAIT.as_secs()
-                ),
-                Some(at) if at.elapsed() >= Duration::from_secs(2) => {
-                    eprintln!("drover: no leader answered yet; trying for {left} s more")
-                }
-                Some(_) => {}
-            }
             if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+                if said.is_none() {
+                    eprintln!(
+                        "drover: {base} {why} (failover?); trying the other masters for up to {} s",
+                        FAILOVER_WAIT.as_secs()
+                    );
+                } else {
+                    eprintln!("drover: no leader answered yet; trying for {left} s more");
+                }
                 said = Some(Instant::now());
             }
             *self.current.lock().unwrap_or_else(|p| p.into_inner()) = next;
@@ -522,21 +520,12 @@ impl Client {
         match sent.answer.json() {
             Err(e) if lost_before && e.api_code() == Some("job_exists") => {
                 let view = self.job(&spec.key()).await?;
-                if view.spec != *spec {
-                    return Err(e);
-                }
+                let created = created_by_lost_try(view, spec).ok_or(e)?;
                 eprintln!(
                     "drover: an earlier try's answer was lost; {} is there with this spec: created",
-                    view.key
+                    created.job
                 );
-                Ok(CreateJobResponse {
-                    job: view.key,
-                    tasks: view
-                        .instances
-                        .iter()
-                        .filter_map(|i| i.current.as_ref().map(|t| t.task_id.clone()))
-                        .collect(),
-                })
+                Ok(created)
             }
             other => other,
         }
@@ -832,6 +821,20 @@ impl Client {
     }
 }
 
+/// A create answered `job_exists` after an earlier try's answer was lost: the
+/// job found is the one that try created when its spec is the one sent (then
+/// the create's answer), else it is another's.
+fn created_by_lost_try(view: JobView, spec: &JobSpec) -> Option<CreateJobResponse> {
+    (view.spec == *spec).then(|| CreateJobResponse {
+        job: view.key,
+        tasks: view
+            .instances
+            .iter()
+            .filter_map(|i| i.current.as_ref().map(|t| t.task_id.clone()))
+            .collect(),
+    })
+}
+
 /// How a master's answer refuses a request it did not do.
 #[derive(Debug, PartialEq, Eq)]
 enum Refusal {
@@ -966,6 +969,29 @@ mod tests {
         );
         assert_eq!(next_master(&masters, "http://c", None), "http://a");
         assert_eq!(next_master(&masters, "http://other", None), "http://a");
+    }
+
+    #[test]
+    fn a_job_with_the_identical_spec_is_the_lost_creates_and_another_is_not() {
+        let spec = drover_common::parse::parse_job_json(
+            r#"{"role":"www-data","environment":"test","name":"j","instances":1,
+                "task":{"processes":[{"name":"main","cmdline":"true"}],
+                        "resources":{"cpu":0.1,"ram":"32MiB","disk":"32MiB"}}}"#,
+        )
+        .expect("a valid spec");
+        let view: JobView = serde_json::from_value(serde_json::json!({
+            "key": "www-data/test/j",
+            "spec": spec,
+            "created_ms": 1,
+            "state_counts": {},
+            "instances": [],
+        }))
+        .expect("a job view");
+        let created = created_by_lost_try(view.clone(), &spec).expect("the same spec");
+        assert_eq!(created.job, "www-data/test/j");
+        let mut other = spec.clone();
+        other.instances = 2;
+        assert!(created_by_lost_try(view, &other).is_none());
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl Audit {
     /// The audit log in the etcd store (masters on etcd; see `etcd_auth`).
     pub fn etcd(audit: crate::etcd_auth::EtcdAudit) -> Audit {
         Audit {
-            path: PathBuf::from(crate::etcd_store::PREFIX),
+            path: PathBuf::from("/drover-audit/ (etcd)"),
             file: Mutex::new(None),
             etcd: Some(audit),
         }

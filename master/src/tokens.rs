@@ -159,7 +159,7 @@ impl Backend {
 
 /// The registry: the mirror behind locks, the durable backend behind another.
 pub struct Tokens {
-    conn: Mutex<Backend>,
+    backend: Mutex<Backend>,
     entries: RwLock<HashMap<String, Entry>>,
     forbidden: RwLock<HashMap<String, u64>>,
     log_keys: RwLock<HashMap<String, String>>,
@@ -205,7 +205,7 @@ impl Tokens {
 
     fn with(backend: Backend, mirror: Mirror) -> Tokens {
         Tokens {
-            conn: Mutex::new(backend),
+            backend: Mutex::new(backend),
             entries: RwLock::new(mirror.tokens),
             forbidden: RwLock::new(mirror.forbidden),
             log_keys: RwLock::new(mirror.log_keys),
@@ -215,7 +215,7 @@ impl Tokens {
     /// Writes every token, forbidden agent and log key of `from` into this
     /// registry (same ids replaced; `migrate`); how many tokens were copied.
     pub fn copy_from(&self, from: &Tokens) -> Result<usize, TokenError> {
-        let backend = self.conn();
+        let backend = self.backend();
         let tokens: Vec<([u8; 32], TokenInfo)> = from
             .read()
             .values()
@@ -334,8 +334,8 @@ impl Tokens {
         })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Backend> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn backend(&self) -> std::sync::MutexGuard<'_, Backend> {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
@@ -377,7 +377,7 @@ impl Tokens {
             created_by: created_by.to_string(),
             revoked_ms: None,
         };
-        self.conn().put_token(&hash, &info)?;
+        self.backend().put_token(&hash, &info)?;
         self.write().insert(
             id,
             Entry {
@@ -397,7 +397,7 @@ impl Tokens {
 
     /// Revokes a token: refused from the moment this returns.
     pub fn revoke(&self, id: &str, now_ms: u64) -> Result<TokenInfo, TokenError> {
-        let conn = self.conn();
+        let backend = self.backend();
         let (hash, mut info) = {
             let entries = self.read();
             let e = entries
@@ -407,7 +407,7 @@ impl Tokens {
         };
         if info.revoked_ms.is_none() {
             info.revoked_ms = Some(now_ms);
-            conn.put_token(&hash, &info)?;
+            backend.put_token(&hash, &info)?;
             if let Some(e) = self.write().get_mut(id) {
                 e.info.revoked_ms = info.revoked_ms;
             }
@@ -433,7 +433,7 @@ impl Tokens {
         if self.is_forbidden(agent_id) {
             return Err(TokenError::Forbidden(agent_id.to_string()));
         }
-        let conn = self.conn();
+        let backend = self.backend();
         match &principal.grant {
             Grant::Agent {
                 agent_id: Some(bound),
@@ -474,7 +474,7 @@ impl Tokens {
         info.grant = Grant::Agent {
             agent_id: Some(agent_id.to_string()),
         };
-        conn.put_token(&hash, &info)?;
+        backend.put_token(&hash, &info)?;
         if let Some(e) = self.write().get_mut(&principal.token_id) {
             e.info.grant = info.grant;
         }
@@ -492,7 +492,7 @@ impl Tokens {
         if unchanged {
             return Ok(());
         }
-        self.conn().put_log_key(agent_id, key)?;
+        self.backend().put_log_key(agent_id, key)?;
         self.log_keys
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -519,7 +519,7 @@ impl Tokens {
 
     /// Forbids an agent id and revokes the tokens bound to it; returns their ids.
     pub fn forbid_agent(&self, agent_id: &str, now_ms: u64) -> Result<Vec<String>, TokenError> {
-        self.conn().forbid(agent_id, now_ms)?;
+        self.backend().forbid(agent_id, now_ms)?;
         self.forbidden
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -541,11 +541,11 @@ impl Tokens {
 
     /// Allows a forbidden agent id again (it needs a new agent token).
     pub fn allow_agent(&self, agent_id: &str) -> Result<bool, TokenError> {
-        let conn = self.conn();
+        let backend = self.backend();
         if !self.is_forbidden(agent_id) {
             return Ok(false);
         }
-        conn.allow(agent_id)?;
+        backend.allow(agent_id)?;
         self.forbidden
             .write()
             .unwrap_or_else(|p| p.into_inner())

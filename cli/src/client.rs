@@ -1,8 +1,18 @@
 //! A small client for the master's admin API and the agents' log API, with errors
 //! that tell an operator what to do.
+//!
+//! Given several masters (sharing an etcd store), the client rides a failover:
+//! a request that finds no leader (connection refused, 503 `not_leader`) is sent
+//! to the leader the refusal names, or the next master, for up to
+//! [`FAILOVER_WAIT`], saying so on stderr. A request whose answer was lost (the
+//! master died after taking it) is sent again only when that is safe: reads,
+//! and job creates, where `job_exists` with the identical spec then means the
+//! lost attempt created it. Other writes report that they may or may not have
+//! been done.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
@@ -45,6 +55,9 @@ pub enum ClientError {
     /// A task id that cannot be one.
     #[error("`{0}` is not a task id: `drover job status KEY` lists them")]
     BadTaskId(String),
+    /// The master took a write but its answer was lost (it failed over).
+    #[error("the master at {url} took the request but did not answer ({message}): it may or may not have been done; check (e.g. `drover job status`) before trying again")]
+    OutcomeUnknown { url: String, message: String },
     /// A role name that cannot be one.
     #[error("`{0}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)")]
     BadRole(String),
@@ -124,6 +137,68 @@ pub struct LogChunk {
     pub size: Option<u64>,
 }
 
+/// How long a command keeps trying while masters fail over.
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(10);
+/// The pause between two tries during a failover.
+const FAILOVER_PAUSE: Duration = Duration::from_millis(200);
+/// The header a standby's refusal names the leader in.
+const LEADER_HEADER: &str = "x-drover-leader";
+
+/// When a request is sent again after its answer was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// Always (reads, and creates, which `create_job` reconciles).
+    Always,
+    /// Only when it certainly was not done (a write that is not idempotent).
+    IfNotDone,
+}
+
+/// What one try of a request became.
+enum Try {
+    /// The master answered (any status but a standby's refusal).
+    Answer(Answer),
+    /// Certainly not done: no connection, or refused by a master that does not
+    /// lead (naming the leader when it knows it).
+    NotDone {
+        leader: Option<String>,
+        error: ClientError,
+    },
+    /// Sent but not answered: may or may not have been done.
+    Lost(ClientError),
+}
+
+/// A master's answer, read whole.
+struct Answer {
+    url: String,
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn ok(self) -> Result<Answer, ClientError> {
+        if (200..300).contains(&self.status) {
+            return Ok(self);
+        }
+        let body = String::from_utf8_lossy(&self.body);
+        Err(error_from_body(&self.url, self.status, &body))
+    }
+
+    fn json<T: DeserializeOwned>(self) -> Result<T, ClientError> {
+        let answer = self.ok()?;
+        serde_json::from_slice(&answer.body).map_err(|e| ClientError::Decode {
+            url: answer.url.clone(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// An answer, and whether an earlier try of it was lost on the way.
+struct Sent {
+    answer: Answer,
+    lost_before: bool,
+}
+
 /// The admin API client.
 #[derive(Clone)]
 pub struct Client {
@@ -131,6 +206,10 @@ pub struct Client {
     http: reqwest::Client,
     /// The bearer token sent to the master (never to agents).
     token: Option<String>,
+    /// Every master, when several share a store (else empty: no failover).
+    masters: Vec<String>,
+    /// The master requests go to now (moves during a failover).
+    current: Arc<Mutex<String>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -183,7 +262,165 @@ impl Client {
             builder = builder.add_root_certificate(cert);
         }
         let http = builder.build().map_err(|e| bad(e.to_string()))?;
-        Ok(Client { base, http, token })
+        Ok(Client {
+            current: Arc::new(Mutex::new(base.clone())),
+            base,
+            http,
+            token,
+            masters: Vec::new(),
+        })
+    }
+
+    /// Rides failovers between `masters` (see the module doc); fewer than two
+    /// change nothing.
+    pub fn with_masters(mut self, masters: Vec<String>) -> Client {
+        if masters.len() > 1 {
+            self.masters = masters;
+        }
+        self
+    }
+
+    /// Splits a comma-separated list of master URLs.
+    pub fn master_list(list: &str) -> Vec<String> {
+        list.split(',')
+            .map(|u| u.trim().trim_end_matches('/').to_string())
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+
+    fn current(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// One try of `method path` on master `base`.
+    async fn try_once(
+        &self,
+        base: &str,
+        method: &reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&serde_json::Value>,
+    ) -> Try {
+        let url = format!("{base}{path}");
+        let mut request = self.request(method.clone(), &url);
+        if !query.is_empty() {
+            request = request.query(query);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(source) if source.is_connect() => {
+                return Try::NotDone {
+                    leader: None,
+                    error: unreachable(base, source),
+                }
+            }
+            Err(source) => return Try::Lost(unreachable(base, source)),
+        };
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = match response.bytes().await {
+            Ok(b) => b.to_vec(),
+            Err(source) => return Try::Lost(unreachable(base, source)),
+        };
+        let answer = Answer {
+            url,
+            status,
+            headers,
+            body,
+        };
+        match refusal(&answer) {
+            Refusal::None => Try::Answer(answer),
+            Refusal::NotLeader => Try::NotDone {
+                leader: answer
+                    .headers
+                    .get(LEADER_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| v.trim_end_matches('/').to_string()),
+                error: answer.ok().err().unwrap_or_else(|| ClientError::Http {
+                    url: base.to_string(),
+                    status,
+                    body: String::new(),
+                }),
+            },
+            Refusal::Lost => Try::Lost(answer.ok().err().unwrap_or_else(|| ClientError::Http {
+                url: base.to_string(),
+                status,
+                body: String::new(),
+            })),
+        }
+    }
+
+    /// Sends `method path` to the current master, riding a failover between
+    /// several (module doc): the answer, or the last error once out of time.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&serde_json::Value>,
+        resend: Resend,
+    ) -> Result<Sent, ClientError> {
+        let deadline = Instant::now() + FAILOVER_WAIT;
+        let mut lost_before = false;
+        let mut said: Option<Instant> = None;
+        loop {
+            let base = self.current();
+            let (leader, error, why) = match self.try_once(&base, &method, path, query, body).await
+            {
+                Try::Answer(answer) => {
+                    if said.is_some() {
+                        eprintln!("drover: {base} answered");
+                    }
+                    return Ok(Sent {
+                        answer,
+                        lost_before,
+                    });
+                }
+                Try::NotDone { leader, error } => {
+                    let why = if leader.is_some() || error.api_code().is_some() {
+                        "does not lead"
+                    } else {
+                        "cannot be reached"
+                    };
+                    (leader, error, why)
+                }
+                Try::Lost(error) if self.masters.is_empty() => return Err(error),
+                Try::Lost(error) if resend == Resend::IfNotDone => {
+                    return Err(ClientError::OutcomeUnknown {
+                        url: base,
+                        message: error.to_string(),
+                    })
+                }
+                Try::Lost(error) => {
+                    lost_before = true;
+                    (None, error, "took the request but did not answer")
+                }
+            };
+            if self.masters.is_empty() || Instant::now() >= deadline {
+                return Err(error);
+            }
+            let next = next_master(&self.masters, &base, leader.as_deref());
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs();
+            if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(2)) {
+                if said.is_none() {
+                    eprintln!(
+                        "drover: {base} {why} (failover?); trying the other masters for up to {} s",
+                        FAILOVER_WAIT.as_secs()
+                    );
+                } else {
+                    eprintln!("drover: no leader answered yet; trying for {left} s more");
+                }
+                said = Some(Instant::now());
+            }
+            *self.current.lock().unwrap_or_else(|p| p.into_inner()) = next;
+            tokio::time::sleep(FAILOVER_PAUSE).await;
+        }
     }
 
     /// A request to the master, with the token.
@@ -262,23 +499,54 @@ impl Client {
         check_status(&url, response).await.map(|_| ())
     }
 
-    /// POST /v1/jobs.
+    /// POST /v1/jobs. Sent again when a failover lost its answer; a job of
+    /// the same key and the identical spec then found there is the one the lost
+    /// try created, and counts as created.
     pub async fn create_job(&self, spec: &JobSpec) -> Result<CreateJobResponse, ClientError> {
-        self.post("/v1/jobs", spec).await
+        let body = serde_json::to_value(spec).map_err(|e| ClientError::Decode {
+            url: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        let sent = self
+            .send(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                &[],
+                Some(&body),
+                Resend::Always,
+            )
+            .await?;
+        let lost_before = sent.lost_before;
+        match sent.answer.json() {
+            Err(e) if lost_before && e.api_code() == Some("job_exists") => {
+                let view = self.job(&spec.key()).await?;
+                let created = created_by_lost_try(view, spec).ok_or(e)?;
+                eprintln!(
+                    "drover: an earlier try's answer was lost; {} is there with this spec: created",
+                    created.job
+                );
+                Ok(created)
+            }
+            other => other,
+        }
     }
 
     /// GET /v1/jobs[?role=R].
     pub async fn jobs(&self, role: Option<&str>) -> Result<Vec<JobSummary>, ClientError> {
-        match role {
-            Some(role) => {
-                let url = format!("{}/v1/jobs", self.base);
-                let request = self
-                    .request(reqwest::Method::GET, &url)
-                    .query(&[("role", role)]);
-                send_json(&self.base, &url, request).await
-            }
-            None => self.get("/v1/jobs").await,
-        }
+        let query = match role {
+            Some(role) => vec![("role", role.to_string())],
+            None => Vec::new(),
+        };
+        self.send(
+            reqwest::Method::GET,
+            "/v1/jobs",
+            &query,
+            None,
+            Resend::Always,
+        )
+        .await?
+        .answer
+        .json()
     }
 
     /// GET /v1/jobs/{role}/{env}/{name}.
@@ -506,44 +774,103 @@ impl Client {
         if !is_valid_name(task_id) {
             return Err(ClientError::BadTaskId(task_id.to_string()));
         }
-        let url = format!("{}/v1/tasks/{task_id}/logs/{process}/{stream}", self.base);
-        let response = self
-            .request(reqwest::Method::GET, &url)
-            .query(&[("offset", offset)])
-            .send()
-            .await
-            .map_err(|source| unreachable(&self.base, source))?;
-        let size = response
-            .headers()
+        let path = format!("/v1/tasks/{task_id}/logs/{process}/{stream}");
+        let query = [("offset", offset.to_string())];
+        let sent = self
+            .send(reqwest::Method::GET, &path, &query, None, Resend::Always)
+            .await?;
+        let answer = sent.answer.ok()?;
+        let size = answer
+            .headers
             .get("x-drover-log-size")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let response = check_status(&url, response).await?;
-        let bytes = response.bytes().await.map_err(|e| ClientError::Decode {
-            url: url.clone(),
-            message: e.to_string(),
-        })?;
         Ok(LogChunk {
-            bytes: bytes.to_vec(),
+            bytes: answer.body,
             size,
         })
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let request = self.request(reqwest::Method::GET, &url);
-        send_json(&self.base, &url, request).await
+        self.send(reqwest::Method::GET, path, &[], None, Resend::Always)
+            .await?
+            .answer
+            .json()
     }
 
+    /// POST a write that is not sent again once its answer is lost.
     async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let request = self.request(reqwest::Method::POST, &url).json(body);
-        send_json(&self.base, &url, request).await
+        let body = serde_json::to_value(body).map_err(|e| ClientError::Decode {
+            url: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        self.send(
+            reqwest::Method::POST,
+            path,
+            &[],
+            Some(&body),
+            Resend::IfNotDone,
+        )
+        .await?
+        .answer
+        .json()
     }
+}
+
+/// A create answered `job_exists` after an earlier try's answer was lost: the
+/// job found is the one that try created when its spec is the one sent (then
+/// the create's answer), else it is another's.
+fn created_by_lost_try(view: JobView, spec: &JobSpec) -> Option<CreateJobResponse> {
+    (view.spec == *spec).then(|| CreateJobResponse {
+        job: view.key,
+        tasks: view
+            .instances
+            .iter()
+            .filter_map(|i| i.current.as_ref().map(|t| t.task_id.clone()))
+            .collect(),
+    })
+}
+
+/// How a master's answer refuses a request it did not do.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Not a refusal.
+    None,
+    /// 503 `not_leader`: a standby (or a deposed leader) did nothing.
+    NotLeader,
+    /// The outcome is unknown: a standby's leader took it and was lost (502
+    /// `leader_lost`), or the leader's store failed while committing (503
+    /// `store_failed`).
+    Lost,
+}
+
+fn refusal(answer: &Answer) -> Refusal {
+    if answer.status != 502 && answer.status != 503 {
+        return Refusal::None;
+    }
+    let code = serde_json::from_slice::<ApiErrorBody>(&answer.body)
+        .map(|b| b.error.code)
+        .unwrap_or_default();
+    match code.as_str() {
+        "not_leader" => Refusal::NotLeader,
+        "leader_lost" | "store_failed" => Refusal::Lost,
+        _ => Refusal::None,
+    }
+}
+
+/// The master to try after `current`: the `leader` a refusal named when it is
+/// one of `masters` and not `current`, else the next in the list.
+fn next_master(masters: &[String], current: &str, leader: Option<&str>) -> String {
+    if let Some(l) = leader.filter(|l| *l != current && masters.iter().any(|m| m == l)) {
+        return l.to_string();
+    }
+    let at = masters.iter().position(|m| m == current);
+    let next = at.map_or(0, |i| (i + 1) % masters.len());
+    masters[next].clone()
 }
 
 fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
@@ -551,26 +878,6 @@ fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
         url: base.to_string(),
         source,
     }
-}
-
-async fn send_json<T: DeserializeOwned>(
-    base: &str,
-    url: &str,
-    request: reqwest::RequestBuilder,
-) -> Result<T, ClientError> {
-    let response = request
-        .send()
-        .await
-        .map_err(|source| unreachable(base, source))?;
-    let response = check_status(url, response).await?;
-    let bytes = response.bytes().await.map_err(|e| ClientError::Decode {
-        url: url.to_string(),
-        message: e.to_string(),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
-        url: url.to_string(),
-        message: e.to_string(),
-    })
 }
 
 /// Turns a non-2xx answer into an error, reading the API's JSON error when there is one.
@@ -640,6 +947,66 @@ mod tests {
             "invalid_spec (HTTP 400): the spec has 2 errors\n  field: task.resources.cpu\n  \
              task.resources.cpu: must be > 0\n  name: must not be empty"
         );
+    }
+
+    #[test]
+    fn a_failover_moves_to_the_named_leader_or_the_next_master() {
+        let masters: Vec<String> = ["http://a", "http://b", "http://c"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            next_master(&masters, "http://a", Some("http://c")),
+            "http://c"
+        );
+        // A hint naming the master that just failed, or an unknown one, is not followed.
+        assert_eq!(
+            next_master(&masters, "http://b", Some("http://b")),
+            "http://c"
+        );
+        assert_eq!(
+            next_master(&masters, "http://c", Some("http://x")),
+            "http://a"
+        );
+        assert_eq!(next_master(&masters, "http://c", None), "http://a");
+        assert_eq!(next_master(&masters, "http://other", None), "http://a");
+    }
+
+    #[test]
+    fn a_job_with_the_identical_spec_is_the_lost_creates_and_another_is_not() {
+        let spec = drover_common::parse::parse_job_json(
+            r#"{"role":"www-data","environment":"test","name":"j","instances":1,
+                "task":{"processes":[{"name":"main","cmdline":"true"}],
+                        "resources":{"cpu":0.1,"ram":"32MiB","disk":"32MiB"}}}"#,
+        )
+        .expect("a valid spec");
+        let view: JobView = serde_json::from_value(serde_json::json!({
+            "key": "www-data/test/j",
+            "spec": spec,
+            "created_ms": 1,
+            "state_counts": {},
+            "instances": [],
+        }))
+        .expect("a job view");
+        let created = created_by_lost_try(view.clone(), &spec).expect("the same spec");
+        assert_eq!(created.job, "www-data/test/j");
+        let mut other = spec.clone();
+        other.instances = 2;
+        assert!(created_by_lost_try(view, &other).is_none());
+    }
+
+    #[test]
+    fn refusals_that_did_nothing_differ_from_lost_answers() {
+        let answer = |status: u16, code: &str| Answer {
+            url: "http://m/v1/jobs".to_string(),
+            status,
+            headers: Default::default(),
+            body: format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#).into_bytes(),
+        };
+        assert_eq!(refusal(&answer(503, "not_leader")), Refusal::NotLeader);
+        assert_eq!(refusal(&answer(502, "leader_lost")), Refusal::Lost);
+        assert_eq!(refusal(&answer(503, "store_failed")), Refusal::Lost);
+        assert_eq!(refusal(&answer(409, "job_exists")), Refusal::None);
+        assert_eq!(refusal(&answer(503, "other")), Refusal::None);
     }
 
     #[test]

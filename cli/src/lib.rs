@@ -25,6 +25,9 @@ use args::{Cli, Command};
 #[derive(Clone, Debug)]
 pub struct Endpoint {
     pub master: String,
+    /// Every master given (several: masters sharing an etcd store; the client
+    /// rides a failover between them).
+    pub masters: Vec<String>,
     pub token: Option<String>,
     /// The cluster CA for an https:// master.
     pub ca: Option<std::path::PathBuf>,
@@ -38,7 +41,10 @@ impl Endpoint {
         if let Some(note) = &self.note {
             eprintln!("{note}");
         }
-        client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())
+        Ok(
+            client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())?
+                .with_masters(self.masters.clone()),
+        )
     }
 }
 
@@ -54,8 +60,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         _ => {}
     }
     let (master, note) = args::master_or_default(cli.master);
+    let masters = client::Client::master_list(&master);
     let master = client::Client::find_leader(&master, cli.ca.as_deref()).await;
     let endpoint = Endpoint {
+        masters,
         note,
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
         master,

@@ -1,5 +1,6 @@
 //! The audit log: one JSON line per mutating admin request (who, what, when,
-//! result) appended to `<data_dir>/audit.log` and echoed to the log under the
+//! result) appended to `<data_dir>/audit.log` (or, for masters on etcd, written
+//! to the shared store by `etcd_auth`) and echoed to the log under the
 //! `drover_master::audit` target. docs/auth.md describes the fields.
 
 use std::io::Write as _;
@@ -28,6 +29,8 @@ struct Line<'a> {
 pub struct Audit {
     path: PathBuf,
     file: Mutex<Option<std::fs::File>>,
+    /// Masters on etcd: the records go there instead of the file.
+    etcd: Option<crate::etcd_auth::EtcdAudit>,
 }
 
 impl Audit {
@@ -43,7 +46,17 @@ impl Audit {
         Ok(Audit {
             path,
             file: Mutex::new(Some(file)),
+            etcd: None,
         })
+    }
+
+    /// The audit log in the etcd store (masters on etcd; see `etcd_auth`).
+    pub fn etcd(audit: crate::etcd_auth::EtcdAudit) -> Audit {
+        Audit {
+            path: PathBuf::from("/drover-audit/ (etcd)"),
+            file: Mutex::new(None),
+            etcd: Some(audit),
+        }
     }
 
     /// Appends one request's line (a failed write is logged, never fatal).
@@ -60,6 +73,10 @@ impl Audit {
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;
         };
+        if let Some(etcd) = &self.etcd {
+            etcd.record(line.ts_ms, text);
+            return;
+        }
         text.push('\n');
         let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = file.as_mut() {

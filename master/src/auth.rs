@@ -149,7 +149,8 @@ pub struct NewToken {
 #[error("no randomness from the operating system: {0}")]
 pub struct NoRandomness(String);
 
-fn hex(bytes: &[u8]) -> String {
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");

@@ -769,6 +769,41 @@ impl Store for EtcdStore {
     }
 }
 
+/// Rows kept beside the core's (the token registry, the audit log: `etcd_auth`),
+/// written through the same fenced, retried transactions.
+impl EtcdStore {
+    /// The key of row `id` of `table` under this store's prefix.
+    pub(crate) fn row_key(&self, table: &str, id: &str) -> String {
+        self.key(table, id)
+    }
+
+    /// The prefix of the audit log: beside the store's, not under it, so
+    /// loading the store never reads the log (`/drover/` -> `/drover-audit/`).
+    pub(crate) fn audit_prefix(&self) -> String {
+        format!("{}-audit/", self.prefix.trim_end_matches('/'))
+    }
+
+    /// Every `(key, value)` whose key starts with `prefix`.
+    pub(crate) fn rows(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(self.range(prefix, None)?.0)
+    }
+
+    /// Writes `puts` and deletes `deletes` (fenced), in as many transactions as
+    /// the limits need (each row on its own is atomic).
+    pub(crate) fn write_rows(
+        &self,
+        puts: Vec<(String, String)>,
+        deletes: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let mut ops: Vec<Op> = puts
+            .into_iter()
+            .map(|(key, value)| Op::Put { key, value })
+            .collect();
+        ops.extend(deletes.into_iter().map(|key| Op::Delete { key }));
+        self.apply(&ops)
+    }
+}
+
 /// Every stored row as changes: what `migrate` commits into the other store.
 pub fn snapshot_changes(snap: Snapshot) -> Vec<Change> {
     let mut changes = Vec::new();

@@ -4,10 +4,12 @@
 //! Each master holds an etcd lease (TTL `lease_ttl`, kept alive every third of
 //! it) and campaigns on the election `/drover-election/` with its advertised URL
 //! as value. Until it is elected it is a standby: it answers `/health` (saying who
-//! leads) and everything else with 503 `not_leader` and the leader's URL in the
-//! `X-Drover-Leader` header, so agents and the CLI go there. Once elected it loads
-//! the store and serves as a single master does, every store transaction fenced on
-//! its election key (`etcd_store::Fence`). It stops serving at once when its lease
+//! leads), forwards the admin API to the leader (`proxy`), and answers agent
+//! traffic with 503 `not_leader` and the leader's URL in the `X-Drover-Leader`
+//! header, so agents go there. Once elected it loads the store, the token
+//! registry and the audit log's writer (`etcd_auth`) and serves as a single
+//! master does, every store transaction fenced on its election key
+//! (`etcd_store::Fence`). It stops serving at once when its lease
 //! may have expired: a request is served only while the last keep-alive answered
 //! was sent less than three quarters of the TTL ago (a paused master that wakes
 //! up refuses everything before it notices anything else), and when the lease is
@@ -46,6 +48,8 @@ pub struct Leadership {
     /// Monotonic ms until which the lease is surely alive (0: not known alive).
     valid_until: AtomicU64,
     leader: Mutex<Option<String>>,
+    /// The client a standby forwards admin requests to the leader with.
+    http: reqwest::Client,
 }
 
 impl Leadership {
@@ -57,7 +61,14 @@ impl Leadership {
             leading: AtomicBool::new(false),
             valid_until: AtomicU64::new(0),
             leader: Mutex::new(None),
+            http: reqwest::Client::new(),
         }
+    }
+
+    /// Forwards with `http` (the cluster CA trusted when masters serve TLS).
+    pub fn with_client(mut self, http: reqwest::Client) -> Leadership {
+        self.http = http;
+        self
     }
 
     /// Whether this master leads and its lease is surely alive now.
@@ -118,9 +129,9 @@ impl Leadership {
     }
 }
 
-/// Serves `/health` from the election and refuses every other request unless
-/// this master may serve (the layer around a leader's router; a standby's router
-/// is this layer around nothing).
+/// Serves `/health` from the election; unless this master may serve, forwards
+/// the admin API to the leader (`proxy`) and refuses the rest (the layer around
+/// a leader's router; a standby's router is this layer around nothing).
 async fn gate(
     axum::extract::State(lead): axum::extract::State<Arc<Leadership>>,
     request: axum::extract::Request,
@@ -130,7 +141,13 @@ async fn gate(
         return axum::Json(lead.health()).into_response();
     }
     if !lead.may_serve() {
-        return lead.refusal();
+        let leader = lead.leader().filter(|l| *l != lead.url);
+        return match leader {
+            Some(leader) if crate::proxy::forwardable(&request) => {
+                crate::proxy::forward(&lead.http, &leader, &lead.url, request).await
+            }
+            _ => lead.refusal(),
+        };
     }
     next.run(request).await
 }
@@ -241,10 +258,24 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let lead = Arc::new(Leadership::new(
-        config.ha.advertise.clone(),
-        config.ha.lease_ttl_ms,
-    ));
+    let ca = match &config.tls {
+        Some(files) => {
+            Some(
+                std::fs::read(&files.client_ca).map_err(|e| crate::tls::TlsError::Read {
+                    what: "the cluster CA",
+                    path: files.client_ca.clone(),
+                    message: e.to_string(),
+                })?,
+            )
+        }
+        None => None,
+    };
+    let http = crate::proxy::client(ca.as_deref()).map_err(|message| {
+        crate::tls::TlsError::Rustls(format!("the standby's client: {message}"))
+    })?;
+    let lead = Arc::new(
+        Leadership::new(config.ha.advertise.clone(), config.ha.lease_ttl_ms).with_client(http),
+    );
     let follower = conn.spawn(follow_leader(conn.client(), lead.clone()));
     let result = loop {
         match term(&config, &conn, &lead, tls.clone(), stop_rx.clone()).await {
@@ -336,7 +367,7 @@ async fn term(
         revision: key.rev(),
     };
     tracing::info!(url = %lead.url, revision = fence.revision, "elected leader: loading the store");
-    let store = EtcdStore::new(conn.clone(), Some(fence));
+    let store = EtcdStore::new(conn.clone(), Some(fence.clone()));
     let opened = {
         let config = config.clone();
         tokio::task::spawn_blocking(move || open_store(&config, Box::new(store), seed()))
@@ -358,7 +389,28 @@ async fn term(
         Err(e) => return Err(e),
     };
     lead.leading.store(true, Ordering::Release);
-    let api = crate::server::api(config, master, tls.is_some())?;
+    let api = {
+        let shared = Some((conn.clone(), fence.clone()));
+        let (config, tls) = (config.clone(), tls.is_some());
+        tokio::task::spawn_blocking(move || crate::server::api(&config, master, tls, shared))
+            .await
+            .map_err(|e| StoreError::Etcd {
+                op: "load the token registry",
+                message: e.to_string(),
+            })?
+    };
+    let api = match api {
+        Ok(api) => api,
+        // Deposed while loading, or etcd unavailable: a standby again (and retry).
+        Err(RunError::Tokens(e)) => {
+            tracing::warn!(error = %e, "cannot load the token registry as leader; stepping down");
+            lead.leading.store(false, Ordering::Release);
+            kept.abort();
+            let _ = client.lease_revoke(lease).await;
+            return Ok(Term::SteppedDown);
+        }
+        Err(e) => return Err(e),
+    };
     let listener = bind(config).await?;
     let keeper = kept.abort_handle();
     let shutdown = {

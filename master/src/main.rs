@@ -28,8 +28,8 @@ fn main() -> ExitCode {
         return match drover_master::migrate::migrate(&from, &to, force, &tls) {
             Ok(m) => {
                 println!(
-                    "migrated {} jobs, {} tasks, {} agents (change index {}) from {from} to {to}",
-                    m.jobs, m.tasks, m.agents, m.index
+                    "migrated {} jobs, {} tasks, {} agents (change index {}), {} tokens, {} audit records from {from} to {to}",
+                    m.jobs, m.tasks, m.agents, m.index, m.tokens, m.audit
                 );
                 ExitCode::SUCCESS
             }

@@ -2,15 +2,21 @@
 //! state between stores (`sqlite:PATH` and `etcd://host:port,...`, either way):
 //! loads everything from one and commits it into the other in one batch (through
 //! the etcd store's redo log when large). The target must be empty unless forced,
-//! and no master may run on an etcd target. The token registry and the audit log
-//! stay in each master's data dir: they are not part of the store.
+//! and no master may run on an etcd target. The token registry (tokens, forbidden
+//! agents, agents' log keys) and the audit log are copied too: from the SQLite
+//! file's tables and `audit.log` beside it into etcd (`etcd_auth`), or back
+//! (records appended to the target's `audit.log`).
 
 use std::path::PathBuf;
 
 use crate::core::Snapshot;
+use std::sync::Arc;
+
+use crate::audit::AUDIT_FILE;
 use crate::etcd_store::{snapshot_changes, EtcdConn, EtcdOptions, EtcdStore};
 use crate::leader::ELECTION;
 use crate::store::{SqliteStore, Store, StoreError, DB_FILE};
+use crate::tokens::{TokenError, Tokens};
 
 /// Why a migration did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +38,17 @@ pub enum MigrateError {
     },
     #[error("--to: a master is running on this etcd cluster (election key {key}): stop every master before migrating")]
     MasterRunning { key: String },
+    #[error("--{flag}: the token registry: {source}")]
+    Tokens {
+        flag: &'static str,
+        source: TokenError,
+    },
+    #[error("--{flag}: the audit log {path}: {source}")]
+    Audit {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// What was copied.
@@ -41,6 +58,77 @@ pub struct Migrated {
     pub tasks: usize,
     pub agents: usize,
     pub index: u64,
+    /// Tokens copied (revoked ones included).
+    pub tokens: usize,
+    /// Audit records copied.
+    pub audit: usize,
+}
+
+/// Where one side's token registry and audit log live.
+enum Side {
+    /// The SQLite file (the audit log is `audit.log` beside it).
+    Sqlite(PathBuf),
+    /// The etcd cluster (no fence: no master runs during a migration).
+    Etcd(Arc<EtcdConn>),
+}
+
+impl Side {
+    fn tokens(&self, flag: &'static str) -> Result<Tokens, MigrateError> {
+        let err = |source| MigrateError::Tokens { flag, source };
+        match self {
+            Side::Sqlite(path) => Tokens::open(path).map_err(err),
+            Side::Etcd(conn) => Tokens::open_etcd(EtcdStore::new(conn.clone(), None)).map_err(err),
+        }
+    }
+
+    fn audit_file(path: &std::path::Path) -> PathBuf {
+        path.parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join(AUDIT_FILE)
+    }
+
+    /// The audit log's records (JSON lines, oldest first).
+    fn read_audit(&self, flag: &'static str) -> Result<Vec<String>, MigrateError> {
+        match self {
+            Side::Sqlite(path) => {
+                let path = Side::audit_file(path);
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => Ok(text
+                        .lines()
+                        .filter(|l| !l.trim().is_empty())
+                        .map(str::to_string)
+                        .collect()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                    Err(source) => Err(MigrateError::Audit { flag, path, source }),
+                }
+            }
+            Side::Etcd(conn) => crate::etcd_auth::read_audit(&EtcdStore::new(conn.clone(), None))
+                .map_err(|source| MigrateError::Store { flag, source }),
+        }
+    }
+
+    /// Adds `lines` to the audit log.
+    fn write_audit(&self, flag: &'static str, lines: &[String]) -> Result<(), MigrateError> {
+        match self {
+            Side::Sqlite(path) => {
+                use std::io::Write as _;
+                use std::os::unix::fs::OpenOptionsExt as _;
+                let path = Side::audit_file(path);
+                let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .and_then(|mut f| f.write_all(text.as_bytes()))
+                    .map_err(|source| MigrateError::Audit { flag, path, source })
+            }
+            Side::Etcd(conn) => {
+                crate::etcd_auth::write_audit_lines(&EtcdStore::new(conn.clone(), None), lines)
+                    .map_err(|source| MigrateError::Store { flag, source })
+            }
+        }
+    }
 }
 
 /// TLS files for etcd, from the master's flags.
@@ -51,14 +139,17 @@ pub struct EtcdTls {
     pub key: Option<PathBuf>,
 }
 
-fn open(flag: &'static str, spec: &str, tls: &EtcdTls) -> Result<Box<dyn Store>, MigrateError> {
+type Opened = (Box<dyn Store>, Side);
+
+fn open(flag: &'static str, spec: &str, tls: &EtcdTls) -> Result<Opened, MigrateError> {
     let store_err = |source| MigrateError::Store { flag, source };
     if let Some(path) = spec.strip_prefix("sqlite:") {
         let mut path = PathBuf::from(path);
         if path.is_dir() {
             path = path.join(DB_FILE);
         }
-        return Ok(Box::new(SqliteStore::open(&path).map_err(store_err)?));
+        let store = SqliteStore::open(&path).map_err(store_err)?;
+        return Ok((Box::new(store), Side::Sqlite(path)));
     }
     if spec.starts_with("etcd://") {
         let options = EtcdOptions::parse(spec, tls.ca.clone(), tls.cert.clone(), tls.key.clone())
@@ -87,7 +178,10 @@ fn open(flag: &'static str, spec: &str, tls: &EtcdTls) -> Result<Box<dyn Store>,
                 });
             }
         }
-        return Ok(Box::new(EtcdStore::new(conn, None)));
+        return Ok((
+            Box::new(EtcdStore::new(conn.clone(), None)),
+            Side::Etcd(conn),
+        ));
     }
     Err(MigrateError::BadStore {
         flag,
@@ -101,8 +195,8 @@ fn is_empty(s: &Snapshot) -> bool {
 
 /// Copies the state in `from` into `to`.
 pub fn migrate(from: &str, to: &str, force: bool, tls: &EtcdTls) -> Result<Migrated, MigrateError> {
-    let mut source = open("from", from, tls)?;
-    let mut target = open("to", to, tls)?;
+    let (mut source, source_side) = open("from", from, tls)?;
+    let (mut target, target_side) = open("to", to, tls)?;
     let snapshot = source.load().map_err(|source| MigrateError::Store {
         flag: "from",
         source,
@@ -117,14 +211,23 @@ pub fn migrate(from: &str, to: &str, force: bool, tls: &EtcdTls) -> Result<Migra
             agents: existing.agents.len(),
         });
     }
-    let migrated = Migrated {
+    let mut migrated = Migrated {
         jobs: snapshot.jobs.len(),
         tasks: snapshot.tasks.len(),
         agents: snapshot.agents.len(),
         index: snapshot.index,
+        ..Migrated::default()
     };
+    let audit = source_side.read_audit("from")?;
+    let tokens = source_side.tokens("from")?;
     target
         .commit(&snapshot_changes(snapshot))
         .map_err(|source| MigrateError::Store { flag: "to", source })?;
+    migrated.tokens = target_side
+        .tokens("to")?
+        .copy_from(&tokens)
+        .map_err(|source| MigrateError::Tokens { flag: "to", source })?;
+    target_side.write_audit("to", &audit)?;
+    migrated.audit = audit.len();
     Ok(migrated)
 }

@@ -14,6 +14,8 @@ use tokio::sync::watch;
 
 use crate::audit::Audit;
 use crate::config::Config;
+use crate::etcd_auth::EtcdAudit;
+use crate::etcd_store::{EtcdConn, EtcdStore, Fence};
 use crate::http::Api;
 use crate::runtime::{open, open_store, prepare_data_dir, seed, write_addr_file, Master, RunError};
 use crate::store::Store;
@@ -211,7 +213,7 @@ async fn open_and_bind(config: &Config, store: Option<Box<dyn Store>>) -> Result
             open_store(config, store, seed())?
         }
     };
-    let api = api(config, master, tls.is_some())?;
+    let api = api(config, master, tls.is_some(), None)?;
     let bind_err = |source| RunError::Bind {
         addr: config.listen,
         source,
@@ -229,20 +231,34 @@ async fn open_and_bind(config: &Config, store: Option<Box<dyn Store>>) -> Result
 }
 
 /// The API over a loaded master: the token registry (with the bootstrap admin
-/// token) and the audit log in the data dir.
+/// token) and the audit log, in the data dir, or in etcd for a leader on etcd
+/// (`etcd`: the connection and the leader's fence).
 pub(crate) fn api(
     config: &Config,
     master: Arc<Master>,
     agent_certs: bool,
+    etcd: Option<(Arc<EtcdConn>, Fence)>,
 ) -> Result<Arc<Api>, RunError> {
-    let tokens = Arc::new(Tokens::open(&config.data_dir.join(DB_FILE))?);
+    let audit_err = |source| RunError::Audit {
+        path: config.data_dir.clone(),
+        source,
+    };
+    let (tokens, audit) = match etcd {
+        None => (
+            Tokens::open(&config.data_dir.join(DB_FILE))?,
+            Audit::open(&config.data_dir).map_err(audit_err)?,
+        ),
+        Some((conn, fence)) => {
+            let term = fence.revision;
+            let tokens = Tokens::open_etcd(EtcdStore::new(conn.clone(), Some(fence.clone())))?;
+            let writer = EtcdAudit::start(EtcdStore::new(conn, Some(fence)), term);
+            (tokens, Audit::etcd(writer.map_err(audit_err)?))
+        }
+    };
+    let tokens = Arc::new(tokens);
     if let Some(path) = tokens.bootstrap(&config.data_dir, now_ms())? {
         tracing::warn!(path = %path.display(), "first start: created the bootstrap admin token (mode 0600); use it to create other tokens, then keep it safe");
     }
-    let audit = Audit::open(&config.data_dir).map_err(|source| RunError::Audit {
-        path: config.data_dir.clone(),
-        source,
-    })?;
     Ok(Arc::new(Api {
         master,
         tokens,

@@ -1,12 +1,15 @@
 //! The token registry: bearer tokens (only the SHA-256 of their secrets), forbidden
 //! agent ids and the keys agents' log servers require from the master, durable in
 //! the master's SQLite file (tables `tokens`, `forbidden_agents`, `agent_log_keys`,
-//! on a connection of their own, apart from the core's store)
+//! on a connection of their own, apart from the core's store) or, for masters on
+//! etcd, in the shared store (`etcd_auth`, written by the leader only, fenced),
 //! and mirrored in memory so a request is checked without touching the disk. A
 //! revocation is written, then applied to the mirror before it is answered: the next
-//! request with that token is refused.
+//! request with that token is refused. A master on etcd loads the registry each
+//! time it is elected, so a change made through any leader holds on every master
+//! that leads later.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
@@ -35,9 +38,10 @@ pub struct TokenInfo {
     pub revoked_ms: Option<u64>,
 }
 
-struct Entry {
-    hash: [u8; 32],
-    info: TokenInfo,
+/// One token as stored: the hash of its secret and its record.
+pub(crate) struct Entry {
+    pub(crate) hash: [u8; 32],
+    pub(crate) info: TokenInfo,
 }
 
 /// Why the registry failed.
@@ -65,25 +69,99 @@ pub enum TokenError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The etcd store refused or failed (a deposed leader's write is `Fenced`).
+    #[error("token store: {0}")]
+    Etcd(#[from] crate::store::StoreError),
 }
 
 fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> TokenError {
     move |source| TokenError::Sql { op, source }
 }
 
-/// What the registry mirrors in memory: tokens by id, forbidden agents, agents'
+/// What the registry holds: tokens by id, forbidden agents (since when), agents'
 /// log keys.
-type Mirror = (
-    HashMap<String, Entry>,
-    HashSet<String>,
-    HashMap<String, String>,
-);
+#[derive(Default)]
+pub(crate) struct Mirror {
+    pub(crate) tokens: HashMap<String, Entry>,
+    pub(crate) forbidden: HashMap<String, u64>,
+    pub(crate) log_keys: HashMap<String, String>,
+}
 
-/// The registry: the mirror behind a lock, the connection behind another.
+/// Where the registry is durable.
+enum Backend {
+    /// Tables in the master's SQLite file.
+    Sqlite(Connection),
+    /// Rows in the etcd store, beside the core's (masters on etcd).
+    Etcd(crate::etcd_auth::EtcdTokens),
+}
+
+impl Backend {
+    fn put_token(&self, hash: &[u8; 32], info: &TokenInfo) -> Result<(), TokenError> {
+        let record = serde_json::to_string(info).map_err(|e| TokenError::Decode {
+            id: info.id.clone(),
+            message: e.to_string(),
+        })?;
+        match self {
+            Backend::Sqlite(conn) => {
+                conn.execute(
+                    "INSERT OR REPLACE INTO tokens (id, hash, record) VALUES (?1, ?2, ?3)",
+                    params![info.id, hash.as_slice(), record],
+                )
+                .map_err(sql("write token"))?;
+            }
+            Backend::Etcd(etcd) => etcd.put_token(&info.id, hash, record)?,
+        }
+        Ok(())
+    }
+
+    fn forbid(&self, agent_id: &str, since_ms: u64) -> Result<(), TokenError> {
+        match self {
+            Backend::Sqlite(conn) => {
+                conn.execute(
+                    "INSERT OR REPLACE INTO forbidden_agents (id, since_ms) VALUES (?1, ?2)",
+                    params![agent_id, since_ms as i64],
+                )
+                .map_err(sql("forbid agent"))?;
+            }
+            Backend::Etcd(etcd) => etcd.forbid(agent_id, since_ms)?,
+        }
+        Ok(())
+    }
+
+    fn allow(&self, agent_id: &str) -> Result<(), TokenError> {
+        match self {
+            Backend::Sqlite(conn) => {
+                conn.execute(
+                    "DELETE FROM forbidden_agents WHERE id = ?1",
+                    params![agent_id],
+                )
+                .map_err(sql("allow agent"))?;
+            }
+            Backend::Etcd(etcd) => etcd.allow(agent_id)?,
+        }
+        Ok(())
+    }
+
+    fn put_log_key(&self, agent_id: &str, key: &str) -> Result<(), TokenError> {
+        match self {
+            Backend::Sqlite(conn) => {
+                conn.execute(
+                    "INSERT OR REPLACE INTO agent_log_keys (id, key) VALUES (?1, ?2)",
+                    params![agent_id, key],
+                )
+                .map_err(sql("write agent log key"))?;
+            }
+            Backend::Etcd(etcd) => etcd.put_log_key(agent_id, key)?,
+        }
+        Ok(())
+    }
+}
+
+/// The registry: the mirror behind locks, the durable backend behind another.
 pub struct Tokens {
-    conn: Mutex<Connection>,
+    backend: Mutex<Backend>,
     entries: RwLock<HashMap<String, Entry>>,
-    forbidden: RwLock<HashSet<String>>,
+    forbidden: RwLock<HashMap<String, u64>>,
     log_keys: RwLock<HashMap<String, String>>,
 }
 
@@ -114,13 +192,68 @@ impl Tokens {
             }
             other => other?,
         };
-        let (entries, forbidden, log_keys) = mirror;
-        Ok(Tokens {
-            conn: Mutex::new(conn),
-            entries: RwLock::new(entries),
-            forbidden: RwLock::new(forbidden),
-            log_keys: RwLock::new(log_keys),
-        })
+        Ok(Tokens::with(Backend::Sqlite(conn), mirror))
+    }
+
+    /// Loads the registry from the etcd store (a master on etcd, once elected;
+    /// `migrate`).
+    pub fn open_etcd(store: crate::etcd_store::EtcdStore) -> Result<Tokens, TokenError> {
+        let etcd = crate::etcd_auth::EtcdTokens::new(store);
+        let mirror = etcd.load()?;
+        Ok(Tokens::with(Backend::Etcd(etcd), mirror))
+    }
+
+    fn with(backend: Backend, mirror: Mirror) -> Tokens {
+        Tokens {
+            backend: Mutex::new(backend),
+            entries: RwLock::new(mirror.tokens),
+            forbidden: RwLock::new(mirror.forbidden),
+            log_keys: RwLock::new(mirror.log_keys),
+        }
+    }
+
+    /// Writes every token, forbidden agent and log key of `from` into this
+    /// registry (same ids replaced; `migrate`); how many tokens were copied.
+    pub fn copy_from(&self, from: &Tokens) -> Result<usize, TokenError> {
+        let backend = self.backend();
+        let tokens: Vec<([u8; 32], TokenInfo)> = from
+            .read()
+            .values()
+            .map(|e| (e.hash, e.info.clone()))
+            .collect();
+        for (hash, info) in &tokens {
+            backend.put_token(hash, info)?;
+        }
+        let forbidden = from
+            .forbidden
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (id, since) in &forbidden {
+            backend.forbid(id, *since)?;
+        }
+        let log_keys = from
+            .log_keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for (id, key) in &log_keys {
+            backend.put_log_key(id, key)?;
+        }
+        let mut entries = self.write();
+        for (hash, info) in tokens.iter().cloned() {
+            entries.insert(info.id.clone(), Entry { hash, info });
+        }
+        drop(entries);
+        self.forbidden
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(forbidden);
+        self.log_keys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(log_keys);
+        Ok(tokens.len())
     }
 
     /// The tables' content (creating them first when `create`).
@@ -174,12 +307,14 @@ impl Tokens {
         }
         let forbidden = {
             let mut stmt = conn
-                .prepare("SELECT id FROM forbidden_agents")
+                .prepare("SELECT id, since_ms FROM forbidden_agents")
                 .map_err(sql("load forbidden agents"))?;
             let rows = stmt
-                .query_map([], |r| r.get::<_, String>(0))
+                .query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+                })
                 .map_err(sql("load forbidden agents"))?;
-            rows.collect::<Result<HashSet<_>, _>>()
+            rows.collect::<Result<HashMap<_, _>, _>>()
                 .map_err(sql("load forbidden agents"))?
         };
         let log_keys = {
@@ -192,11 +327,15 @@ impl Tokens {
             rows.collect::<Result<HashMap<_, _>, _>>()
                 .map_err(sql("load agent log keys"))?
         };
-        Ok((entries, forbidden, log_keys))
+        Ok(Mirror {
+            tokens: entries,
+            forbidden,
+            log_keys,
+        })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn backend(&self) -> std::sync::MutexGuard<'_, Backend> {
+        self.backend.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Entry>> {
@@ -221,19 +360,6 @@ impl Tokens {
         })
     }
 
-    fn put(&self, conn: &Connection, hash: &[u8; 32], info: &TokenInfo) -> Result<(), TokenError> {
-        let record = serde_json::to_string(info).map_err(|e| TokenError::Decode {
-            id: info.id.clone(),
-            message: e.to_string(),
-        })?;
-        conn.execute(
-            "INSERT OR REPLACE INTO tokens (id, hash, record) VALUES (?1, ?2, ?3)",
-            params![info.id, hash.as_slice(), record],
-        )
-        .map_err(sql("write token"))?;
-        Ok(())
-    }
-
     /// Creates a token; its text is returned once and never stored.
     pub fn create(
         &self,
@@ -251,8 +377,7 @@ impl Tokens {
             created_by: created_by.to_string(),
             revoked_ms: None,
         };
-        let conn = self.conn();
-        self.put(&conn, &hash, &info)?;
+        self.backend().put_token(&hash, &info)?;
         self.write().insert(
             id,
             Entry {
@@ -272,7 +397,7 @@ impl Tokens {
 
     /// Revokes a token: refused from the moment this returns.
     pub fn revoke(&self, id: &str, now_ms: u64) -> Result<TokenInfo, TokenError> {
-        let conn = self.conn();
+        let backend = self.backend();
         let (hash, mut info) = {
             let entries = self.read();
             let e = entries
@@ -282,7 +407,7 @@ impl Tokens {
         };
         if info.revoked_ms.is_none() {
             info.revoked_ms = Some(now_ms);
-            self.put(&conn, &hash, &info)?;
+            backend.put_token(&hash, &info)?;
             if let Some(e) = self.write().get_mut(id) {
                 e.info.revoked_ms = info.revoked_ms;
             }
@@ -308,7 +433,7 @@ impl Tokens {
         if self.is_forbidden(agent_id) {
             return Err(TokenError::Forbidden(agent_id.to_string()));
         }
-        let conn = self.conn();
+        let backend = self.backend();
         match &principal.grant {
             Grant::Agent {
                 agent_id: Some(bound),
@@ -349,7 +474,7 @@ impl Tokens {
         info.grant = Grant::Agent {
             agent_id: Some(agent_id.to_string()),
         };
-        self.put(&conn, &hash, &info)?;
+        backend.put_token(&hash, &info)?;
         if let Some(e) = self.write().get_mut(&principal.token_id) {
             e.info.grant = info.grant;
         }
@@ -367,12 +492,7 @@ impl Tokens {
         if unchanged {
             return Ok(());
         }
-        self.conn()
-            .execute(
-                "INSERT OR REPLACE INTO agent_log_keys (id, key) VALUES (?1, ?2)",
-                params![agent_id, key],
-            )
-            .map_err(sql("write agent log key"))?;
+        self.backend().put_log_key(agent_id, key)?;
         self.log_keys
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -394,23 +514,16 @@ impl Tokens {
         self.forbidden
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(agent_id)
+            .contains_key(agent_id)
     }
 
     /// Forbids an agent id and revokes the tokens bound to it; returns their ids.
     pub fn forbid_agent(&self, agent_id: &str, now_ms: u64) -> Result<Vec<String>, TokenError> {
-        {
-            let conn = self.conn();
-            conn.execute(
-                "INSERT OR REPLACE INTO forbidden_agents (id, since_ms) VALUES (?1, ?2)",
-                params![agent_id, now_ms as i64],
-            )
-            .map_err(sql("forbid agent"))?;
-        }
+        self.backend().forbid(agent_id, now_ms)?;
         self.forbidden
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(agent_id.to_string());
+            .insert(agent_id.to_string(), now_ms);
         let bound: Vec<String> = self
             .read()
             .values()
@@ -428,18 +541,16 @@ impl Tokens {
 
     /// Allows a forbidden agent id again (it needs a new agent token).
     pub fn allow_agent(&self, agent_id: &str) -> Result<bool, TokenError> {
-        let conn = self.conn();
-        let n = conn
-            .execute(
-                "DELETE FROM forbidden_agents WHERE id = ?1",
-                params![agent_id],
-            )
-            .map_err(sql("allow agent"))?;
+        let backend = self.backend();
+        if !self.is_forbidden(agent_id) {
+            return Ok(false);
+        }
+        backend.allow(agent_id)?;
         self.forbidden
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(agent_id);
-        Ok(n > 0)
+        Ok(true)
     }
 
     /// At the first start (no token at all), creates an admin token and writes its

@@ -3,18 +3,22 @@
 //! no acknowledged job and no instance runs twice; a leader paused past its lease
 //! writes nothing when it wakes up; losing one etcd member changes nothing;
 //! restarting everything keeps the state; and a short randomized fault schedule
-//! keeps every acknowledged job and never shows a read that misses one.
+//! keeps every acknowledged job and never shows a read that misses one. Tokens
+//! and audit records live in etcd (a token made on one leader works on the next,
+//! its revocation holds everywhere); standbys answer the admin API by forwarding
+//! it to the leader; and the CLI given every master rides a failover.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use drover_common::state::TaskState;
 use drover_common::wire::JobView;
 use drover_tests::ha::{HaCluster, Outcome, Submitter};
-use drover_tests::{command_job, running_as_root, WAIT};
+use drover_tests::{bin, command_job, running_as_root, WAIT};
 use nix::sys::signal::Signal;
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn job_path(name: &str) -> String {
     format!("/v1/jobs/www-data/test/{name}")
@@ -361,4 +365,271 @@ fn a_randomized_fault_schedule_keeps_every_acknowledged_job_and_reads_see_them(
     assert!(invented.is_empty(), "jobs nobody created: {invented:?}");
     assert!(!acked.is_empty(), "nothing was acknowledged");
     all_finished_once(&cluster, &present)
+}
+
+/// GET `path` on master `k` with `token`: the status, the body and the header
+/// naming the leader that served it (a standby forwards).
+fn get_on(
+    cluster: &HaCluster,
+    k: usize,
+    token: &str,
+    path: &str,
+) -> anyhow::Result<(u16, String, Option<String>)> {
+    let answer = reqwest::blocking::Client::new()
+        .get(format!("{}{path}", cluster.urls[k]))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(30))
+        .send()?;
+    let status = answer.status().as_u16();
+    let served_by = answer
+        .headers()
+        .get("x-drover-served-by")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    Ok((status, answer.text()?, served_by))
+}
+
+/// `get_on` until the answer is not a refusal of a master that found no
+/// leader (503/502 while an election settles, or no connection), for up to
+/// `WAIT`: the status and body of the first real answer.
+fn settled_get(
+    cluster: &HaCluster,
+    k: usize,
+    token: &str,
+    path: &str,
+) -> anyhow::Result<(u16, String)> {
+    cluster.wait_for(
+        &format!("master {k} to answer {path}"),
+        WAIT,
+        |c| match get_on(c, k, token, path) {
+            Ok((502 | 503, _, _)) | Err(_) => None,
+            Ok((status, body, _)) => Some((status, body)),
+        },
+    )
+}
+
+#[test]
+fn a_token_made_on_one_leader_works_on_the_next_and_its_revocation_everywhere() -> anyhow::Result<()>
+{
+    if !running_as_root("HA test") {
+        return Ok(());
+    }
+    let mut cluster = HaCluster::start(3)?;
+    let first = cluster.wait_leader(WAIT)?;
+    let (status, made) = cluster.api(first)?.post(
+        "/v1/tokens",
+        &json!({"kind": "operator", "description": "made on the first leader"}),
+    )?;
+    assert_eq!(status, 201, "{made}");
+    let id = made["id"].as_str().context("no id")?.to_string();
+    let token = made["token"].as_str().context("no token")?.to_string();
+    // Its audit record is in etcd (written by the leader, in the background).
+    let mut etcd = cluster.etcd.client()?;
+    let audited = |etcd: &mut drover_tests::etcd::EtcdClient, path: &str| {
+        etcd.list("/drover-audit/").ok().is_some_and(|records| {
+            records.iter().any(|(_, line, _)| {
+                serde_json::from_str::<Value>(line).is_ok_and(|v| {
+                    v["method"] == "POST" && v["path"] == path && v["status"].is_u64()
+                })
+            })
+        })
+    };
+    cluster.wait_for("the token's audit record in etcd", WAIT, |_| {
+        audited(&mut etcd, "/v1/tokens").then_some(())
+    })?;
+    cluster.kill_master(first);
+    let second = cluster.wait_for("another master to lead", WAIT, |c| {
+        c.leader().filter(|&k| k != first)
+    })?;
+    let (status, body) = settled_get(&cluster, second, &token, "/v1/jobs")?;
+    assert_eq!(status, 200, "the new leader refused the token: {body}");
+    // (Revoking twice is harmless: sent again while an election settles.)
+    let revoke = format!("/v1/tokens/{id}/revoke");
+    let (status, body) = cluster.wait_for("the revocation to be answered", WAIT, |c| {
+        match c.api(second).ok()?.post(&revoke, &json!({})) {
+            Ok((502 | 503, _)) | Err(_) => None,
+            Ok(answer) => Some(answer),
+        }
+    })?;
+    assert_eq!(status, 200, "{body}");
+    cluster.start_master(first)?;
+    cluster.wait_for("the restarted master to answer", WAIT, |c| c.health(first))?;
+    // Refused by every master: the leader, and the standbys that forward to it.
+    for k in 0..3 {
+        let (status, body) = settled_get(&cluster, k, &token, "/v1/jobs")?;
+        assert_eq!(
+            status,
+            401,
+            "master {k} took the revoked token: {body}\n{}",
+            cluster.diagnostics()
+        );
+    }
+    // And by the next leader, which loads the registry from etcd.
+    cluster.kill_master(second);
+    let third = cluster.wait_for("a third term", WAIT, |c| {
+        c.leader().filter(|&k| k != second)
+    })?;
+    let (status, body) = settled_get(&cluster, third, &token, "/v1/jobs")?;
+    assert_eq!(
+        status, 401,
+        "the next leader took the revoked token: {body}"
+    );
+    cluster.wait_for("the revocation's audit record in etcd", WAIT, |_| {
+        audited(&mut etcd, &revoke).then_some(())
+    })?;
+    Ok(())
+}
+
+#[test]
+fn standbys_answer_reads_with_the_leaders_state_and_forward_writes() -> anyhow::Result<()> {
+    if !running_as_root("HA test") {
+        return Ok(());
+    }
+    let cluster = HaCluster::start(2)?;
+    let leader = cluster.wait_leader(WAIT)?;
+    let standby = 1 - leader;
+    let api = cluster.api(leader)?;
+    for i in 0..5 {
+        api.create_job(&command_job(&format!("s{i}"), 1, false, "true"))?;
+    }
+    // Reads on the standby: every job the leader acknowledged, served by it.
+    let (status, body, served_by) = get_on(&cluster, standby, &cluster.token, "/v1/jobs")?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(served_by.as_deref(), Some(cluster.urls[leader].as_str()));
+    let jobs: Vec<Value> = serde_json::from_str(&body)?;
+    for i in 0..5 {
+        let key = format!("www-data/test/s{i}");
+        assert!(
+            jobs.iter().any(|j| j["key"] == key),
+            "{key} missing: {body}"
+        );
+    }
+    let (status, on_standby, _) = get_on(&cluster, standby, &cluster.token, &job_path("s3"))?;
+    assert_eq!(status, 200, "{on_standby}");
+    let on_standby: JobView = serde_json::from_str(&on_standby)?;
+    let on_leader: JobView = api.get(&job_path("s3"))?;
+    assert_eq!(on_standby.spec, on_leader.spec);
+    // A write sent to the standby is done by the leader.
+    let (status, body) = cluster
+        .api(standby)?
+        .post("/v1/jobs", &command_job("via-standby", 1, false, "true"))?;
+    assert_eq!(status, 201, "{body}");
+    let view: JobView = api.get(&job_path("via-standby"))?;
+    assert_eq!(view.key, "www-data/test/via-standby");
+    // Tokens are checked by the leader: a bad one is refused through the standby.
+    let (status, _, _) = get_on(&cluster, standby, "0123.bad", "/v1/jobs")?;
+    assert_eq!(status, 401);
+    // Agent traffic is not forwarded: the standby names the leader.
+    let refused = reqwest::blocking::Client::new()
+        .post(format!(
+            "{}/v1/agents/ha-agent-0/heartbeat",
+            cluster.urls[standby]
+        ))
+        .json(&json!({}))
+        .send()?;
+    assert_eq!(refused.status().as_u16(), 503);
+    assert_eq!(
+        refused
+            .headers()
+            .get("x-drover-leader")
+            .and_then(|v| v.to_str().ok()),
+        Some(cluster.urls[leader].as_str())
+    );
+    // /health stays the standby's own.
+    let health = cluster.health(standby).context("no /health")?;
+    assert_eq!(health["leader"], Value::Bool(false), "{health}");
+    all_finished_once(
+        &cluster,
+        &(0..5)
+            .map(|i| format!("s{i}"))
+            .chain(["via-standby".to_string()])
+            .collect(),
+    )
+}
+
+#[test]
+fn the_cli_given_every_master_rides_a_failover_and_creates_each_job_once() -> anyhow::Result<()> {
+    if !running_as_root("HA test") {
+        return Ok(());
+    }
+    let mut cluster = HaCluster::start(3)?;
+    let leader = cluster.wait_leader(WAIT)?;
+    let pid = cluster.master_pid(leader).context("the leader's pid")?;
+    let masters = cluster.urls.join(",");
+    let specs = cluster.dir().join("specs");
+    std::fs::create_dir_all(&specs)?;
+    // Two CLI loops create jobs while the leader is SIGKILLed a moment in.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+        Instant::now()
+    });
+    let loops: Vec<_> = (0..2)
+        .map(|l| {
+            let (masters, token, specs) = (masters.clone(), cluster.token.clone(), specs.clone());
+            std::thread::spawn(
+                move || -> anyhow::Result<Vec<(String, Instant, Duration)>> {
+                    let mut done = Vec::new();
+                    for i in 0..25 {
+                        let name = format!("c{l}-{i:02}");
+                        let file = specs.join(format!("{name}.json"));
+                        std::fs::write(&file, command_job(&name, 1, false, "true").to_string())?;
+                        let began = Instant::now();
+                        let out = std::process::Command::new(bin("drover")?)
+                            .args(["job", "create"])
+                            .arg(&file)
+                            .env("DROVER_MASTER", &masters)
+                            .env("DROVER_TOKEN", &token)
+                            .env("DROVER_CONFIG", "/nonexistent/drover-test-config.toml")
+                            .env_remove("DROVER_TOKEN_FILE")
+                            .env_remove("DROVER_CA")
+                            .output()?;
+                        anyhow::ensure!(
+                            out.status.success(),
+                            "drover job create {name} failed: {}\n{}",
+                            String::from_utf8_lossy(&out.stdout),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                        let stderr = String::from_utf8_lossy(&out.stderr);
+                        if !stderr.trim().is_empty() {
+                            eprintln!("{name}: {}", stderr.trim());
+                        }
+                        done.push((name, began, began.elapsed()));
+                    }
+                    Ok(done)
+                },
+            )
+        })
+        .collect();
+    let mut done = Vec::new();
+    for l in loops {
+        done.extend(
+            l.join()
+                .map_err(|_| anyhow::anyhow!("a CLI loop panicked"))?
+                .map_err(|e| anyhow::anyhow!("{e}\n{}", cluster.diagnostics()))?,
+        );
+    }
+    let killed_at = killer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the killer panicked"))?;
+    cluster.kill_master(leader);
+    let slowest = done.iter().map(|d| d.2).max().unwrap_or_default();
+    let after_kill = done.iter().filter(|d| d.1 + d.2 > killed_at).count();
+    eprintln!("50 creates, the slowest took {slowest:?}; {after_kill} ended after the kill");
+    assert!(
+        after_kill > 0,
+        "every create ended before the leader was killed: nothing was tested"
+    );
+    let created: BTreeSet<String> = done.into_iter().map(|d| d.0).collect();
+    assert_eq!(created.len(), 50);
+    let new = cluster.wait_leader(WAIT)?;
+    assert_ne!(new, leader, "the killed master leads");
+    let jobs: Vec<Value> = cluster.get("/v1/jobs")?;
+    let present: BTreeSet<String> = jobs
+        .iter()
+        .filter_map(|j| j["key"].as_str()?.strip_prefix("www-data/test/"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(present, created, "the jobs differ from the creates");
+    all_finished_once(&cluster, &created)
 }

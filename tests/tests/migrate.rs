@@ -1,6 +1,7 @@
 //! `drover-master migrate`: a single master's SQLite state moved into etcd is what
-//! a master on etcd then serves, moved back it loads the same, a non-empty target
-//! is refused unless forced, and no migration writes under a running master.
+//! a master on etcd then serves (its tokens, revocations and audit records
+//! included), moved back it loads the same, a non-empty target is refused unless
+//! forced, and no migration writes under a running master.
 
 use std::process::Command;
 use std::time::Duration;
@@ -29,6 +30,13 @@ fn sqlite_state_moves_into_etcd_and_back() -> anyhow::Result<()> {
     api.use_admin_token(&dir.path().join("master"))?;
     api.create_job(&command_job("one", 2, true, "sleep 60"))?;
     api.create_job(&command_job("two", 1, false, "true"))?;
+    let revoked = api.create_token(&serde_json::json!({"kind": "operator"}))?;
+    let revoked_id = revoked.split('_').nth(1).unwrap_or_default().to_string();
+    let (status, body) = api.post(
+        &format!("/v1/tokens/{revoked_id}/revoke"),
+        &serde_json::json!({}),
+    )?;
+    assert_eq!(status, 200, "{body}");
     master.stop(Duration::from_secs(10));
 
     let sqlite = format!("sqlite:{}", dir.path().join("master").display());
@@ -45,7 +53,19 @@ fn sqlite_state_moves_into_etcd_and_back() -> anyhow::Result<()> {
         describe(&out)
     );
 
-    // A master on etcd (with the same data dir: its tokens) serves the jobs.
+    // The audit records are in etcd.
+    let audit = etcd.client()?.list("/drover-audit/")?;
+    assert!(
+        audit
+            .iter()
+            .filter(|(_, line, _)| line.contains("\"path\":\"/v1/jobs\""))
+            .count()
+            == 2,
+        "{audit:?}"
+    );
+
+    // A master on etcd with a new data dir serves the jobs to the migrated
+    // admin token (no new bootstrap token) and refuses the revoked one.
     let port = free_ports(1)?[0];
     let mut command = Command::new(bin("drover-master")?);
     command
@@ -56,7 +76,7 @@ fn sqlite_state_moves_into_etcd_and_back() -> anyhow::Result<()> {
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--data-dir")
-        .arg(dir.path().join("master"));
+        .arg(dir.path().join("master-etcd"));
     let mut on_etcd = Proc::spawn(
         "master on etcd",
         command,
@@ -76,6 +96,11 @@ fn sqlite_state_moves_into_etcd_and_back() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(keys, vec!["www-data/test/one", "www-data/test/two"]);
+    assert!(!dir.path().join("master-etcd/admin.token").exists());
+    let mut operator = AdminApi::new()?;
+    operator.url = api.url.clone();
+    operator.token = Some(revoked.clone());
+    assert_eq!(operator.get_status("/v1/jobs")?.0, 401);
     // Not while it runs.
     let back = dir.path().join("back.db");
     let back_spec = format!("sqlite:{}", back.display());
@@ -99,5 +124,13 @@ fn sqlite_state_moves_into_etcd_and_back() -> anyhow::Result<()> {
     ids.sort();
     want.sort();
     assert_eq!(ids, want, "the same tasks came back");
+    // The tokens and the audit log came back too (audit.log beside back.db).
+    let tokens = drover_master::tokens::Tokens::open(&back)?;
+    let header = |t: &str| format!("Bearer {t}").into_bytes();
+    let admin = api.token.clone().unwrap_or_default();
+    assert!(tokens.authenticate(Some(&header(&admin))).is_ok());
+    assert!(tokens.authenticate(Some(&header(&revoked))).is_err());
+    let log = std::fs::read_to_string(dir.path().join("audit.log"))?;
+    assert_eq!(log.matches("\"path\":\"/v1/jobs\"").count(), 2, "{log}");
     Ok(())
 }

@@ -1,0 +1,206 @@
+//! A standby's answer to the admin API: it forwards the request to the leader
+//! and relays the leader's answer, so the CLI, the web UI and scripts work
+//! against any master on etcd. Reads answered this way are exactly the leader's
+//! (nothing is served from a stale copy); writes are the leader's to accept or
+//! refuse. The answer carries `X-Drover-Served-By: <leader URL>`.
+//!
+//! Not forwarded (the standby answers 503 `not_leader` with `X-Drover-Leader`):
+//! agent traffic (agents follow the header to the leader themselves and keep
+//! long polls there), `/metrics` (each master's own), a request another master
+//! already forwarded (`X-Drover-Proxied-By`: two standbys with stale views never
+//! bounce a request between them), and anything while no leader is known.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::http::{ApiErr, MAX_BODY_BYTES};
+
+/// Set on a forwarded request: the URL of the master that forwarded it.
+pub const PROXIED_HEADER: &str = "x-drover-proxied-by";
+/// Set on a forwarded answer: the URL of the leader that answered it.
+pub const SERVED_BY_HEADER: &str = "x-drover-served-by";
+/// How long the standby waits to connect to the leader.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a forwarded request may take (long polls: their wait on top).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(130);
+
+/// Headers that belong to one connection, not to the request or answer.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+fn end_to_end(name: &HeaderName) -> bool {
+    !HOP_BY_HOP.contains(&name.as_str()) && name != "content-length"
+}
+
+/// The client a standby forwards with: `ca` (PEM) is the cluster CA the
+/// masters' certificates chain to, when they serve TLS.
+pub fn client(ca: Option<&[u8]>) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(pem) = ca {
+        for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(|e| e.to_string())? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// Whether a standby forwards `request` to the leader (the admin API and the
+/// web UI; not agent traffic, `/metrics` or an already forwarded request).
+pub fn forwardable(request: &Request) -> bool {
+    let path = request.uri().path();
+    !(is_agent_traffic(path)
+        || path == "/metrics"
+        || request.headers().contains_key(PROXIED_HEADER))
+}
+
+/// The agent API's paths (register, heartbeat, assignments, updates, drain).
+fn is_agent_traffic(path: &str) -> bool {
+    if path == "/v1/agents/register" {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix("/v1/agents/") else {
+        return false;
+    };
+    matches!(
+        rest.split_once('/'),
+        Some((_, "heartbeat" | "assignments" | "updates" | "drain"))
+    )
+}
+
+/// Why forwarding failed.
+fn failed(status: StatusCode, code: &str, message: String, leader: &str) -> Response {
+    let mut resp = ApiErr::new(status, code, message, None).into_response();
+    if let Ok(value) = HeaderValue::from_str(leader) {
+        resp.headers_mut()
+            .insert(crate::leader::LEADER_HEADER, value);
+    }
+    resp
+}
+
+/// Forwards `request` to `leader` (this master being `me`) and relays the answer.
+/// A leader that cannot be reached answers 503 `not_leader` (nothing was sent:
+/// safe to retry); one that took the request but gave no answer answers 502
+/// `leader_lost` (it may or may not have been done).
+pub async fn forward(http: &reqwest::Client, leader: &str, me: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiErr::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is larger than {MAX_BODY_BYTES} bytes; send less at once"),
+                None,
+            )
+            .into_response()
+        }
+    };
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let long_poll = parts.uri.query().is_some_and(|q| q.contains("wait_ms"));
+    let mut forwarded = http
+        .request(parts.method.clone(), format!("{leader}{path}"))
+        .timeout(if long_poll {
+            LONG_POLL_TIMEOUT
+        } else {
+            REQUEST_TIMEOUT
+        })
+        .header(PROXIED_HEADER, me)
+        .body(body);
+    for (name, value) in parts.headers.iter().filter(|(n, _)| end_to_end(n)) {
+        forwarded = forwarded.header(name, value);
+    }
+    let answer = match forwarded.send().await {
+        Ok(a) => a,
+        Err(e) if e.is_connect() => {
+            return failed(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_leader",
+                format!("this master does not lead and cannot reach the leader {leader} ({e}); retry in a moment"),
+                leader,
+            )
+        }
+        Err(e) => {
+            return failed(
+                StatusCode::BAD_GATEWAY,
+                "leader_lost",
+                format!("the leader {leader} took the request but did not answer ({e}): it may or may not have been done; check before retrying"),
+                leader,
+            )
+        }
+    };
+    let status = answer.status();
+    let headers = answer.headers().clone();
+    let bytes = match answer.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            return failed(
+                StatusCode::BAD_GATEWAY,
+                "leader_lost",
+                format!("the leader {leader} stopped answering ({e}): the request may or may not have been done; check before retrying"),
+                leader,
+            )
+        }
+    };
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = status;
+    for (name, value) in headers.iter().filter(|(n, _)| end_to_end(n)) {
+        response.headers_mut().append(name, value.clone());
+    }
+    if let Ok(value) = HeaderValue::from_str(leader) {
+        response.headers_mut().insert(SERVED_BY_HEADER, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(path: &str) -> Request {
+        Request::builder().uri(path).body(Body::empty()).unwrap()
+    }
+
+    #[test]
+    fn the_admin_api_is_forwarded_and_agent_traffic_is_not() {
+        for path in [
+            "/v1/jobs",
+            "/v1/agents",
+            "/v1/agents/a1/forbid",
+            "/ui/",
+            "/",
+        ] {
+            assert!(forwardable(&request(path)), "{path}");
+        }
+        for path in [
+            "/v1/agents/register",
+            "/v1/agents/a1/heartbeat",
+            "/v1/agents/a1/assignments",
+            "/v1/agents/a1/updates",
+            "/v1/agents/a1/drain",
+            "/metrics",
+        ] {
+            assert!(!forwardable(&request(path)), "{path}");
+        }
+        let mut again = request("/v1/jobs");
+        again
+            .headers_mut()
+            .insert(PROXIED_HEADER, HeaderValue::from_static("http://m1"));
+        assert!(!forwardable(&again), "forwarded once already");
+    }
+}

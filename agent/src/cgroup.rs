@@ -279,7 +279,8 @@ pub fn prepare_v2(root: &Path, base: &str) -> Result<Vec<String>, SetupError> {
     if !enabled.is_empty() {
         let control = dir.join("cgroup.subtree_control");
         let value: Vec<String> = enabled.iter().map(|c| format!("+{c}")).collect();
-        fs::write(&control, value.join(" ")).map_err(err("cannot enable controllers in", &control))?;
+        fs::write(&control, value.join(" "))
+            .map_err(err("cannot enable controllers in", &control))?;
     }
     Ok(enabled)
 }
@@ -448,7 +449,13 @@ mod tests {
             plan(&facts(Delegate::On, Version::V2, "0::/agent\n", false)),
             Err(PlanError::AtRoot)
         );
-        let p = plan(&facts(Delegate::Auto, Version::V1, "1:cpu,memory,pids:/\n", true)).unwrap();
+        let p = plan(&facts(
+            Delegate::Auto,
+            Version::V1,
+            "1:cpu,memory,pids:/\n",
+            true,
+        ))
+        .unwrap();
         assert_eq!(p.parent, None);
     }
 

@@ -59,9 +59,11 @@ fn enable(file: &Path, value: &str) -> Result<(), CgroupError> {
 /// Whether `enabled` (a `cgroup.subtree_control`: `cpu memory pids`) lists every
 /// controller of `value` (`+cpu +memory`).
 fn lists_all(enabled: &str, value: &str) -> bool {
-    value
-        .split_whitespace()
-        .all(|c| enabled.split_whitespace().any(|e| Some(e) == c.strip_prefix('+')))
+    value.split_whitespace().all(|c| {
+        enabled
+            .split_whitespace()
+            .any(|e| Some(e) == c.strip_prefix('+'))
+    })
 }
 
 /// A task cgroup on v2.
@@ -339,7 +341,10 @@ mod tests {
 
     #[test]
     fn a_level_that_refuses_the_write_is_fine_only_when_it_enables_them_already() {
-        assert!(super::lists_all("cpu io memory pids\n", "+cpu +memory +pids"));
+        assert!(super::lists_all(
+            "cpu io memory pids\n",
+            "+cpu +memory +pids"
+        ));
         assert!(!super::lists_all("cpu io pids\n", "+cpu +memory +pids"));
         assert!(!super::lists_all("", "+pids"));
         // A level that can be neither written nor read is an error naming it.
@@ -355,7 +360,11 @@ mod tests {
         let (tmp, _) = fake_v2(true);
         let root = tmp.path();
         fs::create_dir_all(root.join("system.slice/a.service/drover")).unwrap();
-        for level in ["system.slice", "system.slice/a.service", "system.slice/a.service/drover"] {
+        for level in [
+            "system.slice",
+            "system.slice/a.service",
+            "system.slice/a.service/drover",
+        ] {
             fs::write(root.join(level).join("cgroup.subtree_control"), "").unwrap();
         }
         let cg = FsCgroup::new(Version::V2, root, "/system.slice/a.service/drover", "t1");
@@ -367,15 +376,25 @@ mod tests {
         })
         .unwrap();
         assert!(root.join("system.slice/a.service/drover/t1").is_dir());
-        for level in ["system.slice", "system.slice/a.service", "system.slice/a.service/drover"] {
-            let enabled = fs::read_to_string(root.join(level).join("cgroup.subtree_control")).unwrap();
+        for level in [
+            "system.slice",
+            "system.slice/a.service",
+            "system.slice/a.service/drover",
+        ] {
+            let enabled =
+                fs::read_to_string(root.join(level).join("cgroup.subtree_control")).unwrap();
             assert!(enabled.contains("+pids"), "{level}: {enabled}");
         }
     }
 
     #[test]
     fn parents_are_relative_paths_of_plain_components() {
-        for ok in ["drover", "system.slice/drover-agent.service/drover", "/a/b/", "user@0.service/x"] {
+        for ok in [
+            "drover",
+            "system.slice/drover-agent.service/drover",
+            "/a/b/",
+            "user@0.service/x",
+        ] {
             check_parent(ok).unwrap();
         }
         for bad in ["", "/", "a/../b", "a//b", "./a", "a/\n"] {

@@ -39,16 +39,39 @@ struct Member {
     proc: Option<Proc>,
 }
 
+/// How a test etcd cluster runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// Members.
+    pub members: usize,
+    /// Each member's `--quota-backend-bytes` (etcd's default when None): a small
+    /// quota makes etcd raise its NOSPACE alarm soon.
+    pub quota_backend_bytes: Option<u64>,
+}
+
 /// A running etcd cluster.
 pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
     token: String,
+    quota_backend_bytes: Option<u64>,
 }
 
 impl EtcdCluster {
     /// Starts `n` members under `dir` and waits until the cluster answers.
     pub fn start(dir: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
+        EtcdCluster::start_with(
+            dir,
+            &EtcdSettings {
+                members: n,
+                quota_backend_bytes: None,
+            },
+        )
+    }
+
+    /// Starts a cluster as `settings` say under `dir` and waits until it answers.
+    pub fn start_with(dir: &Path, settings: &EtcdSettings) -> anyhow::Result<EtcdCluster> {
+        let n = settings.members;
         if !etcd_installed() {
             bail!("etcd is not installed: run scripts/setup.sh (Debian package etcd-server)");
         }
@@ -74,6 +97,7 @@ impl EtcdCluster {
             members,
             initial,
             token,
+            quota_backend_bytes: settings.quota_backend_bytes,
         };
         for k in 0..n {
             cluster.spawn(k)?;
@@ -113,6 +137,9 @@ impl EtcdCluster {
             .arg("1000")
             .arg("--log-level")
             .arg("warn");
+        if let Some(bytes) = self.quota_backend_bytes {
+            command.arg("--quota-backend-bytes").arg(bytes.to_string());
+        }
         m.proc = Some(Proc::spawn(&m.name, command, &m.log)?);
         Ok(())
     }

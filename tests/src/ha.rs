@@ -1,5 +1,5 @@
 //! Several masters on a real etcd cluster, for the HA tests: a 3-member etcd
-//! (`etcd::EtcdCluster`), `n` drover-masters with `--store etcd://...` on fixed
+//! (`etcd::EtcdCluster`, or as `EtcdSettings` say), `n` drover-masters with `--store etcd://...` on fixed
 //! loopback ports and one agent given every master's URL. The token registry is
 //! per master (see docs/operations.md): the first master is started alone to
 //! create the admin token and an agent token bound to the agent's id, then its
@@ -15,7 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use crate::etcd::{free_ports, EtcdCluster};
+use crate::etcd::{free_ports, EtcdCluster, EtcdSettings};
 use crate::{bin, AdminApi, Proc, TEST_MASTER_CONFIG, WAIT};
 
 /// The agent's id.
@@ -38,6 +38,17 @@ impl HaCluster {
     /// Starts etcd (3 members), `masters` masters and one agent; waits until one
     /// master leads and the agent registered.
     pub fn start(masters: usize) -> anyhow::Result<HaCluster> {
+        HaCluster::start_with(
+            masters,
+            &EtcdSettings {
+                members: 3,
+                quota_backend_bytes: None,
+            },
+        )
+    }
+
+    /// Like `start`, on an etcd cluster run as `etcd` says.
+    pub fn start_with(masters: usize, etcd: &EtcdSettings) -> anyhow::Result<HaCluster> {
         let dir = tempfile::Builder::new().prefix("drover-ha-").tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         for sub in ["logs", "sandbox"] {
@@ -45,7 +56,7 @@ impl HaCluster {
             std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
         }
         std::fs::write(dir.path().join("master.toml"), TEST_MASTER_CONFIG)?;
-        let etcd = EtcdCluster::start(dir.path(), 3)?;
+        let etcd = EtcdCluster::start_with(dir.path(), etcd)?;
         let ports = free_ports(masters)?;
         let urls = ports
             .iter()

@@ -9,7 +9,6 @@
 
 use std::time::{Duration, Instant};
 
-use drover_common::state::TaskState;
 use drover_common::wire::JobView;
 use drover_tests::etcd::{etcd_installed, EtcdSettings};
 use drover_tests::ha::HaCluster;
@@ -66,7 +65,7 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
     let spec = command_job("refused", 1, true, "exec sleep 100000");
     let (status, body) = api.post("/v1/jobs", &spec)?;
     assert_eq!(status, 507, "{body}");
-    assert_eq!(body["error"]["code"], Value::from("read_only"), "{body}");
+    assert_eq!(body["error"]["code"], "read_only", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("etcd is out of space") && message.contains("alarm disarm"),
@@ -77,10 +76,7 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
     // Reads are served; the agent's heartbeats are answered, its task runs on.
     std::thread::sleep(Duration::from_secs(6));
     let agents: Vec<Value> = c.get("/v1/agents")?;
-    assert!(
-        agents.iter().any(|a| a["reachable"] == Value::from(true)),
-        "{agents:?}"
-    );
+    assert!(agents.iter().any(|a| a["reachable"] == true), "{agents:?}");
     assert!(running(&c, "www-data/test/sleeper").is_some());
     let (status, body) = api.post("/v1/jobs", &spec)?;
     assert_eq!(status, 507, "still read-only: {body}");

@@ -165,7 +165,7 @@ fn etcd(op: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
 }
 
 /// Whether etcd refused a request for want of space (its quota or NOSPACE alarm).
-fn etcd_no_space(e: &etcd_client::Error) -> bool {
+pub(crate) fn etcd_no_space(e: &etcd_client::Error) -> bool {
     matches!(e, etcd_client::Error::GRpcStatus(s)
         if s.code() == tonic::Code::ResourceExhausted && s.message().contains("space exceeded"))
 }

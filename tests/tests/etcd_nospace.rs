@@ -5,7 +5,9 @@
 //! `read_only` naming etcd and what to do, nothing refused is stored, reads are
 //! served and the agent stays reachable with its task running. Once the operator
 //! frees space (the filler deleted, etcd compacted and defragmented, the alarm
-//! disarmed), writes resume by themselves and a new job runs.
+//! disarmed), writes resume by themselves and a new job runs. A master restarted
+//! while the alarm is raised cannot be elected (etcd refuses lease grants): it
+//! stands by and logs why, and leads once space is back.
 
 use std::time::{Duration, Instant};
 
@@ -81,6 +83,25 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
     let (status, body) = api.post("/v1/jobs", &spec)?;
     assert_eq!(status, 507, "still read-only: {body}");
 
+    // A master (re)started while the alarm is raised cannot be elected (etcd
+    // refuses lease grants): it stands by, saying why, instead of failing.
+    let mut c = c;
+    c.kill_master(leader);
+    c.start_master(leader)?;
+    c.wait_for("the restarted master to answer /health", WAIT, |c| {
+        c.health(leader)
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        c.health(leader).map(|h| h["leader"].clone()),
+        Some(Value::Bool(false))
+    );
+    assert!(
+        c.master_log(leader).contains("etcd is out of space"),
+        "{}",
+        c.master_log(leader)
+    );
+
     // The operator frees space: delete, compact, defragment, disarm.
     etcd.run(async |e| {
         e.delete(FILLER, Some(DeleteOptions::new().with_prefix()))
@@ -110,7 +131,9 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
         })?;
     }
 
-    // Writes resume by themselves: the same create is accepted and runs.
+    // Writes resume by themselves (the restarted master is elected once etcd
+    // grants leases again): the same create is accepted and runs.
+    c.wait_leader(WAIT)?;
     let deadline = Instant::now() + WAIT;
     loop {
         let (status, body) = api.post("/v1/jobs", &spec)?;

@@ -1,6 +1,8 @@
 //! A real etcd cluster for tests: `n` members of Debian's `etcd` (installed by
 //! scripts/setup.sh) on loopback, on free ports, with data dirs under the test's
 //! temporary dir, killed when dropped. Members can be killed and started again.
+//! Members may also listen on further local addresses (the root-namespace ends of
+//! network-namespace veths) so masters in namespaces reach them.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -40,13 +42,15 @@ struct Member {
 }
 
 /// How a test etcd cluster runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EtcdSettings {
     /// Members.
     pub members: usize,
     /// Each member's `--quota-backend-bytes` (etcd's default when None): a small
     /// quota makes etcd raise its NOSPACE alarm soon.
     pub quota_backend_bytes: Option<u64>,
+    /// Further addresses every member's client port listens on.
+    pub hosts: Vec<String>,
 }
 
 /// A running etcd cluster.
@@ -55,6 +59,8 @@ pub struct EtcdCluster {
     initial: String,
     token: String,
     quota_backend_bytes: Option<u64>,
+    /// Further addresses every member's client port listens on.
+    hosts: Vec<String>,
 }
 
 impl EtcdCluster {
@@ -64,7 +70,7 @@ impl EtcdCluster {
             dir,
             &EtcdSettings {
                 members: n,
-                quota_backend_bytes: None,
+                ..EtcdSettings::default()
             },
         )
     }
@@ -98,6 +104,7 @@ impl EtcdCluster {
             initial,
             token,
             quota_backend_bytes: settings.quota_backend_bytes,
+            hosts: settings.hosts.clone(),
         };
         for k in 0..n {
             cluster.spawn(k)?;
@@ -109,6 +116,13 @@ impl EtcdCluster {
     fn spawn(&mut self, k: usize) -> anyhow::Result<()> {
         let m = &mut self.members[k];
         let client = format!("http://127.0.0.1:{}", m.client);
+        let listen: Vec<String> = std::iter::once(client.clone())
+            .chain(
+                self.hosts
+                    .iter()
+                    .map(|h| format!("http://{h}:{}", m.client)),
+            )
+            .collect();
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let mut command = Command::new("etcd");
         command
@@ -117,7 +131,7 @@ impl EtcdCluster {
             .arg("--data-dir")
             .arg(&m.data_dir)
             .arg("--listen-client-urls")
-            .arg(&client)
+            .arg(listen.join(","))
             .arg("--advertise-client-urls")
             .arg(&client)
             .arg("--listen-peer-urls")
@@ -155,6 +169,17 @@ impl EtcdCluster {
     /// The master's `--store` value for this cluster.
     pub fn store_url(&self) -> String {
         format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    /// The `--store` value for a master reaching the members at `host` (one of
+    /// `EtcdSettings::hosts`).
+    pub fn store_url_via(&self, host: &str) -> String {
+        let endpoints: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{host}:{}", m.client))
+            .collect();
+        format!("etcd://{}", endpoints.join(","))
     }
 
     /// SIGKILLs member `k`.

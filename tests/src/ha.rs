@@ -1,25 +1,73 @@
 //! Several masters on a real etcd cluster, for the HA tests: a 3-member etcd
-//! (`etcd::EtcdCluster`, or as `EtcdSettings` say), `n` drover-masters with `--store etcd://...` on fixed
+//! (`etcd::EtcdCluster`), `n` drover-masters with `--store etcd://...` on fixed
 //! loopback ports and one agent given every master's URL. The token registry is
 //! per master (see docs/operations.md): the first master is started alone to
 //! create the admin token and an agent token bound to the agent's id, then its
 //! registry is copied to the others.
+//!
+//! With `HaOptions::netns` each master runs in a network namespace of its own
+//! (`netns::NetNs`), joined to the root namespace (etcd, the agent, the test) by
+//! a veth pair: `cut_master` takes the link down, a network partition of that
+//! master from everything else, and `heal_master` brings it back.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeSet;
+
 use anyhow::{bail, Context};
+use drover_common::state::TaskState;
+use drover_common::wire::JobView;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
 use crate::etcd::{free_ports, EtcdCluster, EtcdSettings};
+use crate::netns::{NetNs, SubnetClaim};
 use crate::{bin, AdminApi, Proc, TEST_MASTER_CONFIG, WAIT};
 
 /// The agent's id.
 pub const AGENT_ID: &str = "ha-agent-0";
+
+/// The port masters listen on inside their own network namespaces.
+const NETNS_MASTER_PORT: u16 = 7070;
+
+/// How an `HaCluster` is set up.
+#[derive(Clone, Debug)]
+pub struct HaOptions {
+    /// How many masters.
+    pub masters: usize,
+    /// Every master's config file (TOML).
+    pub master_config: String,
+    /// Each master in a network namespace of its own, cut off by `cut_master`.
+    pub netns: bool,
+    /// How etcd runs (3 members by default; `hosts` is set here for `netns`).
+    pub etcd: EtcdSettings,
+}
+
+impl HaOptions {
+    /// `masters` masters with `TEST_MASTER_CONFIG` on loopback.
+    pub fn new(masters: usize) -> HaOptions {
+        HaOptions {
+            masters,
+            master_config: TEST_MASTER_CONFIG.to_string(),
+            netns: false,
+            etcd: EtcdSettings {
+                members: 3,
+                ..EtcdSettings::default()
+            },
+        }
+    }
+}
+
+/// The masters' network namespaces (master k in `namespaces[k]`) and the
+/// subnet block they use, released when dropped.
+struct MasterNets {
+    namespaces: Vec<NetNs>,
+    _claim: SubnetClaim,
+}
 
 /// The etcd cluster, the masters and the agent.
 pub struct HaCluster {
@@ -31,6 +79,9 @@ pub struct HaCluster {
     agent: Option<Proc>,
     /// The bootstrap admin token (the same on every master).
     pub token: String,
+    /// With `HaOptions::netns`: dropped after the masters (it kills what is
+    /// left in the namespaces).
+    net: Option<MasterNets>,
     dir: tempfile::TempDir,
 }
 
@@ -38,36 +89,61 @@ impl HaCluster {
     /// Starts etcd (3 members), `masters` masters and one agent; waits until one
     /// master leads and the agent registered.
     pub fn start(masters: usize) -> anyhow::Result<HaCluster> {
-        HaCluster::start_with(
-            masters,
-            &EtcdSettings {
-                members: 3,
-                quota_backend_bytes: None,
-            },
-        )
+        HaCluster::start_with(HaOptions::new(masters))
     }
 
-    /// Like `start`, on an etcd cluster run as `etcd` says.
-    pub fn start_with(masters: usize, etcd: &EtcdSettings) -> anyhow::Result<HaCluster> {
+    /// Like `start`, set up as `options` say.
+    pub fn start_with(options: HaOptions) -> anyhow::Result<HaCluster> {
+        let masters = options.masters;
         let dir = tempfile::Builder::new().prefix("drover-ha-").tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         for sub in ["logs", "sandbox"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
             std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
         }
-        std::fs::write(dir.path().join("master.toml"), TEST_MASTER_CONFIG)?;
-        let etcd = EtcdCluster::start_with(dir.path(), etcd)?;
-        let ports = free_ports(masters)?;
-        let urls = ports
-            .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
-            .collect();
+        std::fs::write(dir.path().join("master.toml"), &options.master_config)?;
+        let net = if options.netns {
+            let (claim, lock) = SubnetClaim::take()?;
+            let namespaces = (0..masters)
+                .map(|k| NetNs::create(claim.octet, k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            drop(lock);
+            Some(MasterNets {
+                namespaces,
+                _claim: claim,
+            })
+        } else {
+            None
+        };
+        let (etcd, urls) = match &net {
+            Some(net) => {
+                let hosts: Vec<String> = net.namespaces.iter().map(|n| n.host_ip.clone()).collect();
+                let urls = net
+                    .namespaces
+                    .iter()
+                    .map(|n| format!("http://{}:{NETNS_MASTER_PORT}", n.ns_ip))
+                    .collect();
+                let settings = EtcdSettings {
+                    hosts,
+                    ..options.etcd.clone()
+                };
+                (EtcdCluster::start_with(dir.path(), &settings)?, urls)
+            }
+            None => {
+                let urls = free_ports(masters)?
+                    .iter()
+                    .map(|p| format!("http://127.0.0.1:{p}"))
+                    .collect();
+                (EtcdCluster::start_with(dir.path(), &options.etcd)?, urls)
+            }
+        };
         let mut cluster = HaCluster {
             etcd,
             masters: (0..masters).map(|_| None).collect(),
             urls,
             agent: None,
             token: String::new(),
+            net,
             dir,
         };
         // The first master alone: it leads, creates the tokens, and stops.
@@ -126,12 +202,25 @@ impl HaCluster {
     /// Starts master `k` (again).
     pub fn start_master(&mut self, k: usize) -> anyhow::Result<()> {
         let listen = self.urls[k].trim_start_matches("http://").to_string();
-        let mut command = Command::new(bin("drover-master")?);
+        let (mut command, store) = match &self.net {
+            Some(net) => {
+                let ns = &net.namespaces[k];
+                let mut command = Command::new("nsenter");
+                command
+                    .arg(format!("--net=/run/netns/{}", ns.name))
+                    .arg("--")
+                    .arg(bin("drover-master")?)
+                    // Plain HTTP on the veth, inside this test's own namespaces.
+                    .arg("--insecure");
+                (command, self.etcd.store_url_via(&ns.host_ip))
+            }
+            None => (Command::new(bin("drover-master")?), self.etcd.store_url()),
+        };
         command
             .arg("--config")
             .arg(self.dir.path().join("master.toml"))
             .arg("--store")
-            .arg(self.etcd.store_url())
+            .arg(store)
             .arg("--listen")
             .arg(&listen)
             .arg("--data-dir")
@@ -233,6 +322,24 @@ impl HaCluster {
         self.masters[k].as_ref().map(Proc::pid)
     }
 
+    /// Cuts master `k` off the network (etcd, the agent, the other masters, the
+    /// test): its veth goes down. Only with `HaOptions::netns`.
+    pub fn cut_master(&self, k: usize) -> anyhow::Result<()> {
+        self.master_ns(k)?.cut()
+    }
+
+    /// Heals `cut_master`.
+    pub fn heal_master(&self, k: usize) -> anyhow::Result<()> {
+        self.master_ns(k)?.heal()
+    }
+
+    fn master_ns(&self, k: usize) -> anyhow::Result<&NetNs> {
+        self.net
+            .as_ref()
+            .and_then(|n| n.namespaces.get(k))
+            .with_context(|| format!("master {k} has no network namespace (HaOptions::netns)"))
+    }
+
     /// SIGKILLs master `k`.
     pub fn kill_master(&mut self, k: usize) {
         if let Some(mut m) = self.masters[k].take() {
@@ -245,6 +352,48 @@ impl HaCluster {
         if let Some(pid) = self.master_pid(k) {
             let _ = kill(Pid::from_raw(pid as i32), signal);
         }
+    }
+
+    /// The job `www-data/test/<name>` as the leader shows it.
+    pub fn job(&self, name: &str) -> anyhow::Result<JobView> {
+        self.get(&job_path(name))
+    }
+
+    /// Waits until every job in `names` has each instance FINISHED, then checks
+    /// that each instance ran exactly one task (no second launch).
+    pub fn wait_finished_once(&self, names: &BTreeSet<String>) -> anyhow::Result<()> {
+        self.wait_for("every job FINISHED", WAIT * 3, |c| {
+            names
+                .iter()
+                .all(|name| {
+                    c.job(name).is_ok_and(|v| {
+                        v.instances.iter().all(|i| {
+                            i.current
+                                .as_ref()
+                                .is_some_and(|t| t.state == TaskState::Finished)
+                        })
+                    })
+                })
+                .then_some(())
+        })?;
+        for name in names {
+            let view = self.job(name)?;
+            for i in &view.instances {
+                if !i.history.is_empty() {
+                    bail!(
+                        "instance {} of {name} ran more than once: {:?}",
+                        i.instance,
+                        i.history
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How many executors the agent started so far (one per task launch).
+    pub fn launches(&self) -> usize {
+        self.agent_log().matches("executor started").count()
     }
 
     /// The agent's log.
@@ -302,6 +451,11 @@ impl HaCluster {
         self.wait_leader(WAIT)?;
         self.start_agent()
     }
+}
+
+/// The API path of job `www-data/test/<name>` (the jobs of `command_job`).
+pub fn job_path(name: &str) -> String {
+    format!("/v1/jobs/www-data/test/{name}")
 }
 
 /// Submits jobs to whichever master leads, moving on when one cannot be reached

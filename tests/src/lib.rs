@@ -1196,6 +1196,27 @@ pub fn command_job(name: &str, instances: u32, service: bool, cmdline: &str) -> 
     })
 }
 
+/// The cron firing each run of instance 0 was started for (the Unix ms in its
+/// task's first event, "cron firing at N"): the history's newest first, then the
+/// current run's.
+pub fn cron_firings(view: &JobView) -> Vec<u64> {
+    let Some(i) = view.instances.first() else {
+        return Vec::new();
+    };
+    i.history
+        .iter()
+        .chain(i.current.iter())
+        .filter_map(|t| {
+            let m = &t.events.first()?.message;
+            let rest = &m[m.find("cron firing at ")? + "cron firing at ".len()..];
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

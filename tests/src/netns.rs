@@ -165,7 +165,25 @@ fn remove_block(octet: u8) {
         if Path::new("/sys/class/net").join(&host).exists() {
             ip_quiet(&["link", "del", &host]);
         }
+        remove_unreachable_route(octet, k);
     }
+}
+
+/// The subnet of agent `k` in block `octet`.
+fn subnet(octet: u8, k: usize) -> String {
+    format!("10.{octet}.{k}.0/24")
+}
+
+/// Removes the `unreachable` route `NetNs::create` added for agent `k`'s subnet.
+fn remove_unreachable_route(octet: u8, k: usize) {
+    ip_quiet(&[
+        "route",
+        "del",
+        "unreachable",
+        &subnet(octet, k),
+        "metric",
+        "1000",
+    ]);
 }
 
 /// Removes the task cgroups of clusters whose test process died without its Drop
@@ -217,13 +235,13 @@ fn empty_and_remove(parent: &Path, wait: Duration) {
 
 /// A claimed `10.<octet>.0.0/16`, released (claim file removed) on Drop.
 #[derive(Debug)]
-struct SubnetClaim {
-    octet: u8,
+pub(crate) struct SubnetClaim {
+    pub(crate) octet: u8,
 }
 
 impl SubnetClaim {
     /// Claims a free block under an exclusive lock, reclaiming blocks whose owner died.
-    fn take() -> anyhow::Result<(SubnetClaim, Flock<File>)> {
+    pub(crate) fn take() -> anyhow::Result<(SubnetClaim, Flock<File>)> {
         std::fs::create_dir_all(CLAIMS_DIR)?;
         let lock = File::create(Path::new(CLAIMS_DIR).join("lock"))?;
         let lock = Flock::lock(lock, FlockArg::LockExclusive)
@@ -273,16 +291,19 @@ pub struct NetNs {
     pub host_ip: String,
     /// The agent-side address, `10.a.k.2`.
     pub ns_ip: String,
+    /// Its subnet block and index (for the `unreachable` route).
+    block: (u8, usize),
 }
 
 impl NetNs {
-    fn create(octet: u8, k: usize) -> anyhow::Result<NetNs> {
+    pub(crate) fn create(octet: u8, k: usize) -> anyhow::Result<NetNs> {
         let (name, host, peer) = names(octet, k);
         let ns = NetNs {
             name,
             host_veth: host,
             host_ip: format!("10.{octet}.{k}.1"),
             ns_ip: format!("10.{octet}.{k}.2"),
+            block: (octet, k),
         };
         ip(&["netns", "add", &ns.name])?;
         ip(&[
@@ -305,6 +326,16 @@ impl NetNs {
             &ns.host_veth,
         ])?;
         ip(&["link", "set", &ns.host_veth, "up"])?;
+        // While the link is down its subnet is unreachable, rather than sent to
+        // the default route (a gateway there may answer in the agent's place).
+        ip(&[
+            "route",
+            "replace",
+            "unreachable",
+            &subnet(octet, k),
+            "metric",
+            "1000",
+        ])?;
         ip(&[
             "-n",
             &ns.name,
@@ -319,7 +350,7 @@ impl NetNs {
         Ok(ns)
     }
 
-    /// Cuts the agent off: the host-side veth goes down.
+    /// Cuts the namespace off: the host-side veth goes down.
     pub fn cut(&self) -> anyhow::Result<()> {
         ip(&["link", "set", &self.host_veth, "down"])
     }
@@ -335,6 +366,7 @@ impl Drop for NetNs {
         kill_netns_processes(&self.name);
         ip_quiet(&["netns", "del", &self.name]);
         ip_quiet(&["link", "del", &self.host_veth]);
+        remove_unreachable_route(self.block.0, self.block.1);
     }
 }
 

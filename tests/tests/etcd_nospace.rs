@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use drover_common::wire::JobView;
 use drover_tests::etcd::{etcd_installed, EtcdSettings};
-use drover_tests::ha::HaCluster;
+use drover_tests::ha::{HaCluster, HaOptions};
 use drover_tests::{command_job, WAIT};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, CompactionOptions, DeleteOptions};
 use serde_json::Value;
@@ -31,13 +31,13 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
         eprintln!("skipped: etcd is not installed (scripts/setup.sh installs it)");
         return Ok(());
     }
-    let c = HaCluster::start_with(
-        1,
-        &EtcdSettings {
-            members: 1,
-            quota_backend_bytes: Some(4 << 20),
-        },
-    )?;
+    let mut options = HaOptions::new(1);
+    options.etcd = EtcdSettings {
+        members: 1,
+        quota_backend_bytes: Some(4 << 20),
+        ..EtcdSettings::default()
+    };
+    let c = HaCluster::start_with(options)?;
     let leader = c.wait_leader(WAIT)?;
     let api = c.api(leader)?;
     api.create_job(&command_job("sleeper", 1, true, "exec sleep 100000"))?;

@@ -10,7 +10,9 @@
 
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{CronView, JobView};
-use drover_tests::{command_job, describe, running_as_root, Cluster, ClusterConfig, WAIT};
+use drover_tests::{
+    command_job, cron_firings, describe, running_as_root, Cluster, ClusterConfig, WAIT,
+};
 use serde_json::{json, Value};
 
 /// A job of `instances` tasks of one cpu each running `sleep`.
@@ -316,24 +318,6 @@ fn cron_kill_existing_kills_the_running_run_and_cancel_new_skips() {
     assert!(cron_of(&cluster, "www-data/test/cancel").is_none());
 }
 
-/// The firing each run of instance 0 was started for (the Unix ms in its first
-/// event, "cron firing at N").
-fn firings(view: &JobView) -> Vec<u64> {
-    let i = &view.instances[0];
-    i.history
-        .iter()
-        .chain(i.current.iter())
-        .filter_map(|t| {
-            let m = &t.events.first()?.message;
-            let rest = &m[m.find("cron firing at ")? + "cron firing at ".len()..];
-            rest.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect()
-}
-
 #[test]
 fn a_master_restart_runs_no_cron_firing_twice() {
     if !running_as_root("cron restart test") {
@@ -347,7 +331,7 @@ fn a_master_restart_runs_no_cron_firing_twice() {
     cluster
         .wait_for("two runs", WAIT, |c| {
             let v = c.job(KEY).ok()?;
-            (firings(&v).len() >= 2).then_some(())
+            (cron_firings(&v).len() >= 2).then_some(())
         })
         .unwrap();
     let mut seen = 0;
@@ -367,7 +351,7 @@ fn a_master_restart_runs_no_cron_firing_twice() {
                 (runs(&v) > runs(&before) + 1).then_some(v)
             })
             .unwrap();
-        let fired = firings(&view);
+        let fired = cron_firings(&view);
         assert_eq!(
             fired.len(),
             runs(&view),

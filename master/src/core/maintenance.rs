@@ -406,8 +406,25 @@ impl Core {
                 .get(&idx)
                 .is_some_and(|&d| now.mono >= d);
             let host = a.rec.hostname.clone();
-            let ids: Vec<String> = a.tasks.iter().cloned().collect();
             let mut blocked: BTreeMap<String, String> = BTreeMap::new();
+            // A lost host's tasks follow their jobs' partition policy, not the drain
+            // (not even past its deadline): a replacement made here would run beside
+            // a copy the drain cannot stop (`reschedule: false`, `delay`,
+            // `exclusive`). Their endings empty the host; a task the policy keeps
+            // holds the drain until the agent is back.
+            let ids: Vec<String> = if a.reachable {
+                a.tasks.iter().cloned().collect()
+            } else {
+                if !a.tasks.is_empty() {
+                    blocked.insert(
+                        String::new(),
+                        "host unreachable: its tasks follow their jobs' partition_policy \
+                         until it is back"
+                            .to_string(),
+                    );
+                }
+                Vec::new()
+            };
             for id in ids {
                 let Some(t) = self.tasks.get(&id) else {
                     continue;

@@ -2,7 +2,7 @@
 //! batch by batch. A batch starts only when the one before it is done: each of its
 //! instances RUNNING (and so passing its health check) for the `watch` time, or
 //! gone if the update removes it. A task of the new config that ends on its own
-//! is a failure of its instance; past `max_per_instance_failures` the instance has
+//! (not drained, not lost with its agent) is a failure of its instance; past `max_per_instance_failures` the instance has
 //! failed, past `max_total_failures` failed instances the update has: with
 //! `rollback_on_failure` every instance it touched goes back to the config it had,
 //! in reverse order from the point of failure and in batches of the same size,
@@ -485,54 +485,72 @@ impl Core {
         }
     }
 
-    /// Instances of `u`'s job outside its batch that a drain has down: the task it
-    /// took was replaced and the replacement is not RUNNING yet. A batch counts
-    /// them, so an update and a drain together never have more than `batch_size`
-    /// instances down (the drain counts the batch in its SLA budget the same way).
-    fn drained_down(&self, u: &UpdateRecord) -> usize {
-        let draining = self.agents.iter().any(|a| {
-            matches!(
-                a.rec.maintenance.mode,
-                MaintenanceMode::Draining | MaintenanceMode::Drained
-            )
+    /// Instances of `u`'s job outside its batch that a host drain or an agent loss
+    /// has down: the task it took (KILLED `drained`, LOST `agent_lost`) was replaced
+    /// and the replacement is not RUNNING yet; (drained, lost). A batch counts them,
+    /// so an update never adds a batch to what a drain or a lost host has down (the
+    /// drain counts the batch in its SLA budget the same way). Looked at only while
+    /// a host drains, is drained or is unreachable.
+    fn down_outside(&self, u: &UpdateRecord) -> (usize, usize) {
+        let disrupted = self.agents.iter().any(|a| {
+            !a.reachable
+                || matches!(
+                    a.rec.maintenance.mode,
+                    MaintenanceMode::Draining | MaintenanceMode::Drained
+                )
         });
-        let Some(job) = self.jobs.get(&u.view.job).filter(|_| draining) else {
-            return 0;
+        let Some(job) = self.jobs.get(&u.view.job).filter(|_| disrupted) else {
+            return (0, 0);
         };
         let in_flight: BTreeSet<u32> = u.in_flight.iter().copied().collect();
-        job.slots
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !in_flight.contains(&(*i as u32)))
-            .filter(|(_, slot)| {
-                let down = slot
-                    .current
-                    .as_ref()
-                    .and_then(|id| self.tasks.get(id))
-                    .is_some_and(|t| {
-                        t.status.state != TaskState::Running && !t.status.state.is_terminal()
-                    });
-                down && slot
-                    .history
-                    .back()
-                    .and_then(|id| self.tasks.get(id))
-                    .is_some_and(|t| t.kill_reason == Some(ExitReason::Drained))
-            })
-            .count()
+        let (mut drained, mut lost) = (0, 0);
+        for (i, slot) in job.slots.iter().enumerate() {
+            if in_flight.contains(&(i as u32)) {
+                continue;
+            }
+            let down = slot
+                .current
+                .as_ref()
+                .and_then(|id| self.tasks.get(id))
+                .is_some_and(|t| {
+                    t.status.state != TaskState::Running && !t.status.state.is_terminal()
+                });
+            let Some(before) = slot.history.back().and_then(|id| self.tasks.get(id)) else {
+                continue;
+            };
+            if !down {
+                continue;
+            }
+            if before.kill_reason == Some(ExitReason::Drained) {
+                drained += 1;
+            } else if before.status.exit_reason == Some(ExitReason::AgentLost) {
+                lost += 1;
+            }
+        }
+        (drained, lost)
     }
 
     /// How many instances the next batch may take: the batch size less what a
-    /// drain has down, or why none.
+    /// drain or an agent loss has down, or why none.
     fn batch_room(&self, u: &UpdateRecord) -> Result<usize, String> {
         let size = u.view.settings.batch_size.max(1) as usize;
-        let down = self.drained_down(u);
-        if down >= size {
+        let (drained, lost) = self.down_outside(u);
+        if drained + lost >= size {
+            let mut why = Vec::new();
+            if drained > 0 {
+                why.push(format!("{drained} instance(s) down by a host drain"));
+            }
+            if lost > 0 {
+                why.push(format!(
+                    "{lost} instance(s) down after their agent was lost"
+                ));
+            }
             return Err(format!(
-                "{down} instance(s) down by a host drain (batch size {size}); the next batch \
-                 starts when their replacements run"
+                "{} (batch size {size}); the next batch starts when their replacements run",
+                why.join(" and ")
             ));
         }
-        Ok(size - down)
+        Ok(size - drained - lost)
     }
 
     /// Looks at each instance in flight; failures may fail the update.
@@ -685,9 +703,14 @@ impl Core {
         let watched = u.watched.get(&instance).cloned();
         if watched.as_deref() != Some(task.id.as_str()) {
             u.watched.insert(instance, task.id.clone());
-            // The watched task ended and the lifecycle replaced it.
+            // The watched task ended and the lifecycle replaced it. Lost with its
+            // agent (`agent_lost`), it is no failure of the config, as a drained
+            // one is not: its replacement is watched in its place.
             if let Some(old) = watched.and_then(|id| self.tasks.get(&id)) {
-                if old.status.state.is_terminal() && old.desired == DesiredState::Running {
+                if old.status.state.is_terminal()
+                    && old.desired == DesiredState::Running
+                    && old.status.exit_reason != Some(ExitReason::AgentLost)
+                {
                     return Check::Failed(ended(old));
                 }
             }

@@ -454,6 +454,67 @@ fn a_host_lost_while_draining_finishes_through_the_partition_policy() {
 }
 
 #[test]
+fn a_lost_draining_host_leaves_its_tasks_to_the_partition_policy_even_past_the_deadline() {
+    // Both jobs on a1 (the only agent yet); neither policy ever lets the drain go.
+    let mut w = world(1);
+    let keep = w.create(spec(
+        "keep",
+        1,
+        true,
+        r#","partition_policy":{"reschedule":false},"sla_policy":{"min_healthy":1}"#,
+    ))[0]
+        .clone();
+    let patient = w.create(spec(
+        "patient",
+        1,
+        true,
+        r#","partition_policy":{"delay":"20s"},"sla_policy":{"min_healthy":1}"#,
+    ))[0]
+        .clone();
+    w.agents_act();
+    for a in ["a2", "a3"] {
+        w.register(a, 4.0, 16, &[]);
+    }
+    w.drain(&["a1"], Some(5_000));
+    assert_eq!(w.mode("a1"), MaintenanceMode::Draining);
+    // a1 goes silent: past its timeout and the drain's deadline, but within the
+    // 20 s delay, nothing of a1's is replaced.
+    for _ in 0..20 {
+        w.advance(500);
+        w.heartbeat("a2", None);
+        w.heartbeat("a3", None);
+    }
+    for (id, job) in [(&keep, "www/prod/keep"), (&patient, "www/prod/patient")] {
+        assert_eq!(w.state(id), TaskState::Running, "{job} was forced off");
+        assert_eq!(&w.current(job, 0), id, "{job} was replaced");
+    }
+    let view = &w.core.host_views_named(&hosts(&["a1"])).unwrap()[0];
+    assert_eq!(view.mode, MaintenanceMode::Draining);
+    assert_eq!(view.tasks_left, 2);
+    assert!(
+        view.blocked.iter().any(|b| b.contains("host unreachable")),
+        "{view:?}"
+    );
+    // The delay ends: `patient` is LOST and replaced; `keep` stays.
+    for _ in 0..30 {
+        w.advance(500);
+        w.heartbeat("a2", None);
+        w.heartbeat("a3", None);
+    }
+    assert_eq!(w.state(&patient), TaskState::Lost);
+    assert_ne!(w.current("www/prod/patient", 0), patient);
+    assert_eq!(w.state(&keep), TaskState::Running);
+    assert_eq!(w.mode("a1"), MaintenanceMode::Draining);
+    // a1 is back: the deadline has passed, so `keep` is forced off now.
+    w.heartbeat("a1", Some(vec![keep.as_str(), patient.as_str()]));
+    assert_eq!(w.state(&keep), TaskState::Draining);
+    w.report(&keep, TaskState::Killed, None);
+    w.pass(500);
+    assert_eq!(w.mode("a1"), MaintenanceMode::Drained);
+    assert_ne!(w.current("www/prod/keep", 0), keep);
+}
+
+#[test]
 fn drained_hosts_going_silent_are_no_eviction_storm() {
     // Three of five hosts drained and powered off for maintenance: the guard stays
     // out of it, so a real loss on the two left is still replaced.

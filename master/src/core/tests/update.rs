@@ -550,6 +550,148 @@ fn an_update_waits_while_a_drain_has_a_whole_batch_down() {
     assert_eq!(v.waiting, None);
 }
 
+/// `play`, but agent `silent` neither heartbeats nor acts on its tasks (cut off).
+fn play_without(w: &mut World, ms: u64, silent: &str) {
+    let mut left = ms;
+    while left > 0 {
+        let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
+        for id in ids {
+            let Some(t) = w.core.task(&id) else { continue };
+            if t.agent.as_deref() == Some(silent) {
+                continue;
+            }
+            match t.status.state {
+                TaskState::Assigned => w.run(&id),
+                TaskState::Killing | TaskState::Restarting | TaskState::Draining => {
+                    w.report(&id, TaskState::Killed, None);
+                }
+                _ => {}
+            }
+        }
+        let step = left.min(250);
+        w.advance(step);
+        left -= step;
+        let ids: Vec<String> = w.core.agents.iter().map(|a| a.rec.id.clone()).collect();
+        for id in ids.iter().filter(|id| *id != silent) {
+            w.heartbeat(id, None);
+        }
+    }
+}
+
+/// Instances whose task was LOST with its agent and whose replacement is not
+/// RUNNING yet.
+fn lost_down(w: &World) -> usize {
+    w.core.jobs[KEY]
+        .slots
+        .iter()
+        .filter(|s| {
+            let up = s
+                .current
+                .as_ref()
+                .is_some_and(|id| w.state(id) == TaskState::Running);
+            let lost = s.history.back().is_some_and(|id| {
+                w.core.task(id).unwrap().status.exit_reason == Some(ExitReason::AgentLost)
+            });
+            lost && !up
+        })
+        .count()
+}
+
+/// Six instances on three hosts with room for two each, updated 2 at a time and
+/// watched for 10 s (longer than the agent timeout), with batch (0,1) RUNNING on
+/// the new config; the new config's hash.
+fn six_on_three_full_hosts_mid_update() -> (World, String) {
+    let mut w = world(3);
+    let limit = r#"},"constraints":{"host":"limit:2""#;
+    w.create(web(6, "sleep 100", 2, limit));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 6);
+    let mut new_spec = web(6, "sleep 200", 2, limit);
+    new_spec.update.watch = drover_common::units::Duration(std::time::Duration::from_secs(10));
+    let new = config_hash(&new_spec);
+    update(&mut w, new_spec, None).unwrap();
+    for _ in 0..20 {
+        if (0..2).all(|i| w.state(&w.current(KEY, i)) == TaskState::Running) {
+            break;
+        }
+        play(&mut w, 250);
+    }
+    for i in 0..2 {
+        assert_eq!(w.state(&w.current(KEY, i)), TaskState::Running);
+        assert_eq!(
+            view(&w).instances[i as usize].state,
+            InstanceUpdateState::Updating
+        );
+    }
+    (w, new)
+}
+
+/// The agent of `task`.
+fn agent_of(w: &World, task: &str) -> String {
+    w.core.task(task).unwrap().agent.clone().unwrap()
+}
+
+/// The agent comes back (with nothing: its tasks were replaced); the update then
+/// rolls forward with no failure.
+fn back_and_rolled_forward(w: &mut World, agent: &str, new: &str) {
+    w.heartbeat(agent, Some(Vec::new()));
+    let v = until_done(w, 60_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    assert!(v.instances.iter().all(|p| p.failures == 0), "{v:#?}");
+    assert!(!v.events.iter().any(|e| e.message.contains("failure")));
+    assert!(configs(w).iter().all(|c| c == new));
+    assert_eq!(running(w), 6);
+}
+
+/// A new task being watched is LOST with its agent: the partition policy replaces
+/// it, which is no failure of the new config (as a drain's is not): its
+/// replacement is watched in its place and the update rolls forward.
+#[test]
+fn a_watched_task_lost_with_its_agent_is_no_update_failure() {
+    let (mut w, new) = six_on_three_full_hosts_mid_update();
+    let watched = w.current(KEY, 0);
+    let silent = agent_of(&w, &watched);
+    play_without(&mut w, 6_000, &silent);
+    assert_eq!(w.state(&watched), TaskState::Lost);
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RollingForward, "{v:#?}");
+    assert!(v.instances.iter().all(|p| p.failures == 0), "{v:#?}");
+    back_and_rolled_forward(&mut w, &silent, &new);
+}
+
+/// A host without any instance of the batch is lost mid-update and the hosts left
+/// have no room for its two instances: once the batch is done, no batch starts on
+/// top of the two down (the update says why) until their replacements run.
+#[test]
+fn no_batch_starts_over_instances_a_lost_agent_has_down() {
+    let (mut w, new) = six_on_three_full_hosts_mid_update();
+    let batch: Vec<String> = (0..2).map(|i| agent_of(&w, &w.current(KEY, i))).collect();
+    let silent = (0..3)
+        .map(|i| format!("a{i}"))
+        .find(|a| !batch.contains(a))
+        .unwrap();
+    let mut most_by_update = 0;
+    for _ in 0..60 {
+        play_without(&mut w, 250, &silent);
+        most_by_update = most_by_update.max(down(&w) - lost_down(&w));
+    }
+    assert_eq!(lost_down(&w), 2, "both of the host's instances are down");
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RollingForward, "{v:#?}");
+    assert!(v.instances[..2]
+        .iter()
+        .all(|p| p.state == InstanceUpdateState::Updated));
+    let why = v.waiting.clone().unwrap_or_default();
+    assert!(
+        why.contains("2 instance(s) down after their agent was lost"),
+        "{why}"
+    );
+    assert_eq!(down(&w), 2, "no batch on top of the loss: {v:#?}");
+    assert_eq!(batches(&v, "batch: instances "), vec!["0,1"]);
+    assert!(most_by_update <= 2, "{most_by_update} down by the update");
+    back_and_rolled_forward(&mut w, &silent, &new);
+}
+
 /// A batch job of `n` instances running `cmd`, updated 2 at a time.
 fn batch_job(n: u32, cmd: &str) -> JobSpec {
     let text = format!(

@@ -62,8 +62,14 @@ pub struct ConfigFile {
     pub allow_root: Option<bool>,
     /// Executor `--recovery-timeout`, e.g. `15m`.
     pub executor_recovery_timeout: Option<String>,
-    /// Executor `--cgroup-parent`.
+    /// The name of the cgroup that holds the task cgroups (executor
+    /// `--cgroup-parent`; default `drover`): at the cgroup root, or inside the
+    /// agent's delegated cgroup (see `cgroup_delegate`).
     pub cgroup_parent: Option<String>,
+    /// Whether task cgroups go inside the agent's own (delegated) cgroup: `auto`
+    /// (the default: when systemd started the agent and its cgroup allows it),
+    /// `on` or `off` (at the cgroup root). See `crate::cgroup`.
+    pub cgroup_delegate: Option<String>,
     /// The largest pids limit a task may ask for (`task.resources.pids`); executor
     /// `--pids-max`.
     pub max_task_pids: Option<u64>,
@@ -120,6 +126,8 @@ pub struct Config {
     pub allow_root: bool,
     pub executor_recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// Where task cgroups go (`cgroup_delegate`).
+    pub cgroup_delegate: crate::cgroup::Delegate,
     /// The largest pids limit a task may ask for.
     pub max_task_pids: u64,
     /// Executor `--log-max-size` in bytes, when set.
@@ -237,6 +245,7 @@ impl ConfigFile {
             allow_root,
             executor_recovery_timeout,
             cgroup_parent,
+            cgroup_delegate,
             max_task_pids,
             executor_log_max_size,
             executor_log_max_files,
@@ -386,6 +395,10 @@ impl ConfigFile {
                 ));
             }
         }
+        let cgroup_delegate = match &self.cgroup_delegate {
+            None => crate::cgroup::Delegate::default(),
+            Some(text) => text.parse().map_err(|e| invalid("cgroup_delegate", e))?,
+        };
         let max_task_pids = self.max_task_pids.unwrap_or(DEFAULT_MAX_TASK_PIDS);
         if !(1..=drover_common::spec::MAX_PIDS).contains(&max_task_pids) {
             return Err(invalid(
@@ -456,6 +469,7 @@ impl ConfigFile {
             allow_root: self.allow_root.unwrap_or(false),
             executor_recovery_timeout,
             cgroup_parent: self.cgroup_parent,
+            cgroup_delegate,
             max_task_pids,
             executor_log_max_bytes,
             executor_log_max_files: self.executor_log_max_files,

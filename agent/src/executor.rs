@@ -31,6 +31,9 @@ pub struct ExecutorSettings {
     pub allow_root: bool,
     pub recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
+    /// Other parents task cgroups of this host may be under (made by an agent that
+    /// placed them elsewhere): `cleanup` looks there too.
+    pub other_cgroup_parents: Vec<String>,
     /// The host's maximum pids limit per task (`--pids-max`); none: the executor's
     /// default.
     pub max_task_pids: Option<u64>,
@@ -657,8 +660,28 @@ impl ExecutorSettings {
         Ok(ExecutorProcess::Child(child))
     }
 
-    /// Runs `drover-executor cleanup` for a task whose executor died.
+    /// Runs `drover-executor cleanup` for a task whose executor died: in the task
+    /// cgroups' parent, then in each of [`Self::other_cgroup_parents`] (a cgroup
+    /// that is not there counts as cleaned up).
     pub async fn cleanup(&self, layout: &Layout, task_id: &str) -> Result<(), ExecutorError> {
+        let parents = std::iter::once(self.cgroup_parent.as_deref())
+            .chain(self.other_cgroup_parents.iter().map(|p| Some(p.as_str())));
+        let mut first_error = None;
+        for parent in parents {
+            if let Err(e) = self.cleanup_in(layout, task_id, parent).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// `drover-executor cleanup` with `--cgroup-parent parent` (when given).
+    async fn cleanup_in(
+        &self,
+        layout: &Layout,
+        task_id: &str,
+        parent: Option<&str>,
+    ) -> Result<(), ExecutorError> {
         let sandbox = layout.task_dir(task_id);
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.arg("cleanup")
@@ -668,7 +691,7 @@ impl ExecutorSettings {
             .arg(task_id)
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        if let Some(p) = &self.cgroup_parent {
+        if let Some(p) = parent {
             cmd.arg("--cgroup-parent").arg(p);
         }
         let fail = |message: String| ExecutorError::Cleanup {
@@ -934,6 +957,7 @@ mod tests {
             allow_root: true,
             recovery_timeout: Some(Duration::from_secs(60)),
             cgroup_parent: Some("drover".into()),
+            other_cgroup_parents: Vec::new(),
             max_task_pids: None,
             log_max_bytes: None,
             log_max_files: None,

@@ -6,6 +6,7 @@
 //! lease, collects old sandboxes and serves task logs. When the host itself shuts
 //! down, it asks the master to drain it first.
 
+pub mod cgroup;
 pub mod config;
 pub mod converge;
 pub mod executor;

@@ -82,6 +82,10 @@ struct Args {
     /// Keep sandboxes of finished tasks this long, e.g. 1h.
     #[arg(long)]
     sandbox_retention: Option<String>,
+    /// Task cgroups inside the agent's own (delegated) cgroup: auto (when systemd
+    /// started the agent and its cgroup allows it), on or off.
+    #[arg(long, value_name = "auto|on|off")]
+    cgroup_delegate: Option<String>,
     /// Fork executors from a resident `drover-executor zygote` (true, the default)
     /// or exec each one (false).
     #[arg(long, value_name = "BOOL", env = "DROVER_EXECUTOR_FORK_SERVER")]
@@ -116,6 +120,7 @@ impl Args {
             lease: self.lease,
             sandbox_retention: self.sandbox_retention,
             executor_fork_server: self.executor_fork_server,
+            cgroup_delegate: self.cgroup_delegate,
             ..ConfigFile::default()
         };
         (self.config, over)
@@ -164,7 +169,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("drover-agent: {e}");
-            ExitCode::from(1)
+            // A setting that cannot work on this host: restarting will not help.
+            let bad_setting = matches!(
+                e,
+                drover_agent::AgentError::Cgroup(drover_agent::cgroup::PlaceError::Plan(_))
+            );
+            ExitCode::from(if bad_setting { 64 } else { 1 })
         }
     }
 }

@@ -60,7 +60,7 @@ pub fn cleanup(
         let _ = std::fs::remove_dir(
             cgroup_root
                 .join("freezer")
-                .join(cgroup_parent)
+                .join(cgroup_parent.trim_matches('/'))
                 .join(&task_id),
         );
     }

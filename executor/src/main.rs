@@ -19,7 +19,8 @@ usage:
       --no-isolation            run without a cgroup and without switching users
       --allow-root              allow a task to run as root (its spec must allow it too)
       --recovery-timeout DUR    kill the task when no agent was connected this long [15m]
-      --cgroup-parent NAME      the task cgroup is NAME/<task_id> [drover]
+      --cgroup-parent PATH      the task cgroup is PATH/<task_id>, PATH relative to the
+                                cgroup root (e.g. inside the agent's delegated subtree) [drover]
       --cgroup-root DIR         where the cgroup filesystem is mounted [/sys/fs/cgroup]
       --pids-max N              the most task.resources.pids may ask for; the default
                                 limit (1024) is cut to it [4096]
@@ -31,7 +32,7 @@ usage:
   drover-executor zygote --socket-fd N
       fork server for an agent: on the inherited SOCK_SEQPACKET socket N, forks one
       `run` executor per request (see docs/executor.md); exits when the agent's end closes
-  drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent NAME] [--cgroup-root DIR]
+  drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent PATH] [--cgroup-root DIR]
       kill everything left in the task's cgroup and remove it (after an executor crash)
 ";
 
@@ -83,7 +84,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
                 opts.recovery_timeout =
                     value::<SpecDuration>(&mut args, &arg, "a duration like 15m")?.get()
             }
-            "--cgroup-parent" => opts.cgroup_parent = value(&mut args, &arg, "a cgroup name")?,
+            "--cgroup-parent" => opts.cgroup_parent = value(&mut args, &arg, "a cgroup path")?,
             "--cgroup-root" => opts.cgroup_root = value(&mut args, &arg, "a directory")?,
             "--pids-max" => opts.pids_max = value(&mut args, &arg, "a number")?,
             "--log-max-size" => {
@@ -99,12 +100,8 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
     }
     opts.task_file = task.ok_or_else(|| Usage("run needs --task FILE".into()))?;
     opts.sandbox = sandbox.ok_or_else(|| Usage("run needs --sandbox DIR".into()))?;
-    if !drover_common::spec::is_valid_name(&opts.cgroup_parent) {
-        return Err(Usage(format!(
-            "--cgroup-parent `{}` must be 1-64 of [A-Za-z0-9_.-]",
-            opts.cgroup_parent
-        )));
-    }
+    drover_executor::cgroup::check_parent(&opts.cgroup_parent)
+        .map_err(|e| Usage(format!("--cgroup-parent {e}")))?;
     Ok(opts)
 }
 
@@ -136,12 +133,14 @@ fn cleanup(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
         match arg.as_str() {
             "--sandbox" => sandbox = Some(value(&mut args, &arg, "a directory")?),
             "--task-id" => task_id = Some(value(&mut args, &arg, "a task id")?),
-            "--cgroup-parent" => parent = value(&mut args, &arg, "a cgroup name")?,
+            "--cgroup-parent" => parent = value(&mut args, &arg, "a cgroup path")?,
             "--cgroup-root" => root = value(&mut args, &arg, "a directory")?,
             other => return Err(Usage(format!("cleanup: unknown argument `{other}`"))),
         }
     }
     let sandbox = sandbox.ok_or_else(|| Usage("cleanup needs --sandbox DIR".into()))?;
+    drover_executor::cgroup::check_parent(&parent)
+        .map_err(|e| Usage(format!("--cgroup-parent {e}")))?;
     match drover_executor::cleanup::cleanup(&sandbox, task_id.as_deref(), &parent, &root) {
         Ok(msg) => {
             eprintln!("drover-executor cleanup: {msg}");

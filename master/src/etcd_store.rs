@@ -143,11 +143,33 @@ impl EtcdOptions {
     }
 }
 
+/// The store error of a failed etcd request. etcd's "database space exceeded"
+/// (gRPC RESOURCE_EXHAUSTED: the backend reached `--quota-backend-bytes`, and the
+/// NOSPACE alarm refuses every write that adds data until it is disarmed) is
+/// [`StoreError::NoSpace`]: the master goes read-only like on a full disk, and
+/// resumes once a write works again.
 fn etcd(op: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
-    move |e| StoreError::Etcd {
-        op,
-        message: e.to_string(),
+    move |e| {
+        if etcd_no_space(&e) {
+            StoreError::NoSpace {
+                op,
+                detail: format!(
+                    "etcd is out of space ({e}); compact and defragment etcd, then disarm its NOSPACE alarm (`etcdctl alarm disarm`), or raise its --quota-backend-bytes"
+                ),
+            }
+        } else {
+            StoreError::Etcd {
+                op,
+                message: e.to_string(),
+            }
+        }
     }
+}
+
+/// Whether etcd refused a request for want of space (its quota or NOSPACE alarm).
+pub(crate) fn etcd_no_space(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::ResourceExhausted && s.message().contains("space exceeded"))
 }
 
 /// A connection to the etcd cluster with the runtime that drives it.
@@ -897,6 +919,22 @@ mod tests {
         let ops: Vec<Op> = (0..5).map(|i| put(&format!("/t/{i}"))).collect();
         assert_eq!(groups(&ops, small), vec![0..2, 2..4, 4..5]);
         assert!(groups(&[], limits).is_empty());
+    }
+
+    #[test]
+    fn etcds_space_exceeded_is_no_space_and_other_errors_are_not() {
+        let full = etcd_client::Error::GRpcStatus(tonic::Status::resource_exhausted(
+            "etcdserver: mvcc: database space exceeded",
+        ));
+        let e = etcd("commit")(full);
+        assert!(e.is_no_space(), "{e}");
+        assert!(e.to_string().contains("alarm disarm"), "{e}");
+        let big = etcd_client::Error::GRpcStatus(tonic::Status::resource_exhausted(
+            "grpc: received message larger than max",
+        ));
+        assert!(!etcd("commit")(big).is_no_space());
+        let gone = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"));
+        assert!(!etcd("commit")(gone).is_no_space());
     }
 
     #[test]

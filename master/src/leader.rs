@@ -314,6 +314,7 @@ async fn term(
         ))
     };
     tracing::info!(url = %lead.url, "standby: campaigning for leadership");
+    let mut told_full = false;
     let lease = loop {
         let granted = async { client.lease_grant(ttl_s, None).await };
         tokio::select! {
@@ -324,6 +325,15 @@ async fn term(
             }
             r = granted => match r {
                 Ok(r) => break r.id(),
+                // etcd refuses lease grants while its NOSPACE alarm is raised: no
+                // master can be elected until the operator frees space.
+                Err(e) if crate::etcd_store::etcd_no_space(&e) => {
+                    if !told_full {
+                        tracing::error!(error = %e, "cannot get an election lease: etcd is out of space; compact and defragment etcd, then disarm its NOSPACE alarm (`etcdctl alarm disarm`); retrying");
+                        told_full = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot get an election lease; retrying");
                     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -316,7 +316,7 @@ impl Master {
     pub fn status(&self) -> String {
         let status = self.read(crate::systemd::status);
         match self.read_only() {
-            Some(_) => format!("read-only (disk full: free space in the data dir); {status}"),
+            Some(_) => format!("read-only (the store is full: see /health); {status}"),
             None => status,
         }
     }

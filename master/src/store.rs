@@ -73,7 +73,9 @@ pub enum StoreError {
     #[error("the store's writer thread has stopped")]
     Stopped,
     /// The store's disk (or its quota) is full: nothing of the write was stored.
-    #[error("store {op} failed: no space left for the store ({detail}); free space in the master's data dir")]
+    /// `detail` says which and what the operator frees ([`sqlite_no_space_detail`],
+    /// the etcd store's NOSPACE mapping).
+    #[error("store {op} failed: {detail}")]
     NoSpace { op: &'static str, detail: String },
 }
 
@@ -95,6 +97,11 @@ pub fn sqlite_no_space(e: &rusqlite::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// The `NoSpace` detail of a full SQLite store: what failed and what to free.
+pub fn sqlite_no_space_detail(e: &rusqlite::Error) -> String {
+    format!("the master's disk is full ({e}); free space in the master's data dir")
 }
 
 /// Where the master keeps its state. Implementations commit a batch atomically.
@@ -138,7 +145,7 @@ fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
         if sqlite_no_space(&source) {
             StoreError::NoSpace {
                 op,
-                detail: source.to_string(),
+                detail: sqlite_no_space_detail(&source),
             }
         } else {
             StoreError::Sql { op, source }
@@ -153,7 +160,7 @@ impl SqliteStore {
             if sqlite_no_space(&source) {
                 StoreError::NoSpace {
                     op: "open",
-                    detail: source.to_string(),
+                    detail: sqlite_no_space_detail(&source),
                 }
             } else {
                 StoreError::Open {
@@ -773,7 +780,7 @@ impl CommitState {
 
 /// What a read-only store answers: the reason for the error and `/health`.
 fn read_only_reason(e: &StoreError) -> String {
-    format!("the master's disk is full ({e}); reads are served, writes resume by themselves once space is freed")
+    format!("the store has no space left ({e}); reads are served, writes resume by themselves once space is freed")
 }
 
 /// The group-commit writer thread.

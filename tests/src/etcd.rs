@@ -41,11 +41,24 @@ struct Member {
     proc: Option<Proc>,
 }
 
+/// How a test etcd cluster runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// Members.
+    pub members: usize,
+    /// Each member's `--quota-backend-bytes` (etcd's default when None): a small
+    /// quota makes etcd raise its NOSPACE alarm soon.
+    pub quota_backend_bytes: Option<u64>,
+    /// Further addresses every member's client port listens on.
+    pub hosts: Vec<String>,
+}
+
 /// A running etcd cluster.
 pub struct EtcdCluster {
     members: Vec<Member>,
     initial: String,
     token: String,
+    quota_backend_bytes: Option<u64>,
     /// Further addresses every member's client port listens on.
     hosts: Vec<String>,
 }
@@ -53,12 +66,18 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members under `dir` and waits until the cluster answers.
     pub fn start(dir: &Path, n: usize) -> anyhow::Result<EtcdCluster> {
-        EtcdCluster::start_listening(dir, n, &[])
+        EtcdCluster::start_with(
+            dir,
+            &EtcdSettings {
+                members: n,
+                ..EtcdSettings::default()
+            },
+        )
     }
 
-    /// Like `start`, with each member's client port also listening on each of
-    /// `hosts` (local addresses, e.g. veth ends; see `store_url_via`).
-    pub fn start_listening(dir: &Path, n: usize, hosts: &[String]) -> anyhow::Result<EtcdCluster> {
+    /// Starts a cluster as `settings` say under `dir` and waits until it answers.
+    pub fn start_with(dir: &Path, settings: &EtcdSettings) -> anyhow::Result<EtcdCluster> {
+        let n = settings.members;
         if !etcd_installed() {
             bail!("etcd is not installed: run scripts/setup.sh (Debian package etcd-server)");
         }
@@ -84,7 +103,8 @@ impl EtcdCluster {
             members,
             initial,
             token,
-            hosts: hosts.to_vec(),
+            quota_backend_bytes: settings.quota_backend_bytes,
+            hosts: settings.hosts.clone(),
         };
         for k in 0..n {
             cluster.spawn(k)?;
@@ -131,6 +151,9 @@ impl EtcdCluster {
             .arg("1000")
             .arg("--log-level")
             .arg("warn");
+        if let Some(bytes) = self.quota_backend_bytes {
+            command.arg("--quota-backend-bytes").arg(bytes.to_string());
+        }
         m.proc = Some(Proc::spawn(&m.name, command, &m.log)?);
         Ok(())
     }
@@ -149,7 +172,7 @@ impl EtcdCluster {
     }
 
     /// The `--store` value for a master reaching the members at `host` (one of
-    /// the `hosts` given to `start_listening`).
+    /// `EtcdSettings::hosts`).
     pub fn store_url_via(&self, host: &str) -> String {
         let endpoints: Vec<String> = self
             .members

@@ -24,7 +24,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use crate::etcd::{free_ports, EtcdCluster};
+use crate::etcd::{free_ports, EtcdCluster, EtcdSettings};
 use crate::netns::{NetNs, SubnetClaim};
 use crate::{bin, AdminApi, Proc, TEST_MASTER_CONFIG, WAIT};
 
@@ -43,6 +43,8 @@ pub struct HaOptions {
     pub master_config: String,
     /// Each master in a network namespace of its own, cut off by `cut_master`.
     pub netns: bool,
+    /// How etcd runs (3 members by default; `hosts` is set here for `netns`).
+    pub etcd: EtcdSettings,
 }
 
 impl HaOptions {
@@ -52,6 +54,10 @@ impl HaOptions {
             masters,
             master_config: TEST_MASTER_CONFIG.to_string(),
             netns: false,
+            etcd: EtcdSettings {
+                members: 3,
+                ..EtcdSettings::default()
+            },
         }
     }
 }
@@ -117,14 +123,18 @@ impl HaCluster {
                     .iter()
                     .map(|n| format!("http://{}:{NETNS_MASTER_PORT}", n.ns_ip))
                     .collect();
-                (EtcdCluster::start_listening(dir.path(), 3, &hosts)?, urls)
+                let settings = EtcdSettings {
+                    hosts,
+                    ..options.etcd.clone()
+                };
+                (EtcdCluster::start_with(dir.path(), &settings)?, urls)
             }
             None => {
                 let urls = free_ports(masters)?
                     .iter()
                     .map(|p| format!("http://127.0.0.1:{p}"))
                     .collect();
-                (EtcdCluster::start(dir.path(), 3)?, urls)
+                (EtcdCluster::start_with(dir.path(), &options.etcd)?, urls)
             }
         };
         let mut cluster = HaCluster {

@@ -571,6 +571,10 @@ pub struct ClusterConfig {
     pub master_env: Vec<(String, String)>,
     /// Extra environment per agent (by index; missing entries: none).
     pub agent_env: Vec<Vec<(String, String)>>,
+    /// `cgroup.procs` files every agent process writes itself into before it execs
+    /// drover-agent: the agent starts inside cgroups the test made (a delegated
+    /// subtree, as systemd's `Delegate=yes` gives a unit).
+    pub agent_cgroup: Vec<PathBuf>,
 }
 
 impl ClusterConfig {
@@ -585,6 +589,7 @@ impl ClusterConfig {
             agent_config: String::new(),
             master_env: Vec::new(),
             agent_env: Vec::new(),
+            agent_cgroup: Vec::new(),
         }
     }
 }
@@ -621,6 +626,7 @@ pub struct Cluster {
     listen: String,
     master_env: Vec<(String, String)>,
     agent_env: Vec<Vec<(String, String)>>,
+    agent_cgroup: Vec<PathBuf>,
     master: Option<Proc>,
     agents: Vec<Proc>,
     pub sandbox_roots: Vec<PathBuf>,
@@ -649,6 +655,7 @@ impl Cluster {
             listen: "127.0.0.1:0".to_string(),
             master_env: config.master_env.clone(),
             agent_env: config.agent_env.clone(),
+            agent_cgroup: config.agent_cgroup.clone(),
             master: None,
             agents: Vec::new(),
             sandbox_roots: Vec::new(),
@@ -743,7 +750,22 @@ impl Cluster {
         config: &str,
     ) -> anyhow::Result<Proc> {
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
-        let mut command = Command::new(bin("drover-agent")?);
+        let mut command = if self.agent_cgroup.is_empty() {
+            Command::new(bin("drover-agent")?)
+        } else {
+            // The same pid joins each cgroup, then becomes the agent.
+            let joins: String = self
+                .agent_cgroup
+                .iter()
+                .map(|f| format!("echo $$ > '{}' && ", f.display()))
+                .collect();
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c")
+                .arg(format!("{joins}exec \"$@\""))
+                .arg("drover-agent")
+                .arg(bin("drover-agent")?);
+            c
+        };
         if self.tls {
             let tls = self.dir().join("tls");
             command

@@ -8,9 +8,15 @@
 //! they should. Also here: the agent binary's READY and watchdog against a socket
 //! the test binds, and lintian on the packages.
 //!
-//! Not exercised inside the container: cgroup limits. On a host with cgroup v1 (CI)
-//! nspawn mounts the controllers read-only, so the agent runs executors with
-//! `no_isolation = true` there; the test says so when it does.
+//! Not exercised inside the container: cgroup limits and the task cgroups inside
+//! the agent's delegated cgroup. On a host with cgroup v1 (CI) nspawn mounts the
+//! controllers read-only (only its name=systemd hierarchy is the container's), so
+//! the container's systemd cannot give the agent's unit a cgroup in cpu, memory
+//! or pids, and the agent runs executors with `no_isolation = true` there; the
+//! test says so when it does and checks the agent said why it placed no cgroups.
+//! Where the controllers are writable, it checks the task's cgroup is where the
+//! agent said it would put it. tests/tests/cgroup_delegation.rs covers the layout
+//! outside the container.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -336,7 +342,8 @@ fn packages_install_run_upgrade_and_survive_watchdogs_under_systemd() -> anyhow:
     if !cgroups.status.success() {
         eprintln!(
             "{test}: the container's cgroup controllers are read-only (cgroup v1 host under \
-             systemd-nspawn): executors run with no_isolation, cgroup limits are not tested here"
+             systemd-nspawn): executors run with no_isolation; cgroup limits and task cgroups \
+             inside the agent's delegated cgroup are not tested here"
         );
         // An operator's edit of the conffile, which the upgrade below must keep.
         c.sh("sed -i 's/^# no_isolation = false.*/no_isolation = true/' /etc/drover/agent.toml")?;
@@ -360,6 +367,22 @@ fn packages_install_run_upgrade_and_survive_watchdogs_under_systemd() -> anyhow:
     ))?;
     let pids = c.task_pids();
     assert_eq!(pids.len(), 1, "{pids:?}");
+    // Where task cgroups go: the agent logs what it decided at start and why.
+    let placed = c.sh("journalctl --no-pager -o cat -u drover-agent | grep 'task cgroups'")?;
+    if cgroups.status.success() {
+        // Inside the unit's cgroup (Delegate=yes) when the agent could use it
+        // (v1; v2 only in its `agent` leaf, DelegateSubgroup=, systemd 254+), else
+        // at the hierarchy's root.
+        let own = c.sh(&format!("cat /proc/{}/cgroup", pids[0]))?;
+        let want = if placed.contains("inside the agent's delegated cgroup") {
+            "/system.slice/drover-agent.service/drover/"
+        } else {
+            ":/drover/"
+        };
+        assert!(own.contains(want), "{placed}\n{own}");
+    } else {
+        assert!(placed.contains("no_isolation"), "{placed}");
+    }
 
     // Restart: the agent goes, its executors and tasks stay.
     let agent_pid = c.prop("drover-agent", "MainPID");

@@ -63,6 +63,8 @@ pub enum AgentError {
     Tls(String),
     #[error("invalid `metrics_token_file` {path}: {message}")]
     MetricsToken { path: PathBuf, message: String },
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::PlaceError),
     #[error("binding the log server to {addr}: {source}; pick a free `listen` address")]
     Bind {
         addr: SocketAddr,
@@ -219,12 +221,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         }
     });
 
+    // Before any executor (or the fork server) starts: on v2 the agent may move
+    // itself into the leaf of its delegated cgroup, and its children follow it.
+    let placement = crate::cgroup::place(
+        cfg.cgroup_delegate,
+        cfg.cgroup_parent.as_deref(),
+        cfg.no_isolation,
+        Path::new(crate::cgroup::CGROUP_ROOT),
+    )?;
+    tracing::info!(parent = placement.parent.as_deref().unwrap_or(crate::cgroup::DEFAULT_PARENT), why = %placement.why, "task cgroups");
     let exec = ExecutorSettings {
         binary: cfg.executor.clone(),
         no_isolation: cfg.no_isolation,
         allow_root: cfg.allow_root,
         recovery_timeout: cfg.executor_recovery_timeout,
-        cgroup_parent: cfg.cgroup_parent.clone(),
+        cgroup_parent: placement.parent,
+        other_cgroup_parents: placement.others,
         max_task_pids: Some(cfg.max_task_pids),
         log_max_bytes: cfg.executor_log_max_bytes,
         log_max_files: cfg.executor_log_max_files,

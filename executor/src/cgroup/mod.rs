@@ -377,6 +377,36 @@ pub fn prewarm_migration(root: &Path, version: Version) {
         });
 }
 
+/// Checks a `--cgroup-parent`: a relative cgroup path (`drover`, or a path inside a
+/// delegated subtree such as `system.slice/drover-agent.service/drover`) of
+/// components that are not empty, `.` or `..`, at most 255 bytes each and without
+/// control characters. A leading or trailing `/` is allowed and ignored.
+pub fn check_parent(parent: &str) -> Result<(), String> {
+    let trimmed = parent.trim_matches('/');
+    if trimmed.is_empty() {
+        return Err(format!(
+            "`{parent}` is empty: give a relative cgroup path like `drover`"
+        ));
+    }
+    if trimmed.len() > 4096 {
+        return Err(format!("`{parent}` is longer than 4096 bytes"));
+    }
+    for part in trimmed.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(format!(
+                "`{parent}` has an empty, `.` or `..` component: give a plain relative path"
+            ));
+        }
+        if part.len() > 255 || part.chars().any(char::is_control) {
+            return Err(format!(
+                "`{parent}`: component `{}` is longer than 255 bytes or holds a control character",
+                part.escape_default()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The path of the line of `/proc/self/cgroup` (`id:controllers:path`) whose
 /// controllers `wanted` accepts, without its leading `/`.
 fn own_cgroup(own: &str, wanted: impl Fn(&str) -> bool) -> Option<String> {

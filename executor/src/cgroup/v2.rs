@@ -40,6 +40,32 @@ pub(super) fn own_procs(root: &Path, own: &str) -> Option<PathBuf> {
     Some(root.join(rel).join("cgroup.procs"))
 }
 
+/// Writes `value` (`+cpu +memory +pids`) to a `cgroup.subtree_control`. A level
+/// that refuses the write (an ancestor of a delegated subtree that is not ours to
+/// write, e.g. a read-only mount in a container) is fine when it already enables
+/// every one of them; the file is read only in that case.
+fn enable(file: &Path, value: &str) -> Result<(), CgroupError> {
+    let Err(e) = write_file(file, value) else {
+        return Ok(());
+    };
+    let enabled = fs::read_to_string(file).unwrap_or_default();
+    if lists_all(&enabled, value) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+/// Whether `enabled` (a `cgroup.subtree_control`: `cpu memory pids`) lists every
+/// controller of `value` (`+cpu +memory`).
+fn lists_all(enabled: &str, value: &str) -> bool {
+    value.split_whitespace().all(|c| {
+        enabled
+            .split_whitespace()
+            .any(|e| Some(e) == c.strip_prefix('+'))
+    })
+}
+
 /// A task cgroup on v2.
 #[derive(Clone, Debug)]
 pub struct V2Cgroup {
@@ -76,7 +102,7 @@ impl V2Cgroup {
         let mut existed = false;
         for part in self.h.rel.split('/').filter(|p| !p.is_empty()) {
             if !value.is_empty() {
-                write_file(&level.join("cgroup.subtree_control"), &value)?;
+                enable(&level.join("cgroup.subtree_control"), &value)?;
             }
             level = level.join(part);
             existed = make_dir(&level)?;
@@ -311,6 +337,69 @@ mod tests {
         assert_eq!(FsCgroup::detect(tmp.path()), Some(Version::V2));
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(FsCgroup::detect(empty.path()), None);
+    }
+
+    #[test]
+    fn a_level_that_refuses_the_write_is_fine_only_when_it_enables_them_already() {
+        assert!(super::lists_all(
+            "cpu io memory pids\n",
+            "+cpu +memory +pids"
+        ));
+        assert!(!super::lists_all("cpu io pids\n", "+cpu +memory +pids"));
+        assert!(!super::lists_all("", "+pids"));
+        // A level that can be neither written nor read is an error naming it.
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("cgroup.subtree_control");
+        fs::create_dir(&file).unwrap();
+        let err = super::enable(&file, "+cpu").unwrap_err();
+        assert!(err.to_string().contains("cgroup.subtree_control"), "{err}");
+    }
+
+    #[test]
+    fn a_nested_parent_makes_each_level_and_enables_the_controllers_at_each() {
+        let (tmp, _) = fake_v2(true);
+        let root = tmp.path();
+        fs::create_dir_all(root.join("system.slice/a.service/drover")).unwrap();
+        for level in [
+            "system.slice",
+            "system.slice/a.service",
+            "system.slice/a.service/drover",
+        ] {
+            fs::write(root.join(level).join("cgroup.subtree_control"), "").unwrap();
+        }
+        let cg = FsCgroup::new(Version::V2, root, "/system.slice/a.service/drover", "t1");
+        assert_eq!(cg.dir(""), root.join("system.slice/a.service/drover/t1"));
+        cg.create(&Limits {
+            cpu: 0.0,
+            memory_bytes: 0,
+            pids: 0,
+        })
+        .unwrap();
+        assert!(root.join("system.slice/a.service/drover/t1").is_dir());
+        for level in [
+            "system.slice",
+            "system.slice/a.service",
+            "system.slice/a.service/drover",
+        ] {
+            let enabled =
+                fs::read_to_string(root.join(level).join("cgroup.subtree_control")).unwrap();
+            assert!(enabled.contains("+pids"), "{level}: {enabled}");
+        }
+    }
+
+    #[test]
+    fn parents_are_relative_paths_of_plain_components() {
+        for ok in [
+            "drover",
+            "system.slice/drover-agent.service/drover",
+            "/a/b/",
+            "user@0.service/x",
+        ] {
+            check_parent(ok).unwrap();
+        }
+        for bad in ["", "/", "a/../b", "a//b", "./a", "a/\n"] {
+            assert!(check_parent(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-use drover_common::metrics::{AtomicHistogram, Static, SECONDS};
+use drover_common::metrics::{AtomicHistogram, HistogramFamily, Static, StaticFamily, SECONDS};
 use drover_common::state::ExitReason;
-use drover_common::wire::StatusUpdate;
+use drover_common::wire::{EscalationSteps, StatusUpdate};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -62,6 +62,13 @@ const ESCALATION: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// Bounds of the escalation steps' histograms, in seconds: as [`ESCALATION`], and
+/// finer below 10 ms, where SIGKILL's step and a SIGTERM that ends a task at once
+/// fall.
+const ESCALATION_STEP: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
 /// The agent's counters and histograms.
 #[derive(Debug)]
 pub struct Metrics {
@@ -76,6 +83,9 @@ pub struct Metrics {
     /// From a task's KILLING status to its terminal one (the executor's clock): the
     /// whole kill escalation as the executor reports it.
     pub kill_escalation: AtomicHistogram,
+    /// Each step of a kill escalation ([`EscalationSteps::NAMES`]), as the executor
+    /// reports them in the terminal status.
+    pub kill_escalation_steps: HistogramFamily,
     /// From the agent starting an executor to the task's first processes started
     /// (its STARTING status).
     pub process_start: AtomicHistogram,
@@ -88,6 +98,7 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     exits: std::array::from_fn(|_| AtomicU64::new(0)),
     health_check_failures: Counter::default(),
     kill_escalation: AtomicHistogram::new(ESCALATION),
+    kill_escalation_steps: HistogramFamily::new("step", &EscalationSteps::NAMES, ESCALATION_STEP),
     process_start: AtomicHistogram::new(SECONDS),
 });
 
@@ -102,6 +113,15 @@ impl Metrics {
         self.exits[reason_index(reason)].fetch_add(1, Ordering::Relaxed);
         if matches!(reason, Some(ExitReason::HealthCheckFailed { .. })) {
             self.health_check_failures.inc();
+        }
+    }
+
+    /// Records how long each step of a kill escalation took (the steps taken).
+    pub fn escalation_steps(&self, steps: &EscalationSteps) {
+        for (i, ms) in steps.durations_ms().into_iter().enumerate() {
+            if let Some(ms) = ms {
+                self.kill_escalation_steps.observe(i, ms as f64 / 1000.0);
+            }
         }
     }
 
@@ -184,6 +204,11 @@ pub fn render(gauges: &Gauges) -> String {
         "kill_escalation_seconds",
         "From a task's KILLING status to its end, as its executor reports them",
         Static(&m.kill_escalation),
+    );
+    registry.register(
+        "kill_escalation_step_seconds",
+        "How long each step of a kill escalation took (graceful, shutdown, term, kill), as its executor reports them",
+        StaticFamily(&m.kill_escalation_steps),
     );
     registry.register(
         "process_start_seconds",
@@ -275,5 +300,29 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE drover_agent_kill_escalation_seconds histogram"));
+    }
+
+    #[test]
+    fn escalation_steps_are_observed_under_their_own_label() {
+        let m = &*METRICS;
+        let count = |step: usize| m.kill_escalation_steps.get(step).map(|h| h.snapshot().1);
+        let before: Vec<_> = (0..4).map(count).collect();
+        m.escalation_steps(&EscalationSteps {
+            term_ms: Some(2_000),
+            kill_ms: Some(3),
+            ..EscalationSteps::default()
+        });
+        let after: Vec<_> = (0..4).map(count).collect();
+        let plus = |i: usize, n: u64| before[i].map(|b| b + n);
+        assert_eq!(after, vec![plus(0, 0), plus(1, 0), plus(2, 1), plus(3, 1)]);
+        let text = render(&Gauges::default());
+        assert!(
+            text.contains("# TYPE drover_agent_kill_escalation_step_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("drover_agent_kill_escalation_step_seconds_count{step=\"graceful\"}"),
+            "{text}"
+        );
     }
 }

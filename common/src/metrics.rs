@@ -1,6 +1,6 @@
 //! Prometheus building blocks shared by the master's and the agent's `/metrics`
-//! (feature `metrics`): a histogram of atomics (no lock on the path that observes)
-//! and the bucket bounds both use.
+//! (feature `metrics`): a histogram of atomics (no lock on the path that observes),
+//! a family of them told apart by one label, and the bucket bounds both use.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -74,6 +74,69 @@ impl EncodeMetric for Static {
     }
 }
 
+/// Histograms of one metric told apart by one label whose values are fixed (a
+/// step, a direction), each an [`AtomicHistogram`]: observing takes no lock and
+/// allocates nothing. Every value is shown, observed or not.
+#[derive(Debug)]
+pub struct HistogramFamily {
+    label: &'static str,
+    values: &'static [&'static str],
+    histograms: Vec<AtomicHistogram>,
+}
+
+impl HistogramFamily {
+    /// One histogram with these bounds per value of `label`.
+    pub fn new(
+        label: &'static str,
+        values: &'static [&'static str],
+        bounds: &'static [f64],
+    ) -> HistogramFamily {
+        HistogramFamily {
+            label,
+            values,
+            histograms: values
+                .iter()
+                .map(|_| AtomicHistogram::new(bounds))
+                .collect(),
+        }
+    }
+
+    /// Records one value in the histogram of the label value at `index` of the
+    /// values it was made with (out of range: ignored).
+    pub fn observe(&self, index: usize, value: f64) {
+        if let Some(h) = self.histograms.get(index) {
+            h.observe(value);
+        }
+    }
+
+    /// The histogram of the label value at `index`.
+    pub fn get(&self, index: usize) -> Option<&AtomicHistogram> {
+        self.histograms.get(index)
+    }
+}
+
+/// A process-wide histogram family, registered in a per-scrape registry.
+#[derive(Debug)]
+pub struct StaticFamily(pub &'static HistogramFamily);
+
+impl EncodeMetric for StaticFamily {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let family = self.0;
+        for (value, h) in family.values.iter().zip(&family.histograms) {
+            let labels = [(family.label, *value)];
+            let (sum, count, buckets) = h.snapshot();
+            encoder
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 /// The text exposition (OpenMetrics) of a registry.
 pub fn text(registry: &prometheus_client::registry::Registry) -> String {
     use std::fmt::Write as _;
@@ -110,5 +173,35 @@ mod tests {
         assert_eq!(count, 4);
         assert!((sum - 12.7).abs() < 1e-6);
         assert_eq!(buckets, vec![(1.0, 1), (2.0, 3), (f64::INFINITY, 4)]);
+    }
+
+    #[test]
+    fn a_family_shows_every_label_value_with_its_own_histogram() {
+        static FAMILY: std::sync::LazyLock<HistogramFamily> =
+            std::sync::LazyLock::new(|| HistogramFamily::new("step", &["term", "kill"], &[1.0]));
+        FAMILY.observe(1, 0.5);
+        FAMILY.observe(1, 3.0);
+        FAMILY.observe(7, 1.0);
+        assert_eq!(FAMILY.get(0).map(|h| h.snapshot().1), Some(0));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("escalation_step_seconds", "Steps", StaticFamily(&FAMILY));
+        let out = text(&registry);
+        assert!(
+            out.contains("# TYPE escalation_step_seconds histogram"),
+            "{out}"
+        );
+        assert!(
+            out.contains("escalation_step_seconds_count{step=\"term\"} 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("escalation_step_seconds_count{step=\"kill\"} 2"),
+            "{out}"
+        );
+        assert!(
+            out.contains("escalation_step_seconds_bucket{le=\"1.0\",step=\"kill\"} 1")
+                || out.contains("escalation_step_seconds_bucket{step=\"kill\",le=\"1.0\"} 1"),
+            "{out}"
+        );
     }
 }

@@ -101,6 +101,45 @@ pub struct ExecutorStatus {
     pub timestamp_ms: UnixMillis,
     pub executor_pid: u32,
     pub processes: Vec<ProcessStatus>,
+    /// On the terminal status of a task stopped by a kill or a failed health check:
+    /// how long each step of the kill escalation took. Absent otherwise, and from
+    /// executors older than it. Boxed: every other status carries 8 bytes for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<Box<EscalationSteps>>,
+}
+
+/// How long each step of a kill escalation took, in milliseconds (docs/executor.md,
+/// "Kill escalation"); a step not taken is absent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EscalationSteps {
+    /// From POSTing the graceful shutdown endpoint to the next step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_ms: Option<u64>,
+    /// From POSTing the shutdown endpoint to the next step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_ms: Option<u64>,
+    /// From SIGTERM to the task's end or to SIGKILL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term_ms: Option<u64>,
+    /// From SIGKILL until nothing of the task was left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_ms: Option<u64>,
+}
+
+impl EscalationSteps {
+    /// The steps' names, in the order the executor takes them and of
+    /// [`EscalationSteps::durations_ms`].
+    pub const NAMES: [&'static str; 4] = ["graceful", "shutdown", "term", "kill"];
+
+    /// The steps' durations, in the order of [`EscalationSteps::NAMES`].
+    pub fn durations_ms(&self) -> [Option<u64>; 4] {
+        [
+            self.graceful_ms,
+            self.shutdown_ms,
+            self.term_ms,
+            self.kill_ms,
+        ]
+    }
 }
 
 /// The current status in an executor's checkpoint file (`.drover/status.json`): one
@@ -917,6 +956,7 @@ mod tests {
             timestamp_ms: 1,
             executor_pid: 2,
             processes: Vec::new(),
+            escalation: None,
         };
         let line = |s: &ExecutorStatus| serde_json::to_string(s).unwrap() + "\n";
         let (starting, running) = (
@@ -932,6 +972,35 @@ mod tests {
         let old = serde_json::to_vec(&starting).unwrap();
         assert_eq!(checkpointed_status(&old), Some(starting));
         assert_eq!(checkpointed_status(b""), None);
+    }
+
+    #[test]
+    fn escalation_steps_are_optional_on_the_wire() {
+        // An older executor's terminal status, without steps, still parses.
+        let old = r#"{"seq":3,"task_id":"t","state":"KILLED","exit_reason":{"kind":"killed_by_request"},
+            "message":"","timestamp_ms":1,"executor_pid":2,"processes":[]}"#;
+        let status: ExecutorStatus = serde_json::from_str(old).unwrap();
+        assert_eq!(status.escalation, None);
+        // Without steps nothing is written; with them, only the steps taken.
+        assert!(!serde_json::to_string(&status)
+            .unwrap()
+            .contains("escalation"));
+        let steps = EscalationSteps {
+            term_ms: Some(2_000),
+            kill_ms: Some(3),
+            ..EscalationSteps::default()
+        };
+        let with = ExecutorStatus {
+            escalation: Some(Box::new(steps)),
+            ..status
+        };
+        let text = serde_json::to_string(&with).unwrap();
+        assert!(
+            text.contains(r#""escalation":{"term_ms":2000,"kill_ms":3}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<ExecutorStatus>(&text).unwrap(), with);
+        assert_eq!(steps.durations_ms(), [None, None, Some(2_000), Some(3)]);
     }
 
     #[test]

@@ -217,6 +217,7 @@ mod tests {
             timestamp_ms: 0,
             executor_pid: 1,
             processes: vec![],
+            escalation: None,
         }
     }
 

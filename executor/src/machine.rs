@@ -5,13 +5,14 @@
 //! which final processes run during finalization. It never touches a process; the
 //! runner does what it says. Time is milliseconds since the executor started.
 //!
-//! The kill escalation's step order and deadlines live here too ([`Escalation`]).
+//! The kill escalation's step order, deadlines and step durations live here too
+//! ([`Escalation`]).
 
 use std::time::Duration;
 
 use drover_common::spec::{HttpLifecycle, TaskSpec};
 use drover_common::state::{ExitReason, TaskState};
-use drover_common::wire::{ProcessState, ProcessStatus};
+use drover_common::wire::{EscalationSteps, ProcessState, ProcessStatus};
 
 /// Milliseconds since the executor started.
 pub type Millis = u64;
@@ -424,7 +425,8 @@ pub enum Step {
     KillAll,
 }
 
-/// The escalation's position and the deadline of its current step.
+/// The escalation's position, the deadline of its current step and how long the
+/// steps taken so far took.
 #[derive(Clone, Debug)]
 pub struct Escalation {
     step: Step,
@@ -432,6 +434,10 @@ pub struct Escalation {
     shutdown_wait: Millis,
     finalization_wait: Millis,
     done: bool,
+    /// When the current step was performed.
+    step_began: Millis,
+    /// The steps before the current one (and SIGKILL's, once [`Escalation::killed`]).
+    took: EscalationSteps,
 }
 
 fn ms(d: Duration) -> Millis {
@@ -468,6 +474,8 @@ impl Escalation {
                 shutdown_wait,
                 finalization_wait,
                 done: false,
+                step_began: now,
+                took: EscalationSteps::default(),
             },
             step,
         )
@@ -488,7 +496,7 @@ impl Escalation {
         if self.done || now < self.deadline {
             return None;
         }
-        self.advance()
+        self.advance(now)
     }
 
     /// Every regular process exited before the wait ended: skip the HTTP steps and
@@ -496,7 +504,7 @@ impl Escalation {
     pub fn on_all_exited(&mut self, now: Millis) -> Option<Step> {
         match self.step {
             Step::PostGraceful | Step::PostShutdown if !self.done => {
-                self.step = Step::Terminate;
+                self.enter(Step::Terminate, now);
                 self.deadline = now + self.finalization_wait;
                 Some(Step::Terminate)
             }
@@ -504,14 +512,36 @@ impl Escalation {
         }
     }
 
-    fn advance(&mut self) -> Option<Step> {
+    /// SIGKILL (5), performed, took `ms` until nothing of the task was left.
+    pub fn killed(&mut self, ms: Millis) {
+        self.took.kill_ms = Some(ms);
+    }
+
+    /// How long each step taken took, the current one ending at `now` (SIGKILL's
+    /// is what [`Escalation::killed`] recorded).
+    pub fn durations(&self, now: Millis) -> EscalationSteps {
+        let mut took = self.took;
+        if self.step != Step::KillAll {
+            *slot(&mut took, self.step) = Some(now.saturating_sub(self.step_began));
+        }
+        took
+    }
+
+    /// Ends the current step at `now` and makes `next` current.
+    fn enter(&mut self, next: Step, now: Millis) {
+        *slot(&mut self.took, self.step) = Some(now.saturating_sub(self.step_began));
+        self.step = next;
+        self.step_began = now;
+    }
+
+    fn advance(&mut self, now: Millis) -> Option<Step> {
         let (next, wait) = match self.step {
             Step::PostGraceful => (Step::PostShutdown, self.shutdown_wait),
             Step::PostShutdown => (Step::Terminate, self.finalization_wait),
             Step::Terminate => (Step::KillAll, 0),
             Step::KillAll => return None,
         };
-        self.step = next;
+        self.enter(next, now);
         // Waits add up from the deadline, not from when we noticed, so a late wakeup
         // does not stretch the escalation.
         self.deadline += wait;
@@ -519,6 +549,16 @@ impl Escalation {
             self.done = true;
         }
         Some(next)
+    }
+}
+
+/// Where a step's duration goes.
+fn slot(took: &mut EscalationSteps, step: Step) -> &mut Option<Millis> {
+    match step {
+        Step::PostGraceful => &mut took.graceful_ms,
+        Step::PostShutdown => &mut took.shutdown_ms,
+        Step::Terminate => &mut took.term_ms,
+        Step::KillAll => &mut took.kill_ms,
     }
 }
 

@@ -209,6 +209,40 @@ fn escalation_with_http_posts_twice_with_their_waits() {
     // A late wakeup does not stretch the next wait.
     assert_eq!(e.on_time(3_040), Some(Step::Terminate));
     assert_eq!(e.deadline(), Some(6_000));
+    // Each step lasted from when it was performed to when the next one was.
+    assert_eq!(e.on_time(6_010), Some(Step::KillAll));
+    e.killed(4);
+    assert_eq!(
+        e.durations(6_020),
+        EscalationSteps {
+            graceful_ms: Some(1_000),
+            shutdown_ms: Some(2_040),
+            term_ms: Some(2_970),
+            kill_ms: Some(4),
+        }
+    );
+}
+
+#[test]
+fn escalation_steps_skipped_or_not_reached_have_no_duration() {
+    let http = HttpLifecycle {
+        port: "health".into(),
+        graceful_shutdown_endpoint: "/q".into(),
+        shutdown_endpoint: "/a".into(),
+        graceful_shutdown_wait: D::from_secs(5),
+        shutdown_wait: D::from_secs(5),
+    };
+    let (mut e, _) = Escalation::start(100, Some(&http), true, D::from_secs(30).get());
+    assert_eq!(e.on_all_exited(400), Some(Step::Terminate));
+    // The task ended 50 ms into SIGTERM's wait.
+    assert_eq!(
+        e.durations(450),
+        EscalationSteps {
+            graceful_ms: Some(300),
+            term_ms: Some(50),
+            ..EscalationSteps::default()
+        }
+    );
 }
 
 #[test]

@@ -265,6 +265,7 @@ async fn run_async(opts: Options) -> i32 {
                 timestamp_ms: now_ms(),
                 executor_pid: std::process::id(),
                 processes: Vec::new(),
+                escalation: None,
             };
             // Checkpoint first, as for every status (`Runner::flush`), synced: no agent
             // has taken it (`Runner::sync_untaken_terminal`).
@@ -573,6 +574,7 @@ impl RunnerIo {
         exit_reason: Option<ExitReason>,
         message: String,
         processes: Vec<drover_common::wire::ProcessStatus>,
+        escalation: Option<drover_common::wire::EscalationSteps>,
     ) {
         self.seq += 1;
         let status = ExecutorStatus {
@@ -584,6 +586,7 @@ impl RunnerIo {
             timestamp_ms: now_ms(),
             executor_pid: std::process::id(),
             processes,
+            escalation: escalation.map(Box::new),
         };
         self.pending.push(status);
     }
@@ -878,6 +881,12 @@ impl supervisor::Io for RunnerIo {
         self.layout.snoozed()
     }
 
+    fn kill_all(&mut self) -> Millis {
+        let began = Instant::now();
+        self.kill_everything();
+        began.elapsed().as_millis() as Millis
+    }
+
     fn command(&mut self, command: Command) {
         match command {
             Command::Emit {
@@ -885,11 +894,11 @@ impl supervisor::Io for RunnerIo {
                 exit_reason,
                 message,
                 processes,
-            } => self.emit(state, exit_reason, message, processes),
+                escalation,
+            } => self.emit(state, exit_reason, message, processes, escalation),
             Command::CheckHealth => self.check_health(),
             Command::Post(step) => self.post(step),
             Command::Terminate { pids } => self.terminate(&pids),
-            Command::KillAll => self.kill_everything(),
             Command::ReleaseStartupPages => {
                 resident::release_startup_pages();
             }

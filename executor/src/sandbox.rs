@@ -513,6 +513,7 @@ mod tests {
             timestamp_ms: 1,
             executor_pid: 1,
             processes: Vec::new(),
+            escalation: None,
         }
     }
 
@@ -681,6 +682,7 @@ mod tests {
             timestamp_ms: 1,
             executor_pid: 2,
             processes: vec![],
+            escalation: None,
         };
         let mut checkpoint = Checkpoint::new(layout.status_file());
         checkpoint.append(&status).unwrap();

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use drover_common::spec::{HealthCheck, HttpLifecycle};
 use drover_common::state::{ExitReason, TaskState};
-use drover_common::wire::ProcessStatus;
+use drover_common::wire::{EscalationSteps, ProcessStatus};
 
 use crate::health::{HealthTracker, Verdict};
 use crate::machine::{Escalation, Machine, Millis, Phase, Step};
@@ -44,6 +44,9 @@ pub enum Command {
         message: String,
         /// The processes as the machine sees them now.
         processes: Vec<ProcessStatus>,
+        /// Set on the terminal status of a task stopped by a kill or a failed health
+        /// check: how long each escalation step took.
+        escalation: Option<EscalationSteps>,
     },
     /// Run one health check; its result comes back through
     /// [`Supervisor::health_result`].
@@ -57,8 +60,6 @@ pub enum Command {
         /// The pids of the running processes to stop.
         pids: Vec<u32>,
     },
-    /// SIGKILL everything of the task.
-    KillAll,
     /// The task has been RUNNING for [`SETTLE`]: drop the pages only starting needed.
     ReleaseStartupPages,
 }
@@ -72,6 +73,9 @@ pub trait Io {
     fn residue_alive(&mut self) -> bool;
     /// Whether health checks are paused (the snooze file exists).
     fn snoozed(&mut self) -> bool;
+    /// SIGKILLs everything of the task and waits until nothing is left where it can
+    /// tell (the cgroup); returns how long that took.
+    fn kill_all(&mut self) -> Millis;
     /// Carries out a command.
     fn command(&mut self, command: Command);
 }
@@ -422,7 +426,14 @@ impl Supervisor {
             TaskState::Finished => "all processes succeeded".to_string(),
             _ => reason.to_string(),
         };
-        self.emit(now, state, Some(reason), message, io);
+        // The steps are reported for a stop, not for the finalization of a task
+        // that ended on its own.
+        let stopped = self.kill_reason.is_some() || self.health_failure.is_some();
+        let escalation = match &self.escalation {
+            Some(e) if stopped => Some(e.durations(now)),
+            _ => None,
+        };
+        self.emit_with(now, state, Some(reason), message, escalation, io);
     }
 
     fn start_process(&mut self, idx: usize, now: Millis, io: &mut dyn Io) {
@@ -489,7 +500,10 @@ impl Supervisor {
             Step::KillAll => {
                 self.machine.stop_all();
                 self.machine.abandon_waiting();
-                io.command(Command::KillAll);
+                let took = io.kill_all();
+                if let Some(e) = self.escalation.as_mut() {
+                    e.killed(took);
+                }
             }
         }
     }
@@ -503,6 +517,19 @@ impl Supervisor {
         message: String,
         io: &mut dyn Io,
     ) {
+        self.emit_with(now, state, exit_reason, message, None, io);
+    }
+
+    /// [`Supervisor::emit`] with the escalation's step durations.
+    fn emit_with(
+        &mut self,
+        now: Millis,
+        state: TaskState,
+        exit_reason: Option<ExitReason>,
+        message: String,
+        escalation: Option<EscalationSteps>,
+        io: &mut dyn Io,
+    ) {
         if state != self.state {
             self.release_at = (state == TaskState::Running).then_some(now + SETTLE);
         }
@@ -512,6 +539,7 @@ impl Supervisor {
             exit_reason,
             message,
             processes: self.machine.statuses(),
+            escalation,
         });
     }
 

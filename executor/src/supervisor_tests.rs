@@ -31,7 +31,8 @@ fn http() -> HttpLifecycle {
     serde_json::from_str(r#"{"graceful_shutdown_wait":"5s","shutdown_wait":"5s"}"#).unwrap()
 }
 
-/// Records commands; process `idx` gets pid `100 + idx` unless it is in `unstartable`.
+/// Records commands; process `idx` gets pid `100 + idx` unless it is in `unstartable`;
+/// a SIGKILL of everything is counted in `kills` and takes `kill_takes`.
 #[derive(Default)]
 struct Fake {
     commands: Vec<Command>,
@@ -39,6 +40,8 @@ struct Fake {
     unstartable: Vec<usize>,
     residue: bool,
     snoozed: bool,
+    kills: usize,
+    kill_takes: Millis,
 }
 
 impl Io for Fake {
@@ -58,6 +61,10 @@ impl Io for Fake {
     fn snoozed(&mut self) -> bool {
         self.snoozed
     }
+    fn kill_all(&mut self) -> Millis {
+        self.kills += 1;
+        self.kill_takes
+    }
     fn command(&mut self, command: Command) {
         self.commands.push(command);
     }
@@ -73,6 +80,14 @@ impl Fake {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The escalation steps on the last emitted status.
+    fn last_escalation(&self) -> Option<EscalationSteps> {
+        self.commands.iter().rev().find_map(|c| match c {
+            Command::Emit { escalation, .. } => Some(*escalation),
+            _ => None,
+        })?
     }
 
     /// The exit reason of the last emitted status.
@@ -315,11 +330,16 @@ fn the_http_lifecycle_posts_then_skips_ahead_once_everything_exited() {
         "skipped ahead to SIGTERM"
     );
     assert_eq!(s.state(), TaskState::Killed);
-    assert_eq!(
-        io.count(&Command::KillAll),
-        0,
-        "nothing was left to SIGKILL"
-    );
+    assert_eq!(io.kills, 0, "nothing was left to SIGKILL");
+    // Graceful wait from 100 to 5,100, the shutdown POST until everything exited,
+    // SIGTERM until the task ended: no SIGKILL step.
+    let steps = io
+        .last_escalation()
+        .expect("the steps on the KILLED status");
+    assert_eq!(steps.graceful_ms, Some(5_000));
+    assert!(steps.shutdown_ms.is_some_and(|ms| ms >= 100), "{steps:?}");
+    assert!(steps.term_ms.is_some(), "{steps:?}");
+    assert_eq!(steps.kill_ms, None);
 }
 
 #[test]
@@ -333,11 +353,59 @@ fn what_outlives_finalization_wait_is_killed() {
     s.begin(0, "ready".into(), &mut io);
     s.kill_requested(0, ExitReason::KilledByRequest, "SIGTERM", &mut io);
     s.process_exited(0, BAD);
+    io.kill_takes = 7;
     s.tick(29_990, &mut io);
-    assert_eq!(io.count(&Command::KillAll), 0);
+    assert_eq!(io.kills, 0);
     s.tick(30_000, &mut io);
-    assert_eq!(io.count(&Command::KillAll), 1);
+    assert_eq!(io.kills, 1);
     assert_eq!(s.state(), TaskState::Killed);
+    // SIGTERM's whole wait, then SIGKILL as long as the runner said it took.
+    assert_eq!(
+        io.last_escalation(),
+        Some(EscalationSteps {
+            term_ms: Some(30_000),
+            kill_ms: Some(7),
+            ..EscalationSteps::default()
+        })
+    );
+}
+
+#[test]
+fn a_task_that_ends_on_its_own_reports_no_escalation_steps() {
+    // Finalization stops an ephemeral process: the same steps, but no stop.
+    let mut eph = proc("helper");
+    eph.ephemeral = true;
+    let mut s = supervisor(vec![proc("a"), eph], config());
+    let mut io = Fake::default();
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    s.process_exited(0, OK);
+    s.tick(10, &mut io);
+    s.process_exited(1, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 20, 1_000);
+    assert_eq!(s.state(), TaskState::Finished);
+    assert!(io.has(|c| matches!(c, Command::Terminate { .. })));
+    assert_eq!(io.last_escalation(), None);
+}
+
+#[test]
+fn a_failed_health_check_reports_the_steps_of_its_stop() {
+    let config = Config {
+        health_check: Some(health_check()),
+        ..config()
+    };
+    let (mut s, mut io) = begun_with_one_process(config);
+    s.health_result(11_000, Err("503".into()), &mut io);
+    s.health_result(12_000, Err("503".into()), &mut io);
+    s.process_exited(0, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 12_250, 13_000);
+    assert_eq!(s.state(), TaskState::Failed);
+    let steps = io
+        .last_escalation()
+        .expect("the steps on the FAILED status");
+    assert_eq!(steps.graceful_ms, None, "no HTTP lifecycle");
+    assert_eq!(steps.term_ms, Some(250));
+    assert_eq!(steps.kill_ms, None);
 }
 
 #[test]

@@ -12,11 +12,21 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use drover_common::metrics::{AtomicHistogram, Static};
+use drover_common::metrics::{AtomicHistogram, HistogramFamily, Static, StaticFamily};
 
-use crate::core::{Change, MetricsState};
+use crate::core::{Change, MetricsState, UpdateDirection};
 
 use drover_common::metrics::{SECONDS, SIZES};
+
+/// Update directions as labels, in [`direction_index`]'s order.
+const DIRECTIONS: [&str; 2] = ["forward", "rollback"];
+
+fn direction_index(direction: UpdateDirection) -> usize {
+    match direction {
+        UpdateDirection::Forward => 0,
+        UpdateDirection::Rollback => 1,
+    }
+}
 
 /// The master's counters and histograms.
 #[derive(Debug)]
@@ -35,6 +45,8 @@ pub struct Metrics {
     pub assignment_set: AtomicHistogram,
     /// Answers of the change stream (`GET /v1/changes`).
     pub change_polls: Counter,
+    /// Instances in one rolling-update batch started, by direction ([`DIRECTIONS`]).
+    pub rolling_update_batches: HistogramFamily,
 }
 
 /// The process's metrics.
@@ -46,7 +58,15 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     update_batch: AtomicHistogram::new(SIZES),
     assignment_set: AtomicHistogram::new(SIZES),
     change_polls: Counter::default(),
+    rolling_update_batches: HistogramFamily::new("direction", &DIRECTIONS, SIZES),
 });
+
+/// Counts a rolling-update batch the core started ([`crate::core::Effect::UpdateBatch`]).
+pub fn update_batch_started(direction: UpdateDirection, instances: u32) {
+    METRICS
+        .rolling_update_batches
+        .observe(direction_index(direction), f64::from(instances));
+}
 
 /// Counts the placements in a batch of changes the core handed out at `now_wall`:
 /// tasks written ASSIGNED whose last event is that ASSIGNED.
@@ -173,5 +193,52 @@ pub fn render(state: &MetricsState) -> String {
         "Answers of the change stream (GET /v1/changes)",
         m.change_polls.clone(),
     );
+    registry.register(
+        "rolling_update_batch_instances",
+        "Instances in one rolling-update batch started, by direction (forward or rollback)",
+        StaticFamily(&m.rolling_update_batches),
+    );
     drover_common::metrics::text(&registry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_batches_are_counted_by_direction() {
+        let count = |d: UpdateDirection| {
+            METRICS
+                .rolling_update_batches
+                .get(direction_index(d))
+                .map(|h| h.snapshot())
+                .map(|(sum, count, _)| (sum, count))
+        };
+        let (fwd, back) = (
+            count(UpdateDirection::Forward).unwrap(),
+            count(UpdateDirection::Rollback).unwrap(),
+        );
+        update_batch_started(UpdateDirection::Forward, 3);
+        update_batch_started(UpdateDirection::Forward, 2);
+        update_batch_started(UpdateDirection::Rollback, 2);
+        assert_eq!(
+            count(UpdateDirection::Forward),
+            Some((fwd.0 + 5.0, fwd.1 + 2))
+        );
+        assert_eq!(
+            count(UpdateDirection::Rollback),
+            Some((back.0 + 2.0, back.1 + 1))
+        );
+        let text = render(&MetricsState::default());
+        assert!(
+            text.contains("# TYPE drover_master_rolling_update_batch_instances histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "drover_master_rolling_update_batch_instances_count{direction=\"rollback\"}"
+            ),
+            "{text}"
+        );
+    }
 }

@@ -202,6 +202,10 @@ impl Master {
                         persist = Some((seq, changes));
                     }
                     Effect::Notify { agent } => notify.push(agent),
+                    Effect::UpdateBatch {
+                        direction,
+                        instances,
+                    } => crate::metrics::update_batch_started(direction, instances),
                     Effect::EvictionGuard { engaged, message } => {
                         if engaged {
                             tracing::warn!(eviction_guard = "engaged", "{message}");

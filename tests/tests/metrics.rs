@@ -1,12 +1,17 @@
 //! Black-box: the master's and the agent's `GET /metrics` (Prometheus text
 //! exposition) on a real cluster: tasks by state, placements, scheduling latency,
-//! store commits and agents on the master; executor starts, exits by reason, kill
-//! escalations, process starts and the outbox on the agent; read back after real
-//! jobs ran, over HTTP and through a real Prometheus; who may read them.
+//! store commits, agents and rolling-update batches on the master; executor starts,
+//! exits by reason, kill escalations and their steps, process starts and the outbox
+//! on the agent; read back after real jobs, updates and kills ran, over HTTP and
+//! through a real Prometheus; who may read them.
+
+// The helpers below serve #[test] functions only: a failure is the test's panic.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 
 use drover_common::state::TaskState;
+use drover_common::wire::{UpdateState, UpdateView};
 use drover_tests::{command_job, running_as_root, Cluster, ClusterConfig};
 use serde_json::json;
 
@@ -93,6 +98,20 @@ fn agent_metrics_count_starts_exits_and_kills_and_need_the_metrics_token() {
         1.0
     );
     assert_eq!(get("drover_agent_kill_escalation_seconds_count"), 1.0);
+    // `sleep 600` without an HTTP lifecycle: SIGTERM ended it, the only step.
+    assert_eq!(
+        get("drover_agent_kill_escalation_step_seconds_count{step=\"term\"}"),
+        1.0,
+        "{text}"
+    );
+    for step in ["graceful", "shutdown", "kill"] {
+        assert_eq!(
+            get(&format!(
+                "drover_agent_kill_escalation_step_seconds_count{{step=\"{step}\"}}"
+            )),
+            0.0
+        );
+    }
     assert_eq!(get("drover_agent_process_start_seconds_count"), 3.0);
     assert_eq!(get("drover_agent_health_check_failures_total"), 0.0);
     assert_eq!(get("drover_agent_tasks"), 0.0);
@@ -201,6 +220,111 @@ fn metrics_count_what_the_cluster_did_and_need_a_reader_token() {
     assert_eq!(anonymous.as_u16(), 401);
 }
 
+/// Starts an update of `key` to `spec` and waits for it to end: its record.
+fn update(cluster: &mut Cluster, key: &str, spec: &serde_json::Value) -> UpdateView {
+    let path = format!("/v1/jobs/{key}/update");
+    let (status, body) = cluster
+        .post(&path, &json!({"spec": spec, "user": "test"}))
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    cluster
+        .wait_for(
+            "the update to end",
+            std::time::Duration::from_secs(120),
+            |c| {
+                c.get::<UpdateView>(&path)
+                    .ok()
+                    .filter(|u| u.state.is_terminal())
+            },
+        )
+        .unwrap()
+}
+
+/// The sizes of the batches an update's events list after `prefix`
+/// (`batch: instances 0,1`).
+fn batch_sizes(u: &UpdateView, prefix: &str) -> Vec<f64> {
+    u.events
+        .iter()
+        .filter_map(|e| e.message.strip_prefix(prefix))
+        .map(|list| list.split(',').count() as f64)
+        .collect()
+}
+
+/// Kill escalations, their steps checked on the agent's `/metrics`: a task that
+/// ignores SIGTERM behind an HTTP lifecycle nobody answers (graceful, shutdown, term
+/// and kill) and one that exits on SIGTERM (term). Then rolling updates of a
+/// 3-instance service in batches of 2, one that succeeds and one whose config cannot
+/// start and rolls back. Returns the forward and the rollback batch sizes the
+/// updates' events list.
+fn update_and_kill(cluster: &mut Cluster) -> (Vec<f64>, Vec<f64>) {
+    let mut rolled = command_job("rolled", 3, true, "sleep 600");
+    rolled["update"] = json!({"batch_size": 2, "watch": "1s"});
+    // A service has one instance per host unless told otherwise; this cluster has one.
+    rolled["constraints"] = json!({"host": "limit:10"});
+    cluster.create_job(&rolled).unwrap();
+    let mut stubborn = command_job("stubborn", 1, true, "trap '' TERM; sleep 600");
+    stubborn["task"]["resources"]["ports"] = json!(["http"]);
+    stubborn["task"]["finalization_wait"] = json!("1s");
+    stubborn["lifecycle"] = json!({"http": {
+        "port": "http", "graceful_shutdown_wait": "1s", "shutdown_wait": "1s"
+    }});
+    cluster.create_job(&stubborn).unwrap();
+    cluster
+        .create_job(&command_job("polite", 1, true, "sleep 600"))
+        .unwrap();
+    for name in ["rolled", "stubborn", "polite"] {
+        cluster
+            .wait_for_all(&format!("www-data/test/{name}"), TaskState::Running)
+            .unwrap();
+    }
+    cluster.kill_job("www-data/test/stubborn").unwrap();
+    cluster.kill_job("www-data/test/polite").unwrap();
+    for name in ["stubborn", "polite"] {
+        cluster
+            .wait_for_all(&format!("www-data/test/{name}"), TaskState::Killed)
+            .unwrap();
+    }
+    // The two escalations, before the updates add their own (a replaced task is
+    // killed too): each step of the stubborn one, SIGTERM's of both.
+    let (_, text) = agent_metrics(cluster, Some("metrics-token-0123456789abcdef"));
+    let s = samples(&text);
+    let step = |name: &str, part: &str| {
+        s.get(&format!(
+            "drover_agent_kill_escalation_step_seconds_{part}{{step=\"{name}\"}}"
+        ))
+        .copied()
+    };
+    for (name, count) in [
+        ("graceful", 1.0),
+        ("shutdown", 1.0),
+        ("term", 2.0),
+        ("kill", 1.0),
+    ] {
+        assert_eq!(step(name, "count"), Some(count), "step {name}:\n{text}");
+    }
+    // Each wait was 1 s. Deadlines add up from the previous deadline, so a late
+    // wakeup shortens the next step: the bound is generous.
+    for name in ["graceful", "shutdown", "term"] {
+        let sum = step(name, "sum").unwrap_or(0.0);
+        assert!(sum >= 0.5, "step {name} took {sum} s in all");
+    }
+    let kill = step("kill", "sum").unwrap_or(f64::MAX);
+    assert!(kill < 10.0, "SIGKILL took {kill} s");
+
+    rolled["task"]["processes"][0]["cmdline"] = json!("true; sleep 600");
+    let forward = update(cluster, "www-data/test/rolled", &rolled);
+    assert_eq!(forward.state, UpdateState::RolledForward, "{forward:#?}");
+    rolled["task"]["processes"][0]["cmdline"] = json!("/nonexistent/drover-metrics-test");
+    let back = update(cluster, "www-data/test/rolled", &rolled);
+    assert_eq!(back.state, UpdateState::RolledBack, "{back:#?}");
+    let mut forward_sizes = batch_sizes(&forward, "batch: instances ");
+    assert_eq!(forward_sizes, [2.0, 1.0], "{forward:#?}");
+    forward_sizes.extend(batch_sizes(&back, "batch: instances "));
+    let rollback_sizes = batch_sizes(&back, "rollback batch: instances ");
+    assert!(!rollback_sizes.is_empty(), "{back:#?}");
+    (forward_sizes, rollback_sizes)
+}
+
 /// The first sample's value of a Prometheus instant query, if any.
 fn query(http: &reqwest::blocking::Client, prometheus: &str, promql: &str) -> Option<f64> {
     let answer: serde_json::Value = http
@@ -238,6 +362,10 @@ fn a_real_prometheus_scrapes_the_master_and_answers_queries_about_it() {
     cluster
         .wait_for_all("www-data/test/scraped", TaskState::Finished)
         .unwrap();
+    let (forward, rollback) = update_and_kill(&mut cluster);
+    // Settled: what the agent's endpoint says now is what Prometheus must read.
+    let (_, agent_text) = agent_metrics(&cluster, Some("metrics-token-0123456789abcdef"));
+    let agent_now = samples(&agent_text);
 
     // Prometheus reads /metrics with an operator token, as docs/api.md says to.
     let dir = cluster.dir().join("prometheus");
@@ -331,9 +459,13 @@ fn a_real_prometheus_scrapes_the_master_and_answers_queries_about_it() {
     }
     assert_eq!(
         starts,
-        Some(2.0),
+        agent_now.get("drover_agent_executor_starts_total").copied(),
         "Prometheus did not get the agent's executor starts; its log:\n{}",
         server.log_tail()
+    );
+    assert!(
+        starts.is_some_and(|n| n >= 2.0 + 3.0 + 3.0 + 2.0),
+        "{starts:?}"
     );
     assert_eq!(query(&http, &api, "up{job=\"drover-agent\"}"), Some(1.0));
     assert_eq!(
@@ -346,5 +478,33 @@ fn a_real_prometheus_scrapes_the_master_and_answers_queries_about_it() {
     );
     let outbox = query(&http, &api, "drover_agent_outbox_updates");
     assert!(outbox.is_some_and(|n| n >= 0.0), "{outbox:?}");
+
+    // Rolling-update batches by direction: as many and as large as the updates'
+    // events say.
+    for (direction, sizes) in [("forward", &forward), ("rollback", &rollback)] {
+        let series = |part: &str| {
+            query(
+                &http,
+                &api,
+                &format!(
+                    "drover_master_rolling_update_batch_instances_{part}{{direction=\"{direction}\"}}"
+                ),
+            )
+        };
+        assert_eq!(series("count"), Some(sizes.len() as f64), "{direction}");
+        assert_eq!(series("sum"), Some(sizes.iter().sum()), "{direction}");
+    }
+    // Kill escalation steps: graceful, shutdown and kill once (the task that ignored
+    // SIGTERM); SIGTERM ended the other and the tasks the updates replaced.
+    for step in ["graceful", "shutdown", "term", "kill"] {
+        let series = format!("drover_agent_kill_escalation_step_seconds_count{{step=\"{step}\"}}");
+        let seen = query(&http, &api, &series);
+        assert_eq!(seen, agent_now.get(&series).copied(), "{series}");
+        let least = if step == "term" { 2.0 + 3.0 } else { 1.0 };
+        assert!(seen.is_some_and(|n| n >= least), "{series}: {seen:?}");
+        if step != "term" {
+            assert_eq!(seen, Some(1.0), "{series}");
+        }
+    }
     server.stop(std::time::Duration::from_secs(10));
 }

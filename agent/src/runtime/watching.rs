@@ -277,8 +277,8 @@ pub(super) async fn executor_lost(shared: &Shared, id: &str, last_seen: u64) {
 }
 
 /// Feeds the timing histograms from one status of a watched executor: the process
-/// start (executor started -> STARTING, once) and the kill escalation (KILLING ->
-/// terminal, both stamped by the executor).
+/// start (executor started -> STARTING, once), the kill escalation (KILLING ->
+/// terminal, both stamped by the executor) and its steps (on the terminal status).
 fn observe_timings(
     status: &ExecutorStatus,
     spawned_at: &mut Option<std::time::Instant>,
@@ -298,6 +298,9 @@ fn observe_timings(
     }
     if status.state.is_terminal() {
         *spawned_at = None;
+        if let Some(steps) = &status.escalation {
+            m.escalation_steps(steps);
+        }
         if let Some(at) = killing_at.take() {
             let ms = status.timestamp_ms.saturating_sub(at);
             m.kill_escalation.observe(ms as f64 / 1000.0);

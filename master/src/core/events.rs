@@ -219,6 +219,21 @@ pub enum Effect {
     WakeAt(MonoMillis),
     /// The eviction guard engaged or released: say so loudly (the runtime logs it).
     EvictionGuard { engaged: bool, message: String },
+    /// A rolling update started a batch of this many instances (counted in
+    /// `/metrics`).
+    UpdateBatch {
+        direction: UpdateDirection,
+        instances: u32,
+    },
+}
+
+/// Which way a rolling update's batch moves its instances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateDirection {
+    /// Onto the new config.
+    Forward,
+    /// Back to the config they had (a rollback).
+    Rollback,
 }
 
 /// The result of `handle`.

@@ -60,7 +60,7 @@ pub use changes::ChangeFilter;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
-pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction};
+pub use events::{Change, CoreError, Effect, Event, Output, Reply, UpdateAction, UpdateDirection};
 pub use maintenance::{HostFailure, HostMaintenance, MaintenanceOp};
 pub use model::Need;
 use model::{Agent, Job};
@@ -126,6 +126,8 @@ pub struct Core {
     /// Agents whose set changed in this event only by tasks they reported ending.
     quiet_agents: BTreeSet<u32>,
     job_changes: Vec<Change>,
+    /// Update batches started in this event (direction, instances), for `/metrics`.
+    batches_started: Vec<(UpdateDirection, u32)>,
 }
 
 impl Core {
@@ -163,6 +165,7 @@ impl Core {
             bumped_agents: BTreeSet::new(),
             quiet_agents: BTreeSet::new(),
             job_changes: Vec::new(),
+            batches_started: Vec::new(),
         };
         core.push_timer(now.mono + core.sweep_interval(), Timer::AgentSweep);
         core.push_timer(now.mono + core.cfg.reconcile_interval_ms, Timer::Reconcile);
@@ -309,6 +312,12 @@ impl Core {
         }
         if let Some(e) = self.take_guard_change() {
             effects.push(e);
+        }
+        for (direction, instances) in std::mem::take(&mut self.batches_started) {
+            effects.push(Effect::UpdateBatch {
+                direction,
+                instances,
+            });
         }
         if let Some(at) = self.next_wake() {
             effects.push(Effect::WakeAt(at));

@@ -1,13 +1,14 @@
 //! Counts of the state for the `/metrics` gauges: tasks by state and tier, agents by
 //! reachability and maintenance mode, PENDING tasks and why they wait. Pure, one
-//! pass over the tasks (a scrape of 100,000 tasks stays in milliseconds).
+//! pass over the tasks (a scrape of 100,000 tasks stays in milliseconds). Also the
+//! note of an update batch started, handed out as an effect for the counters.
 
 use std::collections::BTreeMap;
 
 use drover_common::spec::Tier;
 use drover_common::state::TaskState;
 
-use super::Core;
+use super::{Core, UpdateDirection};
 
 /// What `/metrics` shows of the state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,6 +63,15 @@ impl Core {
         reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         state.pending_reasons = reasons;
         state
+    }
+}
+
+impl Core {
+    /// A rolling update started a batch of `instances`: reported with this event's
+    /// effects ([`super::Effect::UpdateBatch`]).
+    pub(super) fn batch_started(&mut self, direction: UpdateDirection, instances: usize) {
+        self.batches_started
+            .push((direction, u32::try_from(instances).unwrap_or(u32::MAX)));
     }
 }
 

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::model::{constraints_of, need_of, new_task, JobConfig, Slot};
 use super::timers::Timer;
-use super::{Change, Core, CoreError, Now, Reply, UpdateAction};
+use super::{Change, Core, CoreError, Now, Reply, UpdateAction, UpdateDirection};
 
 /// Events kept per update (the oldest are dropped beyond this).
 const MAX_EVENTS: usize = 500;
@@ -772,6 +772,7 @@ impl Core {
         u.next = end;
         let left = u.view.instances.len() - end;
         count_batch(u, left);
+        self.batch_started(UpdateDirection::Forward, batch.len());
         let list: Vec<u32> = batch.iter().map(|p| p.instance).collect();
         u.event(now, format!("batch: instances {}", join(&list)));
         for p in batch {
@@ -796,6 +797,7 @@ impl Core {
         u.back_next = end;
         let left = u.back.len() - end;
         count_batch(u, left);
+        self.batch_started(UpdateDirection::Rollback, list.len());
         u.event(now, format!("rollback batch: instances {}", join(&list)));
         for instance in list {
             let from = u.progress(instance).and_then(|p| p.from.clone());

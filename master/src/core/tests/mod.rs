@@ -100,6 +100,8 @@ struct World {
     wall_skew: i64,
     seqs: HashMap<String, u64>,
     persisted: Vec<Change>,
+    /// Update batches the core reported started (`Effect::UpdateBatch`).
+    update_batches: Vec<(UpdateDirection, u32)>,
     /// Forget the kept limit counts before every event (the scheduler counts
     /// afresh): a shadow world to compare placements with.
     fresh_limit_counts: bool,
@@ -124,6 +126,7 @@ impl World {
             wall_skew: 0,
             seqs: HashMap::new(),
             persisted: Vec::new(),
+            update_batches: Vec::new(),
             fresh_limit_counts: false,
         }
     }
@@ -151,8 +154,15 @@ impl World {
             panic!("slot states drifted: {drift}");
         }
         for e in &out.effects {
-            if let Effect::Persist { changes, .. } = e {
-                self.persisted.extend(changes.iter().cloned());
+            match e {
+                Effect::Persist { changes, .. } => {
+                    self.persisted.extend(changes.iter().cloned());
+                }
+                Effect::UpdateBatch {
+                    direction,
+                    instances,
+                } => self.update_batches.push((*direction, *instances)),
+                _ => {}
             }
         }
         out

@@ -219,6 +219,19 @@ fn seed_001_batches_0_1_2_then_3_4_5_then_6_7_8_fail_roll_back_8_7_6_5_4_3_2_1_0
         batches(&v, "rollback batch: instances "),
         ["8,7,6", "5,4,3", "2,1,0"]
     );
+    // Each batch was reported once as it started, for the metrics.
+    use UpdateDirection::{Forward, Rollback};
+    assert_eq!(
+        w.update_batches,
+        [
+            (Forward, 3),
+            (Forward, 3),
+            (Forward, 3),
+            (Rollback, 3),
+            (Rollback, 3),
+            (Rollback, 3)
+        ]
+    );
     assert_eq!(configs(&w), old, "every instance back on the config it had");
     assert_eq!(w.core.jobs[KEY].config, old[0]);
 }

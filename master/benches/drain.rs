@@ -2,12 +2,12 @@
 //! tasks, 10 per agent (1,000 services of 100 instances, each pinned to one rack
 //! with `host: limit:2`; a third without a policy, a third keeping 90% healthy, a
 //! third allowing 5 disrupted at once), then a drain of 1,000 hosts at once (10 in
-//! every rack). Agents
-//! are simulated in the core's own terms (status reports: drained tasks KILLED,
-//! replacements RUNNING) between rounds; the numbers are the time the core takes
-//! for the drain request and for each round (a Tick that runs the drain round and
-//! places the replacements), until every host is DRAINED, as wall-clock time and as
-//! this thread's CPU time (from /proc/thread-self/schedstat: on a shared machine the
+//! every rack). Agents are simulated in the core's own terms (status reports:
+//! drained tasks KILLED, replacements RUNNING) between rounds; the numbers are the
+//! time the core takes for the drain request and for each round (a Tick that runs
+//! the drain round, at most `drain_round_max_tasks` task moves, and places the
+//! replacements), until every host is DRAINED, as wall-clock time and as this
+//! thread's CPU time (from /proc/thread-self/schedstat: on a shared machine the
 //! wall clock counts other processes' turns too). Not run in CI:
 //! `cargo bench -p drover-master --bench drain`.
 

@@ -470,6 +470,7 @@ impl Config {
             )?,
             cron_seconds: args.cron_seconds || file.cron_seconds.unwrap_or(false),
             drain_round_interval_ms: d.drain_round_interval_ms,
+            drain_round_max_tasks: d.drain_round_max_tasks,
             quarantine_failures: args
                 .quarantine_failures
                 .or(file.quarantine_failures)

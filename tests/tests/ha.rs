@@ -9,6 +9,8 @@
 //! it to the leader; and the CLI given every master rides a failover.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -558,20 +560,36 @@ fn the_cli_given_every_master_rides_a_failover_and_creates_each_job_once() -> an
     let masters = cluster.urls.join(",");
     let specs = cluster.dir().join("specs");
     std::fs::create_dir_all(&specs)?;
-    // Two CLI loops create jobs while the leader is SIGKILLed a moment in.
-    let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1000));
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
-        Instant::now()
-    });
+    // Two CLI loops create jobs while the leader is SIGKILLed a moment in; each goes
+    // on for AFTER_KILL creates once the kill happened, however fast the CLI is.
+    const AFTER_KILL: usize = 10;
+    let killed = Arc::new(AtomicBool::new(false));
+    let killer = {
+        let killed = killed.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1000));
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+            let at = Instant::now();
+            killed.store(true, Ordering::SeqCst);
+            at
+        })
+    };
     let loops: Vec<_> = (0..2)
         .map(|l| {
             let (masters, token, specs) = (masters.clone(), cluster.token.clone(), specs.clone());
+            let killed = killed.clone();
             std::thread::spawn(
                 move || -> anyhow::Result<Vec<(String, Instant, Duration)>> {
                     let mut done = Vec::new();
-                    for i in 0..25 {
-                        let name = format!("c{l}-{i:02}");
+                    let mut after_kill = 0;
+                    for i in 0..1_000 {
+                        if killed.load(Ordering::SeqCst) {
+                            after_kill += 1;
+                            if after_kill > AFTER_KILL {
+                                break;
+                            }
+                        }
+                        let name = format!("c{l}-{i:03}");
                         let file = specs.join(format!("{name}.json"));
                         std::fs::write(&file, command_job(&name, 1, false, "true").to_string())?;
                         let began = Instant::now();
@@ -615,13 +633,14 @@ fn the_cli_given_every_master_rides_a_failover_and_creates_each_job_once() -> an
     cluster.kill_master(leader);
     let slowest = done.iter().map(|d| d.2).max().unwrap_or_default();
     let after_kill = done.iter().filter(|d| d.1 + d.2 > killed_at).count();
-    eprintln!("50 creates, the slowest took {slowest:?}; {after_kill} ended after the kill");
+    let count = done.len();
+    eprintln!("{count} creates, the slowest took {slowest:?}; {after_kill} ended after the kill");
     assert!(
         after_kill > 0,
         "every create ended before the leader was killed: nothing was tested"
     );
     let created: BTreeSet<String> = done.into_iter().map(|d| d.0).collect();
-    assert_eq!(created.len(), 50);
+    assert_eq!(created.len(), count, "a job name was created twice");
     let new = cluster.wait_leader(WAIT)?;
     assert_ne!(new, leader, "the killed master leads");
     let jobs: Vec<Value> = cluster.get("/v1/jobs")?;

@@ -51,6 +51,11 @@ pub struct CoreConfig {
     /// (a burst of status reports costs one round, not one per report); a
     /// maintenance request always runs one at once. Not a config key.
     pub drain_round_interval_ms: u64,
+    /// Tasks one drain round moves off draining hosts, at most: a drain of
+    /// thousands of tasks goes in rounds of this many, one
+    /// `drain_round_interval_ms` apart, so that no event of the master takes long
+    /// (the budgets still decide what may go). Not a config key.
+    pub drain_round_max_tasks: u32,
     /// A host where this many tasks ended for host-side causes (sandbox setup
     /// failed, executor lost) within `quarantine_window_ms`, of at least
     /// `quarantine_jobs` different jobs, is quarantined (SCHEDULED). 0: never.
@@ -87,6 +92,7 @@ impl Default for CoreConfig {
             cron_grace_ms: 15 * 60_000,
             cron_seconds: false,
             drain_round_interval_ms: 100,
+            drain_round_max_tasks: 1_000,
             quarantine_failures: 5,
             quarantine_window_ms: 10 * 60_000,
             quarantine_jobs: 2,

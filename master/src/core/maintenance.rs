@@ -115,6 +115,9 @@ pub(super) struct Drains {
     armed_at: Option<MonoMillis>,
     /// When the last round ran; None: the next event runs one.
     last_round: Option<MonoMillis>,
+    /// The draining agent the next round starts with: a round that reached
+    /// `drain_round_max_tasks` stopped there, so every host gets its turn.
+    cursor: u32,
 }
 
 impl Drains {
@@ -397,8 +400,22 @@ impl Core {
         self.sync_slots();
         let mut budgets: HashMap<String, Budget> = HashMap::new();
         let mut wake: Option<MonoMillis> = None;
-        let hosts: Vec<u32> = self.drains.draining.iter().copied().collect();
+        // At most this many tasks move per round; the rest move in the next rounds,
+        // one interval apart, starting where this one stopped.
+        let max_moves = self.cfg.drain_round_max_tasks.max(1);
+        let mut moves = 0u32;
+        let mut cut = false;
+        let cursor = self.drains.cursor;
+        let hosts: Vec<u32> = (self.drains.draining.range(cursor..))
+            .chain(self.drains.draining.range(..cursor))
+            .copied()
+            .collect();
         for idx in hosts {
+            if moves >= max_moves {
+                self.drains.cursor = idx;
+                cut = true;
+                break;
+            }
             let a = &self.agents[idx as usize];
             let forced = self
                 .drains
@@ -426,6 +443,10 @@ impl Core {
                 Vec::new()
             };
             for id in ids {
+                if moves >= max_moves {
+                    cut = true;
+                    break;
+                }
                 let Some(t) = self.tasks.get(&id) else {
                     continue;
                 };
@@ -469,6 +490,7 @@ impl Core {
                     format!("host {host} draining")
                 };
                 if self.stop_task(&id, TaskState::Draining, EventSource::Master, &message, now) {
+                    moves += 1;
                     if let Some(t) = self.tasks.get_mut(&id) {
                         t.kill_reason = Some(ExitReason::Drained);
                     }
@@ -476,6 +498,12 @@ impl Core {
                         self.create_replacement(&id, now, None, &format!("host {host} draining"));
                     }
                 }
+            }
+            if cut {
+                // This host's turn goes on in the next round; what blocks it is
+                // known only once all of its tasks were looked at.
+                self.drains.cursor = idx;
+                break;
             }
             self.note_blocked(idx, blocked.into_values().collect(), now);
             let a = &mut self.agents[idx as usize];
@@ -490,6 +518,12 @@ impl Core {
                 self.drains.blocked.remove(&idx);
                 self.dirty_agents.insert(idx);
             }
+        }
+        if cut {
+            let next = now
+                .mono
+                .saturating_add(self.cfg.drain_round_interval_ms.max(1));
+            wake = Some(wake.map_or(next, |w| w.min(next)));
         }
         if let Some(at) = wake {
             if self.drains.arm(at) {

@@ -550,6 +550,47 @@ fn drained_hosts_going_silent_are_no_eviction_storm() {
     assert_eq!(w.state(&t[0]), TaskState::Lost);
 }
 
+#[test]
+fn a_round_moves_at_most_drain_round_max_tasks_and_the_next_ones_go_on_where_it_stopped() {
+    let mut w = World::with(CoreConfig {
+        drain_round_max_tasks: 3,
+        drain_round_interval_ms: 100,
+        ..cfg()
+    });
+    w.register("a1", 4.0, 16, &[]);
+    w.register("a2", 4.0, 16, &[]);
+    w.create(spec(
+        "wide",
+        8,
+        true,
+        r#","sla_policy":{"max_disrupted":8},"constraints":{"host":"limit:4"}"#,
+    ));
+    w.agents_act();
+    w.register("a3", 4.0, 16, &[]);
+    w.register("a4", 4.0, 16, &[]);
+    let draining = |w: &World, agent: &str| {
+        w.on_agent(agent)
+            .iter()
+            .filter(|id| w.state(id) == TaskState::Draining)
+            .count()
+    };
+    assert_eq!((w.on_agent("a1").len(), w.on_agent("a2").len()), (4, 4));
+    w.drain(&["a1", "a2"], None);
+    assert_eq!((draining(&w, "a1"), draining(&w, "a2")), (3, 0));
+    // The next round runs one interval later, with no other event to bring it,
+    // and goes on with the host the first one stopped on.
+    w.advance(100);
+    assert_eq!((draining(&w, "a1"), draining(&w, "a2")), (4, 2));
+    w.advance(100);
+    assert_eq!((draining(&w, "a1"), draining(&w, "a2")), (4, 4));
+    w.agents_act();
+    w.pass(500);
+    w.agents_act();
+    assert_eq!(w.mode("a1"), MaintenanceMode::Drained);
+    assert_eq!(w.mode("a2"), MaintenanceMode::Drained);
+    assert_eq!(w.running("www/prod/wide"), 8);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

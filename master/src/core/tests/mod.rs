@@ -54,6 +54,7 @@ fn cfg() -> CoreConfig {
         cron_grace_ms: 60_000,
         cron_seconds: true,
         drain_round_interval_ms: 0,
+        drain_round_max_tasks: 1_000,
         config_history: 2,
         quarantine_failures: 3,
         quarantine_window_ms: 60_000,

@@ -59,6 +59,16 @@ impl Audit {
         }
     }
 
+    /// No log: for a standby's copy of the state, which answers reads only
+    /// (reads are not audited).
+    pub fn discard() -> Audit {
+        Audit {
+            path: PathBuf::from("(none: a standby's copy)"),
+            file: Mutex::new(None),
+            etcd: None,
+        }
+    }
+
     /// Appends one request's line (a failed write is logged, never fatal).
     pub fn record(&self, who: &Principal, method: &str, path: &str, status: u16) {
         let line = Line {

@@ -418,6 +418,8 @@ pub struct EtcdStore {
     conn: Arc<EtcdConn>,
     prefix: String,
     fence: Option<Fence>,
+    /// A standby's reader (`reader`): every write is refused before it is sent.
+    read_only: bool,
 }
 
 impl EtcdStore {
@@ -432,7 +434,45 @@ impl EtcdStore {
             conn,
             prefix: prefix.to_string(),
             fence,
+            read_only: false,
         }
+    }
+
+    /// A store under [`PREFIX`] that only reads: a standby's copy of the state
+    /// (`standby`) and its token registry. Every write is refused with
+    /// [`StoreError::StandbyCopy`] and never reaches etcd.
+    pub fn reader(conn: Arc<EtcdConn>) -> EtcdStore {
+        EtcdStore {
+            read_only: true,
+            ..EtcdStore::new(conn, None)
+        }
+    }
+
+    /// etcd's current revision (it moves with every write to the cluster).
+    pub fn revision(&self) -> Result<i64, StoreError> {
+        let mut client = self.conn.client();
+        let key = self.key("meta", "index");
+        let resp = self
+            .conn
+            .block(async move {
+                client
+                    .get(key, Some(GetOptions::new().with_count_only()))
+                    .await
+            })
+            .map_err(etcd("read the revision"))?;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    /// Everything stored, read at one revision, without writing anything (unlike
+    /// `load`, which finishes or drops a redo log first); None while a large
+    /// commit's redo log is in the store (its rows may be half applied).
+    pub fn read_snapshot(&self) -> Result<Option<(Snapshot, i64)>, StoreError> {
+        let (kvs, revision) = self.range(&self.prefix, None)?;
+        let redo = self.key("redo", "");
+        if kvs.iter().any(|(k, _)| k.starts_with(&redo)) {
+            return Ok(None);
+        }
+        Ok(Some((self.decode_rows(kvs)?, revision)))
     }
 
     fn key(&self, table: &str, id: &str) -> String {
@@ -531,6 +571,9 @@ impl EtcdStore {
 
     /// One transaction of `ops`, fenced; retried on transport errors.
     fn txn(&self, ops: &[Op]) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(StoreError::StandbyCopy);
+        }
         let began = Instant::now();
         loop {
             let mut txn = Txn::new();
@@ -741,8 +784,27 @@ impl Store for EtcdStore {
     fn load(&mut self) -> Result<Snapshot, StoreError> {
         self.recover_log()?;
         self.check_schema()?;
-        let mut snap = Snapshot::default();
         let (kvs, _) = self.range(&self.prefix, None)?;
+        self.decode_rows(kvs)
+    }
+
+    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        let ops = self.ops(changes)?;
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if groups(&ops, self.conn.limits).len() == 1 {
+            self.txn(&ops)
+        } else {
+            self.commit_through_log(&ops)
+        }
+    }
+}
+
+impl EtcdStore {
+    /// The snapshot of the rows under this store's prefix.
+    fn decode_rows(&self, kvs: Vec<(String, String)>) -> Result<Snapshot, StoreError> {
+        let mut snap = Snapshot::default();
         for (key, value) in kvs {
             let Some((table, id)) = key[self.prefix.len()..].split_once('/') else {
                 continue;
@@ -776,18 +838,6 @@ impl Store for EtcdStore {
             }
         }
         Ok(snap)
-    }
-
-    fn commit(&mut self, changes: &[Change]) -> Result<(), StoreError> {
-        let ops = self.ops(changes)?;
-        if ops.is_empty() {
-            return Ok(());
-        }
-        if groups(&ops, self.conn.limits).len() == 1 {
-            self.txn(&ops)
-        } else {
-            self.commit_through_log(&ops)
-        }
     }
 }
 

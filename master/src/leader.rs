@@ -4,9 +4,10 @@
 //! Each master holds an etcd lease (TTL `lease_ttl`, kept alive every third of
 //! it) and campaigns on the election `/drover-election/` with its advertised URL
 //! as value. Until it is elected it is a standby: it answers `/health` (saying who
-//! leads), forwards the admin API to the leader (`proxy`), and answers agent
-//! traffic with 503 `not_leader` and the leader's URL in the `X-Drover-Leader`
-//! header, so agents go there. Once elected it loads the store, the token
+//! leads), forwards the admin API to the leader (`proxy`), answers reads from its
+//! copy of the state when the leader gives no answer (`standby`), and answers
+//! agent traffic with 503 `not_leader` and the leader's URL in the
+//! `X-Drover-Leader` header, so agents go there. Once elected it loads the store, the token
 //! registry and the audit log's writer (`etcd_auth`) and serves as a single
 //! master does, every store transaction fenced on its election key
 //! (`etcd_store::Fence`). It stops serving at once when its lease
@@ -50,6 +51,8 @@ pub struct Leadership {
     leader: Mutex<Option<String>>,
     /// The client a standby forwards admin requests to the leader with.
     http: reqwest::Client,
+    /// The standby's copy of the state (`standby`).
+    copy: Arc<crate::standby::Copy>,
 }
 
 impl Leadership {
@@ -62,6 +65,7 @@ impl Leadership {
             valid_until: AtomicU64::new(0),
             leader: Mutex::new(None),
             http: reqwest::Client::new(),
+            copy: Arc::default(),
         }
     }
 
@@ -106,6 +110,9 @@ impl Leadership {
             "leader": self.may_serve(),
             "url": self.url,
             "leader_url": self.leader(),
+            "copy": self.copy.describe().map(|(index, age_ms)| {
+                serde_json::json!({"index": index, "age_ms": age_ms})
+            }),
         })
     }
 
@@ -142,10 +149,24 @@ async fn gate(
     }
     if !lead.may_serve() {
         let leader = lead.leader().filter(|l| *l != lead.url);
+        let from_copy = lead.copy.can_answer(&request);
         return match leader {
             Some(leader) if crate::proxy::forwardable(&request) => {
-                crate::proxy::forward(&lead.http, &leader, &lead.url, request).await
+                let again = from_copy.then(|| crate::standby::duplicate(&request));
+                match crate::proxy::forward(&lead.http, &leader, &lead.url, request).await {
+                    Ok(answer) => answer,
+                    // The leader gave no answer (a failover): a read comes from
+                    // the copy.
+                    Err(failed) => match again {
+                        Some(again) => lead.copy.answer(again).await.unwrap_or(failed),
+                        None => failed,
+                    },
+                }
             }
+            _ if from_copy => match lead.copy.answer(request).await {
+                Some(answer) => answer,
+                None => lead.refusal(),
+            },
             _ => lead.refusal(),
         };
     }
@@ -277,6 +298,15 @@ pub async fn run(
         Leadership::new(config.ha.advertise.clone(), config.ha.lease_ttl_ms).with_client(http),
     );
     let follower = conn.spawn(follow_leader(conn.client(), lead.clone()));
+    let copier = {
+        let lead2 = lead.clone();
+        tokio::spawn(crate::standby::follow(
+            conn.clone(),
+            config.clone(),
+            lead.copy.clone(),
+            move || lead2.leading.load(Ordering::Acquire),
+        ))
+    };
     let result = loop {
         match term(&config, &conn, &lead, tls.clone(), stop_rx.clone()).await {
             Ok(Term::Shutdown) => break Ok(()),
@@ -287,6 +317,7 @@ pub async fn run(
         }
     };
     follower.abort();
+    copier.abort();
     result
 }
 

@@ -18,6 +18,7 @@ pub mod proxy;
 pub mod ratelimit;
 pub mod runtime;
 pub mod server;
+pub mod standby;
 pub mod store;
 pub mod systemd;
 pub mod tls;

@@ -1,8 +1,9 @@
 //! A standby's answer to the admin API: it forwards the request to the leader
 //! and relays the leader's answer, so the CLI, the web UI and scripts work
-//! against any master on etcd. Reads answered this way are exactly the leader's
-//! (nothing is served from a stale copy); writes are the leader's to accept or
-//! refuse. The answer carries `X-Drover-Served-By: <leader URL>`.
+//! against any master on etcd. Reads answered this way are exactly the leader's;
+//! only when the leader gives no answer does a read come from the standby's copy
+//! (`standby`). Writes are the leader's to accept or refuse. The answer carries
+//! `X-Drover-Served-By: <leader URL>`.
 //!
 //! Not forwarded (the standby answers 503 `not_leader` with `X-Drover-Leader`):
 //! agent traffic (agents follow the header to the leader themselves and keep
@@ -63,10 +64,13 @@ pub fn client(ca: Option<&[u8]>) -> Result<reqwest::Client, String> {
 /// Whether a standby forwards `request` to the leader (the admin API and the
 /// web UI; not agent traffic, `/metrics` or an already forwarded request).
 pub fn forwardable(request: &Request) -> bool {
-    let path = request.uri().path();
-    !(is_agent_traffic(path)
-        || path == "/metrics"
-        || request.headers().contains_key(PROXIED_HEADER))
+    forwardable_path(request.uri().path()) && !request.headers().contains_key(PROXIED_HEADER)
+}
+
+/// Whether `path` is of the admin API or the web UI (not agent traffic, not
+/// `/metrics`).
+pub fn forwardable_path(path: &str) -> bool {
+    !(is_agent_traffic(path) || path == "/metrics")
 }
 
 /// The agent API's paths (register, heartbeat, assignments, updates, drain).
@@ -94,21 +98,27 @@ fn failed(status: StatusCode, code: &str, message: String, leader: &str) -> Resp
 }
 
 /// Forwards `request` to `leader` (this master being `me`) and relays the answer.
-/// A leader that cannot be reached answers 503 `not_leader` (nothing was sent:
-/// safe to retry); one that took the request but gave no answer answers 502
-/// `leader_lost` (it may or may not have been done).
-pub async fn forward(http: &reqwest::Client, leader: &str, me: &str, request: Request) -> Response {
+/// When the leader gives no answer, Err with this master's own: a leader that
+/// cannot be reached, 503 `not_leader` (nothing was sent: safe to retry); one
+/// that took the request but gave no answer, 502 `leader_lost` (it may or may not
+/// have been done).
+pub async fn forward(
+    http: &reqwest::Client,
+    leader: &str,
+    me: &str,
+    request: Request,
+) -> Result<Response, Response> {
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => {
-            return ApiErr::new(
+            return Ok(ApiErr::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!("the body is larger than {MAX_BODY_BYTES} bytes; send less at once"),
                 None,
             )
-            .into_response()
+            .into_response())
         }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -128,20 +138,20 @@ pub async fn forward(http: &reqwest::Client, leader: &str, me: &str, request: Re
     let answer = match forwarded.send().await {
         Ok(a) => a,
         Err(e) if e.is_connect() => {
-            return failed(
+            return Err(failed(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_leader",
                 format!("this master does not lead and cannot reach the leader {leader} ({e}); retry in a moment"),
                 leader,
-            )
+            ))
         }
         Err(e) => {
-            return failed(
+            return Err(failed(
                 StatusCode::BAD_GATEWAY,
                 "leader_lost",
                 format!("the leader {leader} took the request but did not answer ({e}): it may or may not have been done; check before retrying"),
                 leader,
-            )
+            ))
         }
     };
     let status = answer.status();
@@ -149,12 +159,12 @@ pub async fn forward(http: &reqwest::Client, leader: &str, me: &str, request: Re
     let bytes = match answer.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            return failed(
+            return Err(failed(
                 StatusCode::BAD_GATEWAY,
                 "leader_lost",
                 format!("the leader {leader} stopped answering ({e}): the request may or may not have been done; check before retrying"),
                 leader,
-            )
+            ))
         }
     };
     let mut response = Response::new(Body::from(bytes));
@@ -165,7 +175,7 @@ pub async fn forward(http: &reqwest::Client, leader: &str, me: &str, request: Re
     if let Ok(value) = HeaderValue::from_str(leader) {
         response.headers_mut().insert(SERVED_BY_HEADER, value);
     }
-    response
+    Ok(response)
 }
 
 #[cfg(test)]

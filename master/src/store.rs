@@ -72,6 +72,8 @@ pub enum StoreError {
     Fenced,
     #[error("the store's writer thread has stopped")]
     Stopped,
+    #[error("this is a standby's read-only copy of the store: writes go to the leader")]
+    StandbyCopy,
     /// The store's disk (or its quota) is full: nothing of the write was stored.
     /// `detail` says which and what the operator frees ([`sqlite_no_space_detail`],
     /// the etcd store's NOSPACE mapping).

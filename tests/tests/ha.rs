@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use drover_common::state::TaskState;
 use drover_common::wire::JobView;
-use drover_tests::ha::{HaCluster, Outcome, Submitter};
-use drover_tests::{bin, command_job, running_as_root, WAIT};
+use drover_tests::ha::{HaCluster, HaOptions, Outcome, Submitter};
+use drover_tests::{bin, command_job, running_as_root, TEST_MASTER_CONFIG, WAIT};
 use nix::sys::signal::Signal;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -547,6 +547,116 @@ fn standbys_answer_reads_with_the_leaders_state_and_forward_writes() -> anyhow::
             .chain(["via-standby".to_string()])
             .collect(),
     )
+}
+
+/// A GET of master `k` that accepts a stale answer (`X-Drover-Allow-Stale`), with
+/// the copy header of the answer: (status, body, copy index).
+fn get_stale_on(
+    cluster: &HaCluster,
+    k: usize,
+    path: &str,
+) -> anyhow::Result<(u16, String, Option<u64>)> {
+    let answer = reqwest::blocking::Client::new()
+        .get(format!("{}{path}", cluster.urls[k]))
+        .bearer_auth(&cluster.token)
+        .header("x-drover-allow-stale", "true")
+        .timeout(Duration::from_secs(30))
+        .send()?;
+    let status = answer.status().as_u16();
+    let index = answer
+        .headers()
+        .get("x-drover-copy-index")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    Ok((status, answer.text()?, index))
+}
+
+/// The store batch a standby's copy holds, from its `/health`.
+fn copy_index(cluster: &HaCluster, k: usize) -> Option<u64> {
+    cluster.health(k)?["copy"]["index"].as_u64()
+}
+
+#[test]
+fn a_standby_answers_stale_reads_from_its_copy_while_a_dead_leaders_lease_runs_out(
+) -> anyhow::Result<()> {
+    if !running_as_root("HA test") {
+        return Ok(());
+    }
+    // A long lease: the dead leader is not replaced for a while.
+    let mut cluster = HaCluster::start_with(HaOptions {
+        master_config: format!("{TEST_MASTER_CONFIG}lease_ttl = \"20s\"\n"),
+        ..HaOptions::new(2)
+    })?;
+    let leader = cluster.wait_leader(WAIT)?;
+    let standby = 1 - leader;
+    let api = cluster.api(leader)?;
+    api.create_job(&command_job("before", 1, true, "sleep 600"))?;
+    cluster.wait_for("the standby's copy", WAIT, |c| copy_index(c, standby))?;
+    // The copy follows the store: a job created after its first read shows up.
+    let (status, body) = api.post("/v1/jobs", &command_job("after", 1, true, "sleep 600"))?;
+    assert_eq!(status, 201, "{body}");
+    cluster.wait_for("the job RUNNING", WAIT, |c| {
+        let view = c.job("after").ok()?;
+        view.instances
+            .iter()
+            .any(|i| {
+                i.current
+                    .as_ref()
+                    .is_some_and(|t| t.state == TaskState::Running)
+            })
+            .then_some(())
+    })?;
+    let leaders: Value = api.get("/v1/changes?index=0")?;
+    let wanted = leaders["index"]
+        .as_u64()
+        .context("no index in /v1/changes")?;
+    let held = cluster.wait_for("the copy to catch up with the leader", WAIT, |c| {
+        copy_index(c, standby).filter(|&i| i >= wanted)
+    })?;
+    // The leader dies; its lease runs for 20 s more, so nobody leads meanwhile.
+    cluster.kill_master(leader);
+    // Reads are consistent unless they accept a stale answer: a plain one is
+    // refused while no leader answers.
+    let (status, body, _) = get_on(&cluster, standby, &cluster.token, &job_path("after"))?;
+    assert_eq!(status, 503, "a consistent read during the failover: {body}");
+    let (status, body, index) = get_stale_on(&cluster, standby, &job_path("after"))?;
+    assert_eq!(status, 200, "{body}");
+    let index = index.context("a read during the failover is not marked as from the copy")?;
+    assert!(index >= held, "copy index {index} went back from {held}");
+    let view: JobView = serde_json::from_str(&body)?;
+    assert_eq!(view.key, "www-data/test/after");
+    assert!(
+        view.instances.iter().any(|i| i
+            .current
+            .as_ref()
+            .is_some_and(|t| t.state == TaskState::Running)),
+        "the copy does not hold the RUNNING task: {view:?}"
+    );
+    let (status, body, _) = get_stale_on(&cluster, standby, "/v1/jobs")?;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("www-data/test/before") && body.contains("www-data/test/after"));
+    // Writes are never answered from the copy; neither is a bad token.
+    let (status, body) = cluster
+        .api(standby)?
+        .post("/v1/jobs", &command_job("refused", 1, false, "true"))?;
+    assert_eq!(status, 503, "a write during the failover: {body}");
+    let bad = reqwest::blocking::Client::new()
+        .get(format!("{}/v1/jobs", cluster.urls[standby]))
+        .bearer_auth("0123.bad")
+        .header("x-drover-allow-stale", "true")
+        .send()?;
+    assert_eq!(bad.status().as_u16(), 401, "the copy took a bad token");
+    assert_eq!(
+        cluster.leader(),
+        None,
+        "a leader was elected within the lease"
+    );
+    // Once the lease ran out the standby leads, with everything acknowledged.
+    cluster.wait_for("the standby to lead", Duration::from_secs(90), |c| {
+        (c.leader() == Some(standby)).then_some(())
+    })?;
+    let view: JobView = cluster.api(standby)?.get(&job_path("after"))?;
+    assert_eq!(view.key, "www-data/test/after");
+    Ok(())
 }
 
 #[test]

@@ -31,6 +31,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "DROVER_CA", value_name = "FILE.pem")]
     pub ca: Option<PathBuf>,
 
+    /// Masters on etcd: reads may be answered from a standby's copy of the state
+    /// while no leader answers (a failover); such answers may miss the last writes.
+    #[arg(long, global = true)]
+    pub stale: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -143,6 +143,8 @@ pub const FAILOVER_WAIT: Duration = Duration::from_secs(10);
 const FAILOVER_PAUSE: Duration = Duration::from_millis(200);
 /// The header a standby's refusal names the leader in.
 const LEADER_HEADER: &str = "x-drover-leader";
+/// Request header: a read accepts an answer from a standby's copy of the state.
+const ALLOW_STALE_HEADER: &str = "x-drover-allow-stale";
 
 /// When a request is sent again after its answer was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,6 +212,8 @@ pub struct Client {
     masters: Vec<String>,
     /// The master requests go to now (moves during a failover).
     current: Arc<Mutex<String>>,
+    /// GETs accept a standby's copy of the state (`X-Drover-Allow-Stale`).
+    stale: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -268,7 +272,15 @@ impl Client {
             http,
             token,
             masters: Vec::new(),
+            stale: false,
         })
+    }
+
+    /// With `stale`, reads say they accept an answer from a standby's copy of the
+    /// state while no leader answers (masters on etcd; `--stale`).
+    pub fn with_stale(mut self, stale: bool) -> Client {
+        self.stale = stale;
+        self
     }
 
     /// Rides failovers between `masters` (see the module doc); fewer than two
@@ -425,7 +437,10 @@ impl Client {
 
     /// A request to the master, with the token.
     fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, url);
+        let mut request = self.http.request(method.clone(), url);
+        if self.stale && method == reqwest::Method::GET {
+            request = request.header(ALLOW_STALE_HEADER, "true");
+        }
         match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,

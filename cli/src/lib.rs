@@ -33,6 +33,8 @@ pub struct Endpoint {
     pub ca: Option<std::path::PathBuf>,
     /// Printed on stderr when a client is made: the master is the default one.
     pub note: Option<String>,
+    /// Reads accept a standby's copy during a failover (`--stale`).
+    pub stale: bool,
 }
 
 impl Endpoint {
@@ -43,7 +45,8 @@ impl Endpoint {
         }
         Ok(
             client::Client::connect(&self.master, self.token.clone(), self.ca.as_deref())?
-                .with_masters(self.masters.clone()),
+                .with_masters(self.masters.clone())
+                .with_stale(self.stale),
         )
     }
 }
@@ -68,6 +71,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
         master,
         ca: cli.ca,
+        stale: cli.stale,
     };
     match cli.command {
         Command::Job(command) => commands::job(&endpoint, command).await,

@@ -634,6 +634,21 @@ fn a_standby_answers_stale_reads_from_its_copy_while_a_dead_leaders_lease_runs_o
     let (status, body, _) = get_stale_on(&cluster, standby, "/v1/jobs")?;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("www-data/test/before") && body.contains("www-data/test/after"));
+    // The CLI given every master reads it with --stale.
+    let out = std::process::Command::new(bin("drover")?)
+        .args(["--stale", "job", "status", "www-data/test/after"])
+        .env("DROVER_MASTER", cluster.urls.join(","))
+        .env("DROVER_TOKEN", &cluster.token)
+        .env("DROVER_CONFIG", "/nonexistent/drover-test-config.toml")
+        .env_remove("DROVER_TOKEN_FILE")
+        .env_remove("DROVER_CA")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("RUNNING"),
+        "drover --stale job status: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Writes are never answered from the copy; neither is a bad token.
     let (status, body) = cluster
         .api(standby)?

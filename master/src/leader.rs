@@ -4,18 +4,18 @@
 //! Each master holds an etcd lease (TTL `lease_ttl`, kept alive every third of
 //! it) and campaigns on the election `/drover-election/` with its advertised URL
 //! as value. Until it is elected it is a standby: it answers `/health` (saying who
-//! leads), forwards the admin API to the leader (`proxy`), answers reads from its
-//! copy of the state when the leader gives no answer (`standby`), and answers
-//! agent traffic with 503 `not_leader` and the leader's URL in the
-//! `X-Drover-Leader` header, so agents go there. Once elected it loads the store, the token
-//! registry and the audit log's writer (`etcd_auth`) and serves as a single
-//! master does, every store transaction fenced on its election key
-//! (`etcd_store::Fence`). It stops serving at once when its lease
-//! may have expired: a request is served only while the last keep-alive answered
-//! was sent less than three quarters of the TTL ago (a paused master that wakes
-//! up refuses everything before it notices anything else), and when the lease is
-//! lost or a fenced write fails it stops, drops its in-memory state and campaigns
-//! again as a standby.
+//! leads), forwards the admin API to the leader (`proxy`), answers reads that
+//! accept a stale answer from its copy of the state when the leader gives no
+//! answer (`standby`), and answers agent traffic with 503 `not_leader` and the
+//! leader's URL in the `X-Drover-Leader` header, so agents go there. Once elected
+//! it loads the store, the token registry and the audit log's writer
+//! (`etcd_auth`) and serves as a single master does, every store transaction
+//! fenced on its election key (`etcd_store::Fence`). It stops serving at once
+//! when its lease may have expired: a request is served only while the last
+//! keep-alive answered was sent less than three quarters of the TTL ago (a paused
+//! master that wakes up refuses everything before it notices anything else), and
+//! when the lease is lost or a fenced write fails it stops, drops its in-memory
+//! state and campaigns again as a standby.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,9 +1,9 @@
 //! A standby's answer to the admin API: it forwards the request to the leader
 //! and relays the leader's answer, so the CLI, the web UI and scripts work
 //! against any master on etcd. Reads answered this way are exactly the leader's;
-//! only when the leader gives no answer does a read come from the standby's copy
-//! (`standby`). Writes are the leader's to accept or refuse. The answer carries
-//! `X-Drover-Served-By: <leader URL>`.
+//! only a read that accepts a stale answer, when the leader gives no answer,
+//! comes from the standby's copy (`standby`). Writes are the leader's to accept
+//! or refuse. The answer carries `X-Drover-Served-By: <leader URL>`.
 //!
 //! Not forwarded (the standby answers 503 `not_leader` with `X-Drover-Leader`):
 //! agent traffic (agents follow the header to the leader themselves and keep

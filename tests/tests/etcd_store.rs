@@ -1,7 +1,8 @@
 //! The etcd store against a real one-member etcd: fenced writes are refused once
 //! the election key changed, a commit larger than etcd's transaction limits goes
 //! through the redo log whole, and a redo log left behind is finished when
-//! committed and dropped when not.
+//! committed and dropped when not; a standby's reader reads at one revision and
+//! writes nothing.
 
 use std::sync::Arc;
 
@@ -85,5 +86,37 @@ fn a_committed_redo_log_is_finished_at_load_and_an_uncommitted_one_dropped() -> 
     let snap = EtcdStore::with_prefix(conn, None, "/b/").load()?;
     assert!(snap.quotas.is_empty(), "{:?}", snap.quotas);
     assert!(etcd.list("/b/redo/")?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_standbys_reader_reads_at_one_revision_and_writes_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = EtcdCluster::start(dir.path(), 1)?;
+    let conn = connect(&cluster, 128)?;
+    let mut store = EtcdStore::new(conn.clone(), None);
+    store.load()?;
+    store.commit(&[
+        Change::PutQuota("web".into(), Some(Usage::default())),
+        Change::Index(5),
+    ])?;
+    let mut reader = EtcdStore::reader(conn);
+    let (snap, revision) = reader.read_snapshot()?.expect("no redo log: a snapshot");
+    assert_eq!((snap.index, snap.quotas.len()), (5, 1));
+    assert_eq!(reader.revision()?, revision, "nothing written since");
+    let refused = reader.commit(&[Change::Index(6)]);
+    assert!(
+        matches!(refused, Err(StoreError::StandbyCopy)),
+        "a reader must refuse writes: {refused:?}"
+    );
+    assert_eq!(
+        reader.revision()?,
+        revision,
+        "the refused writes reached etcd"
+    );
+    // A large commit half applied: no snapshot until its redo log is gone.
+    let mut etcd = cluster.client()?;
+    etcd.put("/drover/redo/00000000", "[]")?;
+    assert!(reader.read_snapshot()?.is_none());
     Ok(())
 }

@@ -377,18 +377,33 @@ fn get_on(
     token: &str,
     path: &str,
 ) -> anyhow::Result<(u16, String, Option<String>)> {
-    let answer = reqwest::blocking::Client::new()
-        .get(format!("{}{path}", cluster.urls[k]))
-        .bearer_auth(token)
-        .timeout(Duration::from_secs(30))
-        .send()?;
-    let status = answer.status().as_u16();
-    let served_by = answer
-        .headers()
+    let (status, body, headers) = get_with(cluster, k, token, path, false)?;
+    let served_by = headers
         .get("x-drover-served-by")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    Ok((status, answer.text()?, served_by))
+    Ok((status, body, served_by))
+}
+
+/// GET `path` on master `k` with `token`, accepting a stale answer from a
+/// standby's copy with `stale`: the status, the body and the answer's headers.
+fn get_with(
+    cluster: &HaCluster,
+    k: usize,
+    token: &str,
+    path: &str,
+    stale: bool,
+) -> anyhow::Result<(u16, String, reqwest::header::HeaderMap)> {
+    let mut request = reqwest::blocking::Client::new()
+        .get(format!("{}{path}", cluster.urls[k]))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(30));
+    if stale {
+        request = request.header("x-drover-allow-stale", "true");
+    }
+    let answer = request.send()?;
+    let (status, headers) = (answer.status().as_u16(), answer.headers().clone());
+    Ok((status, answer.text()?, headers))
 }
 
 /// `get_on` until the answer is not a refusal of a master that found no
@@ -556,18 +571,20 @@ fn get_stale_on(
     k: usize,
     path: &str,
 ) -> anyhow::Result<(u16, String, Option<u64>)> {
-    let answer = reqwest::blocking::Client::new()
-        .get(format!("{}{path}", cluster.urls[k]))
-        .bearer_auth(&cluster.token)
-        .header("x-drover-allow-stale", "true")
-        .timeout(Duration::from_secs(30))
-        .send()?;
-    let status = answer.status().as_u16();
-    let index = answer
-        .headers()
+    let (status, body, headers) = get_with(cluster, k, &cluster.token, path, true)?;
+    let index = headers
         .get("x-drover-copy-index")
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    Ok((status, answer.text()?, index))
+    Ok((status, body, index))
+}
+
+/// Whether an instance of the job runs a RUNNING task.
+fn a_task_running(view: &JobView) -> bool {
+    view.instances.iter().any(|i| {
+        i.current
+            .as_ref()
+            .is_some_and(|t| t.state == TaskState::Running)
+    })
 }
 
 /// The store batch a standby's copy holds, from its `/health`.
@@ -595,15 +612,7 @@ fn a_standby_answers_stale_reads_from_its_copy_while_a_dead_leaders_lease_runs_o
     let (status, body) = api.post("/v1/jobs", &command_job("after", 1, true, "sleep 600"))?;
     assert_eq!(status, 201, "{body}");
     cluster.wait_for("the job RUNNING", WAIT, |c| {
-        let view = c.job("after").ok()?;
-        view.instances
-            .iter()
-            .any(|i| {
-                i.current
-                    .as_ref()
-                    .is_some_and(|t| t.state == TaskState::Running)
-            })
-            .then_some(())
+        a_task_running(&c.job("after").ok()?).then_some(())
     })?;
     let leaders: Value = api.get("/v1/changes?index=0")?;
     let wanted = leaders["index"]
@@ -625,10 +634,7 @@ fn a_standby_answers_stale_reads_from_its_copy_while_a_dead_leaders_lease_runs_o
     let view: JobView = serde_json::from_str(&body)?;
     assert_eq!(view.key, "www-data/test/after");
     assert!(
-        view.instances.iter().any(|i| i
-            .current
-            .as_ref()
-            .is_some_and(|t| t.state == TaskState::Running)),
+        a_task_running(&view),
         "the copy does not hold the RUNNING task: {view:?}"
     );
     let (status, body, _) = get_stale_on(&cluster, standby, "/v1/jobs")?;
@@ -654,12 +660,8 @@ fn a_standby_answers_stale_reads_from_its_copy_while_a_dead_leaders_lease_runs_o
         .api(standby)?
         .post("/v1/jobs", &command_job("refused", 1, false, "true"))?;
     assert_eq!(status, 503, "a write during the failover: {body}");
-    let bad = reqwest::blocking::Client::new()
-        .get(format!("{}/v1/jobs", cluster.urls[standby]))
-        .bearer_auth("0123.bad")
-        .header("x-drover-allow-stale", "true")
-        .send()?;
-    assert_eq!(bad.status().as_u16(), 401, "the copy took a bad token");
+    let (status, _, _) = get_with(&cluster, standby, "0123.bad", "/v1/jobs", true)?;
+    assert_eq!(status, 401, "the copy took a bad token");
     assert_eq!(
         cluster.leader(),
         None,

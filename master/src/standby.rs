@@ -189,6 +189,23 @@ fn read_if_moved(
     }))
 }
 
+/// Reads the store into `copy` now, whatever etcd's revision (benches); the
+/// store batch the copy holds, or None while a large commit is half applied.
+pub fn read_now(
+    copy: &Copy,
+    conn: &Arc<EtcdConn>,
+    config: &Config,
+) -> Result<Option<u64>, StoreError> {
+    let Some(loaded) = read_if_moved(conn, config, None)? else {
+        return Ok(None);
+    };
+    let index = loaded.index;
+    if let Some(old) = copy.replace(Some(loaded)) {
+        old.master.close();
+    }
+    Ok(Some(index))
+}
+
 /// Keeps `copy` following the store while `leading` says this master does not
 /// lead (dropping it while it leads), until the task is dropped.
 pub async fn follow(

@@ -13,11 +13,35 @@ use anyhow::{bail, Context};
 
 use crate::Proc;
 
-/// `n` free loopback ports (held together while picked, so they differ).
+/// Where `free_ports` picks: below the kernel's ephemeral range (32768 and up),
+/// so no outgoing connection of a test running beside this one takes a port
+/// between the pick and the server's bind; above the netns harness' task ports
+/// (20000-20199) and apart from the agents' default task ports (31000-32000).
+const FREE_PORTS: std::ops::Range<u16> = 21_000..31_000;
+
+/// `n` loopback ports free when picked (held together while picked, so they
+/// differ), from [`FREE_PORTS`], starting at a place that differs between test
+/// processes so parallel tests rarely try the same ones.
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()?;
+    let span = u32::from(FREE_PORTS.end - FREE_PORTS.start);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    let mut listeners: Vec<TcpListener> = Vec::with_capacity(n);
+    for k in 0..span {
+        if listeners.len() == n {
+            break;
+        }
+        let port = FREE_PORTS.start + ((seed.wrapping_add(k)) % span) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+        }
+    }
+    if listeners.len() < n {
+        bail!("fewer than {n} free loopback ports in {FREE_PORTS:?}");
+    }
     Ok(listeners
         .iter()
         .map(|l| l.local_addr().map(|a| a.port()))

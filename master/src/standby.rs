@@ -94,7 +94,12 @@ impl Copy {
 
     /// Whether a copy is loaded and `request` is a read it may answer.
     pub fn can_answer(&self, request: &Request) -> bool {
-        readable(request) && self.get().is_some()
+        readable(request)
+            && self
+                .loaded
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
     }
 
     /// Answers `request` from the copy (None: no copy).
@@ -200,9 +205,7 @@ pub fn read_now(
         return Ok(None);
     };
     let index = loaded.index;
-    if let Some(old) = copy.replace(Some(loaded)) {
-        old.master.close();
-    }
+    end(copy.replace(Some(loaded)));
     Ok(Some(index))
 }
 
@@ -250,11 +253,18 @@ pub async fn follow(
     }
 }
 
-/// Ends an old copy: its long polls end, its writer thread stops.
+/// Ends an old copy off the async threads (closing joins its writer thread).
 async fn retire(old: Option<Loaded>) {
+    if old.is_some() {
+        let _ = tokio::task::spawn_blocking(move || end(old)).await;
+    }
+}
+
+/// Ends an old copy: its long polls end, its writer thread stops.
+fn end(old: Option<Loaded>) {
     if let Some(old) = old {
         old.master.stopping.send_replace(true);
-        let _ = tokio::task::spawn_blocking(move || old.master.close()).await;
+        old.master.close();
     }
 }
 

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use drover_common::state::TaskState;
 use drover_common::wire::TaskView;
-use drover_tests::{command_job, Cluster, ClusterConfig};
+use drover_tests::{command_job, env_number, Cluster, ClusterConfig};
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
@@ -96,13 +96,6 @@ fn cli_wait(runs: usize) -> anyhow::Result<()> {
         percentile(&mut true_ms, 0.5),
     );
     Ok(())
-}
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// `n` agents; with `BENCH_TLS` set, agents and master speak mTLS (the admin API

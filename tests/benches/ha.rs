@@ -17,10 +17,7 @@ fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
     }
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let runs = drover_tests::env_number("BENCH_RUNS", 20);
     let mut cluster = HaCluster::start(3)?;
     let mut submit = Submitter::new(&cluster)?;
     let mut times = Vec::new();

@@ -47,10 +47,7 @@ fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
     }
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let runs = drover_tests::env_number("BENCH_RUNS", 5);
     let dir = tempfile::tempdir()?;
     let etcd = EtcdCluster::start(dir.path(), 1)?;
     let options = EtcdOptions::parse(&etcd.store_url(), None, None, None)?;

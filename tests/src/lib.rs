@@ -40,6 +40,14 @@ restart_grace = "10s"
 /// How long waits last unless a test says otherwise: generous, for 2 busy cores.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// A bench's numeric setting from the environment variable `name`, else `default`.
+pub fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The workspace root (the parent of this crate).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

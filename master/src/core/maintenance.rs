@@ -411,11 +411,6 @@ impl Core {
             .copied()
             .collect();
         for idx in hosts {
-            if moves >= max_moves {
-                self.drains.cursor = idx;
-                cut = true;
-                break;
-            }
             let a = &self.agents[idx as usize];
             let forced = self
                 .drains

@@ -1237,8 +1237,15 @@ async fn task_log(
         } else {
             ""
         };
+        // reqwest's own text hides the cause (refused, a certificate not trusted).
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            cause = format!("{cause}: {s}");
+            source = s.source();
+        }
         unreachable(format!(
-            "cannot read the log from agent {agent_id} at {address}: {e}{hint}"
+            "cannot read the log from agent {agent_id} at {address}: {cause}{hint}"
         ))
     })?;
     if tls && !crate::tls::answered_by(&answer, &agent_id) {

@@ -3,7 +3,8 @@
 //! without a certificate are let through the handshake (admin clients use bearer
 //! tokens); the agent API requires one (see `guard`). A certificate's identity is
 //! a DNS name in its subject alternative names: `<agent_id>.agent.drover` for an
-//! agent, `master.drover` for a master (`drover tls issue`, docs/auth.md).
+//! agent, `master.drover` for a master (`drover tls issue`, docs/auth.md). Also the
+//! client the master reads agents' `https://` log servers with (`log_client`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

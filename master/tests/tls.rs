@@ -244,3 +244,75 @@ async fn the_master_reads_a_log_server_only_with_the_agents_own_certificate() {
         .await
         .is_err());
 }
+
+#[tokio::test]
+async fn the_master_relays_a_log_only_from_the_agent_the_task_is_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("tls");
+    init_ca(&pki).unwrap();
+    issue(&pki, Kind::Master, "127.0.0.1", &[]).unwrap();
+    issue(&pki, Kind::Agent, "a1", &[]).unwrap();
+    issue(&pki, Kind::Agent, "a2", &[]).unwrap();
+    let ca = pki.join("ca.pem");
+    let mut cfg = config(&dir.path().join("master"));
+    cfg.tls = Some(TlsFiles {
+        cert: pki.join("master-127.0.0.1.pem"),
+        key: pki.join("master-127.0.0.1.key"),
+        client_ca: ca.clone(),
+    });
+    let h = drover_master::start(cfg).await.unwrap();
+    let base = format!("https://127.0.0.1:{}", h.addr.port());
+    let a1 = client(&pki, &ca, Some("a1"));
+    let admin = (client(&pki, &ca, None), token(&h, Grant::Admin));
+    // a1 registers with the address of a log server; the job's task lands on a1.
+    let register = |port: u16| {
+        let mut body = register_body("a1");
+        body["address"] = json!(format!("https://127.0.0.1:{port}"));
+        a1.post(format!("{base}/v1/agents/register")).json(&body)
+    };
+    let a1_server = log_server(&ca, &pki.join("agent-a1.pem"), &pki.join("agent-a1.key")).await;
+    let a2_server = log_server(&ca, &pki.join("agent-a2.pem"), &pki.join("agent-a2.key")).await;
+    assert_eq!(status(register(a2_server)).await, 200);
+    let created = admin
+        .0
+        .post(format!("{base}/v1/jobs"))
+        .bearer_auth(&admin.1)
+        .json(&common::job("logs", 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{created:?}");
+    let job: serde_json::Value = admin
+        .0
+        .get(format!("{base}/v1/jobs/www/prod/logs"))
+        .bearer_auth(&admin.1)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = job["instances"][0]["current"]["task_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a placed task: {job}"))
+        .to_string();
+    let read = || async {
+        let answer = admin
+            .0
+            .get(format!("{base}/v1/tasks/{task}/logs/main/stdout"))
+            .bearer_auth(&admin.1)
+            .send()
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    };
+    // At a1's address, a log server with a2's certificate: not relayed.
+    let (s, text) = read().await;
+    assert_eq!(s, 502, "{text}");
+    assert!(text.contains("a1.agent.drover"), "{text}");
+    assert!(!text.contains("\"ok\"") && text != "ok", "{text}");
+    // With a1's own certificate (the server requires the master's): relayed.
+    assert_eq!(status(register(a1_server)).await, 200);
+    assert_eq!(read().await, (200, "ok".to_string()));
+    h.stop().await.unwrap();
+}

@@ -441,11 +441,24 @@ impl ConfigFile {
                 "must be at least 10ms, e.g. 5s".into(),
             ));
         }
+        if tls_identity.is_some() && self.tls_ca.is_none() {
+            return Err(invalid(
+                "tls_ca",
+                "is missing: tls_cert needs the cluster CA (ca.pem of `drover tls init`)".into(),
+            ));
+        }
         if let Some(a) = &self.advertise {
             if !(a.starts_with("http://") || a.starts_with("https://")) {
                 return Err(invalid(
                     "advertise",
                     format!("`{a}` is not a URL; write e.g. http://10.0.0.2:7071"),
+                ));
+            }
+            // With a certificate the log server serves TLS only.
+            if tls_identity.is_some() && !a.starts_with("https://") {
+                return Err(invalid(
+                    "advertise",
+                    format!("`{a}` must be https://: with tls_cert the log server serves TLS only"),
                 ));
             }
         }
@@ -649,6 +662,24 @@ mod tests {
                     ..Default::default()
                 },
                 "cpu",
+            ),
+            (
+                ConfigFile {
+                    tls_cert: Some("a.pem".into()),
+                    tls_key: Some("a.key".into()),
+                    ..Default::default()
+                },
+                "tls_ca",
+            ),
+            (
+                ConfigFile {
+                    tls_ca: Some("ca.pem".into()),
+                    tls_cert: Some("a.pem".into()),
+                    tls_key: Some("a.key".into()),
+                    advertise: Some("http://h:7071".into()),
+                    ..Default::default()
+                },
+                "advertise",
             ),
         ];
         for (file, field) in cases {

@@ -20,6 +20,7 @@ pub mod sandbox;
 pub mod selfdrain;
 mod sys;
 pub mod systemd;
+pub mod tls;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

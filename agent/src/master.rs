@@ -225,9 +225,10 @@ impl MasterClient {
     }
 
     /// The key sent at registration (header `x-drover-logs-key`) that the agent's
-    /// log server requires from the master.
-    pub fn with_logs_key(mut self, key: String) -> MasterClient {
-        self.logs_key = Some(key);
+    /// log server requires from the master (None: a log server over TLS, which
+    /// requires the master's certificate instead).
+    pub fn with_logs_key(mut self, key: Option<String>) -> MasterClient {
+        self.logs_key = key;
         self
     }
 

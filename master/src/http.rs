@@ -1226,14 +1226,34 @@ async fn task_log(
         address.trim_end_matches('/')
     );
     let mut request = api.http.get(&url).timeout(LOG_PROXY_TIMEOUT);
-    if let Some(key) = api.tokens.log_key(&agent_id) {
+    // Over TLS the master's certificate is its credential (crate::tls::log_client).
+    let tls = address.starts_with("https://");
+    if let Some(key) = api.tokens.log_key(&agent_id).filter(|_| !tls) {
         request = request.bearer_auth(key);
     }
     let answer = request.send().await.map_err(|e| {
+        let hint = if tls && !api.agent_certs {
+            " (the agent serves TLS: a master reads it with tls_cert, tls_key and tls_client_ca set)"
+        } else {
+            ""
+        };
+        // reqwest's own text hides the cause (refused, a certificate not trusted).
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            cause = format!("{cause}: {s}");
+            source = s.source();
+        }
         unreachable(format!(
-            "cannot read the log from agent {agent_id} at {address}: {e}"
+            "cannot read the log from agent {agent_id} at {address}: {cause}{hint}"
         ))
     })?;
+    if tls && !crate::tls::answered_by(&answer, &agent_id) {
+        return Err(unreachable(format!(
+            "the log server at {address} did not present agent {agent_id}'s certificate ({agent_id}.{}); its answer is not relayed",
+            crate::tls::AGENT_NAME_SUFFIX
+        )));
+    }
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let size = answer.headers().get(LOG_SIZE_HEADER).cloned();
     let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();

@@ -264,7 +264,7 @@ pub(crate) fn api(
         tokens,
         audit,
         agent_certs,
-        http: reqwest::Client::new(),
+        http: crate::tls::log_client(config.tls.as_ref())?,
         limiter: Default::default(),
     }))
 }

@@ -182,7 +182,11 @@ fn read_if_moved(
         // A copy answers reads only, and reads are not audited.
         audit: Audit::discard(),
         agent_certs: config.tls.is_some(),
-        http: reqwest::Client::new(),
+        // The same files serve this standby's listener: read already at start.
+        http: crate::tls::log_client(config.tls.as_ref()).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the copy reads no agent's logs over TLS");
+            reqwest::Client::new()
+        }),
         limiter: Default::default(),
     });
     Ok(Some(Loaded {

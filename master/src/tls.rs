@@ -3,7 +3,8 @@
 //! without a certificate are let through the handshake (admin clients use bearer
 //! tokens); the agent API requires one (see `guard`). A certificate's identity is
 //! a DNS name in its subject alternative names: `<agent_id>.agent.drover` for an
-//! agent, `master.drover` for a master (`drover tls issue`, docs/auth.md).
+//! agent, `master.drover` for a master (`drover tls issue`, docs/auth.md). Also the
+//! client the master reads agents' `https://` log servers with (`log_client`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -130,6 +131,115 @@ impl PeerCert {
         drover_common::spec::is_valid_name(agent_id)
             && self.names(&format!("{agent_id}.{AGENT_NAME_SUFFIX}"))
     }
+}
+
+/// The client the master reads agents' log servers with (docs/auth.md, "The
+/// agents' log servers"). With `files` (a master serving TLS) it presents the
+/// master's certificate and trusts an `https://` log server only with a
+/// certificate chaining to the cluster CA that names an agent
+/// (`<id>.agent.drover`, whatever host the URL names); `answered_by` then checks
+/// that it is the agent asked. Plain `http://` log servers are read as before.
+pub fn log_client(files: Option<&TlsFiles>) -> Result<reqwest::Client, TlsError> {
+    let builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+    let Some(files) = files else {
+        return builder.build().map_err(|e| TlsError::Rustls(e.to_string()));
+    };
+    let certs = load_certs("tls_cert", &files.cert)?;
+    let key = load_key(&files.key)?;
+    let mut roots = RootCertStore::empty();
+    for ca in load_certs("tls_client_ca", &files.client_ca)? {
+        roots
+            .add(ca)
+            .map_err(|e| TlsError::Rustls(format!("tls_client_ca: {e}")))?;
+    }
+    let provider = provider();
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| TlsError::Rustls(e.to_string()))?;
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Rustls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AgentVerifier { inner }))
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| TlsError::Rustls(format!("tls_cert/tls_key: {e}")))?;
+    builder
+        .use_preconfigured_tls(config)
+        .tls_info(true)
+        .build()
+        .map_err(|e| TlsError::Rustls(e.to_string()))
+}
+
+/// The agent identity (`<id>.agent.drover`) a certificate names, if any.
+fn agent_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let cert = webpki::EndEntityCert::try_from(cert).ok()?;
+    let suffix = format!(".{AGENT_NAME_SUFFIX}");
+    let name = cert.valid_dns_names().find(|n| n.ends_with(&suffix))?;
+    Some(name.to_string())
+}
+
+/// Verifies an agent's log server: the full web PKI check (chain to the cluster
+/// CA, validity, server-auth usage) for the agent name its certificate carries,
+/// not for the URL's host (agent certificates name their identity only).
+#[derive(Debug)]
+struct AgentVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for AgentVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let name = agent_name(end_entity)
+            .and_then(|n| ServerName::try_from(n).ok())
+            .ok_or(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName,
+            ))?;
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Whether `answer` came over TLS from agent `agent_id`: its certificate (checked
+/// against the cluster CA by `log_client`) names `<agent_id>.agent.drover`.
+pub fn answered_by(answer: &reqwest::Response, agent_id: &str) -> bool {
+    answer
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|info| info.peer_certificate())
+        .is_some_and(|der| {
+            PeerCert(Arc::new(CertificateDer::from(der.to_vec()))).is_agent(agent_id)
+        })
 }
 
 #[cfg(test)]

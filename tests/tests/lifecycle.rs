@@ -36,6 +36,65 @@ fn a_cluster_over_mtls_runs_a_job_and_refuses_plain_http() {
         answer.is_err() || !answer.unwrap().status().is_success(),
         "plain HTTP was served"
     );
+
+    // The logs stream through the master, which reads the agent's log server over
+    // mTLS with its certificate.
+    let task = cluster.job("www-data/test/tls").unwrap().instances[0]
+        .current
+        .clone()
+        .unwrap()
+        .task_id;
+    let path = format!("/v1/tasks/{task}/logs/main/stdout");
+    assert_eq!(
+        cluster.get_status(&path).unwrap(),
+        (200, "over mtls\n".to_string())
+    );
+    // Direct to the agent's log server: it serves TLS with the agent's certificate
+    // (verified here for its identity bb-agent-0.agent.drover) and reads a log only
+    // for a master's client certificate.
+    let address = agents[0].address.clone();
+    assert!(address.starts_with("https://"), "{address}");
+    let port = address.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let tls = cluster.dir().join("tls");
+    let client = |identity: Option<&str>| {
+        let ca = std::fs::read(tls.join("ca.pem")).unwrap();
+        let mut builder = reqwest::blocking::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+            .resolve(
+                "bb-agent-0.agent.drover",
+                std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            );
+        if let Some(name) = identity {
+            let mut pem = std::fs::read(tls.join(format!("{name}.pem"))).unwrap();
+            pem.extend(std::fs::read(tls.join(format!("{name}.key"))).unwrap());
+            builder = builder.identity(reqwest::Identity::from_pem(&pem).unwrap());
+        }
+        let answer = builder
+            .build()
+            .unwrap()
+            .get(format!("https://bb-agent-0.agent.drover:{port}{path}"))
+            .send()
+            .unwrap();
+        (answer.status().as_u16(), answer.text().unwrap())
+    };
+    assert_eq!(client(None).0, 401, "no client certificate");
+    assert_eq!(
+        client(Some("agent-bb-agent-0")).0,
+        403,
+        "an agent's certificate"
+    );
+    assert_eq!(
+        client(Some("master-127.0.0.1")),
+        (200, "over mtls\n".to_string())
+    );
+    // No plain HTTP, and no shared key: the log server takes none over TLS.
+    let plain = reqwest::blocking::Client::new()
+        .get(format!("http://127.0.0.1:{port}{path}"))
+        .send();
+    assert!(
+        plain.is_err() || !plain.unwrap().status().is_success(),
+        "the log server answered plain HTTP"
+    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Who this agent is and what it proves: the stable agent id (kept in the data dir
 //! and in the sandbox root), the token it sends the master, and the log server's key
-//! and the gate that asks for it.
+//! and the gate that asks for it (or, over TLS, for a master's certificate).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -90,10 +90,11 @@ pub(super) fn new_logs_key() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The secrets the agent's HTTP server accepts.
+/// What the agent's HTTP server accepts.
 pub(super) struct Keys {
     /// The log server's key, given to the master at registration: every route.
-    pub logs: String,
+    /// None when the log server serves TLS: a master's client certificate instead.
+    pub logs: Option<String>,
     /// The token of `metrics_token_file`: `GET /metrics` only.
     pub metrics: Option<String>,
 }
@@ -118,8 +119,10 @@ fn same_secret(given: &str, key: &str) -> bool {
     given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
-/// The HTTP server's gate: `Authorization: Bearer <logs key>` for every route, or
-/// the metrics token for `GET /metrics`, else 401; `/health` is open.
+/// The HTTP server's gate: `/health` is open; `GET /metrics` takes the metrics
+/// token as a bearer token; every route takes, over TLS, a master's client
+/// certificate (`crate::tls`), else `Authorization: Bearer <logs key>`. Anything
+/// else is 401 (no credential) or 403 (a certificate that is not a master's).
 pub(super) async fn require_logs_key(
     axum::extract::State(keys): axum::extract::State<Arc<Keys>>,
     request: axum::extract::Request,
@@ -138,17 +141,34 @@ pub(super) async fn require_logs_key(
         .unwrap_or("");
     let metrics = path == "/metrics";
     let metrics_token = keys.metrics.as_deref().filter(|_| metrics);
-    if same_secret(given, &keys.logs) || metrics_token.is_some_and(|t| same_secret(given, t)) {
+    let cert = request.extensions().get::<crate::tls::PeerCert>();
+    let allowed = match &keys.logs {
+        Some(key) => same_secret(given, key),
+        None => cert.is_some_and(|c| c.is_master()),
+    };
+    if allowed || metrics_token.is_some_and(|t| same_secret(given, t)) {
         return next.run(request).await;
     }
-    let message = if metrics {
-        "the agent's /metrics needs the token of its metrics_token_file as a bearer token (docs/agent.md, Metrics)"
-    } else {
-        "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master"
+    let (status, code, message) = match (&keys.logs, cert) {
+        (None, Some(_)) if !metrics => (
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "this client certificate is not a master's (master.drover): the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master",
+        ),
+        _ if metrics => (
+            axum::http::StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the agent's /metrics needs the token of its metrics_token_file as a bearer token (docs/agent.md, Metrics)",
+        ),
+        _ => (
+            axum::http::StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the agent's logs are read through the master: drover task logs, or GET /v1/tasks/{id}/logs/{process}/{stream} on the master",
+        ),
     };
     (
-        axum::http::StatusCode::UNAUTHORIZED,
-        axum::Json(serde_json::json!({"error": {"code": "unauthorized", "message": message}})),
+        status,
+        axum::Json(serde_json::json!({"error": {"code": code, "message": message}})),
     )
         .into_response()
 }

@@ -213,11 +213,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     if let Err(e) = write_atomic(&addr_file, bound.to_string().as_bytes(), false) {
         tracing::warn!(path = %addr_file.display(), error = %e, "cannot write the bound address; serving anyway");
     }
+    // With its own certificate the agent serves its logs over TLS (crate::tls).
+    let log_tls = match (&cfg.tls_ca, &cfg.tls_identity) {
+        (Some(ca), Some((cert, key))) => {
+            Some(crate::tls::server_config(ca, cert, key).map_err(AgentError::Tls)?)
+        }
+        _ => None,
+    };
+    let scheme = if log_tls.is_some() { "https" } else { "http" };
     let address = cfg.advertise.clone().unwrap_or_else(|| {
         if bound.ip().is_unspecified() {
-            format!("http://{}:{}", cfg.hostname, bound.port())
+            format!("{scheme}://{}:{}", cfg.hostname, bound.port())
         } else {
-            format!("http://{bound}")
+            format!("{scheme}://{bound}")
         }
     });
 
@@ -269,11 +277,15 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     } else {
         read_token(&cfg.token_file)
     };
-    let logs_key = new_logs_key().map_err(|source| AgentError::Dir {
-        what: "reading /dev/urandom for the log server's key",
-        path: PathBuf::from("/dev/urandom"),
-        source,
-    })?;
+    // Over TLS the master's certificate is what the log server requires: no key.
+    let logs_key = match log_tls {
+        Some(_) => None,
+        None => Some(new_logs_key().map_err(|source| AgentError::Dir {
+            what: "reading /dev/urandom for the log server's key",
+            path: PathBuf::from("/dev/urandom"),
+            source,
+        })?),
+    };
     let (updates_tx, updates_rx) = mpsc::unbounded_channel();
     let (epoch, _) = watch::channel(0u64);
     let versions = AgentVersions {
@@ -317,8 +329,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     tasks.spawn(poll_assignments(shared.clone()));
     tasks.spawn(ticker(shared.clone()));
     // The log server answers the master only: it proxies reads for authorized
-    // callers (docs/auth.md), with the key this agent gave it at registration.
-    // `/metrics` also takes the metrics token (docs/agent.md, "Metrics").
+    // callers (docs/auth.md), with its client certificate over TLS, else with the
+    // key this agent gave it at registration. `/metrics` also takes the metrics
+    // token (docs/agent.md, "Metrics").
     let keys = Keys {
         logs: logs_key,
         metrics: metrics_token,
@@ -332,16 +345,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             Arc::new(keys),
             require_logs_key,
         ));
-    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(async move {
-        let stopped = async move {
-            let _ = stop_rx.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-        {
-            tracing::error!(error = %e, "log server failed");
+        match log_tls {
+            Some(config) => crate::tls::serve(listener, app, config, stop_rx).await,
+            None => {
+                let mut stop_rx = stop_rx;
+                let stopped = async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                };
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stopped)
+                    .await
+                {
+                    tracing::error!(error = %e, "log server failed");
+                }
+            }
         }
     });
     // Serving: the log server is bound and what ran here is re-adopted.

@@ -127,6 +127,16 @@ fn a_roles_tasks_run_as_granted_users_only_on_the_master_and_on_the_agent() {
     // Revoked: flagged, not killed; its next update, restart and cron start refused.
     let shown = cli(&c, &["role", "revoke-user", ROLE, "nobody"]);
     assert!(shown.contains("FLAGGED: job www-data/test/app"), "{shown}");
+    let audit = std::fs::read_to_string(c.dir().join("master/audit.log")).unwrap();
+    for what in ["grant-user", "revoke-user"] {
+        let path = format!("/v1/roles/www-data/{what}");
+        assert!(
+            audit
+                .lines()
+                .any(|l| l.contains(&path) && l.contains("admin")),
+            "{what} is audited: {audit}"
+        );
+    }
     let status = cli(&c, &["job", "status", "www-data/test/app"]);
     assert!(status.contains("FLAGGED: runs as user nobody"), "{status}");
     let (code, metrics) = c.get_status("/metrics").unwrap();

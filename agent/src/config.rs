@@ -58,8 +58,15 @@ pub struct ConfigFile {
     pub hostname: Option<String>,
     /// Pass `--no-isolation` to executors (no cgroups, no user switch).
     pub no_isolation: Option<bool>,
-    /// Pass `--allow-root` to executors.
+    /// Pass `--allow-root` to executors: tasks may run as root (the spec must say
+    /// `task.allow_root` too). Without it no task runs as root, whatever
+    /// `task_users` says.
     pub allow_root: Option<bool>,
+    /// The Unix users this agent runs tasks as, by name or uid range, e.g.
+    /// `["www-data", "1000-60000"]`; default: `nobody`, `www-data` and every uid
+    /// from 1000. An assignment for any other user is refused (FAILED), whatever
+    /// the master says.
+    pub task_users: Option<Vec<String>>,
     /// Executor `--recovery-timeout`, e.g. `15m`.
     pub executor_recovery_timeout: Option<String>,
     /// The name of the cgroup that holds the task cgroups (executor
@@ -124,6 +131,8 @@ pub struct Config {
     pub hostname: String,
     pub no_isolation: bool,
     pub allow_root: bool,
+    /// The users tasks may run as (`task_users`).
+    pub task_users: TaskUsers,
     pub executor_recovery_timeout: Option<Duration>,
     pub cgroup_parent: Option<String>,
     /// Where task cgroups go (`cgroup_delegate`).
@@ -243,6 +252,7 @@ impl ConfigFile {
             hostname,
             no_isolation,
             allow_root,
+            task_users,
             executor_recovery_timeout,
             cgroup_parent,
             cgroup_delegate,
@@ -409,6 +419,10 @@ impl ConfigFile {
                 ),
             ));
         }
+        let task_users = match &self.task_users {
+            None => TaskUsers::default(),
+            Some(entries) => TaskUsers::parse(entries).map_err(|m| invalid("task_users", m))?,
+        };
         let executor_log_max_bytes = match self.executor_log_max_size {
             None => None,
             Some(t) => Some(size("executor_log_max_size", Some(t), 0)?),
@@ -480,6 +494,7 @@ impl ConfigFile {
             hostname,
             no_isolation: self.no_isolation.unwrap_or(false),
             allow_root: self.allow_root.unwrap_or(false),
+            task_users,
             executor_recovery_timeout,
             cgroup_parent: self.cgroup_parent,
             cgroup_delegate,
@@ -495,6 +510,82 @@ impl ConfigFile {
             shutdown_marker: self.shutdown_marker,
             metrics_token_file: self.metrics_token_file,
         })
+    }
+}
+
+/// The Unix users an agent runs tasks as (`task_users`): names, and uid ranges.
+/// Root is not among them unless `allow_root` (see `host::user_refusal`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskUsers {
+    /// Users allowed by name.
+    pub names: Vec<String>,
+    /// Users allowed by uid, inclusive ranges.
+    pub uids: Vec<(u32, u32)>,
+}
+
+/// The lowest uid of the default `task_users` range (Debian's first regular user).
+pub const FIRST_REGULAR_UID: u32 = 1000;
+
+impl Default for TaskUsers {
+    /// `nobody`, `www-data` and every uid from 1000 (but -1).
+    fn default() -> TaskUsers {
+        TaskUsers {
+            names: vec!["nobody".to_string(), "www-data".to_string()],
+            uids: vec![(FIRST_REGULAR_UID, u32::MAX - 1)],
+        }
+    }
+}
+
+impl TaskUsers {
+    /// Reads `task_users` entries: a user name, a uid (`1234`) or a uid range
+    /// (`1000-60000`).
+    pub fn parse(entries: &[String]) -> Result<TaskUsers, String> {
+        let mut users = TaskUsers {
+            names: Vec::new(),
+            uids: Vec::new(),
+        };
+        for entry in entries {
+            let e = entry.trim();
+            let uid = |t: &str| t.trim().parse::<u32>().ok();
+            if let Some((lo, hi)) = e
+                .split_once('-')
+                .and_then(|(l, h)| Some((uid(l)?, uid(h)?)))
+            {
+                if lo > hi {
+                    return Err(format!(
+                        "`{e}`: the range ends below its start; write LOW-HIGH, e.g. 1000-60000"
+                    ));
+                }
+                users.uids.push((lo, hi));
+            } else if let Some(n) = uid(e) {
+                users.uids.push((n, n));
+            } else if drover_common::spec::is_valid_name(e) {
+                users.names.push(e.to_string());
+            } else {
+                return Err(format!(
+                    "`{e}` is neither a user name nor a uid range; write e.g. [\"www-data\", \"1000-60000\"]"
+                ));
+            }
+        }
+        Ok(users)
+    }
+
+    /// For people: `nobody, www-data, uids 1000-4294967294`.
+    pub fn describe(&self) -> String {
+        let names = self.names.iter().cloned();
+        let uids = self.uids.iter().map(|(lo, hi)| {
+            if lo == hi {
+                format!("uid {lo}")
+            } else {
+                format!("uids {lo}-{hi}")
+            }
+        });
+        let all: Vec<String> = names.chain(uids).collect();
+        if all.is_empty() {
+            "none".to_string()
+        } else {
+            all.join(", ")
+        }
     }
 }
 
@@ -596,6 +687,25 @@ mod tests {
         assert!(c.executor_fork_server, "executors are forked by default");
         let off: ConfigFile = toml::from_str("executor_fork_server = false").unwrap();
         assert!(!off.resolve(&host()).unwrap().executor_fork_server);
+    }
+
+    #[test]
+    fn task_users_take_names_uids_and_ranges_and_refuse_anything_else() {
+        let c = ConfigFile::default().resolve(&host()).unwrap();
+        assert_eq!(c.task_users, TaskUsers::default());
+        let file: ConfigFile =
+            toml::from_str(r#"task_users = ["www-data", "1000-60000", "7"]"#).unwrap();
+        let users = file.resolve(&host()).unwrap().task_users;
+        assert_eq!(users.names, vec!["www-data".to_string()]);
+        assert_eq!(users.uids, vec![(1000, 60000), (7, 7)]);
+        for bad in ["60000-1000", "a b", ""] {
+            let file = ConfigFile {
+                task_users: Some(vec![bad.to_string()]),
+                ..ConfigFile::default()
+            };
+            let err = file.resolve(&host()).unwrap_err();
+            assert_eq!(err.field(), Some("task_users"), "{bad}: {err}");
+        }
     }
 
     #[test]

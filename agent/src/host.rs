@@ -17,6 +17,7 @@ use drover_common::wire::{
     task_set_digest, Assignment, AssignmentSet, ExecutorStatus, StatusUpdate,
 };
 
+use crate::config::TaskUsers;
 use crate::converge::{
     converge, held_task_ids, lease_kills, Action, KillCause, LocalTask, LocalTasks,
 };
@@ -87,6 +88,46 @@ pub fn next_seq(known: impl IntoIterator<Item = u64>) -> u64 {
     known.into_iter().max().unwrap_or(0) + 1
 }
 
+/// Why this agent refuses to run a task as `user` (`uid` on this host; None: no
+/// such user here), or None when it may: root (by name or uid 0) only with
+/// `allow_root`, whatever `users` lists; anyone else when `users` names the user
+/// or holds its uid.
+pub fn user_refusal(
+    users: &TaskUsers,
+    allow_root: bool,
+    user: &str,
+    uid: Option<u32>,
+) -> Option<String> {
+    if user == "root" || uid == Some(0) {
+        return (!allow_root).then(|| {
+            format!(
+                "task user `{user}` is root (uid 0), which this agent runs no task as; set allow_root in its config to allow it"
+            )
+        });
+    }
+    if users.names.iter().any(|n| n == user) {
+        return None;
+    }
+    let uid_text = match uid {
+        Some(uid) if users.uids.iter().any(|(lo, hi)| (*lo..=*hi).contains(&uid)) => return None,
+        Some(uid) => format!("uid {uid}"),
+        None => "no such user on this host".to_string(),
+    };
+    Some(format!(
+        "task user `{user}` ({uid_text}) is not in this agent's task_users ({}); run the task as an allowed user or add it to task_users in the agent's config",
+        users.describe()
+    ))
+}
+
+/// The agent's own check of the users tasks run as (see [`user_refusal`]).
+#[derive(Clone, Debug)]
+pub struct UserCheck {
+    pub users: TaskUsers,
+    pub allow_root: bool,
+    /// The uid of a user name on this host (None: no such user).
+    pub uid_of: fn(&str) -> Option<u32>,
+}
+
 /// What the runtime should do after [`Host::apply`] or [`Host::lease_kills`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostAction {
@@ -99,8 +140,9 @@ pub enum HostAction {
         reason: ExitReason,
         cause: KillCause,
     },
-    /// An assignment the agent refuses to run (its id is not a valid name): report
-    /// the verdict; the task is held FAILED.
+    /// An assignment the agent refuses to run (its id is not a valid name, or its
+    /// user is not one this agent runs tasks as): report the verdict; the task is
+    /// held FAILED.
     Refuse(Verdict),
     /// The master wants a task stopped that never ran here: report the verdict
     /// (KILLED); the task is held KILLED.
@@ -144,6 +186,9 @@ pub struct Host<W> {
     watchers: HashMap<String, W>,
     /// Task ids of the latest assignment set, once one arrived.
     desired: Option<HashSet<String>>,
+    /// The users tasks may run as; None: not checked (`no_isolation`: tasks run
+    /// as the agent's own user).
+    users: Option<UserCheck>,
 }
 
 impl<W> Default for Host<W> {
@@ -153,11 +198,30 @@ impl<W> Default for Host<W> {
             terminal_at: HashMap::new(),
             watchers: HashMap::new(),
             desired: None,
+            users: None,
         }
     }
 }
 
 impl<W> Host<W> {
+    /// A host that refuses to start a task as a user `check` does not allow.
+    pub fn with_user_check(check: UserCheck) -> Host<W> {
+        Host {
+            users: Some(check),
+            ..Host::default()
+        }
+    }
+
+    /// Why task `a` may not start here, if it may not.
+    fn refusal(&self, a: &Assignment) -> Option<String> {
+        if !is_valid_name(&a.task.task_id) {
+            return Some("task id is not a valid name ([A-Za-z0-9_.-], 1-64 chars)".into());
+        }
+        let check = self.users.as_ref()?;
+        let user = a.task.task.user.as_deref().unwrap_or(&a.task.role);
+        user_refusal(&check.users, check.allow_root, user, (check.uid_of)(user))
+    }
+
     /// The tasks held, by id.
     pub fn tasks(&self) -> &LocalTasks {
         &self.local
@@ -239,11 +303,8 @@ impl<W> Host<W> {
             match action {
                 Action::Start(a) => {
                     let id = a.task.task_id.clone();
-                    if !is_valid_name(&id) {
-                        let reason = ExitReason::SandboxSetupFailed {
-                            error: "task id is not a valid name ([A-Za-z0-9_.-], 1-64 chars)"
-                                .into(),
-                        };
+                    if let Some(error) = self.refusal(&a) {
+                        let reason = ExitReason::SandboxSetupFailed { error };
                         self.end_here(&id, TaskState::Failed, false, a.exclusive, now_ms);
                         actions.push(HostAction::Refuse(Verdict::ended(
                             &id,

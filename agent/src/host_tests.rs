@@ -8,6 +8,7 @@ use drover_common::wire::{AssignmentSet, ExecutorStatus, StatusUpdate};
 use proptest::prelude::*;
 
 use super::*;
+use crate::config::TaskUsers;
 use crate::converge::tests::assignment;
 use crate::converge::KillCause;
 
@@ -80,6 +81,88 @@ fn a_task_id_that_is_not_a_valid_name_is_refused_failed_once_and_never_started()
     assert_eq!(verdict.message, verdict.reason.to_string());
     assert_eq!(host.tasks()["../etc"].state, TaskState::Failed);
     assert!(host.apply(&set(2, vec![running("../etc")]), 8).is_empty());
+}
+
+/// The uids of a made-up host: www-data 33, postgres 104, alice 1001, root 0.
+fn uid_of(name: &str) -> Option<u32> {
+    match name {
+        "root" | "toor" => Some(0),
+        "www-data" => Some(33),
+        "postgres" => Some(104),
+        "alice" => Some(1001),
+        _ => None,
+    }
+}
+
+fn as_user(id: &str, user: Option<&str>) -> Assignment {
+    let mut a = running(id);
+    a.task.task.user = user.map(str::to_string);
+    a
+}
+
+#[test]
+fn the_default_task_users_are_nobody_www_data_and_regular_uids_never_root() {
+    let users = TaskUsers::default();
+    let refused =
+        |user: &str, allow_root: bool| user_refusal(&users, allow_root, user, uid_of(user));
+    for ok in ["www-data", "nobody", "alice"] {
+        assert_eq!(refused(ok, false), None, "{ok}");
+    }
+    let msg = refused("postgres", false).unwrap();
+    for part in [
+        "`postgres`",
+        "uid 104",
+        "task_users",
+        "nobody, www-data, uids 1000-",
+    ] {
+        assert!(msg.contains(part), "{msg}");
+    }
+    assert!(refused("ghost", false).unwrap().contains("no such user"));
+    // Root, by name or by uid, only with allow_root, whatever the list says.
+    let wide = TaskUsers::parse(&["root".into(), "toor".into(), "0-200".into()]).unwrap();
+    for root in ["root", "toor"] {
+        let msg = user_refusal(&wide, false, root, uid_of(root)).unwrap();
+        assert!(msg.contains("allow_root"), "{msg}");
+        assert_eq!(user_refusal(&users, true, root, uid_of(root)), None);
+    }
+    assert_eq!(user_refusal(&wide, false, "postgres", Some(104)), None);
+}
+
+#[test]
+fn an_assignment_for_a_user_outside_task_users_is_refused_failed_with_the_reason() {
+    let mut host: Host<()> = Host::with_user_check(UserCheck {
+        users: TaskUsers::default(),
+        allow_root: false,
+        uid_of,
+    });
+    let all = vec![
+        as_user("db", Some("postgres")),
+        as_user("web", Some("www-data")),
+        as_user("boss", Some("root")),
+        // Without task.user the role's name is the user: `r`, unknown here.
+        as_user("role", None),
+    ];
+    let actions = host.apply(&set(1, all.clone()), 7);
+    let mut refused: Vec<(&str, &str)> = Vec::new();
+    let mut started = Vec::new();
+    for a in &actions {
+        match a {
+            HostAction::Refuse(v) => {
+                assert_eq!(v.state, TaskState::Failed);
+                assert_eq!(v.message, v.reason.to_string());
+                refused.push((v.task_id.as_str(), v.message.as_str()));
+            }
+            HostAction::Start(a) => started.push(a.task.task_id.as_str()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(started, vec!["web"]);
+    let reason = |id: &str| refused.iter().find(|(t, _)| *t == id).unwrap().1;
+    assert!(reason("db").contains("`postgres` (uid 104) is not in this agent's task_users"));
+    assert!(reason("boss").contains("root"));
+    assert!(reason("role").contains("`r` (no such user on this host)"));
+    assert_eq!(host.tasks()["db"].state, TaskState::Failed);
+    assert!(host.apply(&set(2, all), 8).is_empty(), "refused once");
 }
 
 #[test]

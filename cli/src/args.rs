@@ -70,6 +70,10 @@ pub enum Command {
     /// Cron jobs: list them with their next firing, run one now, deschedule one.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// The Unix users a role's tasks may run as: show them, grant or revoke one
+    /// (admin).
+    #[command(subcommand)]
+    Role(RoleCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
     /// Open the master's web page of the cluster, a role or a job in a browser
@@ -414,6 +418,35 @@ pub enum QuotaCommand {
         /// The role (all when absent).
         role: Option<String>,
         /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `drover role ...`
+#[derive(Debug, Subcommand)]
+pub enum RoleCommand {
+    /// Let ROLE's tasks run as USER (`task.user`) beside the role's own user (admin).
+    GrantUser {
+        /// The role.
+        role: String,
+        /// The Unix user, e.g. backup.
+        user: String,
+    },
+    /// Take USER back from ROLE (admin): its jobs running as USER run on, flagged,
+    /// and their next update, restart or rollback is refused.
+    RevokeUser {
+        /// The role.
+        role: String,
+        /// The Unix user.
+        user: String,
+    },
+    /// The users ROLE's tasks may run as, and its jobs running as one no longer
+    /// granted.
+    Show {
+        /// The role.
+        role: String,
+        /// Print the API's JSON instead of text.
         #[arg(long)]
         json: bool,
     },

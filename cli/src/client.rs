@@ -18,7 +18,7 @@ use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
     ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, CronView,
     HostProbe, HostView, HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources,
-    QuotaView, TaskView, UpdateRequest, UpdateView,
+    QuotaView, RoleUserRequest, RoleView, TaskView, UpdateRequest, UpdateView,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -683,6 +683,31 @@ impl Client {
             None => serde_json::json!({"remove": true}),
         };
         self.post(&format!("/v1/quotas/{role}"), &body).await
+    }
+
+    /// GET /v1/roles/{role}.
+    pub async fn role(&self, role: &str) -> Result<RoleView, ClientError> {
+        if !is_valid_name(role) {
+            return Err(ClientError::BadRole(role.to_string()));
+        }
+        self.get(&format!("/v1/roles/{role}")).await
+    }
+
+    /// POST /v1/roles/{role}/grant-user (`grant`) or .../revoke-user.
+    pub async fn grant_user(
+        &self,
+        role: &str,
+        user: &str,
+        grant: bool,
+    ) -> Result<RoleView, ClientError> {
+        if !is_valid_name(role) {
+            return Err(ClientError::BadRole(role.to_string()));
+        }
+        let what = if grant { "grant-user" } else { "revoke-user" };
+        let body = RoleUserRequest {
+            user: user.to_string(),
+        };
+        self.post(&format!("/v1/roles/{role}/{what}"), &body).await
     }
 
     /// GET /v1/cron.

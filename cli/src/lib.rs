@@ -12,6 +12,7 @@ pub mod open;
 pub mod procs;
 pub mod progress;
 pub mod render;
+pub mod roles;
 pub mod specfile;
 pub mod sys;
 pub mod table;
@@ -81,6 +82,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Cluster(command) => commands::cluster(&endpoint, command).await,
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
+        Command::Role(command) => roles::run(&endpoint, command).await,
         Command::Host(command) => hosts::run(&endpoint, command).await,
         Command::Open { key } => {
             if let Some(note) = &endpoint.note {

@@ -189,6 +189,7 @@ mod tests {
             cron: None,
             configs: BTreeMap::new(),
             update: None,
+            ungranted_user: None,
         }
     }
 

@@ -95,6 +95,9 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
     if let Some(cron) = &view.cron {
         out.push_str(&format!("{}\n", cron_line(cron)));
     }
+    if let Some(user) = &view.ungranted_user {
+        out.push_str(&crate::roles::ungranted_line(&view.spec.role, user));
+    }
     // Which config each instance runs, as hash and ranges.
     let mut by_config: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
     for instance in &view.instances {

@@ -340,6 +340,7 @@ mod tests {
                 .collect(),
             configs: [(hash, old.clone())].into(),
             update: None,
+            ungranted_user: None,
             cron: None,
         }
     }

@@ -433,6 +433,11 @@ pub struct JobView {
     /// The job's latest update, if it had one.
     #[serde(default)]
     pub update: Option<UpdateView>,
+    /// Present when a live task (or the cron template) of the job runs as a user its
+    /// role is not granted: that user. The job runs on; its next update, restart or
+    /// rollback is refused until an admin grants the user again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ungranted_user: Option<String>,
 }
 
 /// A line of GET /v1/jobs.
@@ -486,6 +491,30 @@ pub struct QuotaView {
     /// None: the role is not bounded.
     pub quota: Option<QuotaResources>,
     pub in_use: QuotaResources,
+}
+
+/// Who a role's tasks may run as (GET /v1/roles/{role}): the role's own user (its
+/// name) and the users an admin granted it (`drover role grant-user`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RoleView {
+    pub role: String,
+    /// The user the role's tasks run as without `task.user`: the role's name.
+    pub user: String,
+    /// The other users the role's tasks may run as (`task.user`), sorted.
+    pub granted_users: Vec<String>,
+    /// The role's jobs with tasks running as a user the role is not granted (since
+    /// revoked, or from before grants existed): they run on, flagged, and their
+    /// next update, restart or rollback is refused.
+    #[serde(default)]
+    pub ungranted_jobs: Vec<String>,
+}
+
+/// Body of POST /v1/roles/{role}/grant-user and .../revoke-user.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoleUserRequest {
+    /// The Unix user name, e.g. `backup`.
+    pub user: String,
 }
 
 /// GET /v1/changes?index=N: what changed after index N, as the current views of the

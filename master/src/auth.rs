@@ -63,6 +63,8 @@ pub enum Permission {
     Override,
     /// Set the roles' production quotas (admin).
     ManageQuotas,
+    /// Grant and revoke the users a role's tasks may run as (admin).
+    ManageRoles,
     /// Remove or forbid agents (admin, operator).
     Maintenance,
     /// Read every job and agent (admin, operator).
@@ -82,6 +84,7 @@ impl std::fmt::Display for Permission {
             Permission::ManageTokens => write!(f, "tokens:manage (an admin token)"),
             Permission::Override => write!(f, "override (an admin token)"),
             Permission::ManageQuotas => write!(f, "quotas:manage (an admin token)"),
+            Permission::ManageRoles => write!(f, "roles:manage (an admin token)"),
             Permission::Maintenance => write!(f, "maintenance (an admin or operator token)"),
             Permission::ReadAll => write!(f, "read:all (an admin or operator token)"),
             Permission::ReadJob { role } => {

@@ -1,5 +1,5 @@
 //! The etcd store: the same `Store` as SQLite, kept in an etcd cluster under the
-//! key prefix `/drover/` (one key per job, task, agent, config, update, quota and
+//! key prefix `/drover/` (one key per job, task, agent, config, update, quota, user grant and
 //! cron firing, plus `meta/index`), through the etcd-client crate.
 //!
 //! The `Store` trait is synchronous (the group-commit writer is a thread of its own);
@@ -21,7 +21,7 @@
 //! election key still has the create revision it had when the master was elected
 //! (`leader`), so a master that lost its lease can never write again.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -538,6 +538,13 @@ impl EtcdStore {
                 Change::PutQuota(role, None) => ops.push(Op::Delete {
                     key: self.key("quotas", role),
                 }),
+                Change::PutUserGrants(role, users) if users.is_empty() => ops.push(Op::Delete {
+                    key: self.key("user_grants", role),
+                }),
+                Change::PutUserGrants(role, users) => ops.push(put(
+                    self.key("user_grants", role),
+                    json("user grants", role, users)?,
+                )),
                 Change::PutCronFired(job, at) => {
                     ops.push(put(self.key("cron_fired", job), at.to_string()))
                 }
@@ -818,6 +825,10 @@ impl EtcdStore {
                 "quotas" => snap
                     .quotas
                     .push((id.to_string(), decode::<Usage>("quota", id, &value)?)),
+                "user_grants" => snap.user_grants.push((
+                    id.to_string(),
+                    decode::<BTreeSet<String>>("user grants", id, &value)?,
+                )),
                 "cron_fired" => snap
                     .cron_fired
                     .push((id.to_string(), decode::<u64>("cron firing", id, &value)?)),
@@ -901,6 +912,9 @@ pub fn snapshot_changes(snap: Snapshot) -> Vec<Change> {
     }
     for (role, q) in snap.quotas {
         changes.push(Change::PutQuota(role, Some(q)));
+    }
+    for (role, users) in snap.user_grants {
+        changes.push(Change::PutUserGrants(role, users));
     }
     for (job, at) in snap.cron_fired {
         changes.push(Change::PutCronFired(job, at));

@@ -77,6 +77,7 @@ fn permission_of(access: Access, param: impl Fn(&str) -> String) -> Option<Permi
         Access::ManageTokens => Some(Permission::ManageTokens),
         Access::Override => Some(Permission::Override),
         Access::ManageQuotas => Some(Permission::ManageQuotas),
+        Access::ManageRoles => Some(Permission::ManageRoles),
         Access::Agent => Some(Permission::Agent {
             agent_id: param("id"),
         }),

@@ -84,6 +84,8 @@ pub enum Access {
     Override,
     /// An admin token (setting role quotas).
     ManageQuotas,
+    /// An admin token (granting and revoking the users a role's tasks run as).
+    ManageRoles,
     /// An agent token, bound by this registration to the body's `agent_id`.
     AgentRegister,
     /// The agent token bound to the path's `:id`.
@@ -225,6 +227,15 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
             route("POST", "/v1/quotas/:role", ManageQuotas),
             post(set_quota),
         ),
+        (route("GET", "/v1/roles/:role", JobRead), get(get_role)),
+        (
+            route("POST", "/v1/roles/:role/grant-user", ManageRoles),
+            post(grant_user),
+        ),
+        (
+            route("POST", "/v1/roles/:role/revoke-user", ManageRoles),
+            post(revoke_user),
+        ),
         (route("GET", "/v1/cron", ReadAll), get(list_cron)),
         (
             route("POST", "/v1/cron/:role/:env/:name/start", JobWrite),
@@ -347,6 +358,12 @@ impl From<CoreError> for ApiErr {
             CoreError::QuotaExceeded { .. } => {
                 ApiErr::new(StatusCode::FORBIDDEN, "quota_exceeded", msg, Some("quota"))
             }
+            CoreError::UserNotGranted { .. } => ApiErr::new(
+                StatusCode::FORBIDDEN,
+                "user_not_granted",
+                msg,
+                Some("task.user"),
+            ),
             CoreError::BadCron(ref e) => {
                 ApiErr::new(StatusCode::BAD_REQUEST, "invalid_spec", msg, Some(e.field))
             }
@@ -765,6 +782,7 @@ fn ok_reply(reply: Reply) -> Result<Response, ApiErr> {
         Reply::Hosts(h) => Ok(json(StatusCode::OK, &h)),
         Reply::Cluster(c) => Ok(json(StatusCode::OK, &c)),
         Reply::Quota(q) => Ok(json(StatusCode::OK, &q)),
+        Reply::Role(r) => Ok(json(StatusCode::OK, &r)),
         other => Err(unexpected(other)),
     }
 }
@@ -1103,6 +1121,109 @@ async fn set_quota(
         }))
     };
     ok_reply(api.master.apply(Event::SetQuota { role, quota }).await?)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/roles/{role}",
+    tag = "roles",
+    params(openapi::RolePath),
+    responses(
+        (status = 200, description = "The users the role's tasks may run as, and its jobs running as a user no longer granted.", body = wire::RoleView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn get_role(State(api): State<Shared>, Path(role): Path<String>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.role_view(&role)))
+}
+
+/// The role and user of a grant or revocation, checked: both valid names, and the
+/// user not the role's own (which its tasks may always run as).
+async fn role_user(role: &str, body: Body) -> Result<String, ApiErr> {
+    let bad = |field: &str, message: String| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_name",
+            message,
+            Some(field),
+        )
+    };
+    if !drover_common::spec::is_valid_name(role) {
+        return Err(bad(
+            "role",
+            format!("`{role}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)"),
+        ));
+    }
+    let req: wire::RoleUserRequest = read_json(body).await?;
+    if !drover_common::spec::is_valid_name(&req.user) {
+        return Err(bad(
+            "user",
+            format!(
+                "`{}` is not a user name (1-64 of A-Z a-z 0-9 _ . -), e.g. backup",
+                req.user
+            ),
+        ));
+    }
+    if req.user == role {
+        return Err(bad(
+            "user",
+            format!("`{role}` is role {role}'s own user: its tasks may always run as it"),
+        ));
+    }
+    Ok(req.user)
+}
+
+/// Lets the role's tasks run as another user (`task.user`).
+#[utoipa::path(
+    post,
+    path = "/v1/roles/{role}/grant-user",
+    tag = "roles",
+    params(openapi::RolePath),
+    request_body = wire::RoleUserRequest,
+    responses(
+        (status = 200, description = "The role's users now (granting a user twice changes nothing).", body = wire::RoleView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn grant_user(
+    State(api): State<Shared>,
+    Path(role): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let user = role_user(&role, body).await?;
+    let event = Event::SetUserGrant {
+        role,
+        user,
+        granted: true,
+    };
+    ok_reply(api.master.apply(event).await?)
+}
+
+/// Takes a user back from the role: its jobs running as it run on, flagged, and
+/// their next update, restart or rollback is refused.
+#[utoipa::path(
+    post,
+    path = "/v1/roles/{role}/revoke-user",
+    tag = "roles",
+    params(openapi::RolePath),
+    request_body = wire::RoleUserRequest,
+    responses(
+        (status = 200, description = "The role's users now, with the jobs flagged (revoking a user not granted changes nothing).", body = wire::RoleView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+async fn revoke_user(
+    State(api): State<Shared>,
+    Path(role): Path<String>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let user = role_user(&role, body).await?;
+    let event = Event::SetUserGrant {
+        role,
+        user,
+        granted: false,
+    };
+    ok_reply(api.master.apply(event).await?)
 }
 
 #[utoipa::path(

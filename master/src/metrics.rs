@@ -142,6 +142,8 @@ pub fn render(state: &MetricsState) -> String {
             .set(*n as i64);
     }
     pending.set(state.pending as i64);
+    let ungranted = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    ungranted.set(state.jobs_ungranted_user as i64);
     registry.register(
         "tasks",
         "Tasks by state and tier (current and kept history)",
@@ -157,6 +159,11 @@ pub fn render(state: &MetricsState) -> String {
         "agents",
         "Agents by reachability and maintenance mode",
         agents,
+    );
+    registry.register(
+        "jobs_ungranted_user",
+        "Jobs running tasks as a user their role is not granted (revoked since; their next update is refused)",
+        ungranted,
     );
     registry.register(
         "placements",

@@ -195,6 +195,7 @@ impl SqliteStore {
                 job TEXT PRIMARY KEY, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS quotas (role TEXT PRIMARY KEY, record TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS user_grants (role TEXT PRIMARY KEY, record TEXT NOT NULL);
              CREATE TABLE IF NOT EXISTS cron_fired (
                 job TEXT PRIMARY KEY, fired_ms INTEGER NOT NULL);",
         )
@@ -381,6 +382,24 @@ fn load_from(conn: &Connection) -> Result<Snapshot, StoreError> {
         })?;
         snap.quotas.push((role, quota));
     }
+    // A store opened read-only may predate `user_grants` (made when opened to write).
+    if has_table(conn, "user_grants").map_err(sql("load user grants"))? {
+        let mut stmt = conn
+            .prepare("SELECT role, record FROM user_grants")
+            .map_err(sql("load user grants"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("load user grants"))?;
+        for row in rows {
+            let (role, record) = row.map_err(sql("load user grants"))?;
+            let users = serde_json::from_str(&record).map_err(|source| StoreError::Decode {
+                what: "user grants",
+                key: role.clone(),
+                source,
+            })?;
+            snap.user_grants.push((role, users));
+        }
+    }
     let mut stmt = conn
         .prepare("SELECT job, fired_ms FROM cron_fired")
         .map_err(sql("load cron firings"))?;
@@ -441,6 +460,16 @@ fn load_from(conn: &Connection) -> Result<Snapshot, StoreError> {
     Ok(snap)
 }
 
+/// Whether the store has table `name`.
+fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        params![name],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+}
+
 /// Whether `job_configs` has its `used_ms` column.
 fn configs_have_used_ms(conn: &Connection) -> rusqlite::Result<bool> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('job_configs')")?;
@@ -465,6 +494,7 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
             Change::DeleteTask(id) => (1, id.as_str()),
             Change::PutAgent(a) => (2, a.id.as_str()),
             Change::PutQuota(role, _) => (3, role.as_str()),
+            Change::PutUserGrants(role, _) => (7, role.as_str()),
             Change::PutCronFired(job, _) => (4, job.as_str()),
             Change::PutUpdate(u) => (5, u.view.job.as_str()),
             Change::Index(_) => (6, "index"),
@@ -505,6 +535,12 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
             .map_err(sql("prepare"))?;
         let mut del_quota = tx
             .prepare_cached("DELETE FROM quotas WHERE role = ?1")
+            .map_err(sql("prepare"))?;
+        let mut put_grants = tx
+            .prepare_cached("INSERT OR REPLACE INTO user_grants (role, record) VALUES (?1, ?2)")
+            .map_err(sql("prepare"))?;
+        let mut del_grants = tx
+            .prepare_cached("DELETE FROM user_grants WHERE role = ?1")
             .map_err(sql("prepare"))?;
         let mut put_task = tx
             .prepare_cached(
@@ -649,6 +685,22 @@ fn commit_to(conn: &mut Connection, changes: &[Change]) -> Result<(), StoreError
                     del_quota
                         .execute(params![role])
                         .map_err(sql("delete quota"))?;
+                }
+                Change::PutUserGrants(role, users) if users.is_empty() => {
+                    del_grants
+                        .execute(params![role])
+                        .map_err(sql("delete user grants"))?;
+                }
+                Change::PutUserGrants(role, users) => {
+                    let json =
+                        serde_json::to_string(users).map_err(|source| StoreError::Encode {
+                            what: "user grants",
+                            key: role.clone(),
+                            source,
+                        })?;
+                    put_grants
+                        .execute(params![role, json])
+                        .map_err(sql("write user grants"))?;
                 }
                 Change::PutCronFired(job, at) => {
                     put_fired

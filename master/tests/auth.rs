@@ -122,6 +122,9 @@ async fn every_route_needs_the_right_token() {
             }
             ("POST", "/v1/agents/:id/updates") => json!({"updates": []}),
             ("POST", "/v1/tokens") => json!({"kind": "roles", "roles": ["x"]}),
+            ("POST", "/v1/roles/:role/grant-user" | "/v1/roles/:role/revoke-user") => {
+                json!({"user": "backup"})
+            }
             ("POST", "/v1/quotas/:role") => {
                 json!({"cpu": 100, "ram_bytes": 1u64 << 40, "disk_bytes": 1u64 << 40})
             }
@@ -146,9 +149,10 @@ async fn every_route_needs_the_right_token() {
                 (Some(&db), &www)
             }
             Access::ReadAll | Access::Maintenance => (Some(&db), &operator),
-            Access::ManageTokens | Access::Override | Access::ManageQuotas => {
-                (Some(&operator), &c.admin)
-            }
+            Access::ManageTokens
+            | Access::Override
+            | Access::ManageQuotas
+            | Access::ManageRoles => (Some(&operator), &c.admin),
             Access::AgentRegister => (Some(&www), &agent1),
             Access::Agent => (Some(&agent2), &agent1),
         };

@@ -160,6 +160,33 @@ fn committed_changes_load_back_exactly_after_reopening() {
 }
 
 #[test]
+fn user_grants_load_back_and_an_emptied_role_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let users = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+    {
+        let mut store = SqliteStore::open(&path).unwrap();
+        store
+            .commit(&[
+                Change::PutUserGrants("www".into(), users(&["backup", "daemon"])),
+                Change::PutUserGrants("db".into(), users(&["postgres"])),
+            ])
+            .unwrap();
+        store
+            .commit(&[
+                Change::PutUserGrants("www".into(), users(&["backup"])),
+                Change::PutUserGrants("db".into(), users(&[])),
+            ])
+            .unwrap();
+    }
+    let snap = SqliteStore::open(&path).unwrap().load().unwrap();
+    assert_eq!(snap.user_grants, vec![("www".into(), users(&["backup"]))]);
+    // The read-only load (a master on a full disk) reads them too.
+    let snap = SqliteStore::load_read_only(&path).unwrap();
+    assert_eq!(snap.user_grants, vec![("www".into(), users(&["backup"]))]);
+}
+
+#[test]
 fn within_one_batch_the_last_change_to_a_row_wins() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(DB_FILE);

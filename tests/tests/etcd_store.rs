@@ -90,6 +90,32 @@ fn a_committed_redo_log_is_finished_at_load_and_an_uncommitted_one_dropped() -> 
 }
 
 #[test]
+fn user_grants_load_back_and_an_emptied_role_is_deleted() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = EtcdCluster::start(dir.path(), 1)?;
+    let conn = connect(&cluster, 128)?;
+    let mut store = EtcdStore::with_prefix(conn.clone(), None, "/g/");
+    store.load()?;
+    let users = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
+    store.commit(&[
+        Change::PutUserGrants("www".into(), users(&["backup", "daemon"])),
+        Change::PutUserGrants("db".into(), users(&["postgres"])),
+    ])?;
+    store.commit(&[
+        Change::PutUserGrants("www".into(), users(&["backup"])),
+        Change::PutUserGrants("db".into(), users(&[])),
+    ])?;
+    let snap = EtcdStore::with_prefix(conn, None, "/g/").load()?;
+    assert_eq!(snap.user_grants, vec![("www".into(), users(&["backup"]))]);
+    let mut etcd = cluster.client()?;
+    assert!(
+        etcd.list("/g/user_grants/db")?.is_empty(),
+        "the row is deleted"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_standbys_reader_reads_at_one_revision_and_writes_nothing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = EtcdCluster::start(dir.path(), 1)?;

@@ -105,6 +105,8 @@ export interface JobView {
   cron?: CronView;
   configs: Record<string, Record<string, unknown>>;
   update: UpdateView | null;
+  /** A user a live task (or the cron template) runs as that the role is no longer granted. */
+  ungranted_user?: string;
 }
 
 export interface Resources {

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::executor::{ExecutorSettings, ForkServer};
-use crate::host::Host;
+use crate::host::{Host, UserCheck};
 use crate::master::MasterClient;
 use crate::outbox::{write_atomic, Outbox, OutboxError};
 use adopt::readopt;
@@ -141,6 +141,15 @@ fn executor_version(binary: &Path) -> String {
 
 /// Locks a mutex, carrying on after a panic elsewhere (the data stays consistent:
 /// every critical section is a few plain assignments).
+/// The uid of user `name` on this host (the system's user database, NSS included),
+/// None when there is no such user.
+fn uid_of(name: &str) -> Option<u32> {
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -292,6 +301,16 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         agent: env!("CARGO_PKG_VERSION").to_string(),
         executor: executor_version(&cfg.executor),
     };
+    // With no_isolation executors switch no user: tasks run as the agent's own.
+    let host = if cfg.no_isolation {
+        Host::default()
+    } else {
+        Host::with_user_check(UserCheck {
+            users: cfg.task_users.clone(),
+            allow_root: cfg.allow_root,
+            uid_of,
+        })
+    };
     let shared = Arc::new(Shared {
         layout: Layout::new(&cfg.sandbox_root),
         client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
@@ -303,7 +322,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         versions,
         agent_id,
         address,
-        tasks: Mutex::new(Host::default()),
+        tasks: Mutex::new(host),
         outbox,
         updates_tx,
         relay: Notify::new(),

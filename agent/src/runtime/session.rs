@@ -69,7 +69,7 @@ fn apply(
                     send_kill(&t, &task_id, reason);
                 }
                 HostAction::Refuse(verdict) => {
-                    tracing::error!(task_id = %verdict.task_id, "refusing a task id that is not a valid name");
+                    tracing::error!(task_id = %verdict.task_id, reason = %verdict.message, "refusing a task");
                     reports.push(verdict);
                 }
                 HostAction::ReportKilled(verdict) => reports.push(verdict),

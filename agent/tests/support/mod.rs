@@ -376,6 +376,8 @@ pub fn config(master: &FakeMaster, dirs: &AgentDirs, extra: ConfigFile) -> Confi
         // The fake executor has no `zygote` command.
         executor_fork_server: Some(false),
         max_backoff: Some("200ms".into()),
+        // The tasks of these tests run as their role, `test` (no such user).
+        task_users: Some(vec!["test".into()]),
         ..ConfigFile::default()
     };
     base.overlay(extra).resolve(&HostFacts::detect()).unwrap()

@@ -340,6 +340,9 @@ impl Core {
     /// and its last firing are unchanged.
     pub(super) fn cron_start(&mut self, key: &str, now: Now) -> Result<Reply, CoreError> {
         self.cron_job(key)?;
+        if let Some(job) = self.jobs.get(key) {
+            self.check_user(&job.spec)?;
+        }
         let tasks = self.cron_fire(key, None, now);
         Ok(Reply::Action(ActionResponse {
             job: key.to_string(),

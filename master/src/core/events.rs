@@ -2,13 +2,14 @@
 //! [`Reply`] or [`CoreError`] for the sender, and the [`Effect`]s (store changes,
 //! agent wake-ups, the next timer) the runtime carries out.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use drover_common::spec::JobSpec;
 use drover_common::state::{MonoMillis, UnixMillis};
 use drover_common::wire::{
     ActionResponse, ClusterView, HeartbeatRequest, HeartbeatResponse, QuotaView, RegisterRequest,
-    RegisterResponse, StatusAck, StatusUpdate, UpdateView,
+    RegisterResponse, RoleView, StatusAck, StatusUpdate, UpdateView,
 };
 
 use super::cron::CronSpecError;
@@ -28,6 +29,8 @@ pub enum Change {
     PutAgent(Box<AgentRecord>),
     /// A role's quota set (Some) or removed (None).
     PutQuota(String, Option<Usage>),
+    /// The users granted to a role now (empty: none, the row goes).
+    PutUserGrants(String, BTreeSet<String>),
     /// The cron job's last scheduled firing handled (wall clock).
     PutCronFired(String, UnixMillis),
     /// The number of the last batch in this commit (added by the store's writer, not
@@ -104,6 +107,12 @@ pub enum Event {
         role: String,
         quota: Option<Usage>,
     },
+    /// POST /v1/roles/{role}/grant-user (`granted`) or .../revoke-user.
+    SetUserGrant {
+        role: String,
+        user: String,
+        granted: bool,
+    },
     /// POST /v1/cron/{key}/start: a run of the cron job now.
     CronStart {
         job: String,
@@ -146,6 +155,8 @@ pub enum Reply {
     Cluster(ClusterView),
     /// A role's quota after the event.
     Quota(QuotaView),
+    /// A role's users after the event.
+    Role(RoleView),
 }
 
 /// Why the core refused an event.
@@ -176,6 +187,8 @@ pub enum CoreError {
         in_use: String,
         asked: String,
     },
+    #[error("task.user `{user}` is not granted to role {role}: its tasks run as `{role}` unless an admin grants another user (drover role grant-user {role} {user})")]
+    UserNotGranted { role: String, user: String },
     #[error(transparent)]
     BadCron(CronSpecError),
     #[error("job {0} is not a cron job")]

@@ -15,6 +15,7 @@ impl Core {
         let key = spec.key().to_string();
         let constraints = constraints_of(&spec)?;
         let schedule = self.schedule_of(&spec)?;
+        self.check_user(&spec)?;
         if let Some(old) = self.jobs.get(&key) {
             let active = old.slots.iter().any(|s| {
                 s.current.iter().chain(s.history.iter()).any(|id| {
@@ -215,9 +216,21 @@ impl Core {
             "killed by request"
         };
         let mut tasks = Vec::new();
+        let instances = self.instances_of(job, instances)?;
+        if restart {
+            // Each replacement runs its instance's config: its user must be granted.
+            let configs: Vec<String> = instances
+                .iter()
+                .filter_map(|i| self.current_of(job, *i))
+                .filter_map(|id| self.tasks.get(&id))
+                .filter(|t| !t.status.state.is_terminal())
+                .map(|t| t.config.clone())
+                .collect();
+            self.check_configs_user(job, &configs)?;
+        }
         // The current task is looked up as each instance comes: an instance named
         // twice meets the task the first round left there.
-        for i in self.instances_of(job, instances)? {
+        for i in instances {
             let Some(id) = self.current_of(job, i) else {
                 continue;
             };

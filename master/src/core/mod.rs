@@ -23,6 +23,8 @@
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
+//! - `user_grants`: the users a role's tasks may run as, and the jobs flagged for
+//!   running as one no longer granted
 //!
 //! A new concern (preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -48,6 +50,7 @@ mod snapshot;
 mod stats;
 mod timers;
 mod update;
+mod user_grants;
 mod views;
 
 use std::cmp::Reverse;
@@ -70,6 +73,7 @@ pub use quota::{check as check_quota, Usage};
 pub use snapshot::{ConfigRecord, Snapshot};
 pub use stats::MetricsState;
 pub use update::UpdateRecord;
+pub use user_grants::{check as check_user, may_run_as, UserGrants};
 
 use eviction_guard::EvictionGuard;
 use maintenance::Drains;
@@ -103,6 +107,8 @@ pub struct Core {
     reserved_wake: BTreeSet<u32>,
     /// Production quotas by role.
     quotas: BTreeMap<String, Usage>,
+    /// The users each role's tasks may run as beside the role's own.
+    user_grants: UserGrants,
     /// Armed timers by monotonic deadline.
     timers: BinaryHeap<Reverse<(MonoMillis, Timer)>>,
     rng: u64,
@@ -149,6 +155,7 @@ impl Core {
             reservations: HashMap::new(),
             reserved_wake: BTreeSet::new(),
             quotas: BTreeMap::new(),
+            user_grants: UserGrants::new(),
             timers: BinaryHeap::new(),
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             seq: 0,
@@ -254,6 +261,11 @@ impl Core {
             }
             Event::ReleaseEvictionGuard => Ok(self.release_guard_by_operator(now)),
             Event::SetQuota { role, quota } => self.set_quota(role, quota),
+            Event::SetUserGrant {
+                role,
+                user,
+                granted,
+            } => self.set_user_grant(role, user, granted),
             Event::CronStart { job } => self.cron_start(&job, now),
             Event::CronDeschedule { job } => self.cron_deschedule(&job, now),
         };

@@ -21,6 +21,8 @@ pub struct Snapshot {
     pub agents: Vec<AgentRecord>,
     /// Production quotas by role.
     pub quotas: Vec<(String, Usage)>,
+    /// The users granted to each role (beside its own).
+    pub user_grants: Vec<(String, std::collections::BTreeSet<String>)>,
     /// Each cron job's last scheduled firing handled (wall clock).
     pub cron_fired: Vec<(String, UnixMillis)>,
     /// The last batch number committed (`Change::Index`); 0 for a new store.
@@ -77,6 +79,11 @@ impl Core {
             core.agents.push(Agent::new(rec, now.mono));
         }
         core.quotas = snapshot.quotas.into_iter().collect();
+        core.user_grants = snapshot
+            .user_grants
+            .into_iter()
+            .filter(|(_, users)| !users.is_empty())
+            .collect();
         let fired: std::collections::HashMap<String, UnixMillis> =
             snapshot.cron_fired.into_iter().collect();
         core.drains = Drains::rebuild(&core.agents, now);

@@ -1,5 +1,6 @@
 //! Counts of the state for the `/metrics` gauges: tasks by state and tier, agents by
-//! reachability and maintenance mode, PENDING tasks and why they wait. Pure, one
+//! reachability and maintenance mode, PENDING tasks and why they wait, jobs running
+//! as a user their role is not granted. Pure, one
 //! pass over the tasks (a scrape of 100,000 tasks stays in milliseconds). Also the
 //! note of an update batch started, handed out as an effect for the counters.
 
@@ -22,6 +23,9 @@ pub struct MetricsState {
     /// reason without its agent count (`insufficient ram on 3 agents` counts as
     /// `insufficient ram`), so the label set stays small.
     pub pending_reasons: Vec<(String, u64)>,
+    /// Jobs with a live task (or a cron template) running as a user their role is
+    /// not granted (see `user_grants`).
+    pub jobs_ungranted_user: u64,
 }
 
 impl Core {
@@ -62,6 +66,7 @@ impl Core {
         let mut reasons: Vec<(String, u64)> = reasons.into_iter().collect();
         reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         state.pending_reasons = reasons;
+        state.jobs_ungranted_user = self.ungranted_jobs(None).len() as u64;
         state
     }
 }

@@ -226,10 +226,15 @@ impl Core {
             });
         }
         let constraints = constraints_of(&spec)?;
+        self.check_user(&spec)?;
         let new_hash = config_hash(&spec);
         let current = self.instance_configs(job);
         let plan =
             plan_update(&current, &new_hash, spec.instances, instances.as_deref()).map_err(bad)?;
+        // The configs a rollback would put back: their users must be granted too.
+        let back = plan.replace.iter().map(|(_, from)| from);
+        let removed = plan.remove.iter().filter_map(|i| current.get(*i as usize));
+        self.check_configs_user(job, back.chain(removed))?;
         let old_config = j.config.clone();
         let before = j.slots.len() as u32;
         // Quota: the config each instance runs once the update is done.
@@ -343,6 +348,7 @@ impl Core {
         if !self.jobs.contains_key(job) {
             return Err(CoreError::NoJob(job.to_string()));
         }
+        self.check_update_users(job, action)?;
         let Some(u) = self
             .updates
             .get_mut(job)
@@ -395,6 +401,35 @@ impl Core {
             self.prune_configs(job);
         }
         Ok(Reply::Update(Box::new(view)))
+    }
+
+    /// Refuses a resume or rollback of job `job`'s update that would start tasks on
+    /// a config whose user the role is not granted (any longer): a rollback's, or
+    /// a resume of one rolling back, the configs the instances go back to; a resume
+    /// forward, the new config.
+    fn check_update_users(&self, job: &str, action: UpdateAction) -> Result<(), CoreError> {
+        let Some(u) = self
+            .updates
+            .get(job)
+            .filter(|u| !u.view.state.is_terminal())
+        else {
+            return Ok(());
+        };
+        let back = match action {
+            UpdateAction::Rollback => true,
+            UpdateAction::Resume => u.paused_from == Some(UpdateState::RollingBack),
+            UpdateAction::Pause | UpdateAction::Abort => return Ok(()),
+        };
+        let configs: Vec<&String> = if back {
+            u.view
+                .instances
+                .iter()
+                .filter_map(|p| p.from.as_ref())
+                .collect()
+        } else {
+            vec![&u.view.to_config]
+        };
+        self.check_configs_user(job, configs)
     }
 
     /// A kill of the job (or some instances) while it is updated ends the update

@@ -66,6 +66,7 @@ impl Core {
                 .map(|h| (h.clone(), job.spec_of(h).as_ref().clone()))
                 .collect(),
             update: self.update_view(key),
+            ungranted_user: self.ungranted_user(key),
         })
     }
 

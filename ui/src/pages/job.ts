@@ -75,7 +75,17 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
         h("option", { value: s, selected: s === filter }, s),
       ),
     );
+    const role = v.key.split("/")[0];
     body.replaceChildren(
+      v.ungranted_user
+        ? h(
+            "p",
+            { class: "alarm", role: "alert", id: "ungranted-user" },
+            `Flagged: this job runs as user ${v.ungranted_user}, which role ${role} is no longer granted. `,
+            "It runs on, but its next update, restart or rollback is refused until an admin grants the user again: ",
+            h("code", {}, `drover role grant-user ${role} ${v.ungranted_user}`),
+          )
+        : "",
       h(
         "dl",
         { class: "facts" },

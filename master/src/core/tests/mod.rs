@@ -28,6 +28,7 @@ mod quota;
 mod reconciliation;
 mod snapshot;
 mod update;
+mod user_grants;
 mod views;
 
 const GIB: u64 = 1 << 30;
@@ -278,6 +279,7 @@ impl World {
         let mut agents = BTreeMap::new();
         let mut fired = BTreeMap::new();
         let mut quotas = BTreeMap::new();
+        let mut grants = BTreeMap::new();
         // The writer stores the last batch number with each commit.
         let mut index = self.core.seq();
         let mut configs = BTreeMap::new();
@@ -320,6 +322,13 @@ impl World {
                 Change::PutCronFired(job, at) => {
                     fired.insert(job.clone(), *at);
                 }
+                Change::PutUserGrants(role, users) => {
+                    if users.is_empty() {
+                        grants.remove(role);
+                    } else {
+                        grants.insert(role.clone(), users.clone());
+                    }
+                }
                 Change::Index(i) => index = *i,
                 Change::PutConfig {
                     job,
@@ -345,6 +354,7 @@ impl World {
             tasks: tasks.into_values().collect(),
             agents: agents.into_values().collect(),
             quotas: quotas.into_iter().collect(),
+            user_grants: grants.into_iter().collect(),
             cron_fired: fired.into_iter().collect(),
             index,
             configs: configs

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Checks that a test run left nothing behind (scripts/test.sh runs it around the tests):
+#   scripts/leftovers.sh baseline FILE   records what exists before the run
+#   scripts/leftovers.sh check FILE      fails (exit 1), naming each one, if anything the
+#                                        run started is still there, then kills the
+#                                        processes it named (--keep: leaves them)
+# What counts as the run's (and was not in the baseline):
+#   - a process whose executable is in this checkout's target/ (a daemon, an executor,
+#     a test binary; build scripts excepted);
+#   - a task of a test cluster: a process whose working directory is (or was, before it
+#     was deleted) in a /tmp/drover-* directory, or that is in a task cgroup
+#     (`.../drover/<task>`, `.../drover-t*`), unless it belongs to another checkout's
+#     cluster (an ancestor is another checkout's drover-executor, or its directory's
+#     `.drover-checkout` names another checkout) or works in a directory of the baseline
+#     (e.g. your own `drover dev`, started before the run);
+#   - a /tmp/drover-* directory (not one another checkout's harness marked), a task
+#     cgroup still there 2 s later, a mount under /tmp/drover-* or /run/netns/drv*, a
+#     network link drv*.
+# On a machine where another checkout runs tests at the same time, its unmarked
+# directories, empty cgroups and namespaces may be named too.
+# Where it looks can be moved (its own test, tests/tests/leftovers.rs, does):
+# LEFTOVERS_ROOT (the checkout), LEFTOVERS_TMP (/tmp), LEFTOVERS_CGROUP (/sys/fs/cgroup),
+# LEFTOVERS_NETNS (/run/netns), LEFTOVERS_LINKS (the link name prefix, drv); with
+# another LEFTOVERS_CGROUP, processes' own cgroups are not looked at.
+set -euo pipefail
+
+root=$(cd "${LEFTOVERS_ROOT:-$(dirname "$0")/..}" && pwd -P)
+tmp=${LEFTOVERS_TMP:-/tmp}
+cgroup_root=${LEFTOVERS_CGROUP:-/sys/fs/cgroup}
+netns=${LEFTOVERS_NETNS:-/run/netns}
+links=${LEFTOVERS_LINKS:-drv}
+target="$root/target/"
+
+usage() {
+  echo "usage: scripts/leftovers.sh baseline|check FILE [--keep]" >&2
+  exit 2
+}
+[ $# -ge 2 ] || usage
+mode=$1
+file=$2
+keep=no
+[ "${3:-}" = "--keep" ] && keep=yes
+
+# The start time of process $1 (field 22 of /proc/PID/stat), "" if it is gone.
+start_time() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 0
+  local rest=${stat##*) }
+  # shellcheck disable=SC2086
+  set -- $rest
+  echo "${20}"
+}
+
+# Whether process $1 is a zombie (already dead, waiting for its parent).
+zombie() {
+  local stat
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 0
+  local rest=${stat##*) }
+  [ "${rest:0:1}" = Z ]
+}
+
+# Every task cgroup under the cgroup root: `.../drover/<task>` and `.../drover-t*`
+# (the fault tests' per-cluster parents), at the root (v2), in each controller's
+# hierarchy (v1) or inside a delegated cgroup.
+task_cgroups() {
+  [ -d "$cgroup_root" ] || return 0
+  find "$cgroup_root" -mindepth 1 -maxdepth 5 -type d \
+    \( -path '*/drover/*' -o -name 'drover-t*' \) -prune -print 2>/dev/null | sort
+}
+
+# Mount points of the run's kinds.
+mounts() {
+  awk '{print $5}' /proc/self/mountinfo |
+    grep -E "^($tmp/drover-|$netns/$links)" | sort -u || true
+}
+
+network_links() {
+  if command -v ip >/dev/null 2>&1; then
+    ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
+      grep -E "^$links" | sort -u || true
+  fi
+}
+
+tmp_dirs() {
+  find "$tmp" -mindepth 1 -maxdepth 1 -type d -name 'drover-*' 2>/dev/null | sort
+}
+
+if [ "$mode" = baseline ]; then
+  {
+    for p in /proc/[0-9]*; do
+      pid=${p#/proc/}
+      st=$(start_time "$pid")
+      [ -n "$st" ] && echo "proc $pid $st"
+    done
+    tmp_dirs | sed 's/^/dir /'
+    task_cgroups | sed 's/^/cgroup /'
+    mounts | sed 's/^/mount /'
+    network_links | sed 's/^/link /'
+  } >"$file"
+  exit 0
+fi
+[ "$mode" = check ] || usage
+[ -f "$file" ] || {
+  echo "leftovers: no baseline $file (run: scripts/leftovers.sh baseline $file)" >&2
+  exit 2
+}
+
+declare -A known=()
+while read -r kind a b; do
+  case $kind in
+  proc) known["proc $a $b"]=1 ;;
+  *) known["$kind $a"]=1 ;;
+  esac
+done <"$file"
+
+baseline_dirs=()
+while read -r kind a _; do
+  [ "$kind" = dir ] && baseline_dirs+=("$a")
+done <"$file"
+
+# Whether process $1 is in the baseline.
+old_process() {
+  local st
+  st=$(start_time "$1")
+  [ -n "${known["proc $1 $st"]:-}" ]
+}
+
+# Whether path $1 is inside a baseline directory.
+in_baseline_dir() {
+  local d
+  for d in "${baseline_dirs[@]}"; do
+    case "$1" in "$d" | "$d"/*) return 0 ;; esac
+  done
+  return 1
+}
+
+# The /tmp/drover-* directory path $1 is in ("" if none), " (deleted)" cut off.
+cluster_dir_of() {
+  local path=${1% (deleted)}
+  case "$path" in
+  "$tmp"/drover-*)
+    local rest=${path#"$tmp"/}
+    echo "$tmp/${rest%%/*}"
+    ;;
+  esac
+}
+
+# Whether directory $1 was marked by another checkout's harness.
+other_checkout_dir() {
+  local marker="$1/.drover-checkout"
+  [ -f "$marker" ] && [ "$(cat "$marker" 2>/dev/null)" != "$root" ]
+}
+
+# Whether an ancestor of process $1 is a drover-executor from elsewhere than this
+# checkout's target/ (a task of another checkout's cluster, or of an installed agent).
+other_checkout_ancestor() {
+  local pid=$1 exe ppid
+  for _ in $(seq 1 16); do
+    ppid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || return 1
+    [ -n "$ppid" ] && [ "$ppid" -gt 1 ] || return 1
+    pid=$ppid
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+    case "$exe" in
+    "$target"*) return 1 ;;
+    */drover-executor) return 0 ;;
+    esac
+  done
+  return 1
+}
+
+command_of() {
+  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | cut -c1-200 || true
+}
+
+found=()
+kill_list=()
+self=$$
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  [ "$pid" = "$self" ] && continue
+  [ -r "$p/stat" ] || continue
+  old_process "$pid" && continue
+  zombie "$pid" && continue
+  exe=$(readlink "$p/exe" 2>/dev/null || true)
+  cwd=$(readlink "$p/cwd" 2>/dev/null || true)
+  why=""
+  case "$exe" in
+  "$target"*/build/*) ;;
+  "$target"*) why="runs ${exe#"$root"/}" ;;
+  esac
+  if [ -z "$why" ]; then
+    dir=$(cluster_dir_of "$cwd")
+    in_task_cgroup=no
+    if [ "$cgroup_root" = /sys/fs/cgroup ] && grep -qE ':/(.*/)?(drover/[^/]+|drover-t[^/]*)(/|$)' "$p/cgroup" 2>/dev/null; then
+      in_task_cgroup=yes
+    fi
+    if [ -n "$dir" ] || [ "$in_task_cgroup" = yes ]; then
+      if { [ -n "$dir" ] && { other_checkout_dir "$dir" || in_baseline_dir "$dir"; }; } ||
+        in_baseline_dir "${cwd% (deleted)}" || other_checkout_ancestor "$pid"; then
+        :
+      elif [ -n "$dir" ]; then
+        why="a test cluster's task (working in $cwd)"
+      else
+        why="in a task cgroup ($(grep -m1 -oE '(drover/[^/]+|drover-t[^/]*)' "$p/cgroup" 2>/dev/null))"
+      fi
+    fi
+  fi
+  if [ -n "$why" ]; then
+    found+=("process $pid, $why: $(command_of "$pid")")
+    kill_list+=("$pid")
+  fi
+done
+
+while read -r d; do
+  [ -n "${known["dir $d"]:-}" ] && continue
+  other_checkout_dir "$d" && continue
+  found+=("directory $d")
+done < <(tmp_dirs)
+
+new_cgroups=()
+while read -r c; do
+  [ -n "$c" ] && [ -z "${known["cgroup $c"]:-}" ] && new_cgroups+=("$c")
+done < <(task_cgroups)
+if [ ${#new_cgroups[@]} -gt 0 ]; then
+  # A cgroup another run is just removing goes away meanwhile.
+  sleep 2
+  for c in "${new_cgroups[@]}"; do
+    [ -d "$c" ] || continue
+    # One holding only another checkout's tasks is theirs (its processes were skipped above).
+    owned=yes
+    while read -r pid; do
+      [ -n "$pid" ] || continue
+      if other_checkout_ancestor "$pid"; then owned=no; fi
+    done <"$c/cgroup.procs"
+    [ "$owned" = yes ] && found+=("cgroup $c")
+  done
+fi
+
+while read -r m; do
+  [ -n "$m" ] && [ -z "${known["mount $m"]:-}" ] && found+=("mount $m")
+done < <(mounts)
+while read -r l; do
+  [ -n "$l" ] && [ -z "${known["link $l"]:-}" ] && found+=("network link $l")
+done < <(network_links)
+
+if [ ${#found[@]} -eq 0 ]; then
+  echo "leftovers: nothing left behind"
+  exit 0
+fi
+echo "leftovers: the run left these behind:" >&2
+for f in "${found[@]}"; do
+  echo "  $f" >&2
+done
+if [ ${#kill_list[@]} -gt 0 ]; then
+  if [ "$keep" = yes ]; then
+    echo "leftovers: processes kept (--keep)" >&2
+  else
+    kill -KILL "${kill_list[@]}" 2>/dev/null || true
+    echo "leftovers: killed the processes above; remove the rest by hand" >&2
+  fi
+fi
+exit 1

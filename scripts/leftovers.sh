@@ -13,8 +13,9 @@
 #     cluster (an ancestor is another checkout's drover-executor, or its directory's
 #     `.drover-checkout` names another checkout) or works in a directory of the baseline
 #     (e.g. your own `drover dev`, started before the run);
-#   - a /tmp/drover-* directory (not one another checkout's harness marked), a task
-#     cgroup still there 2 s later, a mount under /tmp/drover-* or /run/netns/drv*, a
+#   - a /tmp/drover-* directory still there 2 s later (not one another checkout's
+#     harness marked or whose daemons run from another target/), a task cgroup
+#     still there 2 s later, a mount under /tmp/drover-* or /run/netns/drv*, a
 #     network link drv*.
 # On a machine where another checkout runs tests at the same time, its unmarked
 # directories, empty cgroups and namespaces may be named too.
@@ -211,11 +212,38 @@ for p in /proc/[0-9]*; do
   fi
 done
 
+# Whether a daemon of another checkout (run from another target/) names a path in
+# directory $1 on its command line: that checkout's cluster is still running there.
+used_by_other_checkout() {
+  local p exe
+  for p in /proc/[0-9]*; do
+    exe=$(readlink "$p/exe" 2>/dev/null) || continue
+    case "$exe" in
+    "$target"*) continue ;;
+    */target/*) ;;
+    *) continue ;;
+    esac
+    if tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -q "^$1"; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+new_dirs=()
 while read -r d; do
-  [ -n "${known["dir $d"]:-}" ] && continue
-  other_checkout_dir "$d" && continue
-  found+=("directory $d")
+  [ -n "$d" ] && [ -z "${known["dir $d"]:-}" ] && new_dirs+=("$d")
 done < <(tmp_dirs)
+if [ ${#new_dirs[@]} -gt 0 ]; then
+  # One another run is just removing goes away meanwhile.
+  sleep 2
+  for d in "${new_dirs[@]}"; do
+    [ -d "$d" ] || continue
+    other_checkout_dir "$d" && continue
+    used_by_other_checkout "$d" && continue
+    found+=("directory $d")
+  done
+fi
 
 new_cgroups=()
 while read -r c; do
@@ -231,7 +259,7 @@ if [ ${#new_cgroups[@]} -gt 0 ]; then
     while read -r pid; do
       [ -n "$pid" ] || continue
       if other_checkout_ancestor "$pid"; then owned=no; fi
-    done <"$c/cgroup.procs"
+    done < <(cat "$c/cgroup.procs" 2>/dev/null)
     [ "$owned" = yes ] && found+=("cgroup $c")
   done
 fi

@@ -10,9 +10,11 @@
 #   - a task of a test cluster: a process whose working directory is (or was, before it
 #     was deleted) in a /tmp/drover-* directory, or that is in a task cgroup
 #     (`.../drover/<task>`, `.../drover-t*`), unless it belongs to another checkout's
-#     cluster (an ancestor is another checkout's drover-executor, or its directory's
-#     `.drover-checkout` names another checkout) or works in a directory of the baseline
-#     (e.g. your own `drover dev`, started before the run);
+#     cluster (an ancestor is a drover-executor from elsewhere, or its directory's
+#     `.drover-checkout` names another checkout);
+#   - neither when it works in a directory of the baseline or descends from one of this
+#     checkout's daemons of the baseline (your own `drover dev`, started before the
+#     run, starting a task meanwhile);
 #   - a /tmp/drover-* directory still there 2 s later (not one another checkout's
 #     harness marked or whose daemons run from another target/), a task cgroup
 #     still there 2 s later, a mount under /tmp/drover-* or /run/netns/drv*, a
@@ -91,7 +93,15 @@ if [ "$mode" = baseline ]; then
     for p in /proc/[0-9]*; do
       pid=${p#/proc/}
       st=$(start_time "$pid")
-      [ -n "$st" ] && echo "proc $pid $st"
+      [ -n "$st" ] || continue
+      echo "proc $pid $st"
+      # This checkout's daemons already running (your own `drover dev`): what
+      # they start during the run is theirs.
+      exe=$(readlink "$p/exe" 2>/dev/null || true)
+      case "$exe" in
+      "$target"*/build/*) ;;
+      "$target"*) echo "ours $pid $st" ;;
+      esac
     done
     tmp_dirs | sed 's/^/dir /'
     task_cgroups | sed 's/^/cgroup /'
@@ -109,7 +119,7 @@ fi
 declare -A known=()
 while read -r kind a b; do
   case $kind in
-  proc) known["proc $a $b"]=1 ;;
+  proc | ours) known["$kind $a $b"]=1 ;;
   *) known["$kind $a"]=1 ;;
   esac
 done <"$file"
@@ -152,21 +162,41 @@ other_checkout_dir() {
   [ -f "$marker" ] && [ "$(cat "$marker" 2>/dev/null)" != "$root" ]
 }
 
-# Whether an ancestor of process $1 is a drover-executor from elsewhere than this
-# checkout's target/ (a task of another checkout's cluster, or of an installed agent).
-other_checkout_ancestor() {
-  local pid=$1 exe ppid
-  for _ in $(seq 1 16); do
-    ppid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null) || return 1
-    [ -n "$ppid" ] && [ "$ppid" -gt 1 ] || return 1
+# The parent of process $1 ("" if gone).
+parent_of() {
+  local key value
+  while read -r key value; do
+    if [ "$key" = PPid: ]; then
+      echo "$value"
+      return
+    fi
+  done <"/proc/$1/status" 2>/dev/null
+}
+
+# Whose process $1 is, by its ancestors: `baseline` when one is a daemon of this
+# checkout that ran before the run (your own `drover dev` starting a task), `other`
+# when one is a drover-executor from elsewhere than this checkout's target/ (another
+# checkout's cluster, an installed agent), else "".
+lineage() {
+  local pid=$1 exe ppid st
+  for _ in $(seq 1 24); do
+    ppid=$(parent_of "$pid")
+    [ -n "$ppid" ] && [ "$ppid" -gt 1 ] || return 0
     pid=$ppid
+    st=$(start_time "$pid")
+    if [ -n "${known["ours $pid $st"]:-}" ]; then
+      echo baseline
+      return
+    fi
     exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
     case "$exe" in
-    "$target"*) return 1 ;;
-    */drover-executor) return 0 ;;
+    "$target"*) return 0 ;;
+    */drover-executor)
+      echo other
+      return
+      ;;
     esac
   done
-  return 1
 }
 
 command_of() {
@@ -185,19 +215,22 @@ for p in /proc/[0-9]*; do
   exe=$(readlink "$p/exe" 2>/dev/null || true)
   cwd=$(readlink "$p/cwd" 2>/dev/null || true)
   why=""
+  # Started meanwhile by what ran before the run, or working where it did.
+  in_baseline_dir "${cwd% (deleted)}" && continue
+  lineage=$(lineage "$pid")
+  [ "$lineage" = baseline ] && continue
   case "$exe" in
   "$target"*/build/*) ;;
   "$target"*) why="runs ${exe#"$root"/}" ;;
   esac
-  if [ -z "$why" ]; then
+  if [ -z "$why" ] && [ "$lineage" != other ]; then
     dir=$(cluster_dir_of "$cwd")
     in_task_cgroup=no
     if [ "$cgroup_root" = /sys/fs/cgroup ] && grep -qE ':/(.*/)?(drover/[^/]+|drover-t[^/]*)(/|$)' "$p/cgroup" 2>/dev/null; then
       in_task_cgroup=yes
     fi
     if [ -n "$dir" ] || [ "$in_task_cgroup" = yes ]; then
-      if { [ -n "$dir" ] && { other_checkout_dir "$dir" || in_baseline_dir "$dir"; }; } ||
-        in_baseline_dir "${cwd% (deleted)}" || other_checkout_ancestor "$pid"; then
+      if [ -n "$dir" ] && other_checkout_dir "$dir"; then
         :
       elif [ -n "$dir" ]; then
         why="a test cluster's task (working in $cwd)"
@@ -254,11 +287,15 @@ if [ ${#new_cgroups[@]} -gt 0 ]; then
   sleep 2
   for c in "${new_cgroups[@]}"; do
     [ -d "$c" ] || continue
-    # One holding only another checkout's tasks is theirs (its processes were skipped above).
+    # One holding tasks of what ran before the run, or of another checkout, is theirs
+    # (its processes were skipped above).
     owned=yes
     while read -r pid; do
       [ -n "$pid" ] || continue
-      if other_checkout_ancestor "$pid"; then owned=no; fi
+      if old_process "$pid" || [ "$(lineage "$pid")" != "" ] ||
+        in_baseline_dir "$(readlink "/proc/$pid/cwd" 2>/dev/null || true)"; then
+        owned=no
+      fi
     done < <(cat "$c/cgroup.procs" 2>/dev/null)
     [ "$owned" = yes ] && found+=("cgroup $c")
   done

@@ -3,7 +3,9 @@
 #   scripts/leftovers.sh baseline FILE   records what exists before the run
 #   scripts/leftovers.sh check FILE      fails (exit 1), naming each one, if anything the
 #                                        run started is still there, then kills the
-#                                        processes it named (--keep: leaves them)
+#                                        processes it named and removes the task cgroups
+#                                        (--keep: leaves them); directories, mounts and
+#                                        links it only names
 # What counts as the run's (and was not in the baseline):
 #   - a process whose executable is in this checkout's target/ (a daemon, an executor,
 #     a test binary; build scripts excepted);
@@ -279,6 +281,7 @@ if [ ${#new_dirs[@]} -gt 0 ]; then
 fi
 
 new_cgroups=()
+cgroup_list=()
 while read -r c; do
   [ -n "$c" ] && [ -z "${known["cgroup $c"]:-}" ] && new_cgroups+=("$c")
 done < <(task_cgroups)
@@ -297,7 +300,10 @@ if [ ${#new_cgroups[@]} -gt 0 ]; then
         owned=no
       fi
     done < <(cat "$c/cgroup.procs" 2>/dev/null)
-    [ "$owned" = yes ] && found+=("cgroup $c")
+    if [ "$owned" = yes ]; then
+      found+=("cgroup $c")
+      cgroup_list+=("$c")
+    fi
   done
 fi
 
@@ -321,7 +327,15 @@ if [ ${#kill_list[@]} -gt 0 ]; then
     echo "leftovers: processes kept (--keep)" >&2
   else
     kill -KILL "${kill_list[@]}" 2>/dev/null || true
-    echo "leftovers: killed the processes above; remove the rest by hand" >&2
+    echo "leftovers: killed the processes above" >&2
   fi
+fi
+if [ "$keep" = no ] && [ ${#cgroup_list[@]} -gt 0 ]; then
+  # Empty once their processes are gone (the kernel may take a moment).
+  sleep 0.5
+  for c in "${cgroup_list[@]}"; do
+    rmdir "$c" 2>/dev/null || true
+  done
+  echo "leftovers: removed the cgroups above that were empty" >&2
 fi
 exit 1

@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
 # Runs every check and test: formatting, clippy, then all unit, integration and
 # black-box tests. This is the README's test command and what CI runs. Each step
-# prints a header (`==> [N/7] what`) and the time it took, so a failure is easy to place.
+# prints a header (`==> [N/8] what`) and the time it took, so a failure is easy to place.
+# Last, pass or fail, scripts/leftovers.sh checks that the run left no process, task,
+# /tmp/drover-* directory, cgroup or mount behind (it fails the run naming them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What exists before the run is not the run's (e.g. your own `drover dev`).
+mkdir -p target
+baseline=target/leftovers.baseline
+./scripts/leftovers.sh baseline "$baseline"
+check_leftovers() {
+  local status=$?
+  trap - EXIT
+  echo "==> [8/8] leftovers: nothing the run started is still there (scripts/leftovers.sh)"
+  if ! ./scripts/leftovers.sh check "$baseline"; then
+    [ "$status" -ne 0 ] || status=1
+  fi
+  [ "$status" -ne 0 ] || echo "==> all checks passed"
+  exit "$status"
+}
+trap check_leftovers EXIT
 
 step_number=0
 step_started=$SECONDS
@@ -13,7 +31,7 @@ step() {
   fi
   step_number=$((step_number + 1))
   step_started=$SECONDS
-  echo "==> [$step_number/7] $*"
+  echo "==> [$step_number/8] $*"
 }
 
 step "setup: packages the tests need (scripts/setup.sh)"
@@ -40,4 +58,5 @@ step "web UI: dist matches its source, browser suite (ui/tests)"
 ./scripts/ui.sh --check
 (cd ui && npm run --silent browser-test)
 echo "    (took $((SECONDS - step_started))s)"
-echo "==> all checks passed"
+check_leftovers
+

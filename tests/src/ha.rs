@@ -96,6 +96,7 @@ impl HaCluster {
     pub fn start_with(options: HaOptions) -> anyhow::Result<HaCluster> {
         let masters = options.masters;
         let dir = tempfile::Builder::new().prefix("drover-ha-").tempdir()?;
+        crate::reap::mark_checkout(dir.path())?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         for sub in ["logs", "sandbox"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
@@ -433,6 +434,22 @@ impl HaCluster {
         }
         self.wait_leader(WAIT)?;
         self.start_agent()
+    }
+}
+
+impl Drop for HaCluster {
+    /// The agent first (it would start executors again), then its executors and
+    /// their tasks (`reap::sweep`); the masters, etcd members and namespaces go with
+    /// their fields.
+    fn drop(&mut self) {
+        if let Some(mut agent) = self.agent.take() {
+            agent.kill();
+        }
+        let sandbox = self.dir.path().join("sandbox");
+        crate::reap::sweep_and_report("HA cluster", self.dir.path(), &[sandbox], "drover");
+        for k in 0..self.masters.len() {
+            self.kill_master(k);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod ha;
 pub mod load;
 pub mod netns;
+pub mod reap;
 
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt as _;
@@ -650,6 +651,7 @@ impl Cluster {
     /// Starts a master and the agents, and waits until every agent is registered.
     pub fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("drover-bb-").tempdir()?;
+        reap::mark_checkout(dir.path())?;
         // Task processes run as www-data: they must be able to reach their sandbox.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         std::fs::write(dir.path().join("master.toml"), &config.master_config)?;
@@ -989,38 +991,10 @@ impl Cluster {
         out
     }
 
-    /// Kills every executor left in the sandboxes and whatever they ran.
+    /// Kills every executor left in the sandboxes and whatever they ran (tasks in
+    /// their cgroups included), and removes their cgroups (`reap::sweep`).
     fn kill_executors(&self) {
-        let Ok(executor) = bin("drover-executor") else {
-            return;
-        };
-        for root in &self.sandbox_roots {
-            let Ok(entries) = std::fs::read_dir(root) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let sandbox = entry.path();
-                let status = std::fs::read(sandbox.join("status.json"))
-                    .ok()
-                    .and_then(|b| drover_common::wire::checkpointed_status(&b));
-                if let Some(pid) = status.map(|s| s.executor_pid) {
-                    if is_executor(pid) {
-                        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-                    }
-                }
-                let _ = Command::new(&executor)
-                    .arg("cleanup")
-                    .arg("--sandbox")
-                    .arg(&sandbox)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-        // Without cgroups nothing else finds them: kill any process whose working
-        // directory is inside this cluster's directory.
-        kill_processes_under(self.dir());
+        reap::sweep_and_report("test cluster", self.dir(), &self.sandbox_roots, "drover");
     }
 }
 

@@ -418,6 +418,7 @@ impl NetCluster {
         let (claim, lock) = SubnetClaim::take()?;
         let octet = claim.octet;
         let dir = tempfile::Builder::new().prefix("drover-ft-").tempdir()?;
+        crate::reap::mark_checkout(dir.path())?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         std::fs::create_dir_all(dir.path().join("master"))?;
         std::fs::create_dir_all(dir.path().join("logs"))?;
@@ -885,6 +886,10 @@ impl Drop for NetCluster {
         if let Some(mut master) = self.master.take() {
             master.kill();
         }
+        // Whatever left its namespace's reach (or runs in none): by working
+        // directory and task cgroup.
+        let roots: Vec<PathBuf> = self.agents.iter().map(|a| a.sandbox_root.clone()).collect();
+        crate::reap::sweep_and_report("net cluster", self.dir(), &roots, &self.cgroup_parent);
         self.remove_cgroups();
         keep_temp_dir_if_asked(&mut self.dir);
     }

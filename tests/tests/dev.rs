@@ -3,6 +3,7 @@
 
 use std::process::{Command, Stdio};
 
+use drover_tests::reap::SweepOnDrop;
 use drover_tests::{bin, describe, processes_under, running_as_root, workspace_root};
 
 #[test]
@@ -11,6 +12,8 @@ fn drover_dev_runs_hello_world_until_running_and_cleans_up() {
         return;
     }
     let data = tempfile::tempdir().unwrap();
+    // Whatever happens below, nothing it started outlives the test.
+    let _sweep = SweepOnDrop::new(data.path());
     let output = Command::new(bin("drover").unwrap())
         .args([
             "dev",
@@ -83,6 +86,8 @@ fn drover_dev_stops_everything_on_ctrl_c() {
     }
     use std::io::BufRead as _;
     let data = tempfile::tempdir().unwrap();
+    // Whatever happens below, nothing it started outlives the test.
+    let _sweep = SweepOnDrop::new(data.path());
     let mut child = Command::new(bin("drover").unwrap())
         .args(["dev", "--port", "0", "--data-dir"])
         .arg(data.path())

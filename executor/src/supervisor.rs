@@ -28,6 +28,12 @@ pub const RESIDUAL_POLL: Millis = 10;
 /// How long a task stays RUNNING before its executor counts as settled.
 pub const SETTLE: Millis = 2_000;
 
+/// The least time between a status and the next one that only reports changed
+/// processes: changes in between are reported together, so a task whose processes
+/// change all the time (thousands of short runs) costs at most one status a second
+/// (issue 27). A change of the task's state is reported at once, with the list.
+pub const PROCESS_REPORT_INTERVAL: Millis = 1_000;
+
 /// How far ahead the loop sleeps when nothing is due.
 const IDLE: Millis = 3_600_000;
 
@@ -116,6 +122,10 @@ pub struct Supervisor {
     terminal_delivered: bool,
     process_changed: bool,
     release_at: Option<Millis>,
+    /// When the last status was emitted.
+    last_emit: Option<Millis>,
+    /// Processes changed since the last status ([`PROCESS_REPORT_INTERVAL`]).
+    report_due: bool,
 }
 
 impl Supervisor {
@@ -145,6 +155,8 @@ impl Supervisor {
             terminal_delivered: false,
             process_changed: false,
             release_at: None,
+            last_emit: None,
+            report_due: false,
         }
     }
 
@@ -197,8 +209,17 @@ impl Supervisor {
     /// reported as a status.
     pub fn tick(&mut self, now: Millis, io: &mut dyn Io) {
         if self.step(now, io) {
+            self.report_due = true;
+        }
+        if self.report_due && !self.state.is_terminal() && now >= self.report_at() {
             self.emit_same(now, "processes changed".into(), io);
         }
+    }
+
+    /// When changed processes may be reported ([`PROCESS_REPORT_INTERVAL`]).
+    fn report_at(&self) -> Millis {
+        self.last_emit
+            .map_or(0, |at| at.saturating_add(PROCESS_REPORT_INTERVAL))
     }
 
     /// [`Supervisor::tick`]'s work: returns whether processes changed.
@@ -398,6 +419,9 @@ impl Supervisor {
         if let Some(at) = self.release_at {
             next = next.min(at);
         }
+        if self.report_due && !self.state.is_terminal() {
+            next = next.min(self.report_at().max(now));
+        }
         next
     }
 
@@ -534,6 +558,9 @@ impl Supervisor {
             self.release_at = (state == TaskState::Running).then_some(now + SETTLE);
         }
         self.state = state;
+        // Every status carries the whole current list.
+        self.last_emit = Some(now);
+        self.report_due = false;
         io.command(Command::Emit {
             state,
             exit_reason,

@@ -418,3 +418,29 @@ fn running_for_a_while_releases_the_startup_pages_once() {
     s.tick(SETTLE + 10, &mut io);
     assert_eq!(io.count(&Command::ReleaseStartupPages), 1);
 }
+
+#[test]
+fn changed_processes_are_reported_at_most_once_per_interval() {
+    let procs: Vec<ProcessSpec> = (0..50).map(|i| proc(&format!("p{i}"))).collect();
+    let mut s = supervisor(procs, config());
+    let mut io = Fake::default();
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    let statuses = |io: &Fake| io.states().len();
+    let before = statuses(&io);
+    // 49 processes end one after another within one interval: one status at most.
+    for i in 0..49 {
+        s.process_exited(i, OK);
+        s.tick(1 + i as Millis * 10, &mut io);
+    }
+    assert!(statuses(&io) <= before + 1, "{:?}", io.states());
+    // The change is not lost: reported once the interval is over.
+    let due = s.next_deadline(PROCESS_REPORT_INTERVAL - 1);
+    assert!(due <= 2 * PROCESS_REPORT_INTERVAL, "{due}");
+    s.tick(due, &mut io);
+    let after = statuses(&io);
+    assert!(after > before, "{:?}", io.states());
+    // Nothing changed since: nothing more.
+    s.tick(due + 5 * PROCESS_REPORT_INTERVAL, &mut io);
+    assert_eq!(statuses(&io), after);
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_common::state::{now_ms, ExitReason, TaskState};
+use drover_common::validate::MAX_PROCESSES;
 use drover_common::wire::{Assignment, ExecutorStatus, StatusUpdate};
 use tokio::sync::{mpsc, watch};
 
@@ -19,16 +20,31 @@ use crate::sandbox::SandboxIo;
 /// How long a new executor's readiness pipe is waited for before polling its socket.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
-/// The status update that relays an executor's status as it is.
+/// The longest status message relayed, in bytes; a longer one is cut.
+const MAX_MESSAGE: usize = 4096;
+
+/// The status update that relays an executor's status, bounded whatever the task
+/// does: at most [`MAX_PROCESSES`] processes listed (what a valid spec declares; a
+/// spec from before that limit is listed in part) and a message of at most
+/// [`MAX_MESSAGE`] bytes.
 pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
+    let mut message = s.message.clone();
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" [cut]");
+    }
     StatusUpdate {
         task_id: s.task_id.clone(),
         seq: s.seq,
         state: s.state,
         exit_reason: s.exit_reason.clone(),
-        message: s.message.clone(),
+        message,
         timestamp_ms: s.timestamp_ms,
-        processes: s.processes.clone(),
+        processes: s.processes.iter().take(MAX_PROCESSES).cloned().collect(),
     }
 }
 

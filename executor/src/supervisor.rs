@@ -80,8 +80,9 @@ pub trait Io {
     /// Whether health checks are paused (the snooze file exists).
     fn snoozed(&mut self) -> bool;
     /// SIGKILLs everything of the task and waits until nothing is left where it can
-    /// tell (the cgroup); returns how long that took.
-    fn kill_all(&mut self) -> Millis;
+    /// tell (the cgroup), for a bounded time; returns how long that took, and what
+    /// could not be killed in that time (in words), if anything.
+    fn kill_all(&mut self) -> (Millis, Option<String>);
     /// Carries out a command.
     fn command(&mut self, command: Command);
 }
@@ -126,6 +127,8 @@ pub struct Supervisor {
     last_emit: Option<Millis>,
     /// Processes changed since the last status ([`PROCESS_REPORT_INTERVAL`]).
     report_due: bool,
+    /// What SIGKILL could not kill, said in the terminal status.
+    kill_left: Option<String>,
 }
 
 impl Supervisor {
@@ -157,6 +160,7 @@ impl Supervisor {
             release_at: None,
             last_emit: None,
             report_due: false,
+            kill_left: None,
         }
     }
 
@@ -446,10 +450,13 @@ impl Supervisor {
         } else {
             self.machine.outcome()
         };
-        let message = match state {
+        let mut message = match state {
             TaskState::Finished => "all processes succeeded".to_string(),
             _ => reason.to_string(),
         };
+        if let Some(left) = &self.kill_left {
+            message.push_str(&format!("; {left}"));
+        }
         // The steps are reported for a stop, not for the finalization of a task
         // that ended on its own.
         let stopped = self.kill_reason.is_some() || self.health_failure.is_some();
@@ -524,10 +531,11 @@ impl Supervisor {
             Step::KillAll => {
                 self.machine.stop_all();
                 self.machine.abandon_waiting();
-                let took = io.kill_all();
+                let (took, left) = io.kill_all();
                 if let Some(e) = self.escalation.as_mut() {
                     e.killed(took);
                 }
+                self.kill_left = left;
             }
         }
     }

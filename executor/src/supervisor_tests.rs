@@ -42,6 +42,8 @@ struct Fake {
     snoozed: bool,
     kills: usize,
     kill_takes: Millis,
+    /// What SIGKILL leaves behind, in words.
+    kill_leaves: Option<String>,
 }
 
 impl Io for Fake {
@@ -61,9 +63,9 @@ impl Io for Fake {
     fn snoozed(&mut self) -> bool {
         self.snoozed
     }
-    fn kill_all(&mut self) -> Millis {
+    fn kill_all(&mut self) -> (Millis, Option<String>) {
         self.kills += 1;
-        self.kill_takes
+        (self.kill_takes, self.kill_leaves.clone())
     }
     fn command(&mut self, command: Command) {
         self.commands.push(command);
@@ -367,6 +369,35 @@ fn what_outlives_finalization_wait_is_killed() {
             kill_ms: Some(7),
             ..EscalationSteps::default()
         })
+    );
+}
+
+#[test]
+fn what_sigkill_cannot_kill_is_said_in_the_terminal_status() {
+    let mut s = supervisor(vec![proc("a")], config());
+    let mut io = Fake {
+        residue: true,
+        kill_leaves: Some("3 processes of the task survived 10s of SIGKILL".into()),
+        ..Fake::default()
+    };
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    s.kill_requested(0, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+    s.process_exited(0, BAD);
+    s.tick(30_000, &mut io);
+    assert_eq!(s.state(), TaskState::Killed, "the task ends all the same");
+    let message = io
+        .commands
+        .iter()
+        .rev()
+        .find_map(|c| match c {
+            Command::Emit { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        message.ends_with("; 3 processes of the task survived 10s of SIGKILL"),
+        "{message}"
     );
 }
 

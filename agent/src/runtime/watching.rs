@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::validate::MAX_PROCESSES;
-use drover_common::wire::{Assignment, ExecutorStatus, StatusUpdate};
+use drover_common::wire::{Assignment, ExecutorStatus, ExecutorTask, StatusUpdate};
 use tokio::sync::{mpsc, watch};
 
 use super::adopt::recorded_executor_pid;
 use super::{lock, Shared, Tasks};
+use crate::converge;
 use crate::executor::{self, ExecutorProcess};
 use crate::host::{self, Gone, Verdict};
 use crate::sandbox::SandboxIo;
@@ -158,12 +159,13 @@ pub(super) async fn watch_task(
             spawned_at = Some(at);
             connection = spawned.connection;
             let mut child = spawned.child;
+            let pid = child.id();
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 let _ = child.wait().await;
                 let _ = tx.send(true);
             });
-            (Some(rx), None)
+            (Some(rx), pid)
         }
         Watched::Adopted(pid) => (None, pid),
     };
@@ -175,6 +177,19 @@ pub(super) async fn watch_task(
     };
     let mut last = lock(&shared.outbox).last_seq(&id);
     let mut pending_kill: Option<ExitReason> = None;
+    // The first kill request, and when the agent stops waiting for the executor to
+    // end the task (`converge::kill_deadline`).
+    let mut overdue: Option<(tokio::time::Instant, Duration, ExitReason)> = None;
+    let arm = |overdue: &mut Option<(tokio::time::Instant, Duration, ExitReason)>,
+               reason: &ExitReason| {
+        if overdue.is_none() {
+            let task = std::fs::read(shared.layout.task_file(&id))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ExecutorTask>(&b).ok());
+            let wait = converge::kill_deadline(task.as_ref());
+            *overdue = Some((tokio::time::Instant::now() + wait, wait, reason.clone()));
+        }
+    };
     let mut delay = Duration::from_millis(1);
     let mut attempts = 0u32;
     'connect: loop {
@@ -193,7 +208,14 @@ pub(super) async fn watch_task(
             Ok(lines) => lines,
             Err(e) => {
                 while let Ok(r) = kill_rx.try_recv() {
+                    arm(&mut overdue, &r);
                     pending_kill = Some(r);
+                }
+                if let Some((at, wait, reason)) = overdue.clone() {
+                    if tokio::time::Instant::now() >= at && is_alive(&shared) {
+                        let pid = recorded_executor_pid(&shared.layout, &id).or(known_pid);
+                        return kill_overdue(&shared, &id, last, reason, wait, pid).await;
+                    }
                 }
                 if is_alive(&shared) {
                     // Starting up (no socket yet) or between connections. A failed
@@ -214,6 +236,7 @@ pub(super) async fn watch_task(
         };
         tracing::debug!(task_id = %id, after_seq = last, "subscribed to executor");
         if let Some(reason) = pending_kill.take() {
+            arm(&mut overdue, &reason);
             if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                 tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                 pending_kill = Some(reason);
@@ -249,7 +272,14 @@ pub(super) async fn watch_task(
                         continue 'connect;
                     }
                 },
+                _ = sleep_until(overdue.as_ref().map(|o| o.0)) => {
+                    if let Some((_, wait, reason)) = overdue.clone() {
+                        let pid = recorded_executor_pid(&shared.layout, &id).or(known_pid);
+                        return kill_overdue(&shared, &id, last, reason, wait, pid).await;
+                    }
+                }
                 Some(reason) = kill_rx.recv() => {
+                    arm(&mut overdue, &reason);
                     if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                         tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                         pending_kill = Some(reason);
@@ -269,6 +299,55 @@ pub(super) async fn watch_task(
         }
         Gone::Lost => executor_lost(&shared, &id, last).await,
     }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How long the agent's own cleanup of a task may take (`drover-executor cleanup`
+/// gives up on a cgroup it cannot empty after 10 s).
+const CLEANUP_WAIT: Duration = Duration::from_secs(30);
+
+/// The executor did not end its task within `waited` of a kill: the agent kills the
+/// executor and the task's cgroup itself and reports the task KILLED, saying what the
+/// cleanup could not do (e.g. processes in uninterruptible sleep), instead of
+/// leaving it KILLING forever.
+async fn kill_overdue(
+    shared: &Shared,
+    id: &str,
+    last_seen: u64,
+    reason: ExitReason,
+    waited: Duration,
+    pid: Option<u32>,
+) {
+    if let Some(pid) = pid.filter(|p| executor::executor_pid_is_live(*p, &shared.exe_name)) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let left =
+        match tokio::time::timeout(CLEANUP_WAIT, shared.exec.cleanup(&shared.layout, id)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("the cleanup failed: {e}")),
+            Err(_) => Some(format!(
+                "the cleanup did not end within {}s",
+                CLEANUP_WAIT.as_secs()
+            )),
+        };
+    let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
+    let update = numbered(
+        shared,
+        Verdict::kill_overdue(id, reason, waited, left),
+        last_seen.max(checkpoint),
+    );
+    tracing::error!(task_id = %id, seq = update.seq, message = update.message, "kill overdue: the agent ended the task itself");
+    finish(shared, update);
 }
 
 /// The executor died before its task ended: kill what is left, report LOST.

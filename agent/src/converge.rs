@@ -114,11 +114,11 @@ pub const KILL_SLACK: Duration = Duration::from_secs(60);
 /// How long after a kill request the agent waits for the executor to end the task
 /// before it gives up on it (kills the executor and the task's cgroup itself and
 /// reports the task KILLED with why): the escalation's configured waits (the HTTP
-/// lifecycle's two waits, `finalization_wait`) plus [`KILL_SLACK`]. Without the task
-/// file (None), the waits' defaults are assumed generously (5 minutes).
-pub fn kill_deadline(task: Option<&ExecutorTask>) -> Duration {
+/// lifecycle's two waits, `finalization_wait`) plus `slack` ([`KILL_SLACK`]). Without
+/// the task file (None), the waits are assumed generously (5 minutes).
+pub fn kill_deadline(task: Option<&ExecutorTask>, slack: Duration) -> Duration {
     let Some(task) = task else {
-        return Duration::from_secs(300);
+        return Duration::from_secs(300) + slack;
     };
     let http = task
         .lifecycle
@@ -127,7 +127,7 @@ pub fn kill_deadline(task: Option<&ExecutorTask>) -> Duration {
         .map_or(Duration::ZERO, |h| {
             h.graceful_shutdown_wait.get() + h.shutdown_wait.get()
         });
-    http + task.task.finalization_wait.get() + KILL_SLACK
+    http + task.task.finalization_wait.get() + slack
 }
 
 /// The longest an assignment answer may have been in flight (round trip minus the
@@ -213,15 +213,18 @@ pub(crate) mod tests {
     fn a_kill_is_waited_for_as_long_as_its_escalation_may_take_plus_slack() {
         let mut a = assignment("t", DesiredState::Running);
         assert_eq!(
-            kill_deadline(Some(&a.task)),
+            kill_deadline(Some(&a.task), KILL_SLACK),
             a.task.task.finalization_wait.get() + KILL_SLACK
         );
         a.task.lifecycle = Some(serde_json::from_value(serde_json::json!({"http": {}})).unwrap());
         assert_eq!(
-            kill_deadline(Some(&a.task)),
+            kill_deadline(Some(&a.task), KILL_SLACK),
             Duration::from_secs(10) + a.task.task.finalization_wait.get() + KILL_SLACK
         );
-        assert_eq!(kill_deadline(None), Duration::from_secs(300));
+        assert_eq!(
+            kill_deadline(None, KILL_SLACK),
+            Duration::from_secs(300) + KILL_SLACK
+        );
     }
 
     fn set(assignments: Vec<Assignment>) -> AssignmentSet {

@@ -329,6 +329,38 @@ async fn an_update_the_master_refuses_is_dropped_and_the_others_still_go() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_the_executor_cannot_complete_ends_the_task_with_why() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["stuck"]);
+    let mut stuck = assignment("stuck", "stuck-kill");
+    stuck.task.task.finalization_wait = serde_json::from_value(serde_json::json!("1s")).unwrap();
+    master.assign(vec![stuck.clone()]);
+    let mut cfg = config(&master, &dirs, ConfigFile::default());
+    cfg.kill_slack = Duration::from_secs(1);
+    let agent = RunningAgent::start(cfg);
+    master.wait_for_state("stuck", TaskState::Running).await;
+    // The master kills it; the executor goes KILLING and no further.
+    stuck.desired = DesiredState::Shutdown;
+    master.assign(vec![stuck]);
+    master.wait_for_state("stuck", TaskState::Killing).await;
+    let killed = master.wait_for_state("stuck", TaskState::Killed).await;
+    assert_eq!(killed.exit_reason, Some(ExitReason::KilledByRequest));
+    assert!(
+        killed
+            .message
+            .contains("the executor did not end the task within 2s of the kill"),
+        "{}",
+        killed.message
+    );
+    assert!(
+        dirs.drover("stuck").join("cleanups").exists(),
+        "the agent ran the cleanup (the task's cgroup killed)"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();

@@ -186,7 +186,7 @@ pub(super) async fn watch_task(
             let task = std::fs::read(shared.layout.task_file(&id))
                 .ok()
                 .and_then(|b| serde_json::from_slice::<ExecutorTask>(&b).ok());
-            let wait = converge::kill_deadline(task.as_ref());
+            let wait = converge::kill_deadline(task.as_ref(), shared.cfg.kill_slack);
             *overdue = Some((tokio::time::Instant::now() + wait, wait, reason.clone()));
         }
     };

@@ -88,6 +88,16 @@ fn pending_bytes(cluster: &Cluster, address: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// How many status reports the master received (the sum of
+/// `drover_master_agent_update_batch_reports`).
+fn reports_received(cluster: &Cluster) -> u64 {
+    let (_, text) = cluster.get_status("/metrics").unwrap();
+    text.lines()
+        .find(|l| l.contains("agent_update_batch_reports_sum"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// The agent's metrics token.
 const METRICS_TOKEN: &str = "metrics-token-0123456789abcdef";
 
@@ -177,6 +187,7 @@ fn a_hostile_task_neither_bloats_its_agent_nor_blocks_its_neighbours_and_leaves_
         };
     }
 
+    let reports_before = reports_received(&cluster);
     cluster.create_job(&hostile_job()).unwrap();
     let hostile = task_in(&mut cluster, "www-data/test/hostile", TaskState::Running);
     let sandbox = cluster.sandbox_of(&hostile).unwrap();
@@ -236,8 +247,9 @@ fn a_hostile_task_neither_bloats_its_agent_nor_blocks_its_neighbours_and_leaves_
         .unwrap();
     let kill_took = began.elapsed();
     sample!();
+    let reports = reports_received(&cluster) - reports_before;
     eprintln!(
-        "hostile task: {hostile_processes} processes in its sandbox; agent RSS {} KiB at start, at most {} KiB; outbox at most {max_outbox} bytes on disk, {max_pending} bytes pending; neighbour finished in {neighbour_took:?}; kill took {kill_took:?}",
+        "hostile task: {hostile_processes} processes in its sandbox; agent RSS {} KiB at start, at most {} KiB; outbox at most {max_outbox} bytes on disk, {max_pending} bytes pending; neighbour finished in {neighbour_took:?}; kill took {kill_took:?}; {reports} status reports reached the master",
         rss_at_start / 1024,
         max_rss / 1024
     );
@@ -277,4 +289,7 @@ fn a_hostile_task_neither_bloats_its_agent_nor_blocks_its_neighbours_and_leaves_
         max_pending < 256 << 10,
         "pending statuses reached {max_pending} bytes"
     );
+    // About one status a second for the hostile task (its processes change all the
+    // time), a few for the neighbour: not one per process change.
+    assert!(reports < 150, "{reports} status reports");
 }

@@ -207,7 +207,8 @@ impl Outbox {
                 {
                     continue;
                 }
-                outbox.insert(u, segment);
+                let bytes = json_len(&u);
+                outbox.insert(u, segment, bytes);
             }
             if bad > 0 {
                 // Kept (with its damage) until what it holds is acknowledged.
@@ -262,6 +263,7 @@ impl Outbox {
             return Ok(0);
         }
         let mut total = self.bytes;
+        let mut sizes = Vec::with_capacity(fresh.len());
         for u in &mut fresh {
             let mut size = json_len(u);
             if total + size > self.max_bytes && !u.processes.is_empty() {
@@ -271,21 +273,22 @@ impl Outbox {
                 tracing::warn!(task_id = %u.task_id, seq = u.seq, pending_bytes = total, "outbox over its bound: the status is kept without its process list");
             }
             total += size;
+            sizes.push(size);
         }
         let segment = self.append(&fresh)?;
         let n = fresh.len();
         let mut emptied = Vec::new();
-        for u in fresh {
-            emptied.extend(self.insert(u, segment));
+        for (u, bytes) in fresh.into_iter().zip(sizes) {
+            emptied.extend(self.insert(u, segment, bytes));
         }
         self.release(emptied)?;
         Ok(n)
     }
 
-    /// Adds a pending update that lives in `segment`. The task's latest pending
+    /// Adds a pending update of `bytes` as JSON that lives in `segment`. The task's latest pending
     /// update, when it has the same state and is not terminal, is superseded: it is
     /// dropped, and its segment returned if nothing else in it is pending.
-    fn insert(&mut self, u: StatusUpdate, segment: u64) -> Option<u64> {
+    fn insert(&mut self, u: StatusUpdate, segment: u64, bytes: u64) -> Option<u64> {
         let mut emptied = None;
         let latest = self
             .pending
@@ -306,7 +309,6 @@ impl Outbox {
             }
         }
         let key = (u.task_id.clone(), u.seq);
-        let bytes = json_len(&u);
         self.bytes += bytes;
         self.segments
             .entry(segment)

@@ -409,3 +409,44 @@ pub(super) fn send_kill(t: &Tasks, task_id: &str, reason: ExitReason) {
         let _ = tx.send(reason);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::wire::{ProcessState, ProcessStatus};
+
+    #[test]
+    fn a_relayed_status_lists_at_most_max_processes_and_a_bounded_message() {
+        let status = ExecutorStatus {
+            seq: 3,
+            task_id: "t".into(),
+            state: TaskState::Running,
+            exit_reason: None,
+            message: "é".repeat(MAX_MESSAGE),
+            timestamp_ms: 1,
+            executor_pid: 2,
+            processes: (0..MAX_PROCESSES + 50)
+                .map(|i| ProcessStatus {
+                    name: format!("p{i}"),
+                    state: ProcessState::Running,
+                    pid: Some(i as u32),
+                    runs: 1,
+                    failures: 0,
+                    last_exit: None,
+                })
+                .collect(),
+            escalation: None,
+        };
+        let u = update_from_status(&status);
+        assert_eq!(u.processes.len(), MAX_PROCESSES);
+        assert_eq!(u.processes[0].name, "p0");
+        assert!(u.message.len() <= MAX_MESSAGE + " [cut]".len());
+        assert!(u.message.ends_with(" [cut]"));
+        let short = ExecutorStatus {
+            message: "processes changed".into(),
+            processes: Vec::new(),
+            ..status
+        };
+        assert_eq!(update_from_status(&short).message, "processes changed");
+    }
+}

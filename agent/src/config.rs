@@ -155,6 +155,9 @@ pub struct Config {
     pub shutdown_marker: Option<PathBuf>,
     /// The file of the token that reads `GET /metrics`.
     pub metrics_token_file: Option<PathBuf>,
+    /// What a kill is waited for beyond the escalation's waits
+    /// ([`crate::converge::KILL_SLACK`]; not a config key: tests shorten it).
+    pub kill_slack: Duration,
 }
 
 /// A configuration problem, naming the field.
@@ -509,6 +512,7 @@ impl ConfigFile {
             shutdown_drain_timeout,
             shutdown_marker: self.shutdown_marker,
             metrics_token_file: self.metrics_token_file,
+            kill_slack: crate::converge::KILL_SLACK,
         })
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drover_common::state::{DesiredState, ExitReason, TaskState};
-use drover_common::wire::{Assignment, AssignmentSet};
+use drover_common::wire::{Assignment, AssignmentSet, ExecutorTask};
 
 /// A task as this agent holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +107,29 @@ pub fn converge(desired: &AssignmentSet, actual: &LocalTasks) -> Vec<Action> {
     actions
 }
 
+/// What a kill's escalation may take beyond its configured waits before the agent
+/// stops waiting for the executor: its SIGKILL loop's 10 s, and room for a loaded host.
+pub const KILL_SLACK: Duration = Duration::from_secs(60);
+
+/// How long after a kill request the agent waits for the executor to end the task
+/// before it gives up on it (kills the executor and the task's cgroup itself and
+/// reports the task KILLED with why): the escalation's configured waits (the HTTP
+/// lifecycle's two waits, `finalization_wait`) plus `slack` ([`KILL_SLACK`]). Without
+/// the task file (None), the waits are assumed generously (5 minutes).
+pub fn kill_deadline(task: Option<&ExecutorTask>, slack: Duration) -> Duration {
+    let Some(task) = task else {
+        return Duration::from_secs(300) + slack;
+    };
+    let http = task
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.http.as_ref())
+        .map_or(Duration::ZERO, |h| {
+            h.graceful_shutdown_wait.get() + h.shutdown_wait.get()
+        });
+    http + task.task.finalization_wait.get() + slack
+}
+
 /// The longest an assignment answer may have been in flight (round trip minus the
 /// time the master held the poll) for the agent to act on it: half the exclusive
 /// lease, at most 2 s. A longer flight means a partition delayed it: the master may
@@ -184,6 +207,24 @@ pub(crate) mod tests {
             },
             started: false,
         }
+    }
+
+    #[test]
+    fn a_kill_is_waited_for_as_long_as_its_escalation_may_take_plus_slack() {
+        let mut a = assignment("t", DesiredState::Running);
+        assert_eq!(
+            kill_deadline(Some(&a.task), KILL_SLACK),
+            a.task.task.finalization_wait.get() + KILL_SLACK
+        );
+        a.task.lifecycle = Some(serde_json::from_value(serde_json::json!({"http": {}})).unwrap());
+        assert_eq!(
+            kill_deadline(Some(&a.task), KILL_SLACK),
+            Duration::from_secs(10) + a.task.task.finalization_wait.get() + KILL_SLACK
+        );
+        assert_eq!(
+            kill_deadline(None, KILL_SLACK),
+            Duration::from_secs(300) + KILL_SLACK
+        );
     }
 
     fn set(assignments: Vec<Assignment>) -> AssignmentSet {

@@ -57,6 +57,30 @@ impl Verdict {
         }
     }
 
+    /// A task whose executor did not end it within `waited` of a kill for `reason`:
+    /// the agent killed the executor and the task's cgroup itself. KILLED, with what
+    /// the cleanup found in the message (`left`: None when nothing was left).
+    pub fn kill_overdue(
+        task_id: &str,
+        reason: ExitReason,
+        waited: Duration,
+        left: Option<String>,
+    ) -> Verdict {
+        let mut message = format!(
+            "{reason}; the executor did not end the task within {}s of the kill, so the agent killed it and the task's cgroup",
+            waited.as_secs()
+        );
+        if let Some(left) = left {
+            message.push_str(&format!(" ({left})"));
+        }
+        Verdict {
+            task_id: task_id.to_string(),
+            state: TaskState::Killed,
+            reason,
+            message,
+        }
+    }
+
     /// A terminal `state` for `reason`, which is also the message.
     fn ended(task_id: &str, state: TaskState, reason: ExitReason) -> Verdict {
         Verdict {

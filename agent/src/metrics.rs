@@ -89,6 +89,14 @@ pub struct Metrics {
     /// From the agent starting an executor to the task's first processes started
     /// (its STARTING status).
     pub process_start: AtomicHistogram,
+    /// Pending statuses dropped because a later one of the same task and state
+    /// superseded them (docs/agent.md, "Outbox bounds").
+    pub status_superseded: Counter,
+    /// Statuses written without their process list because the outbox was over its
+    /// byte bound.
+    pub status_lists_dropped: Counter,
+    /// Statuses dropped from the outbox because the master refused them one by one.
+    pub updates_refused: Counter,
 }
 
 /// The process's metrics.
@@ -100,6 +108,9 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     kill_escalation: AtomicHistogram::new(ESCALATION),
     kill_escalation_steps: HistogramFamily::new("step", &EscalationSteps::NAMES, ESCALATION_STEP),
     process_start: AtomicHistogram::new(SECONDS),
+    status_superseded: Counter::default(),
+    status_lists_dropped: Counter::default(),
+    updates_refused: Counter::default(),
 });
 
 impl Metrics {
@@ -138,6 +149,8 @@ impl Metrics {
 pub struct Gauges {
     /// Status updates in the outbox, not yet acknowledged by the master.
     pub outbox_updates: usize,
+    /// Their size as JSON, in bytes.
+    pub outbox_bytes: u64,
     /// Age of the oldest of them (0 when empty).
     pub outbox_oldest_age_seconds: f64,
     /// Tasks the agent watches (their executors run).
@@ -162,6 +175,11 @@ pub fn render(gauges: &Gauges) -> String {
         "outbox_updates",
         "Status updates in the durable outbox, not yet acknowledged by the master",
         gauge(gauges.outbox_updates as f64),
+    );
+    registry.register(
+        "outbox_bytes",
+        "Size of the status updates in the durable outbox (as JSON), in bytes",
+        gauge(gauges.outbox_bytes as f64),
     );
     registry.register(
         "outbox_oldest_age_seconds",
@@ -214,6 +232,21 @@ pub fn render(gauges: &Gauges) -> String {
         "process_start_seconds",
         "From the agent starting an executor to the task's first processes started",
         Static(&m.process_start),
+    );
+    registry.register(
+        "status_superseded",
+        "Pending statuses dropped because a later one of the same task and state superseded them",
+        m.status_superseded.clone(),
+    );
+    registry.register(
+        "status_lists_dropped",
+        "Statuses written without their process list because the outbox was over its byte bound",
+        m.status_lists_dropped.clone(),
+    );
+    registry.register(
+        "updates_refused",
+        "Statuses dropped from the outbox because the master refused them one by one",
+        m.updates_refused.clone(),
     );
     drover_common::metrics::text(&registry)
 }
@@ -287,10 +320,12 @@ mod tests {
         assert_eq!(m.health_check_failures.get(), failures_before + 1);
         let text = render(&Gauges {
             outbox_updates: 2,
+            outbox_bytes: 300,
             outbox_oldest_age_seconds: 1.5,
             tasks: 1,
         });
         assert!(text.contains("drover_agent_outbox_updates 2"), "{text}");
+        assert!(text.contains("drover_agent_outbox_bytes 300"), "{text}");
         assert!(
             text.contains("drover_agent_outbox_oldest_age_seconds 1.5"),
             "{text}"

@@ -9,6 +9,14 @@
 //! agents' `<batch:020>.json` files (one JSON array each), still read on open; and
 //! `*.tmp` leftovers of interrupted writes (removed on open).
 //!
+//! Bounded whatever a task does (issue 27): a status that only repeats its task's
+//! state (a process list changed) supersedes the pending one of the same task and
+//! state, which is dropped (the master needs the transitions and the latest list,
+//! not every list in between), so a task holds at most one pending update per state.
+//! Past [`MAX_PENDING_BYTES`] of pending updates a new update is kept without its
+//! process list (the master keeps the last list it got), so the outbox stops growing
+//! with lists while every state change still reaches the master.
+//!
 //! Why segments instead of a file per batch: a file per batch cost an inode created
 //! (temp file + rename + directory fsync) and one freed (on acknowledgement) per
 //! batch. On a journal-less ext4 every inode freed in the last ~30 s is skipped, one
@@ -28,6 +36,9 @@ use drover_common::wire::StatusUpdate;
 /// Size after which the next batch starts a new segment.
 const SEGMENT_MAX: u64 = 1 << 20;
 
+/// Pending bytes (updates as JSON) past which new updates lose their process list.
+pub const MAX_PENDING_BYTES: u64 = 32 << 20;
+
 /// Why the outbox could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
@@ -37,6 +48,19 @@ pub enum OutboxError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// A pending update.
+#[derive(Debug)]
+struct Pending {
+    update: StatusUpdate,
+    segment: u64,
+    bytes: u64,
+}
+
+/// The size of an update as JSON (what it costs in a segment and in a POST).
+fn json_len(u: &StatusUpdate) -> u64 {
+    serde_json::to_vec(u).map_or(0, |v| v.len() as u64)
 }
 
 /// The segment batches are appended to.
@@ -53,8 +77,12 @@ struct Active {
 pub struct Outbox {
     dir: PathBuf,
     next_segment: u64,
-    /// (task id, seq) -> (update, segment it lives in).
-    pending: BTreeMap<(String, u64), (StatusUpdate, u64)>,
+    /// (task id, seq) -> the update, the segment it lives in, its size as JSON.
+    pending: BTreeMap<(String, u64), Pending>,
+    /// The sum of the pending updates' sizes.
+    bytes: u64,
+    /// [`MAX_PENDING_BYTES`] (smaller in tests).
+    max_bytes: u64,
     /// Segment -> the (task, seq) entries in it not yet acknowledged.
     segments: BTreeMap<u64, BTreeSet<(String, u64)>>,
     /// Segments (and old-style batch files) on disk -> their path.
@@ -133,6 +161,8 @@ impl Outbox {
             dir: dir.clone(),
             next_segment: 1,
             pending: BTreeMap::new(),
+            bytes: 0,
+            max_bytes: MAX_PENDING_BYTES,
             segments: BTreeMap::new(),
             files: BTreeMap::new(),
             active: None,
@@ -161,6 +191,7 @@ impl Outbox {
         // In write order, so that an update written twice (a retried write) counts
         // once, in the segment written first.
         found.sort();
+        let mut damaged = BTreeSet::new();
         for (segment, path) in found {
             outbox.next_segment = outbox.next_segment.max(segment + 1);
             let bytes = fs::read(&path).map_err(io("read", &path))?;
@@ -168,24 +199,32 @@ impl Outbox {
             if bad > 0 {
                 tracing::error!(path = %path.display(), bad, "unreadable lines in an outbox segment skipped; their updates may be lost");
             }
-            let mut live = BTreeSet::new();
+            outbox.segments.insert(segment, BTreeSet::new());
+            outbox.files.insert(segment, path);
             for u in updates {
-                if u.seq <= outbox.acked.get(&u.task_id).copied().unwrap_or(0) {
+                if u.seq <= outbox.acked.get(&u.task_id).copied().unwrap_or(0)
+                    || outbox.pending.contains_key(&(u.task_id.clone(), u.seq))
+                {
                     continue;
                 }
-                let key = (u.task_id.clone(), u.seq);
-                if outbox.pending.contains_key(&key) {
-                    continue;
-                }
-                live.insert(key.clone());
-                outbox.pending.insert(key, (u, segment));
+                let bytes = json_len(&u);
+                outbox.insert(u, segment, bytes);
             }
-            if live.is_empty() && bad == 0 {
-                let _ = fs::remove_file(&path);
-            } else {
-                outbox.segments.insert(segment, live);
-                outbox.files.insert(segment, path);
+            if bad > 0 {
+                // Kept (with its damage) until what it holds is acknowledged.
+                damaged.insert(segment);
             }
+        }
+        // Segments with nothing left: all acknowledged, or superseded by later
+        // updates.
+        let emptied: Vec<u64> = outbox
+            .segments
+            .iter()
+            .filter(|(s, live)| live.is_empty() && !damaged.contains(*s))
+            .map(|(s, _)| *s)
+            .collect();
+        for segment in emptied {
+            outbox.remove_segment(segment)?;
         }
         Ok(outbox)
     }
@@ -223,15 +262,67 @@ impl Outbox {
         if fresh.is_empty() {
             return Ok(0);
         }
+        let mut total = self.bytes;
+        let mut sizes = Vec::with_capacity(fresh.len());
+        for u in &mut fresh {
+            let mut size = json_len(u);
+            if total + size > self.max_bytes && !u.processes.is_empty() {
+                u.processes = Vec::new();
+                size = json_len(u);
+                crate::metrics::METRICS.status_lists_dropped.inc();
+                tracing::warn!(task_id = %u.task_id, seq = u.seq, pending_bytes = total, "outbox over its bound: the status is kept without its process list");
+            }
+            total += size;
+            sizes.push(size);
+        }
         let segment = self.append(&fresh)?;
         let n = fresh.len();
-        let live = self.segments.entry(segment).or_default();
-        for u in fresh {
-            let key = (u.task_id.clone(), u.seq);
-            live.insert(key.clone());
-            self.pending.insert(key, (u, segment));
+        let mut emptied = Vec::new();
+        for (u, bytes) in fresh.into_iter().zip(sizes) {
+            emptied.extend(self.insert(u, segment, bytes));
         }
+        self.release(emptied)?;
         Ok(n)
+    }
+
+    /// Adds a pending update of `bytes` as JSON that lives in `segment`. The task's latest pending
+    /// update, when it has the same state and is not terminal, is superseded: it is
+    /// dropped, and its segment returned if nothing else in it is pending.
+    fn insert(&mut self, u: StatusUpdate, segment: u64, bytes: u64) -> Option<u64> {
+        let mut emptied = None;
+        let latest = self
+            .pending
+            .range((u.task_id.clone(), 0)..(u.task_id.clone(), u.seq))
+            .next_back()
+            .filter(|(_, p)| p.update.state == u.state && !u.state.is_terminal())
+            .map(|(k, _)| k.clone());
+        if let Some(key) = latest {
+            if let Some(old) = self.pending.remove(&key) {
+                self.bytes = self.bytes.saturating_sub(old.bytes);
+                crate::metrics::METRICS.status_superseded.inc();
+                if let Some(live) = self.segments.get_mut(&old.segment) {
+                    live.remove(&key);
+                    if live.is_empty() && old.segment != segment {
+                        emptied = Some(old.segment);
+                    }
+                }
+            }
+        }
+        let key = (u.task_id.clone(), u.seq);
+        self.bytes += bytes;
+        self.segments
+            .entry(segment)
+            .or_default()
+            .insert(key.clone());
+        self.pending.insert(
+            key,
+            Pending {
+                update: u,
+                segment,
+                bytes,
+            },
+        );
+        emptied
     }
 
     /// Appends one batch line to the open segment (opening a new one first when
@@ -289,13 +380,24 @@ impl Outbox {
         }
         Ok(segment)
     }
-    /// Up to `max` pending updates, each task's in seq order.
-    pub fn pending(&self, max: usize) -> Vec<StatusUpdate> {
-        self.pending
-            .values()
-            .take(max)
-            .map(|(u, _)| u.clone())
-            .collect()
+    /// Up to `max` pending updates of at most `max_bytes` as JSON together (at least
+    /// one), each task's in seq order.
+    pub fn pending(&self, max: usize, max_bytes: u64) -> Vec<StatusUpdate> {
+        let mut total = 0;
+        let mut out = Vec::new();
+        for p in self.pending.values().take(max) {
+            total += p.bytes;
+            if total > max_bytes && !out.is_empty() {
+                break;
+            }
+            out.push(p.update.clone());
+        }
+        out
+    }
+
+    /// The pending updates' size as JSON, in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// How many updates wait for an acknowledgement.
@@ -306,7 +408,7 @@ impl Outbox {
     /// The wall-clock stamp of the oldest pending update, if any (a scan: for
     /// scrapes, not hot paths).
     pub fn oldest_timestamp_ms(&self) -> Option<u64> {
-        self.pending.values().map(|(u, _)| u.timestamp_ms).min()
+        self.pending.values().map(|p| p.update.timestamp_ms).min()
     }
 
     /// True when nothing waits for an acknowledgement.
@@ -351,16 +453,23 @@ impl Outbox {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in keys {
-                if let Some((_, segment)) = self.pending.remove(&key) {
-                    if let Some(live) = self.segments.get_mut(&segment) {
+                if let Some(p) = self.pending.remove(&key) {
+                    self.bytes = self.bytes.saturating_sub(p.bytes);
+                    if let Some(live) = self.segments.get_mut(&p.segment) {
                         live.remove(&key);
                         if live.is_empty() {
-                            emptied.push(segment);
+                            emptied.push(p.segment);
                         }
                     }
                 }
             }
         }
+        self.release(emptied)
+    }
+
+    /// Frees segments that hold nothing pending any more: the open one is emptied
+    /// in place, the others removed.
+    fn release(&mut self, emptied: Vec<u64>) -> Result<(), OutboxError> {
         for segment in emptied {
             if let Some(active) = self.active.as_mut().filter(|a| a.segment == segment) {
                 // Kept open for the next batch, emptied in place: no inode churn.
@@ -468,11 +577,18 @@ mod tests {
     use super::*;
     use drover_common::state::TaskState;
 
+    /// An update whose state differs from its task's previous seq's, so that no
+    /// update in a run of them supersedes another.
     fn update(task: &str, seq: u64) -> StatusUpdate {
+        let state = if seq.is_multiple_of(2) {
+            TaskState::Running
+        } else {
+            TaskState::Starting
+        };
         StatusUpdate {
             task_id: task.into(),
             seq,
-            state: TaskState::Running,
+            state,
             exit_reason: None,
             message: format!("{task} {seq}"),
             timestamp_ms: 1,
@@ -491,7 +607,7 @@ mod tests {
         }
         let ob = Outbox::open(dir.path()).unwrap();
         let seqs: Vec<(String, u64)> = ob
-            .pending(100)
+            .pending(100, u64::MAX)
             .into_iter()
             .map(|u| (u.task_id, u.seq))
             .collect();
@@ -536,7 +652,7 @@ mod tests {
         assert_eq!(batch_files(dir.path()), 1);
         drop(ob);
         let mut ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("b", 1)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("b", 1)]);
         assert_eq!(ob.last_seq("a"), 2, "the ack record keeps the seq");
         ob.ack(&[("b".into(), 1)]).unwrap();
         assert_eq!(batch_files(dir.path()), 0);
@@ -609,14 +725,14 @@ mod tests {
         assert!(!ob.close_idle_segment().unwrap(), "a6 still waits");
         drop(ob);
         let mut ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("a", 6)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("a", 6)]);
         ob.put(vec![update("a", 7)]).unwrap();
         ob.ack(&[("a".into(), 7)]).unwrap();
         assert_eq!(segment_sizes(dir.path()).len(), 1, "a6's segment is gone");
         assert!(ob.close_idle_segment().unwrap());
         assert!(segment_sizes(dir.path()).is_empty(), "a drained outbox");
         ob.put(vec![update("a", 8)]).unwrap();
-        assert_eq!(ob.pending(10), vec![update("a", 8)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("a", 8)]);
     }
 
     #[test]
@@ -636,7 +752,7 @@ mod tests {
         );
         drop(ob);
         let ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("b", 1)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("b", 1)]);
     }
 
     #[test]
@@ -650,12 +766,15 @@ mod tests {
         f.write_all(b"[{\"task_id\":\"a\",\"se").unwrap();
         drop(f);
         let mut ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("a", 1)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("a", 1)]);
         ob.put(vec![update("a", 2)]).unwrap();
         assert_eq!(segment_sizes(dir.path()).len(), 2, "a new segment");
         drop(ob);
         let ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("a", 1), update("a", 2)]);
+        assert_eq!(
+            ob.pending(10, u64::MAX),
+            vec![update("a", 1), update("a", 2)]
+        );
     }
 
     #[test]
@@ -665,7 +784,7 @@ mod tests {
         let old = dir.path().join("outbox/00000000000000000007.json");
         fs::write(&old, serde_json::to_vec(&vec![update("a", 1)]).unwrap()).unwrap();
         let mut ob = Outbox::open(dir.path()).unwrap();
-        assert_eq!(ob.pending(10), vec![update("a", 1)]);
+        assert_eq!(ob.pending(10, u64::MAX), vec![update("a", 1)]);
         ob.put(vec![update("a", 2)]).unwrap();
         assert!(dir.path().join("outbox/00000000000000000008.log").exists());
         ob.ack(&[("a".into(), 1)]).unwrap();
@@ -677,7 +796,97 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut ob = Outbox::open(dir.path()).unwrap();
         ob.put((1..=10).map(|s| update("a", s)).collect()).unwrap();
-        assert_eq!(ob.pending(4).len(), 4);
-        assert_eq!(ob.pending(4)[3].seq, 4);
+        assert_eq!(ob.pending(4, u64::MAX).len(), 4);
+        assert_eq!(ob.pending(4, u64::MAX)[3].seq, 4);
+    }
+
+    fn with_processes(task: &str, seq: u64, state: TaskState, n: usize) -> StatusUpdate {
+        let mut u = update(task, seq);
+        u.state = state;
+        u.processes = (0..n)
+            .map(|i| drover_common::wire::ProcessStatus {
+                name: format!("worker-{i}"),
+                state: drover_common::wire::ProcessState::Running,
+                pid: Some(1000 + i as u32),
+                runs: 1,
+                failures: 0,
+                last_exit: None,
+            })
+            .collect();
+        u
+    }
+
+    #[test]
+    fn a_later_status_of_the_same_state_supersedes_the_pending_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ob = Outbox::open(dir.path()).unwrap();
+        let starting = with_processes("a", 1, TaskState::Starting, 3);
+        ob.put(vec![starting.clone()]).unwrap();
+        for seq in 2..=500 {
+            ob.put(vec![with_processes("a", seq, TaskState::Running, 3)])
+                .unwrap();
+        }
+        let killed = with_processes("a", 501, TaskState::Killed, 3);
+        ob.put(vec![killed.clone()]).unwrap();
+        // The transitions stay, the lists between them do not.
+        let kept: Vec<(u64, TaskState)> = ob
+            .pending(100, u64::MAX)
+            .iter()
+            .map(|u| (u.seq, u.state))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                (1, TaskState::Starting),
+                (500, TaskState::Running),
+                (501, TaskState::Killed)
+            ]
+        );
+        let sizes: u64 = ob.pending(100, u64::MAX).iter().map(json_len).sum();
+        assert_eq!(ob.bytes(), sizes);
+        // The same after a restart.
+        drop(ob);
+        let mut ob = Outbox::open(dir.path()).unwrap();
+        assert_eq!(ob.len(), 3);
+        assert_eq!(ob.bytes(), sizes);
+        ob.ack(&[("a".into(), 501)]).unwrap();
+        assert_eq!((ob.len(), ob.bytes()), (0, 0));
+        // A terminal status is never superseded, nor one after it.
+        ob.put(vec![with_processes("b", 1, TaskState::Killed, 1)])
+            .unwrap();
+        ob.put(vec![with_processes("b", 2, TaskState::Killed, 1)])
+            .unwrap();
+        assert_eq!(ob.len(), 2);
+    }
+
+    #[test]
+    fn past_the_byte_bound_statuses_lose_their_process_list_not_their_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ob = Outbox::open(dir.path()).unwrap();
+        // 400 tasks of 100 processes each: about 4 MB of lists, over a 1 MiB bound.
+        ob.max_bytes = 1 << 20;
+        let mut seq_state = Vec::new();
+        for chunk in 0..4 {
+            let batch: Vec<StatusUpdate> = (0..100)
+                .map(|t| with_processes(&format!("t{chunk}-{t}"), 1, TaskState::Running, 100))
+                .collect();
+            seq_state.extend(batch.iter().map(|u| (u.task_id.clone(), u.state)));
+            ob.put(batch).unwrap();
+        }
+        assert_eq!(ob.len(), 400);
+        assert!(ob.bytes() <= (1 << 20) + 100_000, "{}", ob.bytes());
+        let all = ob.pending(10_000, u64::MAX);
+        assert!(all.iter().any(|u| u.processes.is_empty()));
+        assert!(all.iter().any(|u| u.processes.len() == 100));
+        let got: Vec<(String, TaskState)> =
+            all.iter().map(|u| (u.task_id.clone(), u.state)).collect();
+        let mut want = seq_state;
+        want.sort();
+        assert_eq!(got, want);
+        // A batch to relay stays under its byte limit (and holds at least one).
+        let batch = ob.pending(1000, 100_000);
+        let size: u64 = batch.iter().map(json_len).sum();
+        assert!(size <= 100_000 && batch.len() > 1, "{size}");
+        assert_eq!(ob.pending(1000, 1).len(), 1);
     }
 }

@@ -296,6 +296,71 @@ async fn updates_wait_in_the_outbox_until_the_master_acknowledges_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_the_master_refuses_is_dropped_and_the_others_still_go() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["bad", "good"]);
+    // Both tasks' statuses wait in the outbox, to go in one batch.
+    master.with(|s| s.fail_updates = true);
+    master.assign(vec![assignment("bad", "run"), assignment("good", "run")]);
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    wait_until(Duration::from_secs(10), || {
+        (dirs.outbox_files() > 0).then_some(())
+    })
+    .await
+    .expect("updates written to the outbox");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The master takes every update but those of `bad` (413 for any batch with one).
+    master.with(|s| {
+        s.refuse_task = Some("bad".into());
+        s.fail_updates = false;
+    });
+    master.wait_for_state("good", TaskState::Running).await;
+    assert!(master.updates_for("bad").is_empty());
+    // Nothing stays behind: `bad`'s updates were dropped, not retried forever.
+    assert!(
+        wait_until(Duration::from_secs(10), || (dirs.outbox_files() == 0)
+            .then_some(()))
+        .await
+        .is_some(),
+        "the outbox drains"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_the_executor_cannot_complete_ends_the_task_with_why() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let _guard = KillExecutorsOnDrop(&dirs, vec!["stuck"]);
+    let mut stuck = assignment("stuck", "stuck-kill");
+    stuck.task.task.finalization_wait = serde_json::from_value(serde_json::json!("1s")).unwrap();
+    master.assign(vec![stuck.clone()]);
+    let mut cfg = config(&master, &dirs, ConfigFile::default());
+    cfg.kill_slack = Duration::from_secs(1);
+    let agent = RunningAgent::start(cfg);
+    master.wait_for_state("stuck", TaskState::Running).await;
+    // The master kills it; the executor goes KILLING and no further.
+    stuck.desired = DesiredState::Shutdown;
+    master.assign(vec![stuck]);
+    master.wait_for_state("stuck", TaskState::Killing).await;
+    let killed = master.wait_for_state("stuck", TaskState::Killed).await;
+    assert_eq!(killed.exit_reason, Some(ExitReason::KilledByRequest));
+    assert!(
+        killed
+            .message
+            .contains("the executor did not end the task within 2s of the kill"),
+        "{}",
+        killed.message
+    );
+    assert!(
+        dirs.drover("stuck").join("cleanups").exists(),
+        "the agent ran the cleanup (the task's cgroup killed)"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_tasks_die_when_the_master_is_unreachable_past_the_lease() {
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();

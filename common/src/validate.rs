@@ -20,6 +20,11 @@ pub const MAX_CPU: f64 = 1024.0;
 pub const MAX_RAM: ByteSize = ByteSize(16 << 40);
 /// The most disk one task may request: 1 PiB.
 pub const MAX_DISK: ByteSize = ByteSize(1 << 50);
+/// The most processes one task spec may declare. Each is tracked, supervised and
+/// listed in every status of the task, so their number bounds what a task costs its
+/// executor, its agent and the master (issue 27: 10,000 declared processes grew one
+/// agent to 2 GB); a task that needs more workers forks them from one process.
+pub const MAX_PROCESSES: usize = 100;
 /// The host attribute whose constraint reserves hosts for one role's job.
 pub const DEDICATED: &str = "dedicated";
 
@@ -309,6 +314,15 @@ fn task(v: &mut Errors, task: &TaskSpec, job: &JobSpec) {
         v.push(
             "task.processes",
             "is empty; add at least one process with a name and a cmdline".to_string(),
+        );
+    }
+    if task.processes.len() > MAX_PROCESSES {
+        v.push(
+            "task.processes",
+            format!(
+                "declares {} processes, more than the maximum of {MAX_PROCESSES}; start the workers from one process (e.g. a shell loop) instead of declaring each",
+                task.processes.len()
+            ),
         );
     }
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();

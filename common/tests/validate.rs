@@ -5,7 +5,7 @@
 use drover_common::parse::parse_job;
 use drover_common::spec::{HealthCheckType, JobSpec, Lifecycle, ProcessSpec};
 use drover_common::units::{ByteSize, Duration};
-use drover_common::validate::{validate, MAX_DISK, MAX_RAM};
+use drover_common::validate::{validate, MAX_DISK, MAX_PROCESSES, MAX_RAM};
 
 fn base() -> JobSpec {
     parse_job(
@@ -163,6 +163,30 @@ fn a_task_needs_a_process_and_unique_process_names() {
         message,
         "`setup` is already the name of task.processes[0]; process names must be unique"
     );
+}
+
+#[test]
+fn a_task_declares_at_most_max_processes() {
+    let add = |j: &mut JobSpec, total: usize| {
+        let template = j.task.processes[0].clone();
+        for i in j.task.processes.len()..total {
+            let mut p = template.clone();
+            p.name = format!("worker-{i}");
+            j.task.processes.push(p);
+        }
+    };
+    assert_eq!(
+        fields_after(|j| add(j, MAX_PROCESSES)),
+        Vec::<String>::new()
+    );
+    let message = message_after(|j| add(j, 10_000));
+    assert_eq!(
+        message,
+        format!("declares 10000 processes, more than the maximum of {MAX_PROCESSES}; start the workers from one process (e.g. a shell loop) instead of declaring each")
+    );
+    let mut job = base();
+    add(&mut job, MAX_PROCESSES + 1);
+    assert_eq!(validate(&job)[0].field, "task.processes");
 }
 
 #[test]

@@ -46,10 +46,18 @@ impl Default for Hub {
 }
 
 impl Hub {
-    /// Records a new status and wakes the subscribers.
+    /// Records a new status and wakes the subscribers. A status of the same
+    /// non-terminal state as the latest one replaces it (it repeats the state with a
+    /// newer process list), so the history holds few statuses however often the
+    /// processes change; a subscriber sees the gap in `seq`.
     pub fn publish(&self, status: ExecutorStatus) {
         let seq = status.seq;
         if let Ok(mut h) = self.history.lock() {
+            if h.last()
+                .is_some_and(|l| l.state == status.state && !l.state.is_terminal())
+            {
+                h.pop();
+            }
             // A daemon restarting for months must not grow this without bound.
             if h.len() >= MAX_HISTORY {
                 h.drain(..MAX_HISTORY / 4);
@@ -207,11 +215,16 @@ mod tests {
     use super::*;
     use drover_common::state::TaskState;
 
+    /// A status whose state differs from the previous seq's (none replaces another).
     fn status(seq: u64) -> ExecutorStatus {
         ExecutorStatus {
             seq,
             task_id: "t".into(),
-            state: TaskState::Running,
+            state: if seq.is_multiple_of(2) {
+                TaskState::Running
+            } else {
+                TaskState::Starting
+            },
             exit_reason: None,
             message: String::new(),
             timestamp_ms: 0,
@@ -242,6 +255,35 @@ mod tests {
         let kept = hub.after(0, true);
         assert!(kept.len() <= MAX_HISTORY);
         assert_eq!(kept.last().map(|s| s.seq), Some(MAX_HISTORY as u64 + 10));
+    }
+
+    #[test]
+    fn a_status_repeating_the_state_replaces_the_latest() {
+        let hub = Hub::default();
+        hub.publish(status(1));
+        for seq in 2..=10_000 {
+            let mut s = status(seq);
+            s.state = TaskState::Running;
+            hub.publish(s);
+        }
+        let mut end = status(10_001);
+        end.state = TaskState::Killed;
+        hub.publish(end.clone());
+        hub.publish(end);
+        let kept: Vec<(u64, TaskState)> = hub
+            .after(0, true)
+            .iter()
+            .map(|s| (s.seq, s.state))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                (1, TaskState::Starting),
+                (10_000, TaskState::Running),
+                (10_001, TaskState::Killed),
+                (10_001, TaskState::Killed)
+            ]
+        );
     }
 
     /// Subscribes on `stream` after `after_seq`: its status lines and its write half.

@@ -758,12 +758,21 @@ impl RunnerIo {
         self.empty_at.get() == Some(self.spawned)
     }
 
-    fn kill_everything(&self) {
+    /// SIGKILLs everything of the task; what could not be killed, in words.
+    fn kill_everything(&self) -> Option<String> {
         match &self.cgroup {
             Some(_) if self.known_empty() => {}
             Some(cg) => {
                 if let Err(e) = cg.kill_all() {
                     crate::diag!("drover-executor: {e}");
+                    return Some(match e {
+                        crate::cgroup::CgroupError::NotEmpty { secs, pids, .. } => format!(
+                            "{} processes of the task survived {secs}s of SIGKILL (in uninterruptible sleep?), e.g. pids {:?}",
+                            pids.len(),
+                            &pids[..pids.len().min(5)]
+                        ),
+                        e => e.to_string(),
+                    });
                 }
             }
             None => {
@@ -772,10 +781,11 @@ impl RunnerIo {
                 }
             }
         }
+        None
     }
 
     fn cleanup_cgroup(&self) {
-        self.kill_everything();
+        let _ = self.kill_everything();
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.remove() {
                 crate::diag!("drover-executor: {e}");
@@ -881,10 +891,10 @@ impl supervisor::Io for RunnerIo {
         self.layout.snoozed()
     }
 
-    fn kill_all(&mut self) -> Millis {
+    fn kill_all(&mut self) -> (Millis, Option<String>) {
         let began = Instant::now();
-        self.kill_everything();
-        began.elapsed().as_millis() as Millis
+        let left = self.kill_everything();
+        (began.elapsed().as_millis() as Millis, left)
     }
 
     fn command(&mut self, command: Command) {

@@ -28,6 +28,12 @@ pub const RESIDUAL_POLL: Millis = 10;
 /// How long a task stays RUNNING before its executor counts as settled.
 pub const SETTLE: Millis = 2_000;
 
+/// The least time between a status and the next one that only reports changed
+/// processes: changes in between are reported together, so a task whose processes
+/// change all the time (thousands of short runs) costs at most one status a second
+/// (issue 27). A change of the task's state is reported at once, with the list.
+pub const PROCESS_REPORT_INTERVAL: Millis = 1_000;
+
 /// How far ahead the loop sleeps when nothing is due.
 const IDLE: Millis = 3_600_000;
 
@@ -74,8 +80,9 @@ pub trait Io {
     /// Whether health checks are paused (the snooze file exists).
     fn snoozed(&mut self) -> bool;
     /// SIGKILLs everything of the task and waits until nothing is left where it can
-    /// tell (the cgroup); returns how long that took.
-    fn kill_all(&mut self) -> Millis;
+    /// tell (the cgroup), for a bounded time; returns how long that took, and what
+    /// could not be killed in that time (in words), if anything.
+    fn kill_all(&mut self) -> (Millis, Option<String>);
     /// Carries out a command.
     fn command(&mut self, command: Command);
 }
@@ -116,6 +123,12 @@ pub struct Supervisor {
     terminal_delivered: bool,
     process_changed: bool,
     release_at: Option<Millis>,
+    /// When the last status was emitted.
+    last_emit: Option<Millis>,
+    /// Processes changed since the last status ([`PROCESS_REPORT_INTERVAL`]).
+    report_due: bool,
+    /// What SIGKILL could not kill, said in the terminal status.
+    kill_left: Option<String>,
 }
 
 impl Supervisor {
@@ -145,6 +158,9 @@ impl Supervisor {
             terminal_delivered: false,
             process_changed: false,
             release_at: None,
+            last_emit: None,
+            report_due: false,
+            kill_left: None,
         }
     }
 
@@ -197,8 +213,17 @@ impl Supervisor {
     /// reported as a status.
     pub fn tick(&mut self, now: Millis, io: &mut dyn Io) {
         if self.step(now, io) {
+            self.report_due = true;
+        }
+        if self.report_due && !self.state.is_terminal() && now >= self.report_at() {
             self.emit_same(now, "processes changed".into(), io);
         }
+    }
+
+    /// When changed processes may be reported ([`PROCESS_REPORT_INTERVAL`]).
+    fn report_at(&self) -> Millis {
+        self.last_emit
+            .map_or(0, |at| at.saturating_add(PROCESS_REPORT_INTERVAL))
     }
 
     /// [`Supervisor::tick`]'s work: returns whether processes changed.
@@ -398,6 +423,9 @@ impl Supervisor {
         if let Some(at) = self.release_at {
             next = next.min(at);
         }
+        if self.report_due && !self.state.is_terminal() {
+            next = next.min(self.report_at().max(now));
+        }
         next
     }
 
@@ -422,10 +450,13 @@ impl Supervisor {
         } else {
             self.machine.outcome()
         };
-        let message = match state {
+        let mut message = match state {
             TaskState::Finished => "all processes succeeded".to_string(),
             _ => reason.to_string(),
         };
+        if let Some(left) = &self.kill_left {
+            message.push_str(&format!("; {left}"));
+        }
         // The steps are reported for a stop, not for the finalization of a task
         // that ended on its own.
         let stopped = self.kill_reason.is_some() || self.health_failure.is_some();
@@ -500,10 +531,11 @@ impl Supervisor {
             Step::KillAll => {
                 self.machine.stop_all();
                 self.machine.abandon_waiting();
-                let took = io.kill_all();
+                let (took, left) = io.kill_all();
                 if let Some(e) = self.escalation.as_mut() {
                     e.killed(took);
                 }
+                self.kill_left = left;
             }
         }
     }
@@ -534,6 +566,9 @@ impl Supervisor {
             self.release_at = (state == TaskState::Running).then_some(now + SETTLE);
         }
         self.state = state;
+        // Every status carries the whole current list.
+        self.last_emit = Some(now);
+        self.report_due = false;
         io.command(Command::Emit {
             state,
             exit_reason,

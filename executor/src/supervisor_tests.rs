@@ -42,6 +42,8 @@ struct Fake {
     snoozed: bool,
     kills: usize,
     kill_takes: Millis,
+    /// What SIGKILL leaves behind, in words.
+    kill_leaves: Option<String>,
 }
 
 impl Io for Fake {
@@ -61,9 +63,9 @@ impl Io for Fake {
     fn snoozed(&mut self) -> bool {
         self.snoozed
     }
-    fn kill_all(&mut self) -> Millis {
+    fn kill_all(&mut self) -> (Millis, Option<String>) {
         self.kills += 1;
-        self.kill_takes
+        (self.kill_takes, self.kill_leaves.clone())
     }
     fn command(&mut self, command: Command) {
         self.commands.push(command);
@@ -371,6 +373,35 @@ fn what_outlives_finalization_wait_is_killed() {
 }
 
 #[test]
+fn what_sigkill_cannot_kill_is_said_in_the_terminal_status() {
+    let mut s = supervisor(vec![proc("a")], config());
+    let mut io = Fake {
+        residue: true,
+        kill_leaves: Some("3 processes of the task survived 10s of SIGKILL".into()),
+        ..Fake::default()
+    };
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    s.kill_requested(0, ExitReason::KilledByRequest, "SIGTERM", &mut io);
+    s.process_exited(0, BAD);
+    s.tick(30_000, &mut io);
+    assert_eq!(s.state(), TaskState::Killed, "the task ends all the same");
+    let message = io
+        .commands
+        .iter()
+        .rev()
+        .find_map(|c| match c {
+            Command::Emit { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        message.ends_with("; 3 processes of the task survived 10s of SIGKILL"),
+        "{message}"
+    );
+}
+
+#[test]
 fn a_task_that_ends_on_its_own_reports_no_escalation_steps() {
     // Finalization stops an ephemeral process: the same steps, but no stop.
     let mut eph = proc("helper");
@@ -417,4 +448,30 @@ fn running_for_a_while_releases_the_startup_pages_once() {
     s.tick(SETTLE, &mut io);
     s.tick(SETTLE + 10, &mut io);
     assert_eq!(io.count(&Command::ReleaseStartupPages), 1);
+}
+
+#[test]
+fn changed_processes_are_reported_at_most_once_per_interval() {
+    let procs: Vec<ProcessSpec> = (0..50).map(|i| proc(&format!("p{i}"))).collect();
+    let mut s = supervisor(procs, config());
+    let mut io = Fake::default();
+    s.client_connected(0);
+    s.begin(0, "ready".into(), &mut io);
+    let statuses = |io: &Fake| io.states().len();
+    let before = statuses(&io);
+    // 49 processes end one after another within one interval: one status at most.
+    for i in 0..49 {
+        s.process_exited(i, OK);
+        s.tick(1 + i as Millis * 10, &mut io);
+    }
+    assert!(statuses(&io) <= before + 1, "{:?}", io.states());
+    // The change is not lost: reported once the interval is over.
+    let due = s.next_deadline(PROCESS_REPORT_INTERVAL - 1);
+    assert!(due <= 2 * PROCESS_REPORT_INTERVAL, "{due}");
+    s.tick(due, &mut io);
+    let after = statuses(&io);
+    assert!(after > before, "{:?}", io.states());
+    // Nothing changed since: nothing more.
+    s.tick(due + 5 * PROCESS_REPORT_INTERVAL, &mut io);
+    assert_eq!(statuses(&io), after);
 }

@@ -16,6 +16,18 @@ use crate::outbox::OutboxError;
 /// Most updates sent in one POST.
 const RELAY_BATCH: usize = 1000;
 
+/// Most bytes (updates as JSON) sent in one POST: half the master's 16 MiB limit on
+/// agent bodies, so the envelope never tips a batch over it.
+const RELAY_BATCH_BYTES: u64 = 8 << 20;
+
+/// Whether the master refused a batch for what it holds (too large, or an update it
+/// cannot take), rather than for who sent it or its own trouble: then the batch is
+/// split, and a single update it refuses is dropped, so that one bad update never
+/// blocks every other task's reports.
+fn refused_for_content(e: &MasterError) -> bool {
+    matches!(e, MasterError::Rejected { status, .. } if matches!(status, 400 | 413 | 422))
+}
+
 /// How often the outbox's ack record is written when it changed. Each write is a
 /// temp file + rename (an inode created, one freed); losing the latest changes only
 /// resends updates the master ignores.
@@ -71,8 +83,11 @@ pub(super) async fn relay(shared: Arc<Shared>) {
     let mut epoch = shared.epoch.subscribe();
     let _ = epoch.wait_for(|e| *e > 0).await;
     let mut backoff = Backoff::new(shared.cfg.max_backoff);
+    // Halved at each refused batch down to one update, doubled back after each
+    // accepted one.
+    let mut limit = RELAY_BATCH;
     loop {
-        let batch = lock(&shared.outbox).pending(RELAY_BATCH);
+        let batch = lock(&shared.outbox).pending(limit, RELAY_BATCH_BYTES);
         if batch.is_empty() {
             shared.relay.notified().await;
             continue;
@@ -81,6 +96,7 @@ pub(super) async fn relay(shared: Arc<Shared>) {
         match shared.client.updates(&shared.agent_id, &body).await {
             Ok(ack) => {
                 tracing::debug!(sent = body.updates.len(), "updates acknowledged");
+                limit = (limit * 2).min(RELAY_BATCH);
                 let outbox = shared.outbox.clone();
                 let acked = ack.acked;
                 let res = tokio::task::spawn_blocking(move || {
@@ -107,6 +123,26 @@ pub(super) async fn relay(shared: Arc<Shared>) {
                         tracing::error!(error = %e, "ack task panicked");
                         tokio::time::sleep(backoff.step()).await;
                     }
+                }
+            }
+            Err(e) if refused_for_content(&e) && body.updates.len() > 1 => {
+                limit = (body.updates.len() / 2).max(1);
+                tracing::warn!(error = %e, sent = body.updates.len(), next = limit, "the master refused a batch of status updates; sending it in smaller batches");
+            }
+            Err(e) if refused_for_content(&e) => {
+                let Some(u) = body.updates.first() else {
+                    continue;
+                };
+                // The first pending update of its task: dropping it is acknowledging
+                // it locally (what an acknowledgement does to the outbox).
+                tracing::error!(error = %e, task_id = %u.task_id, seq = u.seq, state = %u.state, "the master refused this status update on its own; dropping it so the other updates can go");
+                crate::metrics::METRICS.updates_refused.inc();
+                let outbox = shared.outbox.clone();
+                let key = vec![(u.task_id.clone(), u.seq)];
+                let dropped = tokio::task::spawn_blocking(move || lock(&outbox).ack(&key)).await;
+                if !matches!(dropped, Ok(Ok(()))) {
+                    tracing::error!("dropping the refused update failed; retrying later");
+                    tokio::time::sleep(backoff.step()).await;
                 }
             }
             Err(e) => {

@@ -13,15 +13,16 @@ use crate::metrics::{render, Gauges};
 
 /// The Prometheus text exposition of the agent's metrics.
 pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let (outbox_updates, oldest) = {
+    let (outbox_updates, outbox_bytes, oldest) = {
         let outbox = lock(&shared.outbox);
-        (outbox.len(), outbox.oldest_timestamp_ms())
+        (outbox.len(), outbox.bytes(), outbox.oldest_timestamp_ms())
     };
     let outbox_oldest_age_seconds =
         oldest.map_or(0.0, |at| now_ms().saturating_sub(at) as f64 / 1000.0);
     let tasks = lock(&shared.tasks).running();
     let text = render(&Gauges {
         outbox_updates,
+        outbox_bytes,
         outbox_oldest_age_seconds,
         tasks,
     });

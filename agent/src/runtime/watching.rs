@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_common::state::{now_ms, ExitReason, TaskState};
-use drover_common::wire::{Assignment, ExecutorStatus, StatusUpdate};
+use drover_common::validate::MAX_PROCESSES;
+use drover_common::wire::{Assignment, ExecutorStatus, ExecutorTask, StatusUpdate};
 use tokio::sync::{mpsc, watch};
 
 use super::adopt::recorded_executor_pid;
 use super::{lock, Shared, Tasks};
+use crate::converge;
 use crate::executor::{self, ExecutorProcess};
 use crate::host::{self, Gone, Verdict};
 use crate::sandbox::SandboxIo;
@@ -19,16 +21,31 @@ use crate::sandbox::SandboxIo;
 /// How long a new executor's readiness pipe is waited for before polling its socket.
 const READY_WAIT: Duration = Duration::from_secs(2);
 
-/// The status update that relays an executor's status as it is.
+/// The longest status message relayed, in bytes; a longer one is cut.
+const MAX_MESSAGE: usize = 4096;
+
+/// The status update that relays an executor's status, bounded whatever the task
+/// does: at most [`MAX_PROCESSES`] processes listed (what a valid spec declares; a
+/// spec from before that limit is listed in part) and a message of at most
+/// [`MAX_MESSAGE`] bytes.
 pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
+    let mut message = s.message.clone();
+    if message.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str(" [cut]");
+    }
     StatusUpdate {
         task_id: s.task_id.clone(),
         seq: s.seq,
         state: s.state,
         exit_reason: s.exit_reason.clone(),
-        message: s.message.clone(),
+        message,
         timestamp_ms: s.timestamp_ms,
-        processes: s.processes.clone(),
+        processes: s.processes.iter().take(MAX_PROCESSES).cloned().collect(),
     }
 }
 
@@ -142,12 +159,13 @@ pub(super) async fn watch_task(
             spawned_at = Some(at);
             connection = spawned.connection;
             let mut child = spawned.child;
+            let pid = child.id();
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 let _ = child.wait().await;
                 let _ = tx.send(true);
             });
-            (Some(rx), None)
+            (Some(rx), pid)
         }
         Watched::Adopted(pid) => (None, pid),
     };
@@ -159,6 +177,19 @@ pub(super) async fn watch_task(
     };
     let mut last = lock(&shared.outbox).last_seq(&id);
     let mut pending_kill: Option<ExitReason> = None;
+    // The first kill request, and when the agent stops waiting for the executor to
+    // end the task (`converge::kill_deadline`).
+    let mut overdue: Option<(tokio::time::Instant, Duration, ExitReason)> = None;
+    let arm = |overdue: &mut Option<(tokio::time::Instant, Duration, ExitReason)>,
+               reason: &ExitReason| {
+        if overdue.is_none() {
+            let task = std::fs::read(shared.layout.task_file(&id))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<ExecutorTask>(&b).ok());
+            let wait = converge::kill_deadline(task.as_ref(), shared.cfg.kill_slack);
+            *overdue = Some((tokio::time::Instant::now() + wait, wait, reason.clone()));
+        }
+    };
     let mut delay = Duration::from_millis(1);
     let mut attempts = 0u32;
     'connect: loop {
@@ -177,7 +208,14 @@ pub(super) async fn watch_task(
             Ok(lines) => lines,
             Err(e) => {
                 while let Ok(r) = kill_rx.try_recv() {
+                    arm(&mut overdue, &r);
                     pending_kill = Some(r);
+                }
+                if let Some((at, wait, reason)) = overdue.clone() {
+                    if tokio::time::Instant::now() >= at && is_alive(&shared) {
+                        let pid = recorded_executor_pid(&shared.layout, &id).or(known_pid);
+                        return kill_overdue(&shared, &id, last, reason, wait, pid).await;
+                    }
                 }
                 if is_alive(&shared) {
                     // Starting up (no socket yet) or between connections. A failed
@@ -198,6 +236,7 @@ pub(super) async fn watch_task(
         };
         tracing::debug!(task_id = %id, after_seq = last, "subscribed to executor");
         if let Some(reason) = pending_kill.take() {
+            arm(&mut overdue, &reason);
             if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                 tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                 pending_kill = Some(reason);
@@ -233,7 +272,14 @@ pub(super) async fn watch_task(
                         continue 'connect;
                     }
                 },
+                _ = sleep_until(overdue.as_ref().map(|o| o.0)) => {
+                    if let Some((_, wait, reason)) = overdue.clone() {
+                        let pid = recorded_executor_pid(&shared.layout, &id).or(known_pid);
+                        return kill_overdue(&shared, &id, last, reason, wait, pid).await;
+                    }
+                }
                 Some(reason) = kill_rx.recv() => {
+                    arm(&mut overdue, &reason);
                     if let Err(e) = executor::send_kill_on(&mut lines, reason.clone()).await {
                         tracing::warn!(task_id = %id, error = %e, "kill not delivered yet");
                         pending_kill = Some(reason);
@@ -253,6 +299,55 @@ pub(super) async fn watch_task(
         }
         Gone::Lost => executor_lost(&shared, &id, last).await,
     }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// How long the agent's own cleanup of a task may take (`drover-executor cleanup`
+/// gives up on a cgroup it cannot empty after 10 s).
+const CLEANUP_WAIT: Duration = Duration::from_secs(30);
+
+/// The executor did not end its task within `waited` of a kill: the agent kills the
+/// executor and the task's cgroup itself and reports the task KILLED, saying what the
+/// cleanup could not do (e.g. processes in uninterruptible sleep), instead of
+/// leaving it KILLING forever.
+async fn kill_overdue(
+    shared: &Shared,
+    id: &str,
+    last_seen: u64,
+    reason: ExitReason,
+    waited: Duration,
+    pid: Option<u32>,
+) {
+    if let Some(pid) = pid.filter(|p| executor::executor_pid_is_live(*p, &shared.exe_name)) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let left =
+        match tokio::time::timeout(CLEANUP_WAIT, shared.exec.cleanup(&shared.layout, id)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("the cleanup failed: {e}")),
+            Err(_) => Some(format!(
+                "the cleanup did not end within {}s",
+                CLEANUP_WAIT.as_secs()
+            )),
+        };
+    let checkpoint = shared.layout.read_status(id).map(|s| s.seq).unwrap_or(0);
+    let update = numbered(
+        shared,
+        Verdict::kill_overdue(id, reason, waited, left),
+        last_seen.max(checkpoint),
+    );
+    tracing::error!(task_id = %id, seq = update.seq, message = update.message, "kill overdue: the agent ended the task itself");
+    finish(shared, update);
 }
 
 /// The executor died before its task ended: kill what is left, report LOST.
@@ -312,5 +407,46 @@ fn observe_timings(
 pub(super) fn send_kill(t: &Tasks, task_id: &str, reason: ExitReason) {
     if let Some(tx) = t.watcher(task_id) {
         let _ = tx.send(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_common::wire::{ProcessState, ProcessStatus};
+
+    #[test]
+    fn a_relayed_status_lists_at_most_max_processes_and_a_bounded_message() {
+        let status = ExecutorStatus {
+            seq: 3,
+            task_id: "t".into(),
+            state: TaskState::Running,
+            exit_reason: None,
+            message: "é".repeat(MAX_MESSAGE),
+            timestamp_ms: 1,
+            executor_pid: 2,
+            processes: (0..MAX_PROCESSES + 50)
+                .map(|i| ProcessStatus {
+                    name: format!("p{i}"),
+                    state: ProcessState::Running,
+                    pid: Some(i as u32),
+                    runs: 1,
+                    failures: 0,
+                    last_exit: None,
+                })
+                .collect(),
+            escalation: None,
+        };
+        let u = update_from_status(&status);
+        assert_eq!(u.processes.len(), MAX_PROCESSES);
+        assert_eq!(u.processes[0].name, "p0");
+        assert!(u.message.len() <= MAX_MESSAGE + " [cut]".len());
+        assert!(u.message.ends_with(" [cut]"));
+        let short = ExecutorStatus {
+            message: "processes changed".into(),
+            processes: Vec::new(),
+            ..status
+        };
+        assert_eq!(update_from_status(&short).message, "processes changed");
     }
 }

@@ -3,7 +3,8 @@
 protocol (subscribe / kill), writes status.json and a log, records each start in
 spawns and each cleanup in cleanups, in the task directory. The first process's cmdline
 picks the behaviour: "finish" ends FINISHED at once, "exit-when-done" exits right
-after a terminal state even with no subscriber."""
+after a terminal state even with no subscriber, "stuck-kill" goes KILLING on a kill
+and never further (an executor whose kill cannot complete)."""
 import asyncio, json, os, sys, time
 
 TERMINAL = {"FINISHED", "FAILED", "KILLED", "LOST"}
@@ -77,7 +78,10 @@ async def handle(reader, writer):
             if history and history[-1]["state"] in TERMINAL:
                 sent_terminal.set()
         elif req["op"] == "kill":
-            if history[-1]["state"] not in TERMINAL:
+            if history[-1]["state"] not in TERMINAL and mode == "stuck-kill":
+                if history[-1]["state"] != "KILLING":
+                    emit("KILLING")
+            elif history[-1]["state"] not in TERMINAL:
                 emit("KILLING")
                 emit("KILLED", req.get("reason") or {"kind": "killed_by_request"})
 

@@ -35,6 +35,9 @@ pub struct MasterState {
     pub fail_heartbeats: bool,
     /// Answer 503 to status updates (master down for the relay).
     pub fail_updates: bool,
+    /// Answer 413 to every batch holding an update of this task (one update the
+    /// master cannot take).
+    pub refuse_task: Option<String>,
     /// Ask for the full task set on heartbeats without one.
     pub ask_full_set: bool,
     /// When the last heartbeat was answered with success.
@@ -82,6 +85,7 @@ impl FakeMaster {
             },
             fail_heartbeats: false,
             fail_updates: false,
+            refuse_task: None,
             ask_full_set: false,
             last_good_heartbeat: None,
             forgot_agent: false,
@@ -227,6 +231,11 @@ async fn updates(
     m.with(|s| {
         if s.fail_updates {
             return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+        }
+        if let Some(refused) = &s.refuse_task {
+            if batch.updates.iter().any(|u| &u.task_id == refused) {
+                return (StatusCode::PAYLOAD_TOO_LARGE, "too large").into_response();
+            }
         }
         let mut acked: BTreeMap<String, u64> = BTreeMap::new();
         for u in batch.updates {

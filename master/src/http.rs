@@ -13,7 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
-use drover_common::parse::parse_job_json;
+use drover_common::parse::parse_job_json_with;
 use drover_common::wire::{
     self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, HostsRequest, InstancesRequest,
     RegisterRequest, SelfDrainRequest, StatusUpdateBatch,
@@ -506,7 +506,7 @@ async fn create_job(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let text = read_body(body, MAX_BODY_BYTES).await?;
-    let spec = parse_spec(&text)?;
+    let spec = parse_spec(&api, &text)?;
     crate::guard::require(
         &who,
         &Permission::WriteJob {
@@ -522,9 +522,11 @@ async fn create_job(
     }
 }
 
-/// Parses and validates a job spec (all errors at once, the first one's field).
-fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
-    parse_job_json(text).map_err(|errs| {
+/// Parses and validates a job spec (all errors at once, the first one's field),
+/// with the master's `cron_seconds` switch.
+fn parse_spec(api: &Shared, text: &str) -> Result<drover_common::JobSpec, ApiErr> {
+    let cron_seconds = api.master.read(|core| core.config().cron_seconds);
+    parse_job_json_with(text, cron_seconds).map_err(|errs| {
         let first = errs.errors.first().cloned().unwrap_or(FieldError {
             field: String::new(),
             message: "invalid job spec".to_string(),
@@ -579,7 +581,7 @@ async fn start_update(
             Some("spec"),
         )
     })?;
-    let spec = parse_spec(&spec_text)?;
+    let spec = parse_spec(&api, &spec_text)?;
     let text_field = |name: &str| raw.get(name).and_then(|v| v.as_str()).map(str::to_string);
     let instances = match text_field("instances") {
         None => None,

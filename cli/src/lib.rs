@@ -9,6 +9,7 @@ pub mod dev;
 pub mod devcontext;
 pub mod follow;
 pub mod hosts;
+pub mod linediff;
 pub mod open;
 pub mod procs;
 pub mod progress;

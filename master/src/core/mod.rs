@@ -46,6 +46,7 @@ mod quota;
 mod reconciliation;
 mod snapshot;
 mod stats;
+mod stuck;
 mod timers;
 mod update;
 mod views;

@@ -144,12 +144,40 @@ enum Check {
 impl Core {
     /// A job's latest update (GET .../update).
     pub fn update_view(&self, job: &str) -> Option<UpdateView> {
-        self.updates.get(job).map(|u| u.view.clone())
+        self.updates.get(job).map(|u| self.with_pending(u))
     }
 
     /// Every job's latest update, by job key (for the web page).
     pub fn update_views(&self) -> Vec<UpdateView> {
-        self.updates.values().map(|u| u.view.clone()).collect()
+        self.updates
+            .values()
+            .map(|u| self.with_pending(u))
+            .collect()
+    }
+
+    /// The stored view, with why its batch's PENDING instances wait and whether
+    /// it is stuck, as of now (read time: the scheduler runs after the update's
+    /// step, so the record's own text may predate the reason).
+    fn with_pending(&self, u: &UpdateRecord) -> UpdateView {
+        let mut view = u.view.clone();
+        if view.state.is_terminal() || view.state == UpdateState::Paused {
+            return view;
+        }
+        if let Some(pending) = self.pending_of(&view.job, &u.in_flight) {
+            let line = pending.describe();
+            view.waiting = Some(match view.waiting.take() {
+                Some(w) => format!("{w}; {line}"),
+                None => line.clone(),
+            });
+            if pending.stuck {
+                view.stuck = Some(format!(
+                    "{line}, and no task of the job is starting or stopping: nothing \
+                     the update does changes that (more agents, a looser constraint in a \
+                     new spec, or the end of a maintenance would)"
+                ));
+            }
+        }
+        view
     }
 
     /// The config hash each instance of the job runs: its current task's.
@@ -301,6 +329,7 @@ impl Core {
                 batch: 0,
                 batches: 0,
                 waiting: None,
+                stuck: None,
             },
             old_config,
             next: 0,
@@ -637,8 +666,8 @@ impl Core {
         }
         if !u.in_flight.is_empty() && u.view.state != UpdateState::Paused {
             let why = format!(
-                "batch {}/{}: {watched} instance(s) RUNNING, watched for {}; {starting} \
-                 starting, stopping or waiting for a place",
+                "batch {}/{}: {watched} instance(s) RUNNING (each must stay RUNNING {}); \
+                 {starting} starting, stopping or waiting for a place",
                 u.view.batch, u.view.batches, settings.watch
             );
             changed |= set_waiting(u, Some(why));

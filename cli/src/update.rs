@@ -197,7 +197,8 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
     let request = UpdateRequest {
         spec,
         instances: args.instances,
-        user: Some(std::env::var("USER").unwrap_or_else(|_| "unknown".to_string())),
+        // No name rather than `unknown`: the master names the token's description.
+        user: std::env::var("USER").ok().filter(|u| !u.trim().is_empty()),
     };
     let view = client.start_update(&key, &request).await?;
     println!(

@@ -522,6 +522,20 @@ async fn create_job(
     }
 }
 
+/// Who started an update, for its record: the name the client gave (if any), the
+/// token's id and its description (`alice (token 3f2a, bootstrap admin token)`,
+/// `bootstrap admin token (token 3f2a)`).
+fn started_by(name: Option<&str>, token_id: &str, description: Option<&str>) -> String {
+    let name = name.map(str::trim).filter(|n| !n.is_empty());
+    let description = description.map(str::trim).filter(|d| !d.is_empty());
+    match (name, description) {
+        (Some(name), Some(d)) => format!("{name} (token {token_id}, {d})"),
+        (Some(name), None) => format!("{name} (token {token_id})"),
+        (None, Some(d)) => format!("{d} (token {token_id})"),
+        (None, None) => format!("token {token_id}"),
+    }
+}
+
 /// Parses and validates a job spec (all errors at once, the first one's field),
 /// with the master's `cron_seconds` switch.
 fn parse_spec(api: &Shared, text: &str) -> Result<drover_common::JobSpec, ApiErr> {
@@ -594,11 +608,19 @@ async fn start_update(
             )
         })?),
     };
-    // Who asked, as the token proves it; the name the client gives is shown beside.
-    let user = match text_field("user") {
-        Some(name) => format!("{name} (token {})", who.token_id),
-        None => format!("token {}", who.token_id),
-    };
+    // Who asked, as the token proves it (its id and description); the name the
+    // client gives is shown beside.
+    let description = api
+        .tokens
+        .list()
+        .into_iter()
+        .find(|t| t.id == who.token_id)
+        .map(|t| t.description);
+    let user = started_by(
+        text_field("user").as_deref(),
+        &who.token_id,
+        description.as_deref(),
+    );
     let event = Event::StartUpdate {
         job: key_of(&role, &env, &name),
         spec: Box::new(spec),
@@ -2037,6 +2059,20 @@ async fn metrics(State(api): State<Shared>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_update_names_who_started_it_by_token_description() {
+        use super::started_by;
+        assert_eq!(
+            started_by(None, "3f2a", Some("bootstrap admin token")),
+            "bootstrap admin token (token 3f2a)"
+        );
+        assert_eq!(
+            started_by(Some("alice"), "3f2a", Some("ci")),
+            "alice (token 3f2a, ci)"
+        );
+        assert_eq!(started_by(Some(" "), "3f2a", Some("")), "token 3f2a");
+    }
+
     use super::*;
 
     #[test]

@@ -421,6 +421,7 @@ impl Core {
         let view = u.view.clone();
         self.dirty_updates.insert(job.to_string());
         if view.state.is_terminal() {
+            self.keep_instance_count(job, view.state);
             self.prune_configs(job);
         }
         Ok(Reply::Update(Box::new(view)))
@@ -440,7 +441,31 @@ impl Core {
             u.in_flight.clear();
             u.event(now, "aborted: the job was killed".to_string());
             self.dirty_updates.insert(job.to_string());
+            self.keep_instance_count(job, UpdateState::Aborted);
         }
+    }
+
+    /// After an update ended ABORTED or FAILED, every instance stays as it is, so
+    /// the job has as many instances as it has slots: its spec says so too (one
+    /// instance count for `job status`, `job list` and the web page), durably.
+    fn keep_instance_count(&mut self, job: &str, state: UpdateState) {
+        if !matches!(state, UpdateState::Aborted | UpdateState::Failed) {
+            return;
+        }
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let have = j.slots.len() as u32;
+        if j.spec.instances == have {
+            return;
+        }
+        let mut spec = j.spec.as_ref().clone();
+        spec.instances = have;
+        let spec = Arc::new(spec);
+        j.spec = spec.clone();
+        let created = j.created_ms;
+        self.job_changes
+            .push(Change::PutJob(spec, job.to_string(), created));
     }
 
     /// Drives each running update one step, after every event that changed one of
@@ -481,6 +506,10 @@ impl Core {
                     self.dirty_updates.insert(job.clone());
                 }
                 if ended {
+                    let state = self.updates.get(&job).map(|u| u.view.state);
+                    if let Some(state) = state {
+                        self.keep_instance_count(&job, state);
+                    }
                     self.prune_configs(&job);
                 }
             }

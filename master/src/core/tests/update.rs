@@ -1141,3 +1141,41 @@ fn an_update_waiting_for_resources_is_not_stuck() {
     assert!(waiting.contains("insufficient cpu on 1 agent"), "{v:#?}");
     assert_eq!(v.stuck, None);
 }
+
+#[test]
+fn an_aborted_update_leaves_one_instance_count_everywhere() {
+    // Growing 2 -> 4 one at a time, aborted after the first added instance: the
+    // job has 3 instances, and its spec, list line and view all say 3.
+    let mut w = world(6);
+    w.create(web(2, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(4, "sleep 100", 1, ""), None).unwrap();
+    let mut waited = 0;
+    while w.core.jobs[KEY].slots.len() < 3 {
+        play(&mut w, 250);
+        waited += 250;
+        assert!(waited < 30_000, "{:#?}", view(&w));
+    }
+    w.handle(Event::UpdateAction {
+        job: KEY.to_string(),
+        action: UpdateAction::Abort,
+    })
+    .reply
+    .unwrap();
+    play(&mut w, 1_000);
+    assert_eq!(view(&w).state, UpdateState::Aborted);
+    let job = w.core.job_view(KEY).unwrap();
+    let summary = w
+        .core
+        .job_summaries(None)
+        .into_iter()
+        .find(|s| s.key == KEY)
+        .unwrap();
+    assert_eq!(job.instances.len(), 3);
+    assert_eq!(job.spec.instances, 3);
+    assert_eq!(summary.instances, 3);
+    // And so after a restart (the store holds it).
+    let snap = w.snapshot();
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    assert_eq!(w.core.job_view(KEY).unwrap().spec.instances, 3);
+}

@@ -640,7 +640,7 @@ mod tests {
     #[test]
     fn sizes_are_rounded_to_the_largest_unit() {
         assert_eq!(bytes(64 << 20), "64MiB");
-        assert_eq!(bytes(24_094_272 * 1024), "23.0GiB");
+        assert_eq!(bytes(24_094_272 * 1024), "23GiB");
         assert_eq!(bytes(1536), "1.5KiB");
         assert_eq!(bytes(12), "12B");
     }

@@ -462,6 +462,12 @@ fn an_update_that_can_never_finish_says_why_and_wait_ends_early() {
         "{}",
         describe(&out)
     );
+    // Who started it: the token's description, never `unknown`.
+    assert!(
+        stdout.contains("bootstrap admin token") && !stdout.contains("unknown"),
+        "{}",
+        describe(&out)
+    );
 }
 
 const WAIT_ONE: Duration = Duration::from_secs(30);

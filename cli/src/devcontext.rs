@@ -1,6 +1,7 @@
 //! The settings of a running `drover dev` cluster, where the CLI finds them: while
-//! it runs, `drover dev` writes `dev.toml` in the user's config directory
-//! (`$XDG_CONFIG_HOME/drover/dev.toml`, else `~/.config/drover/dev.toml`) with its
+//! it runs, `drover dev` writes `dev.toml` beside the user's config file (see
+//! [`crate::credentials::config_path`]: `$DROVER_CONFIG`'s directory, else
+//! `$XDG_CONFIG_HOME/drover/dev.toml`, else `~/.config/drover/dev.toml`) with its
 //! master's address, CA and admin token file, and removes it at exit. A command
 //! given neither `--master` nor `DROVER_MASTER` uses it (saying so on stderr) while
 //! the `drover dev` that wrote it is alive, so `drover job list` in another shell
@@ -30,13 +31,11 @@ pub struct DevContext {
     pub pid: u32,
 }
 
-/// The file's path from the environment (None: no home to look in).
+/// The file's path from the environment: beside the config file (None: no home to
+/// look in).
 pub fn path(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    let base = match env("XDG_CONFIG_HOME").filter(|p| !p.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env("HOME").filter(|p| !p.is_empty())?).join(".config"),
-    };
-    Some(base.join("drover").join(FILE_NAME))
+    let config = crate::credentials::config_path(env)?;
+    Some(config.parent()?.join(FILE_NAME))
 }
 
 /// The context in `path` if its writer is still `alive`; None when there is no
@@ -186,6 +185,8 @@ mod tests {
             Some(PathBuf::from("/home/u/.config/drover/dev.toml"))
         );
         assert_eq!(path(|_| None), None);
+        let env = |k: &str| (k == "DROVER_CONFIG").then(|| "/etc/drover/cli.toml".to_string());
+        assert_eq!(path(env), Some(PathBuf::from("/etc/drover/dev.toml")));
     }
 
     #[test]

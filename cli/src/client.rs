@@ -36,6 +36,12 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
+    /// An http:// address whose port speaks TLS.
+    #[error("the master at {url} speaks TLS, not plain HTTP: use {https} and the cluster's CA, e.g. --master {https} --ca CA.pem (or DROVER_MASTER and DROVER_CA; a `drover dev` cluster prints both when it starts: its CA is DATA_DIR/tls/ca.pem)")]
+    SpeaksTls { url: String, https: String },
+    /// An https:// master whose certificate the CLI does not trust.
+    #[error("the certificate of the master at {url} is not signed by a CA the CLI trusts ({message}): pass the cluster's CA with --ca CA.pem (or DROVER_CA; a `drover dev` cluster's is DATA_DIR/tls/ca.pem)")]
+    UntrustedMaster { url: String, message: String },
     /// The server answered with a JSON error.
     #[error("{}", describe_api_error(*status, error))]
     Api { status: u16, error: ApiError },
@@ -914,10 +920,37 @@ fn next_master(masters: &[String], current: &str, leader: Option<&str>) -> Strin
 }
 
 fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
+    let chain = error_chain(&source);
+    if let Some(rest) = base.strip_prefix("http://") {
+        // A TLS server's answer to plain HTTP (an alert record) is no HTTP version.
+        if chain.contains("invalid HTTP version") {
+            return ClientError::SpeaksTls {
+                url: base.to_string(),
+                https: format!("https://{rest}"),
+            };
+        }
+    } else if chain.contains("UnknownIssuer") || chain.contains("certificate verify failed") {
+        return ClientError::UntrustedMaster {
+            url: base.to_string(),
+            message: "unknown issuer".to_string(),
+        };
+    }
     ClientError::MasterUnreachable {
         url: base.to_string(),
         source,
     }
+}
+
+/// An error and its sources, on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
 }
 
 /// Turns a non-2xx answer into an error, reading the API's JSON error when there is one.
@@ -1081,5 +1114,28 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("set --master or DROVER_MASTER"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_http_address_of_a_tls_port_says_to_use_https_and_a_ca() {
+        // What a TLS server sends to plain HTTP: an alert record, then it closes.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            use std::io::{Read as _, Write as _};
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut buffer = [0u8; 1024];
+            let _ = stream.read(&mut buffer);
+            let _ = stream.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50]);
+        });
+        let client = Client::new(&format!("http://127.0.0.1:{port}")).unwrap();
+        let text = client.agents().await.unwrap_err().to_string();
+        server.join().unwrap();
+        assert!(text.contains("speaks TLS"), "{text}");
+        assert!(
+            text.contains(&format!("--master https://127.0.0.1:{port} --ca")),
+            "{text}"
+        );
+        assert!(!text.contains("invalid HTTP version"), "{text}");
     }
 }

@@ -163,15 +163,29 @@ async fn create(
     };
     let key = spec.key();
     let created = client.create_job(&spec).await?;
-    println!(
-        "created {key}: {} task(s): {}",
-        created.tasks.len(),
-        created.tasks.join(" ")
-    );
+    let cron = match spec.cron_schedule {
+        Some(_) => client.job(&key).await.ok().and_then(|view| view.cron),
+        None => None,
+    };
+    match &cron {
+        Some(cron) => print!(
+            "{}",
+            render::cron_created(&key.to_string(), cron, spec.instances)
+        ),
+        None => println!(
+            "created {key}: {} task(s): {}",
+            created.tasks.len(),
+            created.tasks.join(" ")
+        ),
+    }
     println!(
         "  page: {}",
         crate::open::job_url(client.base(), &key.to_string())
     );
+    if cron.is_some() && wait {
+        println!("  --wait: a cron job has no task until it fires; nothing to wait for");
+        return Ok(true);
+    }
     if !wait {
         return Ok(true);
     }

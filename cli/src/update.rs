@@ -116,17 +116,7 @@ pub fn render_diff(view: &JobView, spec: &JobSpec, plan: &UpdatePlan) -> String 
         match view.configs.get(from) {
             Some(old) => {
                 for change in field_diff(old, spec) {
-                    let show = |v: &Option<serde_json::Value>| {
-                        v.as_ref()
-                            .map_or_else(|| "(absent)".to_string(), |v| v.to_string())
-                    };
-                    let _ = writeln!(
-                        out,
-                        "  {}: {} -> {}",
-                        change.field,
-                        show(&change.old),
-                        show(&change.new)
-                    );
+                    out.push_str(&render_change(&change.field, &change.old, &change.new));
                 }
             }
             None => out.push_str("  (the master did not send this config)\n"),
@@ -135,7 +125,57 @@ pub fn render_diff(view: &JobView, spec: &JobSpec, plan: &UpdatePlan) -> String 
     if plan.is_empty() {
         out.push_str("nothing would change\n");
     }
+    if let Some(note) = pending_note(view) {
+        let _ = writeln!(out, "{note}");
+    }
     out
+}
+
+/// One changed field: `field: old -> new`, or for a text of several lines (a
+/// script), the lines that changed.
+fn render_change(
+    field: &str,
+    old: &Option<serde_json::Value>,
+    new: &Option<serde_json::Value>,
+) -> String {
+    if let (Some(serde_json::Value::String(a)), Some(serde_json::Value::String(b))) = (old, new) {
+        if a.contains('\n') || b.contains('\n') {
+            if let Some(lines) = crate::linediff::diff(a, b) {
+                return format!("  {field}:\n{}", crate::linediff::render(&lines, "    "));
+            }
+        }
+    }
+    let show = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .map_or_else(|| "(absent)".to_string(), |v| v.to_string())
+    };
+    format!("  {field}: {} -> {}\n", show(old), show(new))
+}
+
+/// When instances of the job wait for a place now, why (the scheduler's reason):
+/// an update waits for them too.
+pub fn pending_note(view: &JobView) -> Option<String> {
+    let pending: Vec<(u32, &str)> = view
+        .instances
+        .iter()
+        .filter_map(|i| {
+            let t = i.current.as_ref()?;
+            (t.state == drover_common::TaskState::Pending).then(|| {
+                (
+                    i.instance,
+                    t.pending_reason.as_deref().unwrap_or("not placed yet"),
+                )
+            })
+        })
+        .collect();
+    let (_, reason) = pending.first()?;
+    let list: Vec<u32> = pending.iter().map(|(i, _)| *i).collect();
+    Some(format!(
+        "note: instance(s) {} of {} are PENDING now: {reason}; an update waits for a place \
+         for them too",
+        format_ranges(&list),
+        view.key
+    ))
 }
 
 /// `drover job update ...`.
@@ -157,17 +197,27 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
     let request = UpdateRequest {
         spec,
         instances: args.instances,
-        user: Some(std::env::var("USER").unwrap_or_else(|_| "unknown".to_string())),
+        // No name rather than `unknown`: the master names the token's description.
+        user: std::env::var("USER").ok().filter(|u| !u.trim().is_empty()),
     };
     let view = client.start_update(&key, &request).await?;
     println!(
-        "update {} of {key} started: {} instance(s) to change, batch size {}, watch {}",
+        "update {} of {key} started: {} instance(s) to change, batch size {}, each must \
+         stay RUNNING {}",
         view.id,
         view.instances.len(),
         view.settings.batch_size,
         view.settings.watch
     );
     if !args.wait {
+        // The scheduler has run since the start: say if the batch waits for a place.
+        if let Ok(now) = client.update(&key).await {
+            if let Some(line) =
+                cannot_finish(&now).or(now.waiting.filter(|w| w.contains("PENDING")))
+            {
+                println!("  waiting: {line}");
+            }
+        }
         return Ok(true);
     }
     let started = Instant::now();
@@ -178,19 +228,13 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
     loop {
         let view = client.update(&key).await?;
         let elapsed = started.elapsed().as_secs_f64();
-        for e in view.events.iter().skip(shown_events) {
-            println!(
-                "  {elapsed:>6.1}s  {}  {}  [{}]",
-                view.state,
-                e.message,
-                progress(&view)
-            );
+        for line in event_lines(&view, shown_events) {
+            println!("{line}");
         }
         shown_events = shown_events.max(view.events.len());
-        if view.waiting.is_some() && view.waiting != shown_waiting {
+        if view.waiting.is_some() && view.waiting != shown_waiting && !view.state.is_terminal() {
             println!(
-                "  {elapsed:>6.1}s  {}  waiting: {}",
-                view.state,
+                "  {elapsed:>6.1}s  waiting: {}",
                 view.waiting.as_deref().unwrap_or_default()
             );
         }
@@ -198,6 +242,15 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
         if view.state.is_terminal() {
             println!("update {} of {key}: {}", view.id, view.state);
             return Ok(view.state == UpdateState::RolledForward);
+        }
+        if let Some(why) = cannot_finish(&view) {
+            eprintln!(
+                "error: update {} of {key} cannot finish as things stand: {why}\n  it goes on \
+                 in the master (`drover job update status {key}`); `drover job update abort \
+                 {key}` stops it",
+                view.id
+            );
+            return Ok(false);
         }
         let left = args.timeout.saturating_sub(started.elapsed());
         if left.is_zero() || !changes.next(left).await? {
@@ -210,6 +263,31 @@ pub async fn update(client: &Client, args: UpdateArgs) -> anyhow::Result<bool> {
             );
         }
     }
+}
+
+/// Why a running update cannot finish as things stand (the master's `stuck`).
+pub fn cannot_finish(view: &UpdateView) -> Option<String> {
+    view.stuck.clone().filter(|_| !view.state.is_terminal())
+}
+
+/// The events of `view` from the `from`-th on, one line each with its time since
+/// the update started and the progress now; the final event (the end state) is
+/// left to the line that reports the end, so it shows once.
+pub fn event_lines(view: &UpdateView, from: usize) -> Vec<String> {
+    let end = view.state.to_string();
+    view.events
+        .iter()
+        .skip(from)
+        .filter(|e| !(view.state.is_terminal() && e.message == end))
+        .map(|e| {
+            format!(
+                "  {:>6.1}s  {}  [{}]",
+                e.at_ms.saturating_sub(view.created_ms) as f64 / 1000.0,
+                e.message,
+                progress(view)
+            )
+        })
+        .collect()
 }
 
 /// `batch 2/3: 3/9 updated, 3 updating, 0 failed`.
@@ -343,6 +421,70 @@ mod tests {
             ungranted_user: None,
             cron: None,
         }
+    }
+
+    #[test]
+    fn a_multi_line_cmdline_diff_shows_the_lines_that_changed() {
+        let old = spec("set -e\\necho a\\nsleep 100\\necho b", 1);
+        let new = spec("set -e\\necho a\\nsleep 200\\necho b", 1);
+        let view = job(&old);
+        let plan = plan_update(&instance_configs(&view), &config_hash(&new), 1, None).unwrap();
+        let text = render_diff(&view, &new, &plan);
+        assert!(
+            text.contains(
+                "  task.processes[0].cmdline:\n      set -e\n      echo a\n    - sleep 100\n    \
+                 + sleep 200\n      echo b\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("\\n"), "no escaped string: {text}");
+    }
+
+    #[test]
+    fn a_diff_says_why_instances_wait_for_a_place() {
+        let old = spec("sleep 100", 3);
+        let mut view = job(&old);
+        let pending: wire::TaskView = serde_json::from_value(serde_json::json!({
+            "task_id": "t1", "job": "www/prod/web", "instance": 1, "state": "PENDING",
+            "desired": "RUNNING", "exit_reason": null, "agent_id": null, "ports": {},
+            "pending_reason": "host limit reached on 1 agent", "events": []
+        }))
+        .unwrap();
+        view.instances[1].current = Some(pending.clone());
+        view.instances[2].current = Some(pending);
+        let plan = plan_update(&instance_configs(&view), &config_hash(&old), 3, None).unwrap();
+        let text = render_diff(&view, &old, &plan);
+        assert!(
+            text.contains(
+                "note: instance(s) 1-2 of www/prod/web are PENDING now: host limit reached on 1 agent"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn update_events_show_the_end_state_once_and_label_no_batch_with_it() {
+        let old = spec("sleep 100", 3);
+        let update: UpdateView = serde_json::from_value(serde_json::json!({
+            "id": "u1", "job": "www/prod/web", "user": "me", "created_ms": 1000,
+            "state": "ROLLED_FORWARD", "settings": old.update, "to_config": "abc",
+            "instances_before": 3, "instances_after": 1, "instances": [],
+            "events": [
+                {"at_ms": 1000, "message": "started by me"},
+                {"at_ms": 1500, "message": "batch: instances 1-2"},
+                {"at_ms": 3000, "message": "ROLLED_FORWARD"}
+            ],
+            "stuck": "never shown once it ended"
+        }))
+        .unwrap();
+        let lines = event_lines(&update, 1);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("     0.5s  batch: instances 1-2  ["),
+            "{lines:?}"
+        );
+        assert!(!lines.concat().contains("ROLLED_FORWARD"), "{lines:?}");
+        assert_eq!(cannot_finish(&update), None);
     }
 
     #[test]

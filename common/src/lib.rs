@@ -4,6 +4,7 @@
 //! wall clock, in `state::now_ms`.
 
 pub mod configs;
+pub mod cron;
 pub mod layout;
 #[cfg(feature = "metrics")]
 pub mod metrics;

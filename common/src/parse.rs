@@ -127,8 +127,22 @@ pub fn parse_job_json(text: &str) -> Result<JobSpec, SpecErrors> {
     parse_job_as(Format::Json, text)
 }
 
+/// [`parse_job_json`] for a master whose `cron_seconds` test switch allows a
+/// seconds field in `cron_schedule` when `cron_seconds`.
+pub fn parse_job_json_with(text: &str, cron_seconds: bool) -> Result<JobSpec, SpecErrors> {
+    parse_job_checked(Format::Json, text, cron_seconds)
+}
+
 /// Reads a job from `text` in `format` and validates it.
 pub fn parse_job_as(format: Format, text: &str) -> Result<JobSpec, SpecErrors> {
+    parse_job_checked(format, text, false)
+}
+
+fn parse_job_checked(
+    format: Format,
+    text: &str,
+    cron_seconds: bool,
+) -> Result<JobSpec, SpecErrors> {
     let tree = read_tree(format, text).map_err(SpecErrors::whole)?;
     let mut walk = Walk::default();
     let value = walk.root(&tree);
@@ -155,7 +169,7 @@ pub fn parse_job_as(format: Format, text: &str) -> Result<JobSpec, SpecErrors> {
             role: is_broken("role"),
         };
         errors.extend(
-            validate_with(job, unknown)
+            validate_with(job, unknown, cron_seconds)
                 .into_iter()
                 .filter(|e| !broken.iter().any(|b| covers(b, &e.field))),
         );

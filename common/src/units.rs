@@ -246,8 +246,10 @@ impl fmt::Display for ByteSize {
     }
 }
 
-/// A size for people: exact when it is a whole number of a unit (`64MiB`), else one
-/// decimal of the largest unit that fits (`23.1GiB`).
+/// A size for people: the largest unit that fits, with at most one decimal and no
+/// `.0` (`64MiB`, `23.1GiB`, and `10GiB` for 9.98 GiB), so that sizes side by side
+/// (free beside total) read alike. The web UI's `humanBytes` (ui/src/dom.ts) is
+/// the same rule.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
@@ -257,11 +259,12 @@ pub fn human_bytes(n: u64) -> String {
     ];
     for (unit, size) in UNITS {
         if n >= size {
-            return if n.is_multiple_of(size) {
-                format!("{}{unit}", n / size)
-            } else {
-                format!("{:.1}{unit}", n as f64 / size as f64)
-            };
+            if n.is_multiple_of(size) {
+                return format!("{}{unit}", n / size);
+            }
+            let text = format!("{:.1}", n as f64 / size as f64);
+            let text = text.strip_suffix(".0").unwrap_or(&text);
+            return format!("{text}{unit}");
         }
     }
     format!("{n}B")
@@ -380,5 +383,15 @@ mod tests {
         assert_eq!(ByteSize(1 << 50).to_string(), "1PiB");
         assert!("12XB".parse::<ByteSize>().is_err());
         assert!("99999999999TiB".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn human_sizes_never_end_in_point_zero() {
+        assert_eq!(human_bytes(10 << 30), "10GiB");
+        assert_eq!(human_bytes((10 << 30) - (16 << 20)), "10GiB");
+        assert_eq!(human_bytes(24_094_272 * 1024), "23GiB");
+        assert_eq!(human_bytes((23 << 30) + (100 << 20)), "23.1GiB");
+        assert_eq!(human_bytes(64 << 20), "64MiB");
+        assert_eq!(human_bytes(512), "512B");
     }
 }

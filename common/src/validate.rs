@@ -33,7 +33,7 @@ const NAME_RULE: &str =
 
 /// Every semantic problem in `job`, in field order; empty when the job is valid.
 pub fn validate(job: &JobSpec) -> Vec<FieldError> {
-    validate_with(job, Unknown::default())
+    validate_with(job, Unknown::default(), false)
 }
 
 /// Parts of a job that were written wrongly and replaced by placeholders while
@@ -49,8 +49,13 @@ pub(crate) struct Unknown {
     pub role: bool,
 }
 
-/// [`validate`], skipping the checks against `unknown` parts.
-pub(crate) fn validate_with(job: &JobSpec, unknown: Unknown) -> Vec<FieldError> {
+/// [`validate`], skipping the checks against `unknown` parts; `cron_seconds`: the
+/// master's test switch that allows a seconds field in `cron_schedule`.
+pub(crate) fn validate_with(
+    job: &JobSpec,
+    unknown: Unknown,
+    cron_seconds: bool,
+) -> Vec<FieldError> {
     let mut v = Errors {
         list: Vec::new(),
         unknown,
@@ -75,6 +80,9 @@ pub(crate) fn validate_with(job: &JobSpec, unknown: Unknown) -> Vec<FieldError> 
         v.push("update.batch_size", "is 0; use 1 or more".to_string());
     }
     sla_policy(&mut v, job);
+    if let Err(e) = crate::cron::job_schedule(job, cron_seconds) {
+        v.push(e.field, e.message);
+    }
     v.list
 }
 

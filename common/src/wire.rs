@@ -703,6 +703,12 @@ pub struct HostView {
     /// While DRAINING: why tasks are not moved yet, one line per job that blocks.
     #[serde(default)]
     pub blocked: Vec<String>,
+    /// While DRAINING: set when the drain cannot go on as things stand: every job
+    /// that blocks it waits for replacements that no agent can take, for reasons
+    /// only an operator changes (the job's limits or constraints, hosts in
+    /// maintenance); says why. `host drain --wait` ends on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stuck: Option<String>,
     /// The latest maintenance events, oldest first.
     #[serde(default)]
     pub events: Vec<HostEvent>,
@@ -866,9 +872,17 @@ pub struct UpdateView {
     pub batch: u32,
     #[serde(default)]
     pub batches: u32,
-    /// While it runs: what it waits for now (the batch in flight, a drain).
+    /// While it runs: what it waits for now (the batch in flight, a drain), with
+    /// the scheduler's reason when instances of the batch are PENDING.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// While it runs: set when it cannot finish as things stand: instances of its
+    /// batch are PENDING for reasons only an operator changes (the job's limits or
+    /// constraints, hosts in maintenance; not resources other tasks may free) and
+    /// no task of the job is starting or stopping; says why. `job update --wait`
+    /// ends on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stuck: Option<String>,
 }
 
 /// What a kill or restart touched.

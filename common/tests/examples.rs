@@ -78,3 +78,29 @@ fn batch_is_not_a_service_and_has_several_instances() {
     assert!(!job.service);
     assert!(job.instances > 1);
 }
+
+#[test]
+fn cron_is_a_batch_job_on_a_schedule_the_master_accepts() {
+    let job = example("cron.yaml");
+    assert!(!job.service);
+    assert!(drover_common::cron::job_schedule(&job, false)
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn rolling_update_replaces_one_instance_at_a_time_and_rolls_back() {
+    let job = example("rolling_update.yaml");
+    assert!(job.service && job.instances > 1);
+    assert_eq!(job.update.batch_size, 1);
+    assert!(job.update.rollback_on_failure);
+}
+
+#[test]
+fn drain_has_an_sla_policy_of_one_disrupted_instance() {
+    let job = example("drain.yaml");
+    assert_eq!(
+        job.sla_policy.as_ref().and_then(|p| p.max_disrupted),
+        Some(1)
+    );
+}

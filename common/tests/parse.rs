@@ -48,7 +48,8 @@ fn full_job() -> JobSpec {
         environment: "prod".into(),
         name: "full".into(),
         instances: 3,
-        service: true,
+        // A cron job (below), so not a service: the master refuses a cron service.
+        service: false,
         tier: Tier::Preemptible,
         max_task_failures: 4,
         constraints: [("rack".to_string(), "limit:2".into())]

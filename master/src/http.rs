@@ -13,7 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
-use drover_common::parse::parse_job_json;
+use drover_common::parse::parse_job_json_with;
 use drover_common::wire::{
     self, ApiError, ApiErrorBody, FieldError, HeartbeatRequest, HostsRequest, InstancesRequest,
     RegisterRequest, SelfDrainRequest, StatusUpdateBatch,
@@ -523,7 +523,7 @@ async fn create_job(
     body: Body,
 ) -> Result<Response, ApiErr> {
     let text = read_body(body, MAX_BODY_BYTES).await?;
-    let spec = parse_spec(&text)?;
+    let spec = parse_spec(&api, &text)?;
     crate::guard::require(
         &who,
         &Permission::WriteJob {
@@ -539,9 +539,25 @@ async fn create_job(
     }
 }
 
-/// Parses and validates a job spec (all errors at once, the first one's field).
-fn parse_spec(text: &str) -> Result<drover_common::JobSpec, ApiErr> {
-    parse_job_json(text).map_err(|errs| {
+/// Who started an update, for its record: the name the client gave (if any), the
+/// token's id and its description (`alice (token 3f2a, bootstrap admin token)`,
+/// `bootstrap admin token (token 3f2a)`).
+fn started_by(name: Option<&str>, token_id: &str, description: Option<&str>) -> String {
+    let name = name.map(str::trim).filter(|n| !n.is_empty());
+    let description = description.map(str::trim).filter(|d| !d.is_empty());
+    match (name, description) {
+        (Some(name), Some(d)) => format!("{name} (token {token_id}, {d})"),
+        (Some(name), None) => format!("{name} (token {token_id})"),
+        (None, Some(d)) => format!("{d} (token {token_id})"),
+        (None, None) => format!("token {token_id}"),
+    }
+}
+
+/// Parses and validates a job spec (all errors at once, the first one's field),
+/// with the master's `cron_seconds` switch.
+fn parse_spec(api: &Shared, text: &str) -> Result<drover_common::JobSpec, ApiErr> {
+    let cron_seconds = api.master.read(|core| core.config().cron_seconds);
+    parse_job_json_with(text, cron_seconds).map_err(|errs| {
         let first = errs.errors.first().cloned().unwrap_or(FieldError {
             field: String::new(),
             message: "invalid job spec".to_string(),
@@ -596,7 +612,7 @@ async fn start_update(
             Some("spec"),
         )
     })?;
-    let spec = parse_spec(&spec_text)?;
+    let spec = parse_spec(&api, &spec_text)?;
     let text_field = |name: &str| raw.get(name).and_then(|v| v.as_str()).map(str::to_string);
     let instances = match text_field("instances") {
         None => None,
@@ -609,11 +625,19 @@ async fn start_update(
             )
         })?),
     };
-    // Who asked, as the token proves it; the name the client gives is shown beside.
-    let user = match text_field("user") {
-        Some(name) => format!("{name} (token {})", who.token_id),
-        None => format!("token {}", who.token_id),
-    };
+    // Who asked, as the token proves it (its id and description); the name the
+    // client gives is shown beside.
+    let description = api
+        .tokens
+        .list()
+        .into_iter()
+        .find(|t| t.id == who.token_id)
+        .map(|t| t.description);
+    let user = started_by(
+        text_field("user").as_deref(),
+        &who.token_id,
+        description.as_deref(),
+    );
     let event = Event::StartUpdate {
         job: key_of(&role, &env, &name),
         spec: Box::new(spec),
@@ -2176,6 +2200,20 @@ async fn metrics(State(api): State<Shared>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_update_names_who_started_it_by_token_description() {
+        use super::started_by;
+        assert_eq!(
+            started_by(None, "3f2a", Some("bootstrap admin token")),
+            "bootstrap admin token (token 3f2a)"
+        );
+        assert_eq!(
+            started_by(Some("alice"), "3f2a", Some("ci")),
+            "alice (token 3f2a, ci)"
+        );
+        assert_eq!(started_by(Some(" "), "3f2a", Some("")), "token 3f2a");
+    }
+
     use super::*;
 
     #[test]

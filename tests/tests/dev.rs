@@ -30,6 +30,7 @@ fn drover_dev_runs_hello_world_until_running_and_cleans_up() {
         .arg("--data-dir")
         .arg(data.path())
         .env_remove("DROVER_MASTER")
+        .env("XDG_CONFIG_HOME", data.path().join("config"))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -88,12 +89,14 @@ fn drover_dev_stops_everything_on_ctrl_c() {
     let data = tempfile::tempdir().unwrap();
     // Whatever happens below, nothing it started outlives the test.
     let _sweep = SweepOnDrop::new(data.path());
+    let config = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin("drover").unwrap())
         .args(["dev", "--port", "0", "--data-dir"])
         .arg(data.path())
         .arg("--job")
         .arg(workspace_root().join("examples/hello_world.yaml"))
         .env_remove("DROVER_MASTER")
+        .env("XDG_CONFIG_HOME", config.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -130,6 +133,47 @@ fn drover_dev_stops_everything_on_ctrl_c() {
         "{}",
         seen.join("\n")
     );
+    // Another shell finds the cluster without settings (the dev context) ...
+    let dev_file = config.path().join("drover/dev.toml");
+    assert!(dev_file.is_file(), "{}", seen.join("\n"));
+    let cli = |args: &[&str]| {
+        Command::new(bin("drover").unwrap())
+            .args(args)
+            .env("XDG_CONFIG_HOME", config.path())
+            .env_remove("DROVER_MASTER")
+            .env_remove("DROVER_CA")
+            .env_remove("DROVER_TOKEN")
+            .env_remove("DROVER_TOKEN_FILE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let list = cli(&["job", "list"]);
+    assert!(list.status.success(), "{}", describe(&list));
+    assert!(
+        String::from_utf8_lossy(&list.stdout).contains("www-data/devel/hello"),
+        "{}",
+        describe(&list)
+    );
+    assert!(
+        String::from_utf8_lossy(&list.stderr).contains("talking to the `drover dev` cluster"),
+        "{}",
+        describe(&list)
+    );
+    // ... and an http:// address of its TLS port says what to use instead.
+    let api = seen
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("API:"))
+        .map(|a| a.trim().to_string())
+        .unwrap();
+    let plain = api.replacen("https://", "http://", 1);
+    let refused = cli(&["--master", &plain, "job", "list"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("speaks TLS") && stderr.contains(&format!("--master {api} --ca")),
+        "{}",
+        describe(&refused)
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -142,4 +186,5 @@ fn drover_dev_stops_everything_on_ctrl_c() {
     assert!(status.success(), "{status:?}\n{text}");
     assert!(text.contains("KILLED"), "prints the task's end: {text}");
     assert_eq!(processes_under(data.path()), Vec::<u32>::new(), "{text}");
+    assert!(!dev_file.exists(), "the dev context is removed at exit");
 }

@@ -551,3 +551,44 @@ fn a_drain_survives_its_agent_crashing_and_restarting_mid_way() {
         .unwrap();
     assert_ne!(hosts_of(&view)[0], old.agent_id.clone().unwrap());
 }
+
+#[test]
+fn a_drain_whose_replacements_have_nowhere_to_go_ends_wait_early_saying_why() {
+    if !running_as_root("stuck drain test") {
+        return;
+    }
+    // 4 instances, at most 2 per host, on 2 hosts, one disrupted at a time: the
+    // first replacement from agent-1 finds it in maintenance and agent-2 full.
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let mut spec = with_policy(
+        command_job("packed", 4, true, "sleep 1000"),
+        json!({"max_disrupted": 1}),
+    );
+    spec["constraints"] = json!({"host": "limit:2"});
+    cluster.create_job(&spec).unwrap();
+    cluster
+        .wait_for_all("www-data/test/packed", TaskState::Running)
+        .unwrap();
+    let started = Instant::now();
+    let output = cluster
+        .drover_with_timeout(
+            &["host", "drain", "agent-1", "--wait", "--timeout", "5m"],
+            WAIT,
+        )
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        stderr.contains("the drain of host agent-1 cannot finish as things stand")
+            && stderr.contains("www-data/test/packed: 1 instance(s) PENDING")
+            && stderr.contains("host limit reached on 1 agent"),
+        "{}",
+        describe(&output)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "ended early: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(host(&cluster, "agent-1").mode, MaintenanceMode::Draining);
+}

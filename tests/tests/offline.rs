@@ -41,6 +41,28 @@ fn every_example_validates() {
     }
 }
 
+/// `drover job validate` refuses the schedule the master refuses (one validator).
+#[test]
+fn validate_refuses_a_cron_schedule_the_master_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cron.yaml");
+    let text = std::fs::read_to_string(workspace_root().join("examples/cron.yaml"))
+        .unwrap()
+        .replace(
+            "cron_schedule: \"0 3 * * *\"",
+            "cron_schedule: \"61 * * * *\"",
+        );
+    std::fs::write(&path, text).unwrap();
+    let output = drover(None, &["job", "validate", path.to_str().unwrap()]).unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("cron_schedule: the minute field `61` is not valid"),
+        "{}",
+        describe(&output)
+    );
+}
+
 /// Which errors a spec gets is the parser's business (common/tests/parse.rs has the
 /// spec with five mistakes); here only what the binary adds: exit status 1 and one
 /// stderr line per error, each starting with the file's path and the field.

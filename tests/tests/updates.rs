@@ -171,8 +171,12 @@ fn a_canary_on_instance_0_runs_beside_the_old_config_and_diff_shows_it() {
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
     assert!(text.contains("replace:   0\n"), "{text}");
     assert!(text.contains("unchanged: -\n"), "{text}");
+    // The script's changed line, not the whole script twice as one string.
     assert!(
-        text.contains("task.processes[0].cmdline: \"exec python3"),
+        text.contains(
+            "  task.processes[0].cmdline:\n    - exec python3 -c 'import http.server, os, \
+             sys\n    + true; exec python3"
+        ),
         "{text}"
     );
     let out = c
@@ -402,3 +406,68 @@ fn hosts_of(view: &JobView) -> Vec<String> {
         .filter_map(|i| i.current.as_ref()?.agent_id.clone())
         .collect()
 }
+
+#[test]
+fn an_update_that_can_never_finish_says_why_and_wait_ends_early() {
+    // 3 instances of a service (default `host: limit:1`) on 1 host: one runs, two
+    // wait for a place that never comes.
+    if !running_as_root("stuck update test") {
+        return;
+    }
+    let mut c = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    let mut old = spec("stuck", 3, "", 1);
+    old.as_object_mut().unwrap().remove("constraints");
+    c.create_job(&old).unwrap();
+    c.wait_for("one instance RUNNING, two PENDING", WAIT_ONE, |c| {
+        let job = c.job(&key("stuck")).ok()?;
+        let states: Vec<_> = job
+            .instances
+            .iter()
+            .filter_map(|i| i.current.as_ref().map(|t| t.state))
+            .collect();
+        let pending = states.iter().filter(|s| **s == TaskState::Pending).count();
+        (running_instances(&job) == 1 && pending == 2).then_some(())
+    })
+    .unwrap();
+    let mut new = spec("stuck", 3, "true; ", 1);
+    new.as_object_mut().unwrap().remove("constraints");
+    let file = write(&c, "stuck.json", &new);
+    let out = c.drover(&["job", "diff", &file]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("are PENDING now: host limit reached on 1 agent"),
+        "{}",
+        describe(&out)
+    );
+    let started = Instant::now();
+    let out = c
+        .drover(&["job", "update", &file, "--wait", "--timeout", "5m"])
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        stderr.contains("cannot finish as things stand")
+            && stderr.contains("PENDING: host limit reached on 1 agent"),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "ended early, not at the timeout: {:?}",
+        started.elapsed()
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("must stay RUNNING 1s"),
+        "{}",
+        describe(&out)
+    );
+    // Who started it: the token's description, never `unknown`.
+    assert!(
+        stdout.contains("bootstrap admin token") && !stdout.contains("unknown"),
+        "{}",
+        describe(&out)
+    );
+}
+
+const WAIT_ONE: Duration = Duration::from_secs(30);

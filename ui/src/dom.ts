@@ -32,7 +32,8 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return el;
 }
 
-/** Bytes the way the CLI prints them (common/src/units.rs human_bytes): 15.5GiB. */
+/** Bytes the way the CLI prints them (common/src/units.rs human_bytes): the largest
+ * unit that fits, at most one decimal, never `.0` (15.5GiB, 10GiB). */
 export function humanBytes(n: number): string {
   const units: [string, number][] = [
     ["TiB", 2 ** 40],
@@ -42,7 +43,8 @@ export function humanBytes(n: number): string {
   ];
   for (const [unit, size] of units) {
     if (n >= size) {
-      return n % size === 0 ? `${n / size}${unit}` : `${(n / size).toFixed(1)}${unit}`;
+      const text = n % size === 0 ? String(n / size) : (n / size).toFixed(1).replace(/\.0$/, "");
+      return `${text}${unit}`;
     }
   }
   return `${n}B`;

@@ -94,6 +94,10 @@ export interface UpdateView {
   instances_after: number;
   instances: { instance: number; from: string | null; to: string | null; state: string; failures: number }[];
   events: { at_ms: number; message: string }[];
+  /** While it runs: what it waits for (with the scheduler's reason for PENDING instances). */
+  waiting?: string | null;
+  /** While it runs: why it cannot finish as things stand. */
+  stuck?: string | null;
 }
 
 export interface JobView {
@@ -141,6 +145,8 @@ export interface HostView {
   deadline_ms: number | null;
   tasks_left: number;
   blocked: string[];
+  /** While DRAINING: why the drain cannot go on as things stand. */
+  stuck?: string | null;
   events: { timestamp_ms: number; message: string }[];
 }
 

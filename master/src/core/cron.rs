@@ -1,12 +1,9 @@
 //! Cron jobs (Aurora): a job with a `cron_schedule` is stored as a template and
-//! each firing starts a run of it (a task per instance). The timetable is pure
-//! ([`Schedule`], [`catch_up`]); the glue (`impl Core`) arms the firing timers,
-//! applies the collision policy and records each firing durably.
+//! each firing starts a run of it (a task per instance). The timetable is pure and
+//! lives in common ([`drover_common::cron`]: the schedule, its validation, the
+//! catch-up rule); the glue here (`impl Core`) arms the firing timers, applies the
+//! collision policy and records each firing durably.
 //!
-//! - The schedule is the standard 5 fields (minute hour day-of-month month
-//!   day-of-week, vixie-cron semantics, `@daily` and friends too), read in
-//!   `cron_timezone` (IANA, default UTC). With the master's `cron_seconds` test
-//!   switch a 6th leading seconds field is accepted as well.
 //! - A firing while the previous run still has active tasks: KILL_EXISTING kills
 //!   them and starts the new run, CANCEL_NEW skips the firing.
 //! - The last firing handled is stored in the same batch as the run it started, so
@@ -19,8 +16,7 @@
 
 use std::sync::Arc;
 
-use chrono::TimeZone;
-use croner::parser::{CronParser, Seconds, Year};
+pub use drover_common::cron::{catch_up, job_schedule, parse, CronSpecError, Schedule};
 use drover_common::spec::CronCollisionPolicy;
 use drover_common::state::{EventSource, TaskState, UnixMillis};
 use drover_common::wire::{ActionResponse, CronView};
@@ -28,140 +24,6 @@ use drover_common::wire::{ActionResponse, CronView};
 use super::model::new_task;
 use super::timers::Timer;
 use super::{Change, Core, CoreError, Now, Reply};
-
-/// A bad `cron_schedule` or `cron_timezone`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct CronSpecError {
-    /// The spec field at fault.
-    pub field: &'static str,
-    pub message: String,
-}
-
-/// A parsed schedule in its time zone.
-#[derive(Clone, Debug)]
-pub struct Schedule {
-    cron: croner::Cron,
-    tz: chrono_tz::Tz,
-    text: String,
-}
-
-const FIELDS: [&str; 5] = ["minute", "hour", "day-of-month", "month", "day-of-week"];
-
-fn parser(seconds: bool) -> CronParser {
-    CronParser::builder()
-        .seconds(if seconds {
-            Seconds::Required
-        } else {
-            Seconds::Disallowed
-        })
-        .year(Year::Disallowed)
-        .build()
-}
-
-/// Parses `expr` in time zone `tz` (None: UTC). `allow_seconds` accepts a leading
-/// seconds field (6 fields; the test switch). The error names the cron field.
-pub fn parse(expr: &str, tz: Option<&str>, allow_seconds: bool) -> Result<Schedule, CronSpecError> {
-    let bad = |message: String| CronSpecError {
-        field: "cron_schedule",
-        message,
-    };
-    let tz = match tz {
-        None => chrono_tz::UTC,
-        Some(name) => name.parse::<chrono_tz::Tz>().map_err(|_| CronSpecError {
-            field: "cron_timezone",
-            message: format!(
-                "`{name}` is not an IANA time zone; write one like UTC or Europe/Paris"
-            ),
-        })?,
-    };
-    let text = expr.trim();
-    let parts: Vec<&str> = text.split_whitespace().collect();
-    let nickname = text.starts_with('@');
-    let seconds = allow_seconds && parts.len() == 6;
-    if !nickname && parts.len() != 5 && !seconds {
-        let want = if allow_seconds {
-            "5 (or 6 with seconds)"
-        } else {
-            "5"
-        };
-        return Err(bad(format!(
-            "`{text}` has {} fields; a schedule has {want}: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`",
-            parts.len()
-        )));
-    }
-    if !nickname {
-        // Each field alone, the others `*`, so that the error names the field.
-        let names: Vec<&str> = if seconds {
-            std::iter::once("second").chain(FIELDS).collect()
-        } else {
-            FIELDS.to_vec()
-        };
-        for (i, part) in parts.iter().enumerate() {
-            let probe: Vec<&str> = (0..parts.len())
-                .map(|j| if j == i { *part } else { "*" })
-                .collect();
-            if let Err(e) = parser(seconds).parse(&probe.join(" ")) {
-                return Err(bad(format!(
-                    "the {} field `{part}` is not valid: {e}",
-                    names[i]
-                )));
-            }
-        }
-    }
-    let cron = parser(seconds)
-        .parse(text)
-        .map_err(|e| bad(format!("`{text}` is not a valid schedule: {e}")))?;
-    Ok(Schedule {
-        cron,
-        tz,
-        text: text.to_string(),
-    })
-}
-
-impl Schedule {
-    /// The schedule as written.
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
-    /// The time zone's name.
-    pub fn timezone(&self) -> &str {
-        self.tz.name()
-    }
-
-    fn at(&self, ms: UnixMillis) -> Option<chrono::DateTime<chrono_tz::Tz>> {
-        self.tz.timestamp_millis_opt(ms as i64).single()
-    }
-
-    /// The first firing strictly after `ms`.
-    pub fn next_after(&self, ms: UnixMillis) -> Option<UnixMillis> {
-        let t = self.cron.find_next_occurrence(&self.at(ms)?, false).ok()?;
-        u64::try_from(t.timestamp_millis()).ok()
-    }
-
-    /// The last firing at or before `ms`.
-    pub fn last_at_or_before(&self, ms: UnixMillis) -> Option<UnixMillis> {
-        let t = self
-            .cron
-            .find_previous_occurrence(&self.at(ms)?, true)
-            .ok()?;
-        u64::try_from(t.timestamp_millis()).ok()
-    }
-}
-
-/// At start: the firing missed while the master was down that runs now, if any:
-/// the latest one at or before `now`, later than `since` (the last firing handled,
-/// else the job's creation) and at most `grace_ms` old.
-pub fn catch_up(
-    schedule: &Schedule,
-    since: UnixMillis,
-    now: UnixMillis,
-    grace_ms: u64,
-) -> Option<UnixMillis> {
-    let missed = schedule.last_at_or_before(now)?;
-    (missed > since && now.saturating_sub(missed) <= grace_ms).then_some(missed)
-}
 
 /// A cron job's state in the core.
 #[derive(Clone, Debug)]
@@ -174,30 +36,14 @@ pub(super) struct CronState {
 }
 
 impl Core {
-    /// The spec's schedule parsed, or the error naming the field.
+    /// The spec's schedule parsed, or the error naming the field (the validator in
+    /// common, with the `cron_seconds` switch).
     pub(super) fn schedule_of(
         &self,
         spec: &drover_common::spec::JobSpec,
     ) -> Result<Option<Arc<Schedule>>, CoreError> {
-        let Some(expr) = &spec.cron_schedule else {
-            if spec.cron_timezone.is_some() {
-                return Err(CoreError::BadCron(CronSpecError {
-                    field: "cron_timezone",
-                    message: "is set but cron_schedule is not; add a schedule or remove it"
-                        .to_string(),
-                }));
-            }
-            return Ok(None);
-        };
-        if spec.service {
-            return Err(CoreError::BadCron(CronSpecError {
-                field: "cron_schedule",
-                message: "a service runs forever and cannot be a cron job; set service: false"
-                    .to_string(),
-            }));
-        }
-        parse(expr, spec.cron_timezone.as_deref(), self.cfg.cron_seconds)
-            .map(|s| Some(Arc::new(s)))
+        job_schedule(spec, self.cfg.cron_seconds)
+            .map(|s| s.map(Arc::new))
             .map_err(CoreError::BadCron)
     }
 

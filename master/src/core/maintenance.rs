@@ -688,6 +688,11 @@ impl Core {
             drain_at_ms: m.drain_at_ms,
             tasks_left: a.tasks.len() as u32,
             blocked: self.drains.blocked.get(&idx).cloned().unwrap_or_default(),
+            stuck: self
+                .drains
+                .blocked
+                .get(&idx)
+                .and_then(|blocked| self.drain_stuck(idx, blocked)),
             events: m.events.iter().cloned().collect(),
         }
     }

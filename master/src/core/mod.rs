@@ -48,6 +48,7 @@ mod quota;
 mod reconciliation;
 mod snapshot;
 mod stats;
+mod stuck;
 mod timers;
 mod update;
 mod user_grants;

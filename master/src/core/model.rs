@@ -178,6 +178,9 @@ pub(super) struct Job {
     pub(super) cursor: usize,
     /// Why its PENDING tasks do not fit, from the last try.
     pub(super) pending_reason: Option<String>,
+    /// The last try failed only on what no other job's ending and no agent coming
+    /// back can change: the job's limits and constraints, hosts in maintenance.
+    pub(super) pending_fixed: bool,
     /// A cron job's schedule and firings; None for other jobs.
     pub(super) cron: Option<super::cron::CronState>,
     /// Its active tasks per `limit:N` attribute value, kept up to date between
@@ -325,6 +328,7 @@ impl Job {
             candidates: None,
             cursor: 0,
             pending_reason: None,
+            pending_fixed: false,
             cron: None,
             limit_cache: None,
         }

@@ -291,16 +291,17 @@ impl Core {
                 job,
                 &cache.counts,
             ),
-            None => Err(String::new()),
+            None => Err((String::new(), false)),
         };
         let placed = match found {
             Ok(idx) => {
                 self.place_at(job_key, key, id, idx, &mut cache, kept, limits, now);
                 true
             }
-            Err(reason) => {
+            Err((reason, fixed)) => {
                 if let Some(job) = self.jobs.get_mut(job_key) {
                     job.pending_reason = Some(reason);
+                    job.pending_fixed = fixed;
                 }
                 false
             }
@@ -581,7 +582,8 @@ enum Misfit {
     NoAttribute(usize),
 }
 
-/// Finds an agent for the job's next task, or says why there is none.
+/// Finds an agent for the job's next task, or says why there is none (and
+/// whether only the job's spec or an operator can change that, see [`explain`]).
 fn find_agent(
     agents: &[Agent],
     attr_index: &HashMap<String, HashMap<String, Vec<u32>>>,
@@ -589,7 +591,7 @@ fn find_agent(
     index_gen: u64,
     job: &mut Job,
     counts: &LimitCounts,
-) -> Result<u32, String> {
+) -> Result<u32, (String, bool)> {
     let cands = match &job.candidates {
         Some((gen, list)) if *gen == index_gen => list.clone(),
         _ => {
@@ -648,16 +650,19 @@ fn explain_excluded(agents: &[Agent], cands: &[u32], job: &Job) -> Vec<String> {
         .collect()
 }
 
-/// "insufficient ram on 12 agents; rack limit reached on 3".
+/// "insufficient ram on 12 agents; rack limit reached on 3", and whether it is
+/// fixed: every agent is refused for the job's own limits, constraints or
+/// attributes, or for being in maintenance, so no other task's ending and no agent
+/// coming back changes it (a new agent, an ended maintenance or another spec does).
 fn explain(
     agents: &[Agent],
     cands: &[u32],
     need: &Need,
     job: &Job,
     counts: &LimitCounts,
-) -> String {
+) -> (String, bool) {
     if agents.is_empty() {
-        return "no agents registered".to_string();
+        return ("no agents registered".to_string(), false);
     }
     let mut tally: Vec<(Misfit, u32)> = Vec::new();
     for &idx in cands {
@@ -669,6 +674,12 @@ fn explain(
         }
     }
     tally.sort_by_key(|(m, n)| (std::cmp::Reverse(*n), format!("{m:?}")));
+    let fixed = tally.iter().all(|(m, _)| {
+        matches!(
+            m,
+            Misfit::Limit(_) | Misfit::NoAttribute(_) | Misfit::Maintenance
+        )
+    });
     let mut parts: Vec<String> = tally
         .into_iter()
         .map(|(m, n)| {
@@ -691,9 +702,9 @@ fn explain(
         parts.extend(explain_excluded(agents, cands, job));
     }
     if parts.is_empty() {
-        "no agent fits".to_string()
+        ("no agent fits".to_string(), false)
     } else {
-        parts.join("; ")
+        (parts.join("; "), fixed)
     }
 }
 

@@ -144,12 +144,40 @@ enum Check {
 impl Core {
     /// A job's latest update (GET .../update).
     pub fn update_view(&self, job: &str) -> Option<UpdateView> {
-        self.updates.get(job).map(|u| u.view.clone())
+        self.updates.get(job).map(|u| self.with_pending(u))
     }
 
     /// Every job's latest update, by job key (for the web page).
     pub fn update_views(&self) -> Vec<UpdateView> {
-        self.updates.values().map(|u| u.view.clone()).collect()
+        self.updates
+            .values()
+            .map(|u| self.with_pending(u))
+            .collect()
+    }
+
+    /// The stored view, with why its batch's PENDING instances wait and whether
+    /// it is stuck, as of now (read time: the scheduler runs after the update's
+    /// step, so the record's own text may predate the reason).
+    fn with_pending(&self, u: &UpdateRecord) -> UpdateView {
+        let mut view = u.view.clone();
+        if view.state.is_terminal() || view.state == UpdateState::Paused {
+            return view;
+        }
+        if let Some(pending) = self.pending_of(&view.job, &u.in_flight) {
+            let line = pending.describe();
+            view.waiting = Some(match view.waiting.take() {
+                Some(w) => format!("{w}; {line}"),
+                None => line.clone(),
+            });
+            if pending.stuck {
+                view.stuck = Some(format!(
+                    "{line}, and no task of the job is starting or stopping: nothing \
+                     the update does changes that (more agents, a looser constraint in a \
+                     new spec, or the end of a maintenance would)"
+                ));
+            }
+        }
+        view
     }
 
     /// The config hash each instance of the job runs: its current task's.
@@ -306,6 +334,7 @@ impl Core {
                 batch: 0,
                 batches: 0,
                 waiting: None,
+                stuck: None,
             },
             old_config,
             next: 0,
@@ -398,6 +427,7 @@ impl Core {
         let view = u.view.clone();
         self.dirty_updates.insert(job.to_string());
         if view.state.is_terminal() {
+            self.keep_instance_count(job, view.state);
             self.prune_configs(job);
         }
         Ok(Reply::Update(Box::new(view)))
@@ -446,7 +476,31 @@ impl Core {
             u.in_flight.clear();
             u.event(now, "aborted: the job was killed".to_string());
             self.dirty_updates.insert(job.to_string());
+            self.keep_instance_count(job, UpdateState::Aborted);
         }
+    }
+
+    /// After an update ended ABORTED or FAILED, every instance stays as it is, so
+    /// the job has as many instances as it has slots: its spec says so too (one
+    /// instance count for `job status`, `job list` and the web page), durably.
+    fn keep_instance_count(&mut self, job: &str, state: UpdateState) {
+        if !matches!(state, UpdateState::Aborted | UpdateState::Failed) {
+            return;
+        }
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let have = j.slots.len() as u32;
+        if j.spec.instances == have {
+            return;
+        }
+        let mut spec = j.spec.as_ref().clone();
+        spec.instances = have;
+        let spec = Arc::new(spec);
+        j.spec = spec.clone();
+        let created = j.created_ms;
+        self.job_changes
+            .push(Change::PutJob(spec, job.to_string(), created));
     }
 
     /// Drives each running update one step, after every event that changed one of
@@ -487,6 +541,10 @@ impl Core {
                     self.dirty_updates.insert(job.clone());
                 }
                 if ended {
+                    let state = self.updates.get(&job).map(|u| u.view.state);
+                    if let Some(state) = state {
+                        self.keep_instance_count(&job, state);
+                    }
                     self.prune_configs(&job);
                 }
             }
@@ -672,8 +730,8 @@ impl Core {
         }
         if !u.in_flight.is_empty() && u.view.state != UpdateState::Paused {
             let why = format!(
-                "batch {}/{}: {watched} instance(s) RUNNING, watched for {}; {starting} \
-                 starting, stopping or waiting for a place",
+                "batch {}/{}: {watched} instance(s) RUNNING (each must stay RUNNING {}); \
+                 {starting} starting, stopping or waiting for a place",
                 u.view.batch, u.view.batches, settings.watch
             );
             changed |= set_waiting(u, Some(why));

@@ -68,6 +68,7 @@ export function hostsPage(root: HTMLElement, ctx: Ctx): Page {
               "td",
               {},
               x.blocked.length ? h("ul", {}, x.blocked.map((b) => h("li", {}, b))) : null,
+              x.stuck ? h("div", { class: "reason" }, `Cannot finish as things stand: ${x.stuck}`) : null,
               last ? h("div", { class: "reason" }, time(last.timestamp_ms), " ", last.message) : "-",
             ),
             h(

@@ -205,6 +205,8 @@ function updateSection(v: JobView): HTMLElement {
       time(u.created_ms),
       `: ${u.state}, ${done} of ${u.instances.length} instance(s) updated, to config ${u.to_config.slice(0, 8)}`,
     ),
+    running && u.waiting ? h("p", { class: "note" }, `Waiting: ${u.waiting}`) : null,
+    running && u.stuck ? h("p", { class: "reason" }, `Cannot finish as things stand: ${u.stuck}`) : null,
     table(
       "Update history",
       ["TIME", "EVENT"],

@@ -833,3 +833,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_drain_whose_replacements_have_nowhere_to_go_is_stuck_and_says_why() {
+    // 4 instances, at most 2 per host, on 2 hosts, one disrupted at a time: the
+    // first replacement from a1 finds a1 in maintenance and a2 at its limit.
+    let mut w = world(2);
+    w.create(spec(
+        "x",
+        4,
+        true,
+        r#","constraints":{"host":"limit:2"},"sla_policy":{"max_disrupted":1}"#,
+    ));
+    w.agents_act();
+    assert_eq!(w.running("www/prod/x"), 4);
+    w.drain(&["a1"], None);
+    for _ in 0..8 {
+        w.agents_act();
+        w.pass(500);
+    }
+    let view = &w.core.host_views_named(&hosts(&["a1"])).unwrap()[0];
+    assert_eq!(view.mode, MaintenanceMode::Draining, "{view:?}");
+    let stuck = view.stuck.clone().unwrap_or_default();
+    assert!(
+        stuck.contains("www/prod/x: 1 instance(s) PENDING: ")
+            && stuck.contains("host limit reached on 1 agent"),
+        "{view:?}"
+    );
+    // A third host takes the replacements: no longer stuck, and the drain ends.
+    w.register("a3", 4.0, 16, &[]);
+    for _ in 0..8 {
+        w.agents_act();
+        w.pass(500);
+    }
+    let view = &w.core.host_views_named(&hosts(&["a1"])).unwrap()[0];
+    assert_eq!(view.stuck, None, "{view:?}");
+    assert_eq!(view.mode, MaintenanceMode::Drained, "{view:?}");
+}

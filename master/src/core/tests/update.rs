@@ -1093,3 +1093,89 @@ fn a_task_of_an_older_config_preempts_by_its_own_needs_and_limits() {
     );
     assert_eq!(w.core.agents[idx].reserved, Need::default());
 }
+
+#[test]
+fn an_update_that_can_never_finish_says_why_and_is_stuck() {
+    // 3 instances on 1 host with the services' default `host: limit:1`: only one
+    // ever runs, so the update waits for a place that never comes.
+    let mut w = world(1);
+    w.create(web(3, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    assert_eq!(running(&w), 1);
+    update(&mut w, web(3, "sleep 200", 1, ""), None).unwrap();
+    play(&mut w, 5_000);
+    let v = view(&w);
+    assert_eq!(v.state, UpdateState::RollingForward, "{v:#?}");
+    let waiting = v.waiting.clone().unwrap_or_default();
+    assert!(
+        waiting.contains("PENDING: host limit reached on 1 agent"),
+        "{v:#?}"
+    );
+    assert!(waiting.contains("must stay RUNNING 2s"), "{waiting}");
+    let stuck = v.stuck.unwrap_or_default();
+    assert!(stuck.contains("host limit reached on 1 agent"), "{stuck}");
+
+    // Two more agents let it go on: no longer stuck, and it finishes.
+    w.register("a8", 8.0, 16, &[]);
+    w.register("a9", 8.0, 16, &[]);
+    play(&mut w, 500);
+    assert_eq!(view(&w).stuck, None);
+    let done = until_done(&mut w, 60_000);
+    assert_eq!(done.state, UpdateState::RolledForward, "{done:#?}");
+}
+
+#[test]
+fn an_update_waiting_for_resources_is_not_stuck() {
+    // a1 is full of another job's task, whose ending may free it.
+    let mut w = World::new();
+    w.register("a0", 1.0, 16, &[]);
+    w.register("a1", 1.0, 16, &[]);
+    w.create(web(1, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    w.create(spec("hog", 1, false, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(2, "sleep 100", 1, ""), None).unwrap();
+    play(&mut w, 2_000);
+    let v = view(&w);
+    let waiting = v.waiting.clone().unwrap_or_default();
+    assert!(waiting.contains("insufficient cpu on 1 agent"), "{v:#?}");
+    assert_eq!(v.stuck, None);
+}
+
+#[test]
+fn an_aborted_update_leaves_one_instance_count_everywhere() {
+    // Growing 2 -> 4 one at a time, aborted after the first added instance: the
+    // job has 3 instances, and its spec, list line and view all say 3.
+    let mut w = world(6);
+    w.create(web(2, "sleep 100", 1, ""));
+    play(&mut w, 1_000);
+    update(&mut w, web(4, "sleep 100", 1, ""), None).unwrap();
+    let mut waited = 0;
+    while w.core.jobs[KEY].slots.len() < 3 {
+        play(&mut w, 250);
+        waited += 250;
+        assert!(waited < 30_000, "{:#?}", view(&w));
+    }
+    w.handle(Event::UpdateAction {
+        job: KEY.to_string(),
+        action: UpdateAction::Abort,
+    })
+    .reply
+    .unwrap();
+    play(&mut w, 1_000);
+    assert_eq!(view(&w).state, UpdateState::Aborted);
+    let job = w.core.job_view(KEY).unwrap();
+    let summary = w
+        .core
+        .job_summaries(None)
+        .into_iter()
+        .find(|s| s.key == KEY)
+        .unwrap();
+    assert_eq!(job.instances.len(), 3);
+    assert_eq!(job.spec.instances, 3);
+    assert_eq!(summary.instances, 3);
+    // And so after a restart (the store holds it).
+    let snap = w.snapshot();
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    assert_eq!(w.core.job_view(KEY).unwrap().spec.instances, 3);
+}

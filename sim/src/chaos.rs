@@ -68,7 +68,13 @@ pub fn act(w: &mut World) -> Result<(), String> {
             w.maintenance(MaintenanceOp::Cordon, a)?;
         }
         340..=369 => {
-            let a = w.rng.pick(n_agents);
+            // Operators drain hosts that act up: often one cut off right now.
+            let cut: Vec<usize> = (0..n_agents).filter(|&a| w.cut_off(a)).collect();
+            let a = if !cut.is_empty() && w.rng.chance(500) {
+                cut[w.rng.pick(cut.len())]
+            } else {
+                w.rng.pick(n_agents)
+            };
             let deadline_ms = w.rng.chance(500).then(|| w.rng.range(1_000, 20_000));
             w.maintenance(MaintenanceOp::Drain { deadline_ms }, a)?;
         }
@@ -115,7 +121,7 @@ pub fn act(w: &mut World) -> Result<(), String> {
             let a = w.rng.pick(n_agents);
             if w.agents[a].up {
                 let reboot = w.rng.chance(300);
-                let wipe = w.rng.chance(40);
+                let wipe = w.rng.chance(200);
                 w.agent_crash(a, reboot, wipe);
             }
         }

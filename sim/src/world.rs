@@ -26,6 +26,8 @@ use crate::store::MemStore;
 
 /// The start of simulated time (true time, ms).
 const T0: u64 = 1_000_000;
+/// The wall clock at the start (late 2023), so steps back never reach 1970.
+const WALL0: i64 = 1_700_000_000_000;
 /// How long the master holds an assignment poll (the agent's `poll_wait`).
 const POLL_WAIT_MS: u64 = 5_000;
 
@@ -349,7 +351,7 @@ impl World {
                 up: false,
                 boot: 0,
                 drift_ppm: rng.range(0, 4_000) as i64 - 2_000,
-                wall_skew: rng.range(0, 20_000) as i64 - 10_000,
+                wall_skew: WALL0 - T0 as i64 + rng.range(0, 20_000) as i64 - 10_000,
                 registered: false,
                 host: Host::default(),
                 outbox: Vec::new(),
@@ -367,12 +369,15 @@ impl World {
                 execs: BTreeMap::new(),
             });
         }
-        let now = Now::both(T0);
+        let now = Now {
+            mono: T0,
+            wall: WALL0 as u64,
+        };
         let master = Master {
             core: Some(Core::new(sim_config(), now, seed)),
             inc: 0,
             mono_off: 0,
-            wall_skew: 0,
+            wall_skew: WALL0 - T0 as i64,
             queue: Vec::new(),
             committing: 0,
             epoch: 0,
@@ -502,7 +507,8 @@ impl World {
 
     // ---- network ----
 
-    fn cut_off(&self, agent: usize) -> bool {
+    /// Whether the agent is cut off from the master now.
+    pub fn cut_off(&self, agent: usize) -> bool {
         self.partitioned[agent] > self.t
     }
 

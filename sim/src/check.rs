@@ -77,8 +77,8 @@ pub struct Checker {
     placed: BTreeMap<String, String>,
     /// Exclusive tasks the master was stopping after the last step it ran.
     stopping: BTreeSet<String>,
-    /// Task ids seen in a batch.
-    seen_tasks: BTreeSet<String>,
+    /// Each task's state in the latest batch that wrote it.
+    last_state: BTreeMap<String, TaskState>,
     /// Task ids ever started on an executor.
     started: BTreeSet<String>,
     /// Committed state per task (transitions).
@@ -219,45 +219,54 @@ pub fn on_batch(w: &mut World, changes: &[Change]) -> Result<(), String> {
         return Ok(());
     };
     let mut modes: Option<BTreeMap<String, MaintenanceMode>> = None;
-    // A new task of an exclusive instance while an older one is not terminal on a
-    // host the master cannot reach: a copy nobody can stop runs beside it (only
-    // the partition policy's LOST, after lease and kill time, may replace it).
+    // The master stops a task of an exclusive instance on a host it cannot reach
+    // and makes its replacement in the same event: a copy nobody can stop may run
+    // beside it (only the partition policy's LOST, after lease and kill time, may
+    // replace such a task).
     let mut reachable: Option<BTreeMap<String, bool>> = None;
+    let mut unstoppable: BTreeMap<(String, u32), String> = BTreeMap::new();
+    let mut fresh = Vec::new();
     for c in changes {
         let Change::PutTask(t) = c else {
             continue;
         };
-        if t.gen == 0 || w.checker.seen_tasks.contains(&t.id) {
+        let prev = w.checker.last_state.insert(t.id.clone(), t.status.state);
+        if prev.is_none() && t.gen > 0 {
+            fresh.push(t);
+        }
+        let newly_stopping =
+            t.status.state.is_stopping() && !prev.is_some_and(TaskState::is_stopping);
+        if !newly_stopping {
             continue;
         }
-        w.checker.seen_tasks.insert(t.id.clone());
-        let Some(view) = core.job_view(&t.job) else {
+        let Some(agent) = t.agent.as_ref() else {
             continue;
         };
-        if !view.spec.partition_policy.exclusive {
-            continue;
-        }
         let reach = reachable.get_or_insert_with(|| {
             core.agent_views()
                 .into_iter()
                 .map(|a| (a.agent_id, a.reachable))
                 .collect()
         });
-        let Some(inst) = view.instances.get(t.instance as usize) else {
+        if reach.get(agent) == Some(&false) {
+            unstoppable.insert(
+                (t.job.clone(), t.instance),
+                format!("{} ({}) on {agent}", t.id, t.status.state),
+            );
+        }
+    }
+    for t in fresh {
+        let Some(old) = unstoppable.get(&(t.job.clone(), t.instance)) else {
             continue;
         };
-        for old in inst.current.iter().chain(inst.history.iter()) {
-            if old.task_id == t.id || !old.state.is_on_agent() {
-                continue;
-            }
-            if let Some(agent) = &old.agent_id {
-                if reach.get(agent) == Some(&false) {
-                    return Err(format!(
-                        "replacement {} of exclusive {}/{} made while {} is {} on unreachable {agent}",
-                        t.id, t.job, t.instance, old.task_id, old.state
-                    ));
-                }
-            }
+        let exclusive = core
+            .job_view(&t.job)
+            .is_some_and(|v| v.spec.partition_policy.exclusive);
+        if exclusive {
+            return Err(format!(
+                "replacement {} of exclusive {}/{} made while stopping {old}, which the master cannot reach",
+                t.id, t.job, t.instance
+            ));
         }
     }
     for c in changes {
@@ -308,6 +317,7 @@ pub fn on_commit(w: &mut World, changes: &[Change]) -> Result<(), String> {
             }
             Change::DeleteTask(id) => {
                 w.ledger.forget_task(id);
+                c.committed_state.remove(id);
             }
             Change::DeleteJob(key) => {
                 w.ledger.forget_job(key);

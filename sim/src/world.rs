@@ -314,7 +314,6 @@ impl Default for Faults {
 pub struct World {
     pub t: u64,
     pub rng: Rng,
-    seed: u64,
     queue: BTreeMap<(u64, u64), Ev>,
     ev_seq: u64,
     pub master: Master,
@@ -393,7 +392,6 @@ impl World {
         let mut w = World {
             t: T0,
             rng,
-            seed,
             queue: BTreeMap::new(),
             ev_seq: 0,
             master,
@@ -686,7 +684,10 @@ impl World {
     fn reload_core(&mut self) -> Result<(), String> {
         let snapshot = self.master.store.snapshot();
         let now = self.master_now();
-        let core = Core::load(sim_config(), snapshot, now, self.seed ^ self.master.inc);
+        // A fresh seed per load, as the runtime's: ids never repeat those of an
+        // earlier load.
+        let seed = self.rng.next_u64();
+        let core = Core::load(sim_config(), snapshot, now, seed);
         crate::check::after_load(self, &core)?;
         self.master.core = Some(core);
         self.master_wake();

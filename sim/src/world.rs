@@ -706,7 +706,19 @@ impl World {
         );
         if self.master.queue.is_empty() {
             if let Some(core) = &self.master.core {
-                self.checker.before_crash = Some(crate::check::fingerprint(core, &self.jobs));
+                // What the core holds as the store has it (a core just loaded may
+                // hold changes of its own, e.g. a cron catch-up, that the next
+                // event's batch carries: not committed, not acknowledged).
+                let store = &self.master.store;
+                let print = crate::check::fingerprint(core, &self.jobs)
+                    .into_iter()
+                    .filter(|t| {
+                        store.task(&t.0).is_some_and(|s| {
+                            s.status.state == t.1 && s.desired == t.2 && s.last_seq == t.4
+                        })
+                    })
+                    .collect();
+                self.checker.before_crash = Some(print);
             }
         }
         self.master.core = None;

@@ -82,7 +82,8 @@ enum Up {
 #[derive(Clone, Debug)]
 enum Down {
     Registered(RegisterResponse),
-    Heartbeat(HeartbeatResponse, u64),
+    /// The answer, when the heartbeat was sent (agent clock), whether it was full.
+    Heartbeat(HeartbeatResponse, u64, bool),
     Ack(StatusAck),
     Set {
         id: u64,
@@ -728,6 +729,14 @@ impl World {
         self.master.waiters.clear();
         self.master.polls.clear();
         self.master.read_only = false;
+        // The long polls in flight fail (connection reset): each agent polls
+        // again after its backoff.
+        for i in 0..self.agents.len() {
+            if let Some(id) = self.agents[i].poll {
+                let backoff = self.rng.range(200, 1_000);
+                self.agent_timer_in(i, backoff, AgentTimer::PollTimeout(id));
+            }
+        }
         self.stats.master_restarts += 1;
         let at = self.t + self.rng.range(300, 4_000);
         self.at(at, Ev::MasterUp);
@@ -746,6 +755,14 @@ impl World {
 
     fn master_recv(&mut self, agent: usize, proc_: u64, msg: Up) -> Result<(), String> {
         if self.master.core.is_none() {
+            // Connection refused: a poll is tried again after the agent's backoff
+            // (heartbeats, relays and registrations retry on their own timers).
+            if let Up::Poll { id, .. } = msg {
+                if self.agents[agent].proc_ == proc_ {
+                    let backoff = self.rng.range(200, 1_000);
+                    self.agent_timer_in(agent, backoff, AgentTimer::PollTimeout(id));
+                }
+            }
             return Ok(());
         }
         let id = self.agents[agent].id.clone();
@@ -771,6 +788,7 @@ impl World {
                 mut req,
                 sent_local,
             } => {
+                let sent_full = req.tasks.is_some();
                 if self.master.read_only {
                     req.tasks = None;
                 }
@@ -788,7 +806,7 @@ impl World {
                         Reply::Heartbeat(resp) => Some(ReplyTo::Agent {
                             agent,
                             proc_,
-                            msg: Down::Heartbeat(resp.clone(), sent_local),
+                            msg: Down::Heartbeat(resp.clone(), sent_local, sent_full),
                         }),
                         _ => None,
                     })),
@@ -1275,14 +1293,18 @@ impl World {
                 self.agent_timer_in(i, hb, AgentTimer::Heartbeat);
                 self.agent_poll(i);
             }
-            Down::Heartbeat(resp, sent_local) => {
+            Down::Heartbeat(resp, sent_local, sent_full) => {
                 let a = &mut self.agents[i];
                 a.last_contact = Some(a.last_contact.map_or(sent_local, |c| c.max(sent_local)));
                 if resp.reregister {
                     self.agent_register(i);
                 } else if resp.send_full_task_set {
+                    // As the agent's session: the full set goes with the next
+                    // heartbeat, at once unless this one carried it already.
                     self.agents[i].full = true;
-                    self.send_heartbeat(i);
+                    if !sent_full {
+                        self.send_heartbeat(i);
+                    }
                 }
             }
             Down::Ack(ack) => {

@@ -3,12 +3,12 @@
 
 use drover_sim::{run, Faults, CI_STEPS};
 
-/// The CI seeds: 1 to 31 but 11. Left out, with the bug it finds in main
-/// (docs/testing.md, "What it found"): 11 (and 34, 59, beyond the range): a
+/// The CI seeds: 1 to 31 but 18. Left out, with the bug it finds in main
+/// (docs/testing.md, "What it found"): 18 (and 42, 49, beyond the range): a
 /// restart of an exclusive instance whose task is on a host the master cannot
 /// reach makes the replacement at once, beside a copy nobody can stop.
 const CI_SEEDS: &[u64] = &[
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27,
     28, 29, 30, 31,
 ];
 

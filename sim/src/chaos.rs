@@ -86,12 +86,12 @@ pub fn act(w: &mut World) -> Result<(), String> {
             let j = w.rng.pick(n_jobs);
             if w.jobs[j].cron {
                 let job = w.jobs[j].key.clone();
-                let event = if w.rng.chance(800) {
-                    Event::CronStart { job: job.clone() }
+                let (event, what) = if w.rng.chance(800) {
+                    (Event::CronStart { job: job.clone() }, "start")
                 } else {
-                    Event::CronDeschedule { job: job.clone() }
+                    (Event::CronDeschedule { job: job.clone() }, "deschedule")
                 };
-                w.operator(event, format!("cron {job}"))?;
+                w.operator(event, format!("cron {what} {job}"))?;
             }
         }
         435..=439 => {

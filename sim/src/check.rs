@@ -140,10 +140,12 @@ pub fn after_load(w: &World, core: &Core) -> Result<(), String> {
     let l = &w.ledger;
     for (task, seq) in &l.statuses {
         if let Some(t) = core.task(task) {
-            if t.last_seq.unwrap_or(0) < *seq {
+            // A task the master ended itself ignores later reports (they are
+            // acknowledged all the same).
+            if t.last_seq.unwrap_or(0) < *seq && !t.status.state.is_terminal() {
                 return Err(format!(
-                    "acknowledged write lost: status #{seq} of {task} was acknowledged, the loaded core has #{:?}",
-                    t.last_seq
+                    "acknowledged write lost: status #{seq} of {task} was acknowledged, the loaded core has #{:?} ({})",
+                    t.last_seq, t.status.state
                 ));
             }
         } else if w
@@ -305,10 +307,21 @@ pub fn on_batch(w: &mut World, changes: &[Change]) -> Result<(), String> {
 pub fn on_commit(w: &mut World, changes: &[Change]) -> Result<(), String> {
     let c = &mut w.checker;
     let t = w.t;
+    let t_now = w.t;
     for change in changes {
         match change {
             Change::PutTask(t) => {
                 let to = t.status.state;
+                if to.is_terminal() && c.committed_state.get(&t.id) != Some(&to) {
+                    let why = t
+                        .status
+                        .events
+                        .last()
+                        .map(|e| e.message.clone())
+                        .unwrap_or_default();
+                    w.trace
+                        .line(t_now, format!("committed: {} {to} ({why})", t.id));
+                }
                 if let Some(from) = c.committed_state.insert(t.id.clone(), to) {
                     if from != to && !reachable(from, to) {
                         return Err(format!("task {} went {from} -> {to} in the store", t.id));

@@ -646,11 +646,13 @@ impl World {
         changes.push(Change::Index(last));
         self.master.store.commit(&changes)?;
         self.stats.commits += 1;
-        crate::check::on_commit(self, &changes)?;
         self.master.committed = last;
         self.trace
             .line(self.t, format!("commit up to batch {last}"));
+        // Answers first: a job created and removed (cron deschedule) in one group
+        // commit leaves the ledger with the removal.
         self.deliver();
+        crate::check::on_commit(self, &changes)?;
         self.start_commit();
         Ok(())
     }

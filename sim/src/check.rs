@@ -4,7 +4,7 @@
 //! - no acknowledged write lost: a status the master acknowledged (`StatusAck`),
 //!   a job it said it created, a kill, a maintenance request and an update it
 //!   answered are in every core loaded from the store afterwards; a master that
-//!   crashed with nothing uncommitted comes back with every task as it was;
+//!   crashed with nothing uncommitted comes back with every task it held as stored;
 //! - never two copies of an exclusive instance running (simulated processes);
 //! - a task id runs at most once (tasks are one-shot);
 //! - no host over-committed: neither the master's assignment sets nor the

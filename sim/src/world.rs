@@ -6,14 +6,14 @@
 //! late-answer check, the durable outbox and its relay), simulated executors, and
 //! the network between them. One queue of timed events, one random source.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use drover_agent::converge::{discard_stale, max_answer_flight, KillCause};
 use drover_agent::host::{next_seq, Host, HostAction, Verdict};
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{
     self, AgentResources, AgentTaskReport, AssignmentSet, HeartbeatRequest, HeartbeatResponse,
-    MaintenanceMode, RegisterRequest, RegisterResponse, StatusAck, StatusUpdate,
+    RegisterRequest, RegisterResponse, StatusAck, StatusUpdate,
 };
 use drover_master::core::{
     Change, Core, CoreConfig, CoreError, Effect, Event, MaintenanceOp, Now, Reply, UpdateAction,
@@ -1547,20 +1547,6 @@ impl World {
             }
         }
         Ok(())
-    }
-
-    /// Operator requests pick among these hosts' modes.
-    pub fn host_mode(&self, agent: usize) -> Option<MaintenanceMode> {
-        let core = self.master.core.as_ref()?;
-        core.host_views()
-            .into_iter()
-            .find(|h| h.agent_id == self.agents[agent].id)
-            .map(|h| h.mode)
-    }
-
-    /// Ids of the agents (for checks).
-    pub fn agent_ids(&self) -> BTreeSet<String> {
-        self.agents.iter().map(|a| a.id.clone()).collect()
     }
 }
 

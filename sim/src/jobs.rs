@@ -3,7 +3,7 @@
 //! task's behaviour on its simulated executor is its command line (see
 //! [`Behaviour`]), so an update can change how instances behave.
 
-use drover_common::parse::parse_job_json;
+use drover_common::parse::parse_job_json_with;
 use drover_common::spec::JobSpec;
 
 use crate::rng::Rng;
@@ -115,8 +115,8 @@ fn job_json(rng: &mut Rng, n: u64) -> (String, bool) {
 /// A new random job number `n`, or why the parser refused it (a simulator bug).
 pub fn new_job(rng: &mut Rng, n: u64) -> Result<SimJob, String> {
     let (text, cron) = job_json(rng, n);
-    let spec =
-        parse_job_json(&text).map_err(|e| format!("generated spec refused: {e:?}\n{text}"))?;
+    let spec = parse_job_json_with(&text, true)
+        .map_err(|e| format!("generated spec refused: {e:?}\n{text}"))?;
     Ok(SimJob {
         key: format!("{}/{}/{}", spec.role, spec.environment, spec.name),
         spec,

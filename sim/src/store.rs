@@ -5,7 +5,7 @@
 //! go through their stored (JSON) form, so what a restarted master loads is what
 //! the real store would give it (fields the store does not keep are gone).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use drover_master::core::Usage;
 use drover_master::core::{
@@ -19,6 +19,7 @@ pub struct MemStore {
     tasks: BTreeMap<String, Task>,
     agents: BTreeMap<String, AgentRecord>,
     quotas: BTreeMap<String, Usage>,
+    user_grants: BTreeMap<String, BTreeSet<String>>,
     fired: BTreeMap<String, u64>,
     configs: BTreeMap<(String, String), ConfigRecord>,
     updates: BTreeMap<String, UpdateRecord>,
@@ -92,6 +93,12 @@ impl MemStore {
                 Change::PutQuota(role, None) => {
                     self.quotas.remove(role);
                 }
+                Change::PutUserGrants(role, users) if users.is_empty() => {
+                    self.user_grants.remove(role);
+                }
+                Change::PutUserGrants(role, users) => {
+                    self.user_grants.insert(role.clone(), users.clone());
+                }
                 Change::PutCronFired(job, at) => {
                     self.fired.insert(job.clone(), *at);
                 }
@@ -108,6 +115,11 @@ impl MemStore {
             tasks: self.tasks.values().cloned().collect(),
             agents: self.agents.values().cloned().collect(),
             quotas: self.quotas.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            user_grants: self
+                .user_grants
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             cron_fired: self.fired.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             index: self.index,
             configs: self.configs.values().cloned().collect(),

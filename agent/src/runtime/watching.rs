@@ -51,6 +51,25 @@ pub(super) async fn start_task(
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
+    // Artifacts first (fetching is part of STARTING), outside the start permits; the
+    // pins keep the cached copies from eviction while the task lives.
+    let _pins = if assignment.task.task.artifacts.is_empty() {
+        None
+    } else {
+        match shared
+            .artifacts
+            .prepare(&shared.layout, &assignment.task)
+            .await
+        {
+            Ok(pins) => Some(pins),
+            Err(failure) => {
+                tracing::warn!(task_id = %id, url = %failure.url, error = %failure.error, "artifact failed");
+                let update = numbered(&shared, failure.verdict(&id), 0);
+                finish(&shared, update);
+                return;
+            }
+        }
+    };
     // At most MAX_STARTING executors between spawn and socket at once: a burst of
     // thousands of assignments otherwise starts thousands of executors together,
     // which then compete for the CPU and finish later than in a queue.

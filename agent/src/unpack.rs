@@ -109,7 +109,20 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
                 .split_last()
                 .ok_or(UnpackError::Usage("DEST names no file"))?;
             let dir = make_dirs(&job.sandbox, parents)?;
-            write_file(&dir, name, input, job.mode)
+            write_file(
+                &dir,
+                name,
+                input.take(job.max_bytes.saturating_add(1)),
+                job.mode,
+            )?;
+            if fs::symlink_metadata(dir.join(name)).map_or(0, |m| m.len()) > job.max_bytes {
+                let _ = fs::remove_file(dir.join(name));
+                return Err(UnpackError::Refused(format!(
+                    "the file is over {} bytes (artifact_task_max_size)",
+                    job.max_bytes
+                )));
+            }
+            Ok(())
         }
         Unpack::Tar => unpack_tar(&job, input),
         Unpack::TarGz => unpack_tar(&job, flate2::read::GzDecoder::new(input)),

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -205,7 +205,9 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let served = Arc::new(Mutex::new(Served::default()));
     let base = serve(served.clone());
     let mut config = ClusterConfig::agents(1);
-    config.agent_config = "artifact_max_size = \"1MiB\"\n".to_string();
+    // A cache of 1 KiB: every hostile archive (10 KiB of tar) evicts what came before.
+    config.agent_config =
+        "artifact_max_size = \"1MiB\"\nartifact_cache_size = \"1KiB\"\n".to_string();
     let mut cluster = Cluster::start(config).unwrap();
     let www = nix::unistd::User::from_name("www-data").unwrap().unwrap();
 
@@ -213,6 +215,11 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let canary = cluster.dir().join("canary");
     std::fs::create_dir_all(&canary).unwrap();
     std::fs::write(canary.join("file"), "canary\n").unwrap();
+    std::fs::write(canary.join("secret"), "secret\n").unwrap();
+    std::fs::set_permissions(canary.join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+    let public = cluster.dir().join("public.txt");
+    std::fs::write(&public, "public").unwrap();
+    std::fs::set_permissions(&public, PermissionsExt::from_mode(0o644)).unwrap();
     let canaries_before = listing(&canary);
     let outside_before = listing(&cluster.dir().join("sandboxes"));
     assert!(outside_before.iter().all(|(p, ..)| !p.contains("canary")));
@@ -268,6 +275,29 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         std::fs::metadata(sandbox.join("bin/tool")).unwrap().mode() & 0o777,
         0o755
     );
+
+    // file:// is read as the task user: a readable file is copied (and verified),
+    // root's secret is not.
+    let local = run(
+        &mut cluster,
+        &job(
+            "local",
+            1,
+            "test \"$(cat conf/public.txt)\" = public",
+            json!([{"url": format!("file://{}", public.display()), "sha256": sha256(b"public"), "dest": "conf/public.txt"}]),
+        ),
+    );
+    assert_eq!(local.state, TaskState::Finished, "{local:?}");
+    let (_, error) = fetch_failure(&run(
+        &mut cluster,
+        &job(
+            "secret",
+            1,
+            "true",
+            json!([{"url": format!("file://{}", canary.join("secret").display())}]),
+        ),
+    ));
+    assert!(error.contains("ermission denied"), "{error}");
 
     // A checksum mismatch names both sums.
     let wrong = "0".repeat(64);
@@ -415,4 +445,26 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     assert_eq!(served.lock().unwrap().hits.get("/shared.tar.gz"), Some(&1));
     assert_eq!(served.lock().unwrap().hits.get("/app.tar.gz"), Some(&1));
     let _ = cluster.kill_job(key);
+
+    // The hostile archives evicted app.tar.gz from the 1 KiB cache: fetched again,
+    // and what stays is the two most recently used.
+    let again = run(
+        &mut cluster,
+        &job(
+            "again",
+            1,
+            "./app/run.sh",
+            json!([{"url": format!("{base}/app.tar.gz"), "sha256": sha256(&app)}]),
+        ),
+    );
+    assert_eq!(again.state, TaskState::Finished, "{again:?}");
+    assert_eq!(served.lock().unwrap().hits.get("/app.tar.gz"), Some(&2));
+    let mut cached: Vec<String> = std::fs::read_dir(cluster.dir().join("agent-0/artifacts"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    cached.sort();
+    let mut expected = vec![sha256(&app), sha256(&shared)];
+    expected.sort();
+    assert_eq!(cached, expected);
 }

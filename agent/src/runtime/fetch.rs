@@ -277,12 +277,18 @@ impl ArtifactCache {
                         .ok_or_else(|| fail("not an absolute file:// path".into()))?,
                 ),
             };
+            // A downloaded file was bounded as it came; an archive's members and a
+            // file:// copy are bounded by what is left of the task's budget.
+            let max_bytes = match (&source, unpack) {
+                (Source::Cached(_), rules::Unpack::File) => u64::MAX - 1,
+                _ => budget,
+            };
             self.put(
                 art,
                 &sandbox,
                 &dest.join("/"),
                 unpack,
-                budget,
+                max_bytes,
                 source,
                 run_as,
             )

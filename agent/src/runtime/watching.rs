@@ -51,16 +51,27 @@ pub(super) async fn start_task(
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
-    // Artifacts first (fetching is part of STARTING), outside the start permits; the
-    // pins keep the cached copies from eviction while the task lives.
+    // Artifacts first, outside the start permits; the pins keep the cached copies
+    // from eviction while the task lives. A kill while fetching ends the task at once
+    // (the unpack helper is killed with the dropped future).
+    let mut kill_rx = kill_rx;
     let _pins = if assignment.task.task.artifacts.is_empty() {
         None
     } else {
-        match shared
-            .artifacts
-            .prepare(&shared.layout, &assignment.task)
-            .await
-        {
+        let prepared = tokio::select! {
+            prepared = shared.artifacts.prepare(&shared.layout, &assignment.task) => prepared,
+            Some(reason) = kill_rx.recv() => {
+                let verdict = Verdict {
+                    task_id: id.clone(),
+                    state: TaskState::Killed,
+                    message: reason.to_string(),
+                    reason,
+                };
+                finish(&shared, numbered(&shared, verdict, 0));
+                return;
+            }
+        };
+        match prepared {
             Ok(pins) => Some(pins),
             Err(failure) => {
                 tracing::warn!(task_id = %id, url = %failure.url, error = %failure.error, "artifact failed");

@@ -101,6 +101,52 @@ pub fn symlink_stays_inside(parts: &[String], target: &str) -> bool {
     true
 }
 
+/// Most links followed when resolving one link (as the kernel's `ELOOP`).
+const MAX_HOPS: u32 = 40;
+
+/// Whether the symlink in directory `dir` (components below the unpack directory)
+/// pointing at `target` resolves inside the unpack directory when the links already
+/// there are followed: `read_link` gives the target of the entry at a path when it is
+/// a symlink. Catches what a lexical check cannot, e.g. `a -> .` with `b -> a/..`.
+/// Components that do not exist are taken as they are written.
+pub fn resolves_inside(
+    dir: &[String],
+    target: &str,
+    read_link: &dyn Fn(&[String]) -> Option<String>,
+) -> bool {
+    if target.starts_with('/') {
+        return false;
+    }
+    let mut at: Vec<String> = dir.to_vec();
+    let mut pending: std::collections::VecDeque<String> =
+        target.split('/').map(str::to_string).collect();
+    let mut hops = 0;
+    while let Some(c) = pending.pop_front() {
+        match c.as_str() {
+            "" | "." => {}
+            ".." => {
+                if at.pop().is_none() {
+                    return false;
+                }
+            }
+            _ => {
+                at.push(c);
+                if let Some(next) = read_link(&at) {
+                    hops += 1;
+                    if hops > MAX_HOPS || next.starts_with('/') {
+                        return false;
+                    }
+                    at.pop();
+                    for part in next.split('/').rev() {
+                        pending.push_front(part.to_string());
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
 /// One artifact in the cache, as eviction sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cached {
@@ -212,6 +258,24 @@ mod tests {
         assert!(!symlink_stays_inside(&at("a/b/link"), "../../../x"));
         assert!(symlink_stays_inside(&at("link"), "."));
         assert!(!symlink_stays_inside(&at("link"), ""));
+    }
+
+    #[test]
+    fn links_are_followed_through_links_already_unpacked() {
+        let links = |p: &[String]| match p.join("/").as_str() {
+            "a" => Some(".".to_string()),
+            "deep" => Some("x/y".to_string()),
+            "loop" => Some("loop".to_string()),
+            _ => None,
+        };
+        // Lexically inside, but `a` is `.`, so `a/..` is the parent.
+        assert!(symlink_stays_inside(&["b".to_string()], "a/.."));
+        assert!(!resolves_inside(&[], "a/..", &links));
+        assert!(resolves_inside(&[], "deep/..", &links));
+        assert!(resolves_inside(&[], "deep/../..", &links));
+        assert!(!resolves_inside(&[], "deep/../../..", &links));
+        assert!(!resolves_inside(&[], "loop/x", &links));
+        assert!(!resolves_inside(&[], "/etc", &links));
     }
 
     fn cached(sha: &str, size: u64, last_used: u64, in_use: bool) -> Cached {

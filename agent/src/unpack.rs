@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use drover_common::artifact::{relative_parts, Unpack};
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{check_member, Member, MemberKind};
+use crate::artifacts::{check_member, resolves_inside, Member, MemberKind};
 
 /// The subcommand's name (`drover-agent unpack-artifact ...`).
 pub const SUBCOMMAND: &str = "unpack-artifact";
@@ -206,6 +206,8 @@ fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
     archive.set_overwrite(true);
     let bad = |e: io::Error| UnpackError::Refused(format!("not a readable tar archive: {e}"));
     let mut total: u64 = 0;
+    // Every symlink unpacked, checked again once all are there.
+    let mut links: Vec<(Vec<String>, String)> = Vec::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let header = entry.header();
@@ -235,13 +237,16 @@ fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
             MemberKind::Other
         };
         let mode = header.mode().unwrap_or(0o644);
-        check_member(&Member {
+        let parts = check_member(&Member {
             path: &path,
             kind,
             link: link.as_deref(),
             mode,
         })
         .map_err(|e| UnpackError::Refused(e.to_string()))?;
+        if let (MemberKind::Symlink, Some(target)) = (kind, &link) {
+            links.push((parts, target.clone()));
+        }
         total = total.saturating_add(entry.size());
         if total > job.max_bytes {
             return Err(UnpackError::Refused(format!(
@@ -256,6 +261,22 @@ fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
             return Err(UnpackError::Refused(format!(
                 "member `{}` would land outside the sandbox",
                 path.escape_debug()
+            )));
+        }
+    }
+    // A link may point outside only through another one (`a -> .`, `b -> a/..`).
+    let read_link = |p: &[String]| {
+        fs::read_link(dest.join(p.join("/")))
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
+    };
+    for (parts, target) in &links {
+        let dir = &parts[..parts.len().saturating_sub(1)];
+        if !resolves_inside(dir, target, &read_link) {
+            let _ = fs::remove_file(dest.join(parts.join("/")));
+            return Err(UnpackError::Refused(format!(
+                "member `{}` is a symbolic link pointing outside the sandbox through another link",
+                parts.join("/").escape_debug()
             )));
         }
     }

@@ -1,11 +1,12 @@
 //! `task.artifacts`, black-box: a real master, agent and executors (as root), tasks
 //! as `www-data`, artifacts served by a tiny HTTP server in this test that counts
 //! requests per path. One cluster for every scenario (they run one after another):
-//! a tarball and a file fetched, verified, unpacked as the task user and used; a
-//! checksum mismatch, a 404 and an artifact over `artifact_max_size` failing the
-//! task with `artifact_fetch_failed`; hostile archives (tar-slip, absolute path,
-//! symlink escape, device node) refused with canaries outside the sandbox unchanged;
-//! five instances sharing one artifact fetching it once.
+//! a tarball and a file fetched, verified, unpacked as the task user and used;
+//! `file://` read as the task user; a checksum mismatch, a 404 and an artifact over
+//! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
+//! archives (tar-slip, absolute path, symlink escape directly and through another
+//! link, device node, setuid) refused with canaries outside the sandbox unchanged;
+//! five instances sharing one artifact fetching it once; eviction from a 1 KiB cache.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -374,6 +375,29 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
                 false,
             ),
             "outside",
+        ),
+        (
+            "chain",
+            tarball(
+                &[
+                    Raw {
+                        name: "a",
+                        kind: tar::EntryType::Symlink,
+                        mode: 0o777,
+                        link: Some("."),
+                        data: b"",
+                    },
+                    Raw {
+                        name: "b",
+                        kind: tar::EntryType::Symlink,
+                        mode: 0o777,
+                        link: Some("a/.."),
+                        data: b"",
+                    },
+                ],
+                false,
+            ),
+            "through another link",
         ),
         (
             "device",

@@ -6,7 +6,8 @@
 //! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
 //! archives (tar-slip, absolute path, symlink escape directly and through another
 //! link, device node, setuid) refused with canaries outside the sandbox unchanged;
-//! five instances sharing one artifact fetching it once; eviction from a 1 KiB cache.
+//! five instances sharing one artifact fetching it once; eviction from a 1 KiB cache;
+//! an agent crash during a download.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -28,6 +29,8 @@ use sha2::{Digest, Sha256};
 struct Served {
     files: HashMap<String, Vec<u8>>,
     hits: HashMap<String, usize>,
+    /// Paths whose first request gets half the body, then nothing for 20 s.
+    stall_first: Vec<String>,
 }
 
 /// Serves `served` over HTTP/1.1 (one request per connection) on 127.0.0.1;
@@ -52,11 +55,24 @@ fn serve(served: Arc<Mutex<Served>>) -> String {
                     }
                 }
                 let path = first.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let body = {
+                let (body, stall) = {
                     let mut s = served.lock().unwrap();
-                    *s.hits.entry(path.clone()).or_default() += 1;
-                    s.files.get(&path).cloned()
+                    let hits = s.hits.entry(path.clone()).or_default();
+                    *hits += 1;
+                    let stall = *hits == 1 && s.stall_first.contains(&path);
+                    (s.files.get(&path).cloned(), stall)
                 };
+                if let (Some(body), true) = (&body, stall) {
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream
+                        .write_all(head.as_bytes())
+                        .and_then(|()| stream.write_all(&body[..body.len() / 2]));
+                    std::thread::sleep(std::time::Duration::from_secs(20));
+                    return;
+                }
                 let _ = match body {
                     Some(body) => stream
                         .write_all(
@@ -491,4 +507,51 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let mut expected = vec![sha256(&app), sha256(&shared)];
     expected.sort();
     assert_eq!(cached, expected);
+
+    // The agent crashes during a download: the task is LOST, the unfinished
+    // download is deleted when the agent starts again, and the replacement fetches
+    // the artifact whole.
+    let slow = tarball(&[file("app/run.sh", 0o755, &[b'#'; 64 << 10])], false);
+    {
+        let mut s = served.lock().unwrap();
+        s.files.insert("/slow.tar".into(), slow.clone());
+        s.stall_first.push("/slow.tar".into());
+    }
+    let key = "www-data/test/slow";
+    cluster
+        .create_job(&job(
+            "slow",
+            1,
+            "test -s app/run.sh",
+            json!([{"url": format!("{base}/slow.tar"), "sha256": sha256(&slow)}]),
+        ))
+        .unwrap();
+    let part = cluster
+        .dir()
+        .join(format!("agent-0/artifacts/{}.part", sha256(&slow)));
+    cluster
+        .wait_for("the download to start", WAIT, |_| {
+            part.exists().then_some(())
+        })
+        .unwrap();
+    cluster.kill_agent(0);
+    cluster.start_agent_again(0).unwrap();
+    let view = cluster
+        .wait_for("the replacement to finish", WAIT, |c| {
+            let view = c.job(key).ok()?;
+            let i = view.instances.first()?;
+            i.current
+                .as_ref()
+                .is_some_and(|t| t.state == TaskState::Finished)
+                .then_some(view)
+        })
+        .unwrap();
+    let first = &view.instances[0].history;
+    assert!(
+        first.iter().any(|t| t.state == TaskState::Lost),
+        "{first:?}"
+    );
+    assert!(!part.exists());
+    assert_eq!(served.lock().unwrap().hits.get("/slow.tar"), Some(&2));
+    let _ = cluster.kill_job(key);
 }

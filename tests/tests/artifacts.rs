@@ -1,7 +1,8 @@
 //! `task.artifacts`, black-box: a real master, agent and executors (as root), tasks
 //! as `www-data`, artifacts served by a tiny HTTP server in this test that counts
 //! requests per path. One cluster for every scenario (they run one after another):
-//! a tarball and a file fetched, verified, unpacked as the task user and used;
+//! a tarball and a file (after a 503: retried) fetched, verified, unpacked as the
+//! task user and used;
 //! `file://` read as the task user; a checksum mismatch, a 404 and an artifact over
 //! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
 //! archives (tar-slip, absolute path, symlink escape directly and through another
@@ -31,6 +32,8 @@ struct Served {
     hits: HashMap<String, usize>,
     /// Paths whose first request gets half the body, then nothing for 20 s.
     stall_first: Vec<String>,
+    /// Paths whose first request gets a 503.
+    fail_first: Vec<String>,
 }
 
 /// Serves `served` over HTTP/1.1 (one request per connection) on 127.0.0.1;
@@ -59,7 +62,15 @@ fn serve(served: Arc<Mutex<Served>>) -> String {
                     let mut s = served.lock().unwrap();
                     let hits = s.hits.entry(path.clone()).or_default();
                     *hits += 1;
-                    let stall = *hits == 1 && s.stall_first.contains(&path);
+                    let first = *hits == 1;
+                    let stall = first && s.stall_first.contains(&path);
+                    if first && s.fail_first.contains(&path) {
+                        drop(s);
+                        let _ = stream.write_all(
+                            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
+                        return;
+                    }
                     (s.files.get(&path).cloned(), stall)
                 };
                 if let (Some(body), true) = (&body, stall) {
@@ -255,6 +266,7 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         s.files.insert("/app.tar.gz".into(), app.clone());
         s.files.insert("/tool".into(), tool.clone());
         s.files.insert("/big.bin".into(), big.clone());
+        s.fail_first.push("/tool".into());
     }
     let shared = tarball(
         &[
@@ -292,6 +304,8 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         std::fs::metadata(sandbox.join("bin/tool")).unwrap().mode() & 0o777,
         0o755
     );
+    // The first answer for the tool was a 503: retried once.
+    assert_eq!(served.lock().unwrap().hits.get("/tool"), Some(&2));
 
     // file:// is read as the task user: a readable file is copied (and verified),
     // root's secret is not.

@@ -307,18 +307,34 @@ impl ArtifactCache {
             .or_default()
             .clone();
         let _held = gate.lock().await;
-        let known = lock(&self.state)
-            .entries
-            .get(sha)
-            .map(|e| (e.size, e.verified));
+        let result = self.fetch_locked(url, sha, limit).await;
+        // The last one through drops the lock (taking one clones under the same
+        // mutex, so the count is exact here).
+        let mut state = lock(&self.state);
+        if Arc::strong_count(&gate) == 2 {
+            state.locks.remove(sha);
+        }
+        result
+    }
+
+    /// [`Self::fetch`] with the sum's lock held.
+    async fn fetch_locked(&self, url: &str, sha: &str, limit: u64) -> Result<u64, String> {
+        // Pinned in the same breath as it is found, so that no other download's
+        // eviction takes it from under this task.
+        let known = lock(&self.state).entries.get_mut(sha).map(|e| {
+            e.pins += 1;
+            (e.size, e.verified)
+        });
         if let Some((size, verified)) = known {
+            // A mismatch deletes the entry, pin and all.
             let ok = verified || self.check(sha).await;
             if ok && size <= limit {
                 METRICS.artifact_cache_hits.inc();
-                self.pin(sha, true);
+                self.touch(sha);
                 return Ok(size);
             }
             if ok {
+                self.unpin(sha);
                 return Err(too_large(size, limit));
             }
         }
@@ -370,15 +386,18 @@ impl ArtifactCache {
         ok
     }
 
-    /// Pins `sha` and stamps its use (in memory and as its file's mtime).
-    fn pin(&self, sha: &str, touch: bool) {
+    /// Stamps the use of `sha` (in memory and as its file's mtime).
+    fn touch(&self, sha: &str) {
         if let Some(e) = lock(&self.state).entries.get_mut(sha) {
-            e.pins += 1;
             e.last_used = now_ms();
         }
-        if touch {
-            let _ =
-                std::fs::File::open(self.path(sha)).and_then(|f| f.set_modified(SystemTime::now()));
+        let _ = std::fs::File::open(self.path(sha)).and_then(|f| f.set_modified(SystemTime::now()));
+    }
+
+    /// Takes back one pin of `sha`.
+    fn unpin(&self, sha: &str) {
+        if let Some(e) = lock(&self.state).entries.get_mut(sha) {
+            e.pins = e.pins.saturating_sub(1);
         }
     }
 

@@ -731,6 +731,30 @@ mod tests {
     }
 
     #[test]
+    fn artifact_limits_default_and_name_their_field() {
+        let c = ConfigFile::default().resolve(&host()).unwrap();
+        assert_eq!(c.artifacts.cache_size, 10 << 30);
+        assert_eq!(c.artifacts.max_size, 1 << 30);
+        assert_eq!(c.artifacts.task_max_size, 4 << 30);
+        let file: ConfigFile =
+            toml::from_str("artifact_cache_size = \"1KiB\"\nartifact_max_size = \"2MiB\"").unwrap();
+        let c = file.resolve(&host()).unwrap();
+        assert_eq!(
+            (c.artifacts.cache_size, c.artifacts.max_size),
+            (1024, 2 << 20)
+        );
+        for (text, field) in [
+            ("artifact_max_size = \"0B\"", "artifact_max_size"),
+            ("artifact_task_max_size = \"0B\"", "artifact_task_max_size"),
+            ("artifact_cache_size = \"big\"", "artifact_cache_size"),
+        ] {
+            let file: ConfigFile = toml::from_str(text).unwrap();
+            let err = file.resolve(&host()).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{err}");
+        }
+    }
+
+    #[test]
     fn mem_total_is_read_in_bytes() {
         assert_eq!(
             parse_mem_total("MemTotal:  1000 kB\nMemFree: 1 kB"),

@@ -91,8 +91,12 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    /// The task's end: FAILED, `artifact_fetch_failed`.
+    /// The task's end: FAILED, `artifact_fetch_failed` (`sandbox_setup_failed` when
+    /// the sandbox itself could not be made).
     pub fn verdict(self, task_id: &str) -> Verdict {
+        if self.url.is_empty() {
+            return Verdict::setup_failed(task_id, self.error);
+        }
         let reason = ExitReason::ArtifactFetchFailed {
             url: self.url,
             error: self.error,
@@ -231,19 +235,13 @@ impl ArtifactCache {
             cache: self.clone(),
             shas: Vec::new(),
         };
-        let first_url = || {
-            task.task
-                .artifacts
-                .first()
-                .map(|a| a.url.clone())
-                .unwrap_or_default()
-        };
+        // No URL: a sandbox problem, not an artifact's.
         let run_as = run_as(task, self.allow_root).map_err(|error| Failure {
-            url: first_url(),
+            url: String::new(),
             error,
         })?;
         let sandbox = create_sandbox(layout, &task.task_id, run_as).map_err(|e| Failure {
-            url: first_url(),
+            url: String::new(),
             error: format!("cannot create the sandbox: {e}"),
         })?;
         let mut budget = self.limits.task_max_size;
@@ -262,7 +260,8 @@ impl ArtifactCache {
                         .sha256
                         .as_deref()
                         .map(str::to_ascii_lowercase)
-                        .ok_or_else(|| fail("no sha256 (required for http(s))".into()))?;
+                        .filter(|sha| rules::is_sha256(sha))
+                        .ok_or_else(|| fail("no valid sha256 (required for http(s))".into()))?;
                     let size = self
                         .fetch(&art.url, &sha, budget.min(self.limits.max_size))
                         .await

@@ -8,7 +8,7 @@
 //! archives (tar-slip, absolute path, symlink escape directly and through another
 //! link, device node, setuid) refused with canaries outside the sandbox unchanged;
 //! five instances sharing one artifact fetching it once; eviction from a 1 KiB cache;
-//! an agent crash during a download.
+//! a kill while a download hangs; an agent crash during a download.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -521,6 +521,36 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let mut expected = vec![sha256(&app), sha256(&shared)];
     expected.sort();
     assert_eq!(cached, expected);
+
+    // A kill while the download hangs ends the task KILLED at once.
+    let hung = tarball(&[file("x", 0o644, &[b'x'; 64 << 10])], false);
+    {
+        let mut s = served.lock().unwrap();
+        s.files.insert("/hung.tar".into(), hung.clone());
+        s.stall_first.push("/hung.tar".into());
+    }
+    let key = "www-data/test/hung";
+    cluster
+        .create_job(&job(
+            "hung",
+            1,
+            "true",
+            json!([{"url": format!("{base}/hung.tar"), "sha256": sha256(&hung)}]),
+        ))
+        .unwrap();
+    let hung_part = cluster
+        .dir()
+        .join(format!("agent-0/artifacts/{}.part", sha256(&hung)));
+    cluster
+        .wait_for("the hung download to start", WAIT, |_| {
+            hung_part.exists().then_some(())
+        })
+        .unwrap();
+    let asked = std::time::Instant::now();
+    cluster.kill_job(key).unwrap();
+    let killed = ended(&mut cluster, key).remove(0);
+    assert_eq!(killed.state, TaskState::Killed, "{killed:?}");
+    assert!(asked.elapsed() < std::time::Duration::from_secs(10));
 
     // The agent crashes during a download: the task is LOST, the unfinished
     // download is deleted when the agent starts again, and the replacement fetches

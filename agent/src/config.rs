@@ -84,6 +84,12 @@ pub struct ConfigFile {
     pub executor_log_max_size: Option<String>,
     /// Executor `--log-max-files`: rotated log files kept per stream.
     pub executor_log_max_files: Option<u32>,
+    /// The most the artifact cache (`<data_dir>/artifacts/`) keeps, e.g. `10GiB`.
+    pub artifact_cache_size: Option<String>,
+    /// The largest artifact fetched, e.g. `1GiB`.
+    pub artifact_max_size: Option<String>,
+    /// The most all of one task's artifacts may add up to, e.g. `4GiB`.
+    pub artifact_task_max_size: Option<String>,
     /// Fork executors from one resident `drover-executor zygote` instead of exec'ing
     /// the binary per task (default true).
     pub executor_fork_server: Option<bool>,
@@ -143,6 +149,8 @@ pub struct Config {
     pub executor_log_max_bytes: Option<u64>,
     /// Executor `--log-max-files`, when set.
     pub executor_log_max_files: Option<u32>,
+    /// Artifact cache bound and fetch limits, in bytes.
+    pub artifacts: ArtifactLimits,
     /// Fork executors from a resident fork server (else exec each).
     pub executor_fork_server: bool,
     /// Fallback exclusive lease for a master that does not send its own.
@@ -158,6 +166,14 @@ pub struct Config {
     /// What a kill is waited for beyond the escalation's waits
     /// ([`crate::converge::KILL_SLACK`]; not a config key: tests shorten it).
     pub kill_slack: Duration,
+}
+
+/// `artifact_cache_size`, `artifact_max_size`, `artifact_task_max_size`, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArtifactLimits {
+    pub cache_size: u64,
+    pub max_size: u64,
+    pub task_max_size: u64,
 }
 
 /// A configuration problem, naming the field.
@@ -262,6 +278,9 @@ impl ConfigFile {
             max_task_pids,
             executor_log_max_size,
             executor_log_max_files,
+            artifact_cache_size,
+            artifact_max_size,
+            artifact_task_max_size,
             executor_fork_server,
             lease,
             sandbox_retention,
@@ -436,6 +455,23 @@ impl ConfigFile {
                 "must be above 0B, e.g. 100MiB".into(),
             ));
         }
+        let artifacts = ArtifactLimits {
+            cache_size: size("artifact_cache_size", self.artifact_cache_size, 10 << 30)?,
+            max_size: size("artifact_max_size", self.artifact_max_size, 1 << 30)?,
+            task_max_size: size(
+                "artifact_task_max_size",
+                self.artifact_task_max_size,
+                4 << 30,
+            )?,
+        };
+        for (field, v) in [
+            ("artifact_max_size", artifacts.max_size),
+            ("artifact_task_max_size", artifacts.task_max_size),
+        ] {
+            if v == 0 {
+                return Err(invalid(field, "must be above 0B, e.g. 1GiB".into()));
+            }
+        }
         let lease = dur("lease", self.lease, Duration::from_secs(10))?;
         let sandbox_retention = dur(
             "sandbox_retention",
@@ -503,6 +539,7 @@ impl ConfigFile {
             cgroup_delegate,
             max_task_pids,
             executor_log_max_bytes,
+            artifacts,
             executor_log_max_files: self.executor_log_max_files,
             executor_fork_server: self.executor_fork_server.unwrap_or(true),
             lease,
@@ -805,6 +842,30 @@ mod tests {
     #[test]
     fn unknown_keys_in_the_file_are_rejected() {
         assert!(toml::from_str::<ConfigFile>("mastr = \"x\"").is_err());
+    }
+
+    #[test]
+    fn artifact_limits_default_and_name_their_field() {
+        let c = ConfigFile::default().resolve(&host()).unwrap();
+        assert_eq!(c.artifacts.cache_size, 10 << 30);
+        assert_eq!(c.artifacts.max_size, 1 << 30);
+        assert_eq!(c.artifacts.task_max_size, 4 << 30);
+        let file: ConfigFile =
+            toml::from_str("artifact_cache_size = \"1KiB\"\nartifact_max_size = \"2MiB\"").unwrap();
+        let c = file.resolve(&host()).unwrap();
+        assert_eq!(
+            (c.artifacts.cache_size, c.artifacts.max_size),
+            (1024, 2 << 20)
+        );
+        for (text, field) in [
+            ("artifact_max_size = \"0B\"", "artifact_max_size"),
+            ("artifact_task_max_size = \"0B\"", "artifact_task_max_size"),
+            ("artifact_cache_size = \"big\"", "artifact_cache_size"),
+        ] {
+            let file: ConfigFile = toml::from_str(text).unwrap();
+            let err = file.resolve(&host()).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{err}");
+        }
     }
 
     #[test]

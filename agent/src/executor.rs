@@ -527,7 +527,15 @@ impl ExecutorSettings {
             let path = path.to_path_buf();
             move |source| ExecutorError::Prepare { path, source }
         };
-        crate::sandbox::create_task_dir(layout, task_id).map_err(prep(&task_dir))?;
+        // A task with artifacts has its task directory already (`runtime::fetch`).
+        crate::sandbox::create_task_dir(layout, task_id)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists if !assignment.task.task.artifacts.is_empty() => {
+                    Ok(())
+                }
+                _ => Err(e),
+            })
+            .map_err(prep(&task_dir))?;
         let task_file = layout.task_file(task_id);
         let bytes = serde_json::to_vec(&assignment.task).map_err(|e| ExecutorError::Prepare {
             path: task_file.clone(),

@@ -6,6 +6,7 @@
 //! lease, collects old sandboxes and serves task logs. When the host itself shuts
 //! down, it asks the master to drain it first.
 
+pub mod artifacts;
 pub mod cgroup;
 pub mod config;
 pub mod converge;
@@ -21,6 +22,7 @@ pub mod selfdrain;
 mod sys;
 pub mod systemd;
 pub mod tls;
+pub mod unpack;
 
 pub use config::{Config, ConfigError, ConfigFile, HostFacts};
 pub use converge::{converge, Action, LocalTask, LocalTasks};

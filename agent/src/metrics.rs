@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 /// Exit reasons as labels, in [`reason_index`]'s order; `none` for a terminal
 /// status without a reason.
-pub const REASONS: [&str; 15] = [
+pub const REASONS: [&str; 16] = [
     "exit_code",
     "signal",
     "oom_killed",
@@ -32,6 +32,7 @@ pub const REASONS: [&str; 15] = [
     "sandbox_setup_failed",
     "executor_lost",
     "failed_to_start",
+    "artifact_fetch_failed",
     "none",
 ];
 
@@ -52,7 +53,8 @@ pub fn reason_index(reason: Option<&ExitReason>) -> usize {
         Some(ExitReason::SandboxSetupFailed { .. }) => 11,
         Some(ExitReason::ExecutorLost) => 12,
         Some(ExitReason::FailedToStart { .. }) => 13,
-        None => 14,
+        Some(ExitReason::ArtifactFetchFailed { .. }) => 14,
+        None => 15,
     }
 }
 
@@ -97,6 +99,14 @@ pub struct Metrics {
     pub status_lists_dropped: Counter,
     /// Statuses dropped from the outbox because the master refused them one by one.
     pub updates_refused: Counter,
+    /// Artifacts found verified in the cache.
+    pub artifact_cache_hits: Counter,
+    /// Artifacts fetched because the cache did not have them.
+    pub artifact_cache_misses: Counter,
+    /// Bytes of artifacts downloaded.
+    pub artifact_bytes_fetched: Counter,
+    /// How long each artifact download took (successful or not).
+    pub artifact_fetch: AtomicHistogram,
 }
 
 /// The process's metrics.
@@ -111,6 +121,10 @@ pub static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     status_superseded: Counter::default(),
     status_lists_dropped: Counter::default(),
     updates_refused: Counter::default(),
+    artifact_cache_hits: Counter::default(),
+    artifact_cache_misses: Counter::default(),
+    artifact_bytes_fetched: Counter::default(),
+    artifact_fetch: AtomicHistogram::new(SECONDS),
 });
 
 impl Metrics {
@@ -190,6 +204,26 @@ pub fn render(gauges: &Gauges) -> String {
         "tasks",
         "Tasks whose executor the agent watches",
         gauge(gauges.tasks as f64),
+    );
+    registry.register(
+        "artifact_cache_hits",
+        "Artifacts found verified in the host's artifact cache",
+        m.artifact_cache_hits.clone(),
+    );
+    registry.register(
+        "artifact_cache_misses",
+        "Artifacts the cache did not have, so fetched",
+        m.artifact_cache_misses.clone(),
+    );
+    registry.register(
+        "artifact_bytes_fetched",
+        "Bytes of artifacts downloaded",
+        m.artifact_bytes_fetched.clone(),
+    );
+    registry.register(
+        "artifact_fetch_seconds",
+        "Time of each artifact download (successful or not)",
+        Static(&m.artifact_fetch),
     );
     registry.register(
         "executor_starts",
@@ -292,6 +326,10 @@ mod tests {
             ExitReason::ExecutorLost,
             ExitReason::FailedToStart {
                 process: String::new(),
+                error: String::new(),
+            },
+            ExitReason::ArtifactFetchFailed {
+                url: String::new(),
                 error: String::new(),
             },
         ];

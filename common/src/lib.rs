@@ -3,6 +3,7 @@
 //! any kind: no tokio, no hyper, no nix, no files; the one thing read from outside is the
 //! wall clock, in `state::now_ms`.
 
+pub mod artifact;
 pub mod configs;
 pub mod cron;
 pub mod layout;

@@ -504,6 +504,16 @@ const TASK: &[Field] = &[
     nullable("user", Kind::Str),
     opt("allow_root", Kind::Bool),
     opt("env", Kind::StrMap),
+    opt("artifacts", Kind::StructList(ARTIFACT)),
+];
+
+const ARTIFACT: &[Field] = &[
+    req("url", Kind::Str),
+    nullable("sha256", Kind::Str),
+    nullable("dest", Kind::Str),
+    opt("extract", Kind::Enum(&["auto", "none"])),
+    nullable("mode", Kind::Str),
+    opt("executable", Kind::Bool),
 ];
 
 const HEALTH_CHECK: &[Field] = &[

@@ -165,6 +165,45 @@ pub struct TaskSpec {
     /// Extra environment for every process; values are templated.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Files the agent fetches into the sandbox before the first process starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+}
+
+/// A file the agent fetches (through its cache) into the task's sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    /// `https://`, `http://` or `file://` (an absolute path on the host, read as the
+    /// task user).
+    pub url: String,
+    /// The content's SHA-256 in hex; required for http(s).
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// A path relative to the sandbox: the file (default: the URL's file name) or
+    /// the directory an archive is unpacked into (default: the sandbox).
+    #[serde(default)]
+    pub dest: Option<String>,
+    /// `auto` unpacks `.tar`, `.tar.gz`, `.tgz`; `none` copies the file as it is.
+    #[serde(default)]
+    pub extract: Extract,
+    /// Permission bits of a copied file, octal (`"0644"`, the default).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Adds the execute bits to a copied file.
+    #[serde(default)]
+    pub executable: bool,
+}
+
+/// Whether an artifact is unpacked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Extract {
+    /// Unpack what the URL's file name says is an archive.
+    #[default]
+    Auto,
+    /// Copy it as one file.
+    None,
 }
 
 /// One process of a task (a Thermos process).

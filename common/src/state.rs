@@ -247,6 +247,9 @@ pub enum ExitReason {
     ExecutorLost,
     /// A process could not be started (binary not found, permission denied).
     FailedToStart { process: String, error: String },
+    /// An artifact of `task.artifacts` could not be fetched, verified or unpacked
+    /// (`url` and the cause: HTTP status, checksum mismatch, too large, unpack refused).
+    ArtifactFetchFailed { url: String, error: String },
 }
 
 impl ExitReason {
@@ -291,6 +294,9 @@ impl fmt::Display for ExitReason {
             ExitReason::ExecutorLost => write!(f, "executor lost"),
             ExitReason::FailedToStart { process, error } => {
                 write!(f, "process {process} failed to start: {error}")
+            }
+            ExitReason::ArtifactFetchFailed { url, error } => {
+                write!(f, "artifact {url} failed: {error}")
             }
         }
     }

@@ -403,6 +403,77 @@ fn task(v: &mut Errors, task: &TaskSpec, job: &JobSpec) {
         }
         v.templated(&field, value, ports);
     }
+    artifacts(v, task);
+}
+
+/// `task.artifacts`: accepted URLs, a sha256 for http(s), a destination inside the
+/// sandbox, an archive format the agent can unpack, modes for copied files only.
+fn artifacts(v: &mut Errors, task: &TaskSpec) {
+    use crate::artifact::{self as a, Scheme, Unpack};
+    for (i, art) in task.artifacts.iter().enumerate() {
+        let base = format!("task.artifacts[{i}]");
+        let scheme = match a::scheme(&art.url) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                v.push(format!("{base}.url"), e.to_string());
+                None
+            }
+        };
+        if art.url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            v.push(
+                format!("{base}.url"),
+                "contains whitespace or control characters; percent-encode them".to_string(),
+            );
+        }
+        match &art.sha256 {
+            Some(sum) if !a::is_sha256(sum) => v.push(
+                format!("{base}.sha256"),
+                format!(
+                    "`{}` is not a SHA-256; write the 64 hex digits `sha256sum FILE` prints",
+                    show(sum)
+                ),
+            ),
+            None if scheme == Some(Scheme::Http) => v.push(
+                format!("{base}.sha256"),
+                "is required for an http(s) artifact; add the 64 hex digits `sha256sum FILE` prints".to_string(),
+            ),
+            _ => {}
+        }
+        let unpack = match a::unpack_of(art) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                v.push(format!("{base}.extract"), e.to_string());
+                None
+            }
+        };
+        if let Some(unpack) = unpack {
+            if let Err(e) = a::dest_of(art, unpack) {
+                v.push(format!("{base}.dest"), e.to_string());
+            }
+            if unpack != Unpack::File && (art.mode.is_some() || art.executable) {
+                let field = if art.mode.is_some() {
+                    "mode"
+                } else {
+                    "executable"
+                };
+                v.push(
+                    format!("{base}.{field}"),
+                    "applies to a copied file; an unpacked archive's members keep their own modes (set extract: none to copy the archive)".to_string(),
+                );
+            }
+        }
+        if let Some(mode) = &art.mode {
+            if a::parse_mode(mode).is_none() {
+                v.push(
+                    format!("{base}.mode"),
+                    format!(
+                        "`{}` is not a mode; write octal permission bits up to 0777, e.g. \"0755\" (no setuid, setgid or sticky bits)",
+                        show(mode)
+                    ),
+                );
+            }
+        }
+    }
 }
 
 fn is_env_name(key: &str) -> bool {

@@ -92,6 +92,14 @@ fn full_job() -> JobSpec {
             env: [("LOG".to_string(), "{{sandbox}}/log".to_string())]
                 .into_iter()
                 .collect(),
+            artifacts: vec![drover_common::spec::Artifact {
+                url: "https://h/app.tar.gz".into(),
+                sha256: Some("0".repeat(64)),
+                dest: Some("app".into()),
+                extract: drover_common::spec::Extract::Auto,
+                mode: None,
+                executable: false,
+            }],
         },
         health_check: Some(HealthCheck {
             kind: HealthCheckType::Http,

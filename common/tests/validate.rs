@@ -470,3 +470,67 @@ fn a_misspelt_template_port_gets_the_closest_requested_one() {
         "{message}"
     );
 }
+
+#[test]
+fn artifacts_need_a_checksum_over_http_and_a_destination_inside_the_sandbox() {
+    use drover_common::spec::{Artifact, Extract};
+    let art = |url: &str| Artifact {
+        url: url.into(),
+        sha256: Some("a".repeat(64)),
+        dest: None,
+        extract: Extract::Auto,
+        mode: None,
+        executable: false,
+    };
+    let with = |a: Artifact| fields_after(move |j| j.task.artifacts.push(a));
+    assert_eq!(with(art("https://h/app.tar.gz")), Vec::<String>::new());
+    let mut local = art("file:///opt/tool");
+    local.sha256 = None;
+    local.executable = true;
+    assert_eq!(with(local), Vec::<String>::new());
+    let mut unsummed = art("https://h/app.tar.gz");
+    unsummed.sha256 = None;
+    assert_eq!(with(unsummed.clone()), ["task.artifacts[0].sha256"]);
+    let msg = message_after(|j| j.task.artifacts.push(unsummed));
+    assert!(msg.contains("required"), "{msg}");
+    let mut bad_sum = art("https://h/a");
+    bad_sum.sha256 = Some("xyz".into());
+    assert_eq!(with(bad_sum), ["task.artifacts[0].sha256"]);
+    assert_eq!(with(art("ftp://h/a")), ["task.artifacts[0].url"]);
+    assert_eq!(with(art("https://h/a.zip")), ["task.artifacts[0].extract"]);
+    let mut zip_copied = art("https://h/a.zip");
+    zip_copied.extract = Extract::None;
+    assert_eq!(with(zip_copied), Vec::<String>::new());
+    for dest in ["/etc/x", "../x", "a/../../b"] {
+        let mut a = art("https://h/a");
+        a.dest = Some(dest.into());
+        assert_eq!(with(a), ["task.artifacts[0].dest"], "{dest}");
+    }
+    let mut setuid = art("https://h/a");
+    setuid.mode = Some("4755".into());
+    assert_eq!(with(setuid), ["task.artifacts[0].mode"]);
+    let mut archive_mode = art("https://h/a.tar");
+    archive_mode.executable = true;
+    assert_eq!(with(archive_mode), ["task.artifacts[0].executable"]);
+}
+
+#[test]
+fn artifacts_parse_from_yaml() {
+    let job = parse_job(
+        "job.yaml",
+        r#"
+role: www-data
+environment: prod
+name: hello
+task:
+  processes: [{name: main, cmdline: ./app/run}]
+  resources: {cpu: 0.5, ram: 128MiB, disk: 1GiB}
+  artifacts:
+    - {url: "https://h/app.tar.gz", sha256: "0000000000000000000000000000000000000000000000000000000000000000", dest: app}
+    - {url: "file:///opt/tool", extract: none, mode: "0700"}
+"#,
+    )
+    .unwrap();
+    assert_eq!(job.task.artifacts.len(), 2);
+    assert_eq!(validate(&job), vec![]);
+}

@@ -12,6 +12,7 @@
 //!   the systemd watchdog.
 
 mod adopt;
+mod fetch;
 mod gc;
 mod identity;
 mod lease;
@@ -114,6 +115,8 @@ struct Shared {
     spawned: Mutex<JoinSet<()>>,
     /// Permits for executors between spawn and socket (`MAX_STARTING`).
     starting: Arc<tokio::sync::Semaphore>,
+    /// The artifact cache, `<data_dir>/artifacts/`.
+    artifacts: Arc<fetch::ArtifactCache>,
 }
 
 /// The one-line status systemd shows for the agent (`crate::systemd`).
@@ -311,7 +314,21 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
             uid_of,
         })
     };
+    let artifacts_dir = cfg.data_dir.join("artifacts");
+    let artifacts = fetch::ArtifactCache::open(
+        artifacts_dir.clone(),
+        cfg.artifacts,
+        cfg.tls_ca.as_deref(),
+        &cfg.executor,
+        cfg.allow_root,
+    )
+    .map_err(|source| AgentError::Dir {
+        what: "opening the artifact cache",
+        path: artifacts_dir,
+        source,
+    })?;
     let shared = Arc::new(Shared {
+        artifacts: Arc::new(artifacts),
         layout: Layout::new(&cfg.sandbox_root),
         client: MasterClient::with_tls(&cfg.master, token.as_deref(), tls.as_ref())
             .with_logs_key(logs_key.clone()),

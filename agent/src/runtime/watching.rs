@@ -68,6 +68,36 @@ pub(super) async fn start_task(
         tracing::warn!(task_id = %id, "sandbox already exists; adopting instead of starting");
         return watch_task(shared, id, Watched::Adopted(None), kill_rx).await;
     }
+    // Artifacts first, outside the start permits; the pins keep the cached copies
+    // from eviction while the task lives. A kill while fetching ends the task at once
+    // (the unpack helper is killed with the dropped future).
+    let mut kill_rx = kill_rx;
+    let _pins = if assignment.task.task.artifacts.is_empty() {
+        None
+    } else {
+        let prepared = tokio::select! {
+            prepared = shared.artifacts.prepare(&shared.layout, &assignment.task) => prepared,
+            Some(reason) = kill_rx.recv() => {
+                let verdict = Verdict {
+                    task_id: id.clone(),
+                    state: TaskState::Killed,
+                    message: reason.to_string(),
+                    reason,
+                };
+                finish(&shared, numbered(&shared, verdict, 0));
+                return;
+            }
+        };
+        match prepared {
+            Ok(pins) => Some(pins),
+            Err(failure) => {
+                tracing::warn!(task_id = %id, url = %failure.url, error = %failure.error, "artifact failed");
+                let update = numbered(&shared, failure.verdict(&id), 0);
+                finish(&shared, update);
+                return;
+            }
+        }
+    };
     // At most MAX_STARTING executors between spawn and socket at once: a burst of
     // thousands of assignments otherwise starts thousands of executors together,
     // which then compete for the CPU and finish later than in a queue.

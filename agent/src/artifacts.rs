@@ -1,0 +1,311 @@
+//! The pure rules of artifacts on a host: which archive members may be unpacked
+//! into a sandbox (no absolute paths, no `..`, no links out of the unpack
+//! directory, no device files or FIFOs, no setuid or setgid bits) and which cached
+//! artifacts to evict when the cache is over its size (least recently used first,
+//! never one in use). The I/O lives in `runtime::fetch` (download, cache) and
+//! `unpack` (the helper that writes into the sandbox as the task user).
+
+use drover_common::artifact::relative_parts;
+
+/// What an archive member is, as its header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberKind {
+    File,
+    Dir,
+    Symlink,
+    Hardlink,
+    /// Anything else: character or block device, FIFO, socket, unknown type.
+    Other,
+}
+
+/// One archive member's header, as far as the checks need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member<'a> {
+    pub path: &'a str,
+    pub kind: MemberKind,
+    /// The link target of a symlink or hard link.
+    pub link: Option<&'a str>,
+    pub mode: u32,
+}
+
+/// Why a member is refused: the message names the member.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("member `{path}` {why}")]
+pub struct Refused {
+    pub path: String,
+    pub why: &'static str,
+}
+
+/// Checks `m` and returns its path components below the unpack directory (empty
+/// for the directory itself, e.g. `./`).
+pub fn check_member(m: &Member<'_>) -> Result<Vec<String>, Refused> {
+    let refuse = |why| Refused {
+        path: m.path.escape_debug().to_string(),
+        why,
+    };
+    if m.path.starts_with('/') {
+        return Err(refuse("has an absolute path"));
+    }
+    let parts = relative_parts(m.path).ok_or_else(|| refuse("leaves the directory with `..`"))?;
+    if m.mode & 0o6000 != 0 {
+        return Err(refuse("has the setuid or setgid bit"));
+    }
+    match m.kind {
+        MemberKind::File | MemberKind::Dir => {}
+        MemberKind::Other => {
+            return Err(refuse(
+                "is a device file, FIFO or socket (only files, directories and links are unpacked)",
+            ))
+        }
+        MemberKind::Symlink => {
+            let target = m.link.ok_or_else(|| refuse("is a link without a target"))?;
+            if !symlink_stays_inside(&parts, target) {
+                return Err(refuse("is a symbolic link pointing outside the sandbox"));
+            }
+        }
+        MemberKind::Hardlink => {
+            // A hard link's target is a path from the archive's root.
+            let target = m.link.ok_or_else(|| refuse("is a link without a target"))?;
+            if target.starts_with('/') || relative_parts(target).is_none_or(|p| p.is_empty()) {
+                return Err(refuse("is a hard link to a file outside the archive"));
+            }
+        }
+    }
+    if parts.is_empty() && m.kind != MemberKind::Dir {
+        return Err(refuse("has an empty path"));
+    }
+    Ok(parts)
+}
+
+/// Whether the symlink at `parts` (below the unpack directory) pointing at
+/// `target` resolves inside the unpack directory, read lexically: relative, and
+/// never climbing above it with `..`.
+pub fn symlink_stays_inside(parts: &[String], target: &str) -> bool {
+    if target.is_empty() || target.starts_with('/') || target.contains('\0') {
+        return false;
+    }
+    // The directory the link sits in.
+    let mut depth = parts.len().saturating_sub(1) as i64;
+    for c in target.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => depth += 1,
+        }
+    }
+    true
+}
+
+/// Most links followed when resolving one link (as the kernel's `ELOOP`).
+const MAX_HOPS: u32 = 40;
+
+/// Whether the symlink in directory `dir` (components below the unpack directory)
+/// pointing at `target` resolves inside the unpack directory when the links already
+/// there are followed: `read_link` gives the target of the entry at a path when it is
+/// a symlink. Catches what a lexical check cannot, e.g. `a -> .` with `b -> a/..`.
+/// Components that do not exist are taken as they are written.
+pub fn resolves_inside(
+    dir: &[String],
+    target: &str,
+    read_link: &dyn Fn(&[String]) -> Option<String>,
+) -> bool {
+    if target.starts_with('/') {
+        return false;
+    }
+    let mut at: Vec<String> = dir.to_vec();
+    let mut pending: std::collections::VecDeque<String> =
+        target.split('/').map(str::to_string).collect();
+    let mut hops = 0;
+    while let Some(c) = pending.pop_front() {
+        match c.as_str() {
+            "" | "." => {}
+            ".." => {
+                if at.pop().is_none() {
+                    return false;
+                }
+            }
+            _ => {
+                at.push(c);
+                if let Some(next) = read_link(&at) {
+                    hops += 1;
+                    if hops > MAX_HOPS || next.starts_with('/') {
+                        return false;
+                    }
+                    at.pop();
+                    for part in next.split('/').rev() {
+                        pending.push_front(part.to_string());
+                    }
+                }
+            }
+        }
+    }
+    true
+}
+
+/// One artifact in the cache, as eviction sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cached {
+    pub sha256: String,
+    pub size: u64,
+    /// When it was last used (any monotonic order: ms, a counter).
+    pub last_used: u64,
+    /// A task that is being prepared uses it: never evicted.
+    pub in_use: bool,
+}
+
+/// The artifacts to evict, least recently used first, so that the cache plus
+/// `incoming` bytes fits in `capacity`; artifacts in use are kept even when that
+/// leaves the cache over its size.
+pub fn evictions(entries: &[Cached], capacity: u64, incoming: u64) -> Vec<String> {
+    let mut total: u64 = entries.iter().map(|e| e.size).sum::<u64>() + incoming;
+    let mut candidates: Vec<&Cached> = entries.iter().filter(|e| !e.in_use).collect();
+    candidates.sort_by(|a, b| (a.last_used, &a.sha256).cmp(&(b.last_used, &b.sha256)));
+    let mut out = Vec::new();
+    for e in candidates {
+        if total <= capacity {
+            break;
+        }
+        total -= e.size;
+        out.push(e.sha256.clone());
+    }
+    out
+}
+
+/// `n` bytes for people: `14 MiB`, `512 KiB`, `10 B`.
+pub fn human(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / f64::from(1u32 << 30)),
+        n if n >= 1 << 20 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(path: &str, kind: MemberKind, link: Option<&str>) -> Member<'static> {
+        Member {
+            path: Box::leak(path.to_string().into_boxed_str()),
+            kind,
+            link: link.map(|l| &*Box::leak(l.to_string().into_boxed_str())),
+            mode: 0o644,
+        }
+    }
+
+    #[test]
+    fn ordinary_members_are_unpacked() {
+        let ok = |m: Member<'_>| check_member(&m).map_err(|e| e.to_string());
+        assert_eq!(
+            ok(member("./app/bin/run", MemberKind::File, None)),
+            Ok(vec!["app".into(), "bin".into(), "run".into()])
+        );
+        assert_eq!(ok(member("./", MemberKind::Dir, None)), Ok(vec![]));
+        assert!(ok(member("app/current", MemberKind::Symlink, Some("v2/../v1"))).is_ok());
+        assert!(ok(member(
+            "app/lib.so",
+            MemberKind::Hardlink,
+            Some("app/lib.so.1")
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn hostile_members_are_refused_with_their_name() {
+        let cases = [
+            (member("/etc/cron.d/x", MemberKind::File, None), "absolute"),
+            (member("../../x", MemberKind::File, None), ".."),
+            (member("a/../../x", MemberKind::File, None), ".."),
+            (member("dev/sda", MemberKind::Other, None), "device"),
+            (member("esc", MemberKind::Symlink, Some("/etc")), "outside"),
+            (
+                member("a/esc", MemberKind::Symlink, Some("../..")),
+                "outside",
+            ),
+            (
+                member("a/esc", MemberKind::Symlink, Some("b/../../../x")),
+                "outside",
+            ),
+            (
+                member("hl", MemberKind::Hardlink, Some("/etc/shadow")),
+                "outside",
+            ),
+            (member("hl", MemberKind::Hardlink, Some("../x")), "outside"),
+            (member("", MemberKind::File, None), "empty"),
+        ];
+        for (m, word) in cases {
+            let e = check_member(&m).expect_err(m.path).to_string();
+            assert!(e.contains(word) && e.contains(m.path), "{e}");
+        }
+        let mut suid = member("bin/sh", MemberKind::File, None);
+        suid.mode = 0o4755;
+        assert!(check_member(&suid)
+            .unwrap_err()
+            .to_string()
+            .contains("setuid"));
+    }
+
+    #[test]
+    fn links_inside_a_subdirectory_may_climb_to_the_top_but_not_past_it() {
+        let at = |p: &str| relative_parts(p).unwrap();
+        assert!(symlink_stays_inside(&at("a/b/link"), "../../x"));
+        assert!(!symlink_stays_inside(&at("a/b/link"), "../../../x"));
+        assert!(symlink_stays_inside(&at("link"), "."));
+        assert!(!symlink_stays_inside(&at("link"), ""));
+    }
+
+    #[test]
+    fn links_are_followed_through_links_already_unpacked() {
+        let links = |p: &[String]| match p.join("/").as_str() {
+            "a" => Some(".".to_string()),
+            "deep" => Some("x/y".to_string()),
+            "loop" => Some("loop".to_string()),
+            _ => None,
+        };
+        // Lexically inside, but `a` is `.`, so `a/..` is the parent.
+        assert!(symlink_stays_inside(&["b".to_string()], "a/.."));
+        assert!(!resolves_inside(&[], "a/..", &links));
+        assert!(resolves_inside(&[], "deep/..", &links));
+        assert!(resolves_inside(&[], "deep/../..", &links));
+        assert!(!resolves_inside(&[], "deep/../../..", &links));
+        assert!(!resolves_inside(&[], "loop/x", &links));
+        assert!(!resolves_inside(&[], "/etc", &links));
+    }
+
+    fn cached(sha: &str, size: u64, last_used: u64, in_use: bool) -> Cached {
+        Cached {
+            sha256: sha.into(),
+            size,
+            last_used,
+            in_use,
+        }
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_used_first_and_never_one_in_use() {
+        let entries = [
+            cached("new", 40, 30, false),
+            cached("old", 40, 10, false),
+            cached("busy", 40, 5, true),
+            cached("mid", 40, 20, false),
+        ];
+        assert_eq!(evictions(&entries, 200, 0), Vec::<String>::new());
+        assert_eq!(evictions(&entries, 160, 40), ["old"]);
+        assert_eq!(evictions(&entries, 120, 40), ["old", "mid"]);
+        // Everything evictable goes; the one in use stays even over the size.
+        assert_eq!(evictions(&entries, 0, 40), ["old", "mid", "new"]);
+    }
+
+    #[test]
+    fn sizes_print_for_people() {
+        assert_eq!(human(14 << 20), "14 MiB");
+        assert_eq!(human(512 << 10), "512 KiB");
+        assert_eq!(human(3), "3 B");
+    }
+}

@@ -1,0 +1,639 @@
+//! Artifacts on the host: the content-addressed cache `<data_dir>/artifacts/<sha256>`
+//! (root's, 0700) and putting a task's artifacts into its sandbox before its executor
+//! starts. A download goes to `<sha256>.part`, is hashed as it arrives and renamed
+//! to its name only when the sum matches, so a file under its sum's name is verified
+//! (files found at agent start are hashed again on first use). Concurrent tasks
+//! wanting one sum wait for one download (a lock per sum). The cache is bounded by
+//! `artifact_cache_size`: after a download the least recently used artifacts no
+//! task is being prepared with are deleted ([`crate::artifacts::evictions`]).
+//!
+//! Root never writes into a sandbox: it creates the task directory and the empty
+//! `sandbox/` (chowned to the task user through a descriptor, as the executor does),
+//! then runs `drover-agent unpack-artifact` ([`crate::unpack`]) as the task user
+//! with the cached file open on its stdin, or the `file://` path to read as that user.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use drover_common::artifact::{self as rules, Scheme};
+use drover_common::layout::{self, Layout};
+use drover_common::spec::Artifact;
+use drover_common::state::{now_ms, ExitReason, TaskState};
+use drover_common::wire::ExecutorTask;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::lock;
+use crate::artifacts::{evictions, human, Cached};
+use crate::config::ArtifactLimits;
+use crate::host::Verdict;
+use crate::metrics::METRICS;
+use crate::unpack::{hex, sha256_of, SUBCOMMAND};
+
+/// Downloads tried per artifact before giving up (on connection errors, timeouts
+/// and 5xx/408/429 answers; never on 4xx, a size or a checksum problem).
+const ATTEMPTS: u32 = 3;
+/// The wait before the second attempt; doubled before each next one.
+const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// Connecting to an artifact server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// No byte from the server for this long fails the attempt.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// System CA bundles tried, first found wins.
+const SYSTEM_ROOTS: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+];
+
+/// One cached artifact.
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    /// Wall ms of its last use (its file's mtime at agent start).
+    last_used: u64,
+    /// Tasks being prepared with it.
+    pins: u32,
+    /// Hashed by this agent (downloaded, or checked since start).
+    verified: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    /// One lock per sum: who holds it downloads or checks it, the others wait.
+    locks: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// The host's artifact cache and the client that fills it.
+#[derive(Debug)]
+pub(super) struct ArtifactCache {
+    dir: PathBuf,
+    limits: ArtifactLimits,
+    client: reqwest::Client,
+    /// `drover-agent`, run as `unpack-artifact`.
+    helper: PathBuf,
+    allow_root: bool,
+    state: Mutex<State>,
+}
+
+/// Why a task's artifacts could not be put into its sandbox.
+#[derive(Debug)]
+pub(super) struct Failure {
+    pub url: String,
+    pub error: String,
+}
+
+impl Failure {
+    /// The task's end: FAILED, `artifact_fetch_failed` (`sandbox_setup_failed` when
+    /// the sandbox itself could not be made).
+    pub fn verdict(self, task_id: &str) -> Verdict {
+        if self.url.is_empty() {
+            return Verdict::setup_failed(task_id, self.error);
+        }
+        let reason = ExitReason::ArtifactFetchFailed {
+            url: self.url,
+            error: self.error,
+        };
+        Verdict {
+            task_id: task_id.to_string(),
+            state: TaskState::Failed,
+            message: reason.to_string(),
+            reason,
+        }
+    }
+}
+
+/// The cached artifacts a task is being prepared with: not evicted until dropped.
+#[derive(Debug)]
+pub(super) struct Pins {
+    cache: Arc<ArtifactCache>,
+    shas: Vec<String>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let mut state = lock(&self.cache.state);
+        for sha in &self.shas {
+            if let Some(e) = state.entries.get_mut(sha) {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// One failed download attempt: whether another may help.
+enum Attempt {
+    Retry(String),
+    Final(String),
+}
+
+/// An error with its causes, on one line (reqwest's own says little).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl ArtifactCache {
+    /// Opens (creating) the cache in `dir`: removes unfinished downloads and indexes
+    /// the artifacts there by their file's mtime.
+    pub fn open(
+        dir: PathBuf,
+        limits: ArtifactLimits,
+        tls_ca: Option<&Path>,
+        executor: &Path,
+        allow_root: bool,
+    ) -> io::Result<ArtifactCache> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let mut state = State::default();
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let meta = entry.metadata()?;
+            if !rules::is_sha256(&name) || !meta.is_file() {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            let last_used = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_millis() as u64);
+            state.entries.insert(
+                name,
+                Entry {
+                    size: meta.len(),
+                    last_used,
+                    pins: 0,
+                    verified: false,
+                },
+            );
+        }
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
+            .user_agent(concat!("drover-agent/", env!("CARGO_PKG_VERSION")));
+        let mut pems: Vec<Vec<u8>> = Vec::new();
+        if let Some(ca) = tls_ca {
+            pems.push(std::fs::read(ca)?);
+        }
+        if let Some(bundle) = SYSTEM_ROOTS.iter().find_map(|p| std::fs::read(p).ok()) {
+            pems.push(bundle);
+        }
+        for pem in pems {
+            // A bundle that does not parse leaves https to the other roots.
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default() {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let client = builder.build().map_err(io::Error::other)?;
+        // The helper is this binary when the agent runs as `drover-agent`, else
+        // (the agent inside a test binary) the one beside the executor.
+        let helper = std::env::current_exe()
+            .ok()
+            .filter(|p| p.file_name().is_some_and(|n| n == "drover-agent"))
+            .unwrap_or_else(|| executor.with_file_name("drover-agent"));
+        Ok(ArtifactCache {
+            dir,
+            limits,
+            client,
+            helper,
+            allow_root,
+            state: Mutex::new(state),
+        })
+    }
+
+    fn path(&self, sha: &str) -> PathBuf {
+        self.dir.join(sha)
+    }
+
+    /// Puts every artifact of `task` into its new sandbox (creating the task
+    /// directory and `sandbox/`), in order. The pins keep the cached ones until the
+    /// task ends.
+    pub async fn prepare(
+        self: &Arc<Self>,
+        layout: &Layout,
+        task: &ExecutorTask,
+    ) -> Result<Pins, Failure> {
+        let mut pins = Pins {
+            cache: self.clone(),
+            shas: Vec::new(),
+        };
+        // No URL: a sandbox problem, not an artifact's.
+        let run_as = run_as(task, self.allow_root).map_err(|error| Failure {
+            url: String::new(),
+            error,
+        })?;
+        let sandbox = create_sandbox(layout, &task.task_id, run_as).map_err(|e| Failure {
+            url: String::new(),
+            error: format!("cannot create the sandbox: {e}"),
+        })?;
+        let mut budget = self.limits.task_max_size;
+        let count = task.task.artifacts.len();
+        for (i, art) in task.task.artifacts.iter().enumerate() {
+            let fail = |error: String| Failure {
+                url: art.url.clone(),
+                error,
+            };
+            tracing::info!(task_id = %task.task_id, url = %art.url, "fetching {} of {count}", i + 1);
+            let unpack = rules::unpack_of(art).map_err(|e| fail(e.to_string()))?;
+            let dest = rules::dest_of(art, unpack).map_err(|e| fail(e.to_string()))?;
+            let source = match rules::scheme(&art.url).map_err(|e| fail(e.to_string()))? {
+                Scheme::Http => {
+                    let sha = art
+                        .sha256
+                        .as_deref()
+                        .map(str::to_ascii_lowercase)
+                        .filter(|sha| rules::is_sha256(sha))
+                        .ok_or_else(|| fail("no valid sha256 (required for http(s))".into()))?;
+                    let size = self
+                        .fetch(&art.url, &sha, budget.min(self.limits.max_size))
+                        .await
+                        .map_err(fail)?;
+                    pins.shas.push(sha.clone());
+                    budget = budget.saturating_sub(size);
+                    Source::Cached(self.path(&sha))
+                }
+                Scheme::File => Source::Path(
+                    rules::file_path(&art.url)
+                        .map(PathBuf::from)
+                        .ok_or_else(|| fail("not an absolute file:// path".into()))?,
+                ),
+            };
+            // A downloaded file was bounded as it came; an archive's members and a
+            // file:// copy are bounded by what is left of the task's budget.
+            let max_bytes = match (&source, unpack) {
+                (Source::Cached(_), rules::Unpack::File) => u64::MAX - 1,
+                _ => budget,
+            };
+            self.put(
+                art,
+                &sandbox,
+                &dest.join("/"),
+                unpack,
+                max_bytes,
+                source,
+                run_as,
+            )
+            .await
+            .map_err(fail)?;
+        }
+        Ok(pins)
+    }
+
+    /// Makes the artifact `sha` (from `url`, at most `limit` bytes) present and
+    /// verified in the cache, pinned once; returns its size.
+    async fn fetch(self: &Arc<Self>, url: &str, sha: &str, limit: u64) -> Result<u64, String> {
+        let gate = lock(&self.state)
+            .locks
+            .entry(sha.to_string())
+            .or_default()
+            .clone();
+        let _held = gate.lock().await;
+        let result = self.fetch_locked(url, sha, limit).await;
+        // The last one through drops the lock (taking one clones under the same
+        // mutex, so the count is exact here).
+        let mut state = lock(&self.state);
+        if Arc::strong_count(&gate) == 2 {
+            state.locks.remove(sha);
+        }
+        result
+    }
+
+    /// [`Self::fetch`] with the sum's lock held.
+    async fn fetch_locked(&self, url: &str, sha: &str, limit: u64) -> Result<u64, String> {
+        // Pinned in the same breath as it is found, so that no other download's
+        // eviction takes it from under this task.
+        let known = lock(&self.state).entries.get_mut(sha).map(|e| {
+            e.pins += 1;
+            (e.size, e.verified)
+        });
+        if let Some((size, verified)) = known {
+            // A mismatch deletes the entry, pin and all.
+            let ok = verified || self.check(sha).await;
+            if ok && size <= limit {
+                METRICS.artifact_cache_hits.inc();
+                self.touch(sha);
+                return Ok(size);
+            }
+            if ok {
+                self.unpin(sha);
+                return Err(too_large(size, limit));
+            }
+        }
+        METRICS.artifact_cache_misses.inc();
+        let started = Instant::now();
+        let downloaded = self.download(url, sha, limit).await;
+        METRICS
+            .artifact_fetch
+            .observe(started.elapsed().as_secs_f64());
+        let size = downloaded?;
+        {
+            let mut state = lock(&self.state);
+            state.entries.insert(
+                sha.to_string(),
+                Entry {
+                    size,
+                    last_used: now_ms(),
+                    pins: 1,
+                    verified: true,
+                },
+            );
+        }
+        self.evict();
+        Ok(size)
+    }
+
+    /// Hashes a cached file found at start; drops it when it does not match.
+    async fn check(&self, sha: &str) -> bool {
+        let path = self.path(sha);
+        let sum =
+            tokio::task::spawn_blocking(move || std::fs::File::open(&path).and_then(sha256_of))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        let ok = sum.as_deref() == Some(sha);
+        let mut state = lock(&self.state);
+        if ok {
+            if let Some(e) = state.entries.get_mut(sha) {
+                e.verified = true;
+            }
+        } else {
+            tracing::warn!(
+                sha256 = sha,
+                "cached artifact does not match its sum; fetching it again"
+            );
+            state.entries.remove(sha);
+            let _ = std::fs::remove_file(self.path(sha));
+        }
+        ok
+    }
+
+    /// Stamps the use of `sha` (in memory and as its file's mtime).
+    fn touch(&self, sha: &str) {
+        if let Some(e) = lock(&self.state).entries.get_mut(sha) {
+            e.last_used = now_ms();
+        }
+        let _ = std::fs::File::open(self.path(sha)).and_then(|f| f.set_modified(SystemTime::now()));
+    }
+
+    /// Takes back one pin of `sha`.
+    fn unpin(&self, sha: &str) {
+        if let Some(e) = lock(&self.state).entries.get_mut(sha) {
+            e.pins = e.pins.saturating_sub(1);
+        }
+    }
+
+    /// Deletes the least recently used unpinned artifacts over `artifact_cache_size`.
+    fn evict(&self) {
+        let mut state = lock(&self.state);
+        let entries: Vec<Cached> = state
+            .entries
+            .iter()
+            .map(|(sha, e)| Cached {
+                sha256: sha.clone(),
+                size: e.size,
+                last_used: e.last_used,
+                in_use: e.pins > 0,
+            })
+            .collect();
+        for sha in evictions(&entries, self.limits.cache_size, 0) {
+            tracing::info!(sha256 = %sha, "evicting artifact from the cache");
+            state.entries.remove(&sha);
+            if let Err(e) = std::fs::remove_file(self.path(&sha)) {
+                tracing::warn!(sha256 = %sha, error = %e, "could not delete a cached artifact");
+            }
+        }
+    }
+
+    /// Downloads `url` into the cache as `sha`, retrying what may pass.
+    async fn download(&self, url: &str, sha: &str, limit: u64) -> Result<u64, String> {
+        let part = self.dir.join(format!("{sha}.part"));
+        let mut delay = FIRST_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            let result = self.download_once(url, sha, limit, &part).await;
+            if result.is_err() {
+                let _ = tokio::fs::remove_file(&part).await;
+            }
+            match result {
+                Ok(n) => return Ok(n),
+                Err(Attempt::Final(e)) => return Err(e),
+                Err(Attempt::Retry(e)) if attempt >= ATTEMPTS => {
+                    return Err(format!("{e} (after {ATTEMPTS} attempts)"))
+                }
+                Err(Attempt::Retry(e)) => {
+                    tracing::warn!(url, attempt, error = %e, "artifact download failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    async fn download_once(
+        &self,
+        url: &str,
+        sha: &str,
+        limit: u64,
+        part: &Path,
+    ) -> Result<u64, Attempt> {
+        let mut resp = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| Attempt::Retry(format!("request failed: {}", chain(&e))))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let msg = format!("HTTP {status}");
+            let again = status.is_server_error() || matches!(status.as_u16(), 408 | 429);
+            return Err(if again {
+                Attempt::Retry(msg)
+            } else {
+                Attempt::Final(msg)
+            });
+        }
+        if let Some(len) = resp.content_length().filter(|&len| len > limit) {
+            return Err(Attempt::Final(too_large(len, limit)));
+        }
+        let io = |e: io::Error| Attempt::Final(format!("cannot write to the artifact cache: {e}"));
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(part)
+            .await
+            .map_err(io)?;
+        let mut hasher = Sha256::new();
+        let mut n: u64 = 0;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| Attempt::Retry(format!("download broke off: {}", chain(&e))))?
+        {
+            n += chunk.len() as u64;
+            if n > limit {
+                return Err(Attempt::Final(too_large(n, limit)));
+            }
+            METRICS.artifact_bytes_fetched.inc_by(chunk.len() as u64);
+            hasher.update(&chunk);
+            file.write_all(&chunk).await.map_err(io)?;
+        }
+        file.flush().await.map_err(io)?;
+        drop(file);
+        let actual = hex(&hasher.finalize());
+        if actual != sha {
+            return Err(Attempt::Final(format!(
+                "checksum mismatch: expected sha256 {sha}, got {actual}"
+            )));
+        }
+        tokio::fs::rename(part, self.path(sha)).await.map_err(io)?;
+        tracing::info!(
+            url,
+            sha256 = sha,
+            bytes = n,
+            "artifact fetched ({})",
+            human(n)
+        );
+        Ok(n)
+    }
+
+    /// Runs the unpack helper as the task user for one artifact.
+    #[allow(clippy::too_many_arguments)]
+    async fn put(
+        &self,
+        art: &Artifact,
+        sandbox: &Path,
+        dest: &str,
+        unpack: rules::Unpack,
+        max_bytes: u64,
+        source: Source,
+        run_as: Option<(u32, u32)>,
+    ) -> Result<(), String> {
+        let mut cmd = tokio::process::Command::new(&self.helper);
+        cmd.arg(SUBCOMMAND)
+            .arg(sandbox)
+            .arg(if dest.is_empty() { "." } else { dest })
+            .arg(unpack.as_str())
+            .arg(format!("{:o}", rules::file_mode(art)))
+            .arg(max_bytes.to_string())
+            .env_clear()
+            .current_dir("/")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        match source {
+            Source::Cached(path) => {
+                let file = std::fs::File::open(&path)
+                    .map_err(|e| format!("cannot open the cached copy {}: {e}", path.display()))?;
+                cmd.arg("-").stdin(Stdio::from(file));
+            }
+            Source::Path(path) => {
+                cmd.arg(path).stdin(Stdio::null());
+                if let Some(sha) = &art.sha256 {
+                    cmd.arg(sha.to_ascii_lowercase());
+                }
+            }
+        }
+        if let Some((uid, gid)) = run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        let out = cmd
+            .output()
+            .await
+            .map_err(|e| format!("cannot run {} {SUBCOMMAND}: {e}", self.helper.display()))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let line = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let mut line: String = line.chars().take(500).collect();
+        if line.is_empty() {
+            line = format!("unpack helper failed ({})", out.status);
+        }
+        Err(line)
+    }
+}
+
+/// Where the unpack helper reads an artifact.
+enum Source {
+    /// The verified cache file, opened by root and given as stdin.
+    Cached(PathBuf),
+    /// A `file://` path, opened by the helper as the task user.
+    Path(PathBuf),
+}
+
+fn too_large(size: u64, limit: u64) -> String {
+    format!(
+        "too large: {size} bytes, over the limit of {limit} (artifact_max_size / artifact_task_max_size)"
+    )
+}
+
+/// The uid and gid the helper runs as: the task user when the agent is root (as
+/// the executor resolves it: `task.user`, else the role), else the agent's own.
+fn run_as(task: &ExecutorTask, agent_allows_root: bool) -> Result<Option<(u32, u32)>, String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Ok(None);
+    }
+    let name = task.task.user.as_deref().unwrap_or(&task.role);
+    let user = nix::unistd::User::from_name(name)
+        .map_err(|e| format!("cannot look up task user `{name}`: {e}"))?
+        .ok_or_else(|| format!("task user `{name}` does not exist on this host"))?;
+    if user.uid.is_root() && !(task.task.allow_root && agent_allows_root) {
+        return Err(format!(
+            "the task would run as root (user `{name}`); both task.allow_root and the agent's allow_root must allow that"
+        ));
+    }
+    Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
+}
+
+/// Creates the task directory (root's, 0711) and in it `sandbox/` (0700), owned by
+/// the task user, chowned through a descriptor that did not follow a link.
+fn create_sandbox(
+    layout: &Layout,
+    task_id: &str,
+    run_as: Option<(u32, u32)>,
+) -> io::Result<PathBuf> {
+    crate::sandbox::create_task_dir(layout, task_id)?;
+    let sandbox = layout.task(task_id).sandbox();
+    std::fs::DirBuilder::new()
+        .mode(layout::PRIVATE_DIR_MODE)
+        .create(&sandbox)?;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&sandbox)?;
+    dir.set_permissions(std::fs::Permissions::from_mode(layout::PRIVATE_DIR_MODE))?;
+    if let Some((uid, gid)) = run_as {
+        nix::unistd::fchown(
+            dir.as_raw_fd(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )?;
+    }
+    Ok(sandbox)
+}

@@ -165,6 +165,28 @@ pub struct TaskSpec {
     /// Extra environment for every process; values are templated.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The task's network: the host's (default) or its own namespace with only
+    /// loopback (`isolated`).
+    #[serde(default, skip_serializing_if = "Network::is_host")]
+    pub network: Network,
+}
+
+/// A task's network (`task.network`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// The host's network namespace.
+    #[default]
+    Host,
+    /// Its own network namespace with only loopback: no route out, no named ports.
+    Isolated,
+}
+
+impl Network {
+    /// Whether this is the default, `host` (left out when serialized).
+    pub fn is_host(&self) -> bool {
+        *self == Network::Host
+    }
 }
 
 /// One process of a task (a Thermos process).

@@ -91,6 +91,7 @@ fn full_job() -> JobSpec {
             env: [("LOG".to_string(), "{{sandbox}}/log".to_string())]
                 .into_iter()
                 .collect(),
+            network: Default::default(),
         },
         health_check: Some(HealthCheck {
             kind: HealthCheckType::Http,

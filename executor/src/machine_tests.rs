@@ -38,6 +38,7 @@ pub(crate) fn task(processes: Vec<ProcessSpec>, order: &[&[&str]]) -> TaskSpec {
         user: None,
         allow_root: false,
         env: Default::default(),
+        network: Default::default(),
     }
 }
 

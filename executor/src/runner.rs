@@ -22,6 +22,7 @@ use crate::cgroup::{FsCgroup, TaskCgroup};
 use crate::health;
 use crate::hub::{self, ClientEvent, Hub};
 use crate::machine::{Machine, Millis, Step};
+use crate::ns::TaskNamespaces;
 use crate::plan::{self, HealthProbe, Plan};
 use crate::resident;
 use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
@@ -364,7 +365,11 @@ impl Runner {
                 .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
-        let iso = Isolation::new(&procs_files, &user);
+        let mut iso = Isolation::new(&procs_files, &user);
+        if let Some(cg) = &cgroup {
+            iso = task_isolation(iso, cg, &layout, &user, limits.pids, &task)
+                .map_err(|e| fail(SetupError::Other(e), &layout))?;
+        }
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
             _ => 0,
@@ -458,6 +463,9 @@ impl Runner {
         // Start the first processes before anything else: that is what the task waits
         // for; the STARTING checkpoint follows.
         let isolation = match &self.io.cgroup {
+            Some(cg) if self.io.iso.ns.is_some() => {
+                format!("{}, own pid and mount namespaces", cg.describe())
+            }
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),
         };
@@ -776,6 +784,9 @@ impl RunnerIo {
 
     fn cleanup_cgroup(&self) {
         self.kill_everything();
+        if let Some(ns) = &self.iso.ns {
+            ns.end();
+        }
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.remove() {
                 crate::diag!("drover-executor: {e}");
@@ -904,6 +915,30 @@ impl supervisor::Io for RunnerIo {
             }
         }
     }
+}
+
+/// How the task's processes are started under a cgroup: born in it (v2:
+/// `CLONE_INTO_CGROUP`) or joining it and checking `pids.current` against `pids`
+/// (v1, and v2's fallback), in the task's own namespaces (`tmp/` made for them).
+fn task_isolation(
+    iso: Isolation,
+    cg: &FsCgroup,
+    layout: &Layout,
+    user: &TaskUser,
+    pids: u64,
+    task: &ExecutorTask,
+) -> Result<Isolation, String> {
+    let iso = match cg.version() {
+        crate::cgroup::Version::V2 => iso
+            .into_cgroup_dir(&cg.dir(""))
+            .map_err(|e| format!("cannot open cgroup {}: {e}", cg.dir("").display()))?
+            .checking_pids(&cg.dir("").join("pids.current"), pids),
+        crate::cgroup::Version::V1 => iso.checking_pids(&cg.dir("pids").join("pids.current"), pids),
+    };
+    layout.create_tmp(user).map_err(|e| e.to_string())?;
+    let isolated = task.task.network == drover_common::spec::Network::Isolated;
+    let ns = TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)?;
+    Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
 }
 
 /// Copies a process's output into its rotated log file, which (and `logs/` with it)

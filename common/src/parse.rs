@@ -490,6 +490,7 @@ const TASK: &[Field] = &[
     nullable("user", Kind::Str),
     opt("allow_root", Kind::Bool),
     opt("env", Kind::StrMap),
+    opt("network", Kind::Enum(&["host", "isolated"])),
 ];
 
 const HEALTH_CHECK: &[Field] = &[

@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 /// Exit reasons as labels, in [`reason_index`]'s order; `none` for a terminal
 /// status without a reason.
-pub const REASONS: [&str; 15] = [
+pub const REASONS: [&str; 16] = [
     "exit_code",
     "signal",
     "oom_killed",
@@ -32,6 +32,7 @@ pub const REASONS: [&str; 15] = [
     "sandbox_setup_failed",
     "executor_lost",
     "failed_to_start",
+    "disk_limit_exceeded",
     "none",
 ];
 
@@ -52,7 +53,8 @@ pub fn reason_index(reason: Option<&ExitReason>) -> usize {
         Some(ExitReason::SandboxSetupFailed { .. }) => 11,
         Some(ExitReason::ExecutorLost) => 12,
         Some(ExitReason::FailedToStart { .. }) => 13,
-        None => 14,
+        Some(ExitReason::DiskLimitExceeded { .. }) => 14,
+        None => 15,
     }
 }
 
@@ -260,6 +262,10 @@ mod tests {
             ExitReason::FailedToStart {
                 process: String::new(),
                 error: String::new(),
+            },
+            ExitReason::DiskLimitExceeded {
+                used_bytes: 2,
+                limit_bytes: 1,
             },
         ];
         let mut seen: Vec<usize> = reasons.iter().map(|r| reason_index(Some(r))).collect();

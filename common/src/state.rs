@@ -247,6 +247,8 @@ pub enum ExitReason {
     ExecutorLost,
     /// A process could not be started (binary not found, permission denied).
     FailedToStart { process: String, error: String },
+    /// What the task wrote (`sandbox/` and its `/tmp`) went over `resources.disk`.
+    DiskLimitExceeded { used_bytes: u64, limit_bytes: u64 },
 }
 
 impl ExitReason {
@@ -292,6 +294,13 @@ impl fmt::Display for ExitReason {
             ExitReason::FailedToStart { process, error } => {
                 write!(f, "process {process} failed to start: {error}")
             }
+            ExitReason::DiskLimitExceeded {
+                used_bytes,
+                limit_bytes,
+            } => write!(
+                f,
+                "disk limit exceeded: {used_bytes} bytes used, resources.disk is {limit_bytes} bytes"
+            ),
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod cleanup;
+pub mod disk;
 pub mod health;
 pub mod hub;
 pub mod machine;

@@ -63,6 +63,9 @@ pub struct Options {
     /// < [`crate::zygote::WARM`] before this one), so the kernel's migration lock is
     /// warm and the prewarm thread ([`crate::cgroup::prewarm_migration`]) is skipped.
     pub migration_warm: bool,
+    /// How often at most `sandbox/` and `tmp/` are scanned for `resources.disk`
+    /// (a scan of a big tree is spaced further, [`crate::disk::next_interval`]).
+    pub disk_scan_interval: Duration,
     /// A connected stream socket to the agent (the fork server passes it): served as a
     /// client at once, and the socket is bound only once it closes
     /// ([`hub::Clients::Agent`]), which saves the socket's inode per task.
@@ -132,6 +135,9 @@ struct RunnerIo {
     empty_at: Cell<Option<usize>>,
     /// The process groups of started processes, tracked only without a cgroup.
     pgids: Vec<i32>,
+    /// When `sandbox/` and `tmp/` are next scanned for `resources.disk` (never when
+    /// the task has no disk limit).
+    disk_due: Option<Instant>,
     /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
@@ -410,6 +416,8 @@ impl Runner {
         let names = (0..machine.len())
             .map(|i| machine.name(i).to_string())
             .collect();
+        let disk_limit = task.task.resources.disk.bytes();
+        let disk_interval = opts.disk_scan_interval;
         let config = supervisor::Config {
             health_check: task.health_check.clone(),
             http: task.lifecycle.as_ref().and_then(|l| l.http.clone()),
@@ -438,6 +446,7 @@ impl Runner {
                 spawned: 0,
                 empty_at: Cell::new(None),
                 pgids: Vec::new(),
+                disk_due: (disk_limit > 0).then(|| Instant::now() + disk_interval),
                 pending: Vec::new(),
             },
         })
@@ -493,6 +502,7 @@ impl Runner {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(sleep_until) => {}
+                Some(()) = async { tokio::time::sleep_until(self.io.disk_due?).await; Some(()) } => self.scan_disk(),
                 Some(_) = async { term.as_mut()?.recv().await } => self.kill_requested("SIGTERM"),
                 Some(_) = async { int.as_mut()?.recv().await } => self.kill_requested("SIGINT"),
             }
@@ -534,6 +544,28 @@ impl Runner {
             0
         } else {
             1
+        }
+    }
+
+    /// Scans what the task can write for `resources.disk`; over it, the task is
+    /// stopped and ends FAILED with `disk_limit_exceeded`.
+    fn scan_disk(&mut self) {
+        let began = Instant::now();
+        let limit = self.io.task.task.resources.disk.bytes();
+        let tmp = self.io.layout.dir.tmp();
+        let usage = crate::disk::usage(&[&self.io.layout.work, &tmp]);
+        let took = began.elapsed();
+        self.io.disk_due = Some(
+            Instant::now() + crate::disk::next_interval(took).max(self.io.opts.disk_scan_interval),
+        );
+        if let Some((used, message)) = crate::disk::over_limit(usage, limit) {
+            let now = self.now();
+            let reason = ExitReason::DiskLimitExceeded {
+                used_bytes: used,
+                limit_bytes: limit,
+            };
+            self.io.disk_due = None;
+            self.sup.limit_exceeded(now, reason, message, &mut self.io);
         }
     }
 

@@ -308,6 +308,45 @@ fn a_task_never_holds_more_than_its_pids_limit_whoever_starts_the_processes() {
     assert_eq!(ex.wait_exit(LONG), 1);
 }
 
+/// `resources.disk` is enforced by a scan of what the task can write, its private
+/// `/tmp` included: over it, the task is stopped and fails with `disk_limit_exceeded`
+/// naming the usage and the limit.
+#[test]
+fn a_task_writing_past_its_disk_limit_fails_with_disk_limit_exceeded() {
+    if !can_isolate("disk_limit") {
+        return;
+    }
+    let id = task_id("disk");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "fill",
+            "cmdline": "head -c 3000000 /dev/zero > /tmp/big && exec sleep 100"}],
+               "resources": {"cpu": 1.0, "ram": "64MiB", "disk": "2MiB"}}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone", "--disk-scan-interval", "100ms"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed, "{end:?}");
+    match end.exit_reason {
+        Some(ExitReason::DiskLimitExceeded {
+            used_bytes,
+            limit_bytes,
+        }) => {
+            assert_eq!(limit_bytes, 2 << 20);
+            assert!(used_bytes > 3_000_000, "{used_bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        ex.seen
+            .iter()
+            .any(|s| s.message.contains("over resources.disk")),
+        "{:?}",
+        ex.seen
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
 #[test]
 fn memory_hog_ends_with_exit_reason_oom() {
     if !can_isolate("oom") {

@@ -7,8 +7,9 @@
 //! <sandbox_root>/<task_id>/          the task directory: root, 0711; only root writes it
 //!     sandbox/                       the task's working directory: the task user, 0700,
 //!                                    the ONLY thing the task can write (with tmp/)
-//!     tmp/                           the task's /tmp and /var/tmp in its mount
-//!                                    namespace: the task user, 0700 (isolated tasks)
+//!     tmp/data/                      the task's /tmp and /var/tmp in its mount
+//!                                    namespace: tmp/ root's 0700, data/ the task
+//!                                    user's 0700 (tasks run with a cgroup)
 //!     task.json status.json executor.sock executor.stderr agent.json agent-final.json
 //!     logs/<process>.stdout|.stderr[.N]
 //! ```
@@ -117,10 +118,11 @@ impl TaskDir {
     pub fn sandbox(&self) -> PathBuf {
         self.path.join(SANDBOX_DIR)
     }
-    /// `tmp/`: the task's private `/tmp` and `/var/tmp` (bound there in its mount
-    /// namespace), the task user's, mode 0700.
+    /// `tmp/data/`: the task's private `/tmp` and `/var/tmp` (bound there in its
+    /// mount namespace), the task user's, mode 0700, inside `tmp/` (root's, 0700, so
+    /// that no other task, not even one of the same user, reaches it by path).
     pub fn tmp(&self) -> PathBuf {
-        self.path.join(TMP_DIR)
+        self.path.join(TMP_DIR).join("data")
     }
     /// `sandbox/.healthchecksnooze`.
     pub fn snooze_file(&self) -> PathBuf {

@@ -34,7 +34,8 @@ pub enum Usage {
 
 /// The bytes allocated under each of `dirs` together (a missing one counts 0).
 pub fn usage(dirs: &[&Path]) -> Usage {
-    let mut seen = HashSet::new();
+    // Made on the first hard link: most trees have none.
+    let mut seen = None;
     let mut total = 0u64;
     for dir in dirs {
         let Ok(fd) = nix::fcntl::open(
@@ -63,7 +64,12 @@ fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
 }
 
 /// Adds what is in the directory `fd` to `total`; false when nested too deep.
-fn walk(fd: OwnedFd, depth: usize, seen: &mut HashSet<(u64, u64)>, total: &mut u64) -> bool {
+fn walk(
+    fd: OwnedFd,
+    depth: usize,
+    seen: &mut Option<HashSet<(u64, u64)>>,
+    total: &mut u64,
+) -> bool {
     let Ok(dup) = fd.try_clone() else {
         return true;
     };
@@ -88,7 +94,7 @@ fn walk(fd: OwnedFd, depth: usize, seen: &mut HashSet<(u64, u64)>, total: &mut u
         #[allow(clippy::unnecessary_cast)]
         let id = (st.st_dev as u64, st.st_ino as u64);
         let is_dir = (st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR.bits();
-        if st.st_nlink > 1 && !is_dir && !seen.insert(id) {
+        if st.st_nlink > 1 && !is_dir && !seen.get_or_insert_with(HashSet::new).insert(id) {
             continue;
         }
         *total = total.saturating_add(bytes);

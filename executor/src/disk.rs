@@ -4,20 +4,18 @@
 //! its limit is stopped with exit reason `disk_limit_exceeded`.
 //!
 //! The walk is root's through a tree the task owns, so it never follows a link: each
-//! directory is opened relative to its parent's descriptor with `O_NOFOLLOW`, each
-//! entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)`. A tree nested deeper than
+//! directory is opened relative to its parent's descriptor with `O_NOFOLLOW`, read
+//! with `getdents64`, each entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)`. A tree nested deeper than
 //! [`MAX_DEPTH`] counts as over the limit (the walk holds one descriptor per level).
 //! [`next_interval`] spaces scans so that a big tree costs at most about 2 % of the
 //! executor's time.
 
 use std::collections::HashSet;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
-
-use nix::dir::Dir;
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::{fstatat, Mode, SFlag};
 
 /// Deepest directory nesting the scan follows.
 pub const MAX_DEPTH: usize = 512;
@@ -38,16 +36,14 @@ pub fn usage(dirs: &[&Path]) -> Usage {
     let mut seen = None;
     let mut total = 0u64;
     for dir in dirs {
-        let Ok(fd) = nix::fcntl::open(
-            *dir,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
             continue;
         };
-        let fd = owned(fd);
-        if let Ok(st) = nix::sys::stat::fstat(fd.as_raw_fd()) {
-            total = total.saturating_add(st.st_blocks as u64 * 512);
+        let Some(fd) = open_dir(libc::AT_FDCWD, &path) else {
+            continue;
+        };
+        if let Some(st) = stat_at(fd.as_raw_fd(), c"") {
+            total = total.saturating_add(allocated(&st));
         }
         if !walk(fd, 1, &mut seen, &mut total) {
             return Usage::TooDeep(total);
@@ -56,11 +52,42 @@ pub fn usage(dirs: &[&Path]) -> Usage {
     Usage::Bytes(total)
 }
 
+/// Opens the directory `name` relative to `dir` without following a link.
 #[allow(unsafe_code)]
-fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: `fd` was just returned by open/openat and nothing else owns it.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+fn open_dir(dir: RawFd, name: &CStr) -> Option<OwnedFd> {
+    // SAFETY: openat reads the NUL-terminated `name`; the descriptor it returns is
+    // ours alone.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    // SAFETY: a descriptor openat just returned, owned by no one else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` (`AT_EMPTY_PATH` too, for `""`: `dir`
+/// itself).
+#[allow(unsafe_code)]
+fn stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstatat writes one `stat` into `st` and reads `name`.
+    let r = unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH,
+        )
+    };
+    // SAFETY: fstatat succeeded, so it filled `st`.
+    (r == 0).then(|| unsafe { st.assume_init() })
+}
+
+fn allocated(st: &libc::stat) -> u64 {
+    (st.st_blocks as u64).saturating_mul(512)
 }
 
 /// Adds what is in the directory `fd` to `total`; false when nested too deep.
@@ -70,56 +97,75 @@ fn walk(
     seen: &mut Option<HashSet<(u64, u64)>>,
     total: &mut u64,
 ) -> bool {
-    let Ok(dup) = fd.try_clone() else {
-        return true;
-    };
-    let Ok(mut dir) = Dir::from_fd(std::os::fd::IntoRawFd::into_raw_fd(dup)) else {
-        return true;
-    };
-    let mut subdirs = Vec::new();
-    for entry in dir.iter().flatten() {
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        let Ok(st) = fstatat(
-            Some(fd.as_fd().as_raw_fd()),
-            name,
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) else {
-            continue;
-        };
-        let bytes = st.st_blocks as u64 * 512;
-        // The stat field types differ between architectures.
-        #[allow(clippy::unnecessary_cast)]
-        let id = (st.st_dev as u64, st.st_ino as u64);
-        let is_dir = (st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR.bits();
-        if st.st_nlink > 1 && !is_dir && !seen.get_or_insert_with(HashSet::new).insert(id) {
-            continue;
-        }
-        *total = total.saturating_add(bytes);
-        if is_dir {
-            subdirs.push(name.to_owned());
-        }
-    }
-    drop(dir);
+    let subdirs = entries(&fd, seen, total);
     for name in subdirs {
         if depth >= MAX_DEPTH {
             return false;
         }
-        let Ok(sub) = openat(
-            Some(fd.as_raw_fd()),
-            name.as_c_str(),
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Some(sub) = open_dir(fd.as_raw_fd(), &name) else {
             continue;
         };
-        if !walk(owned(sub), depth + 1, seen, total) {
+        if !walk(sub, depth + 1, seen, total) {
             return false;
         }
     }
     true
+}
+
+/// Adds the entries of the directory `fd` to `total` and returns its subdirectories.
+/// Reads them with `getdents64` into a buffer on the stack (no `opendir`, whose 32 KiB
+/// buffer would stay in the heap of a settled executor), in a frame of its own so the
+/// buffer is not on the stack once per level of the walk.
+#[inline(never)]
+#[allow(unsafe_code)]
+fn entries(fd: &OwnedFd, seen: &mut Option<HashSet<(u64, u64)>>, total: &mut u64) -> Vec<CString> {
+    let mut buf = [0u8; 4096];
+    let mut subdirs: Vec<CString> = Vec::new();
+    loop {
+        // SAFETY: getdents64 writes at most `buf.len()` bytes of records into `buf`.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        let mut pos = 0usize;
+        while pos + 19 < n as usize {
+            // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
+            let reclen = u16::from_ne_bytes([buf[pos + 16], buf[pos + 17]]) as usize;
+            if reclen == 0 || pos + reclen > n as usize {
+                break;
+            }
+            let name_bytes = &buf[pos + 19..pos + reclen];
+            pos += reclen;
+            let Ok(name) = CStr::from_bytes_until_nul(name_bytes) else {
+                continue;
+            };
+            if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                continue;
+            }
+            let Some(st) = stat_at(fd.as_raw_fd(), name) else {
+                continue;
+            };
+            // The stat field types differ between architectures.
+            #[allow(clippy::unnecessary_cast)]
+            let id = (st.st_dev as u64, st.st_ino as u64);
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if st.st_nlink > 1 && !is_dir && !seen.get_or_insert_with(HashSet::new).insert(id) {
+                continue;
+            }
+            *total = total.saturating_add(allocated(&st));
+            if is_dir {
+                subdirs.push(name.to_owned());
+            }
+        }
+    }
+    subdirs
 }
 
 /// How long after a scan that took `last_scan` the next may start at the earliest:

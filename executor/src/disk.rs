@@ -10,11 +10,8 @@
 //! [`next_interval`] spaces scans so that a big tree costs at most about 2 % of the
 //! executor's time.
 
-use std::collections::HashSet;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::time::Duration;
 
 /// Deepest directory nesting the scan follows.
@@ -31,21 +28,23 @@ pub enum Usage {
 }
 
 /// The bytes allocated under each of `dirs` together (a missing one counts 0).
-pub fn usage(dirs: &[&Path]) -> Usage {
-    // Made on the first hard link: most trees have none.
-    let mut seen = None;
+/// `seen` holds the hard-linked files counted (cleared here; kept by the caller so
+/// that a settled executor's scan allocates and frees nothing when there are none).
+///
+/// What the scan runs is kept small on purpose: no `CString`, no hash set, no
+/// `opendir` buffer; each of those put code from cold pages of the executor's binary
+/// (one 64 KiB window each) back into a settled executor's memory.
+pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
+    seen.clear();
     let mut total = 0u64;
     for dir in dirs {
-        let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
-            continue;
-        };
-        let Some(fd) = open_dir(libc::AT_FDCWD, &path) else {
+        let Some(fd) = open_dir(libc::AT_FDCWD, dir) else {
             continue;
         };
         if let Some(st) = stat_at(fd.as_raw_fd(), c"") {
             total = total.saturating_add(allocated(&st));
         }
-        if !walk(fd, 1, &mut seen, &mut total) {
+        if !walk(fd, 1, seen, &mut total) {
             return Usage::TooDeep(total);
         }
     }
@@ -91,18 +90,23 @@ fn allocated(st: &libc::stat) -> u64 {
 }
 
 /// Adds what is in the directory `fd` to `total`; false when nested too deep.
-fn walk(
-    fd: OwnedFd,
-    depth: usize,
-    seen: &mut Option<HashSet<(u64, u64)>>,
-    total: &mut u64,
-) -> bool {
-    let subdirs = entries(&fd, seen, total);
-    for name in subdirs {
+#[allow(unsafe_code)]
+fn walk(fd: OwnedFd, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> bool {
+    // The subdirectories' names, each with its NUL.
+    let mut subdirs: Vec<u8> = Vec::new();
+    entries(&fd, seen, total, &mut subdirs);
+    let mut start = 0;
+    while start < subdirs.len() {
+        let Some(len) = subdirs[start..].iter().position(|&b| b == 0) else {
+            break;
+        };
+        // SAFETY: the bytes up to and including the first NUL from `start`.
+        let name = unsafe { CStr::from_bytes_with_nul_unchecked(&subdirs[start..=start + len]) };
+        start += len + 1;
         if depth >= MAX_DEPTH {
             return false;
         }
-        let Some(sub) = open_dir(fd.as_raw_fd(), &name) else {
+        let Some(sub) = open_dir(fd.as_raw_fd(), name) else {
             continue;
         };
         if !walk(sub, depth + 1, seen, total) {
@@ -112,15 +116,13 @@ fn walk(
     true
 }
 
-/// Adds the entries of the directory `fd` to `total` and returns its subdirectories.
-/// Reads them with `getdents64` into a buffer on the stack (no `opendir`, whose 32 KiB
-/// buffer would stay in the heap of a settled executor), in a frame of its own so the
-/// buffer is not on the stack once per level of the walk.
+/// Adds the entries of the directory `fd` to `total` and appends its subdirectories'
+/// names (with their NUL) to `subdirs`. Reads them with `getdents64` into a buffer on
+/// the stack, in a frame of its own so the buffer is not on the stack once per level.
 #[inline(never)]
 #[allow(unsafe_code)]
-fn entries(fd: &OwnedFd, seen: &mut Option<HashSet<(u64, u64)>>, total: &mut u64) -> Vec<CString> {
+fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut Vec<u8>) {
     let mut buf = [0u8; 4096];
-    let mut subdirs: Vec<CString> = Vec::new();
     loop {
         // SAFETY: getdents64 writes at most `buf.len()` bytes of records into `buf`.
         let n = unsafe {
@@ -132,23 +134,27 @@ fn entries(fd: &OwnedFd, seen: &mut Option<HashSet<(u64, u64)>>, total: &mut u64
             )
         };
         if n <= 0 {
-            break;
+            return;
         }
+        let n = n as usize;
         let mut pos = 0usize;
-        while pos + 19 < n as usize {
+        while pos + 19 < n {
             // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
             let reclen = u16::from_ne_bytes([buf[pos + 16], buf[pos + 17]]) as usize;
-            if reclen == 0 || pos + reclen > n as usize {
-                break;
+            if reclen == 0 || pos + reclen > n {
+                return;
             }
-            let name_bytes = &buf[pos + 19..pos + reclen];
+            let record = &buf[pos + 19..pos + reclen];
             pos += reclen;
-            let Ok(name) = CStr::from_bytes_until_nul(name_bytes) else {
+            let Some(len) = record.iter().position(|&b| b == 0) else {
                 continue;
             };
-            if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            let bytes = &record[..=len];
+            if bytes == b".\0" || bytes == b"..\0" {
                 continue;
             }
+            // SAFETY: `bytes` ends with its only NUL.
+            let name = unsafe { CStr::from_bytes_with_nul_unchecked(bytes) };
             let Some(st) = stat_at(fd.as_raw_fd(), name) else {
                 continue;
             };
@@ -156,16 +162,18 @@ fn entries(fd: &OwnedFd, seen: &mut Option<HashSet<(u64, u64)>>, total: &mut u64
             #[allow(clippy::unnecessary_cast)]
             let id = (st.st_dev as u64, st.st_ino as u64);
             let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            if st.st_nlink > 1 && !is_dir && !seen.get_or_insert_with(HashSet::new).insert(id) {
-                continue;
+            if st.st_nlink > 1 && !is_dir {
+                if seen.contains(&id) {
+                    continue;
+                }
+                seen.push(id);
             }
             *total = total.saturating_add(allocated(&st));
             if is_dir {
-                subdirs.push(name.to_owned());
+                subdirs.extend_from_slice(bytes);
             }
         }
     }
-    subdirs
 }
 
 /// How long after a scan that took `last_scan` the next may start at the earliest:
@@ -197,7 +205,11 @@ mod tests {
     #[test]
     fn usage_counts_files_once_and_never_follows_links() {
         let dir = tempfile::tempdir().unwrap();
-        let Usage::Bytes(empty) = usage(&[dir.path()]) else {
+        let path = |p: &std::path::Path| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())).unwrap()
+        };
+        let mut seen = Vec::new();
+        let Usage::Bytes(empty) = usage(&[&path(dir.path())], &mut seen) else {
             panic!("too deep");
         };
         std::fs::write(dir.path().join("a"), vec![1u8; 1 << 20]).unwrap();
@@ -205,7 +217,10 @@ mod tests {
         std::fs::write(dir.path().join("sub/b"), vec![1u8; 1 << 20]).unwrap();
         std::fs::hard_link(dir.path().join("a"), dir.path().join("sub/a-again")).unwrap();
         std::os::unix::fs::symlink("/usr", dir.path().join("usr")).unwrap();
-        let Usage::Bytes(n) = usage(&[dir.path(), &dir.path().join("missing")]) else {
+        let Usage::Bytes(n) = usage(
+            &[&path(dir.path()), &path(&dir.path().join("missing"))],
+            &mut seen,
+        ) else {
             panic!("too deep");
         };
         let grown = n - empty;
@@ -223,7 +238,14 @@ mod tests {
             p.push("d");
         }
         std::fs::create_dir_all(&p).unwrap();
-        assert!(matches!(usage(&[dir.path()]), Usage::TooDeep(_)));
+        let root = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            dir.path().as_os_str(),
+        ))
+        .unwrap();
+        assert!(matches!(
+            usage(&[&root], &mut Vec::new()),
+            Usage::TooDeep(_)
+        ));
         assert!(over_limit(Usage::TooDeep(0), u64::MAX).is_some());
         assert_eq!(over_limit(Usage::Bytes(10), 10), None);
         assert_eq!(over_limit(Usage::Bytes(11), 10).unwrap().0, 11);

@@ -138,6 +138,10 @@ struct RunnerIo {
     /// When `sandbox/` and `tmp/` are next scanned for `resources.disk` (never when
     /// the task has no disk limit).
     disk_due: Option<Instant>,
+    /// What the disk scan walks: `sandbox/` and `tmp/data/`.
+    disk_dirs: [std::ffi::CString; 2],
+    /// The disk scan's hard-linked files (kept across scans: see `disk::usage`).
+    disk_seen: Vec<(u64, u64)>,
     /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
@@ -417,6 +421,13 @@ impl Runner {
             .map(|i| machine.name(i).to_string())
             .collect();
         let disk_limit = task.task.resources.disk.bytes();
+        let c_path = |p: PathBuf| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStringExt::into_vec(
+                p.into_os_string(),
+            ))
+            .unwrap_or_default()
+        };
+        let disk_dirs = [c_path(layout.work.clone()), c_path(layout.dir.tmp())];
         let disk_interval = opts.disk_scan_interval;
         let config = supervisor::Config {
             health_check: task.health_check.clone(),
@@ -447,6 +458,8 @@ impl Runner {
                 empty_at: Cell::new(None),
                 pgids: Vec::new(),
                 disk_due: (disk_limit > 0).then(|| Instant::now() + disk_interval),
+                disk_dirs,
+                disk_seen: Vec::new(),
                 pending: Vec::new(),
             },
         })
@@ -552,8 +565,10 @@ impl Runner {
     fn scan_disk(&mut self) {
         let began = Instant::now();
         let limit = self.io.task.task.resources.disk.bytes();
-        let tmp = self.io.layout.dir.tmp();
-        let usage = crate::disk::usage(&[&self.io.layout.work, &tmp]);
+        let usage = crate::disk::usage(
+            &[&self.io.disk_dirs[0], &self.io.disk_dirs[1]],
+            &mut self.io.disk_seen,
+        );
         let took = began.elapsed();
         self.io.disk_due = Some(
             Instant::now() + crate::disk::next_interval(took).max(self.io.opts.disk_scan_interval),

@@ -74,13 +74,15 @@ const STEPS: [&str; 8] = [
 ];
 
 impl TaskNamespaces {
-    /// Makes the namespaces with their init; `tmp` is the task's own temporary
-    /// directory (the task user's). Fails with a message naming the step.
+    /// Starts making the namespaces with their init; `tmp` is the task's own
+    /// temporary directory (the task user's). The init sets them up while the
+    /// executor goes on with its own setup; [`PendingNamespaces::wait_ready`] waits
+    /// for it. Fails with a message naming the step.
     pub fn create(
         task_dir: &Path,
         tmp: &Path,
         network_isolated: bool,
-    ) -> Result<TaskNamespaces, String> {
+    ) -> Result<PendingNamespaces, String> {
         if !crate::sys::SUPPORTED {
             return Err(
                 "task namespaces need x86-64 or arm64 (raw system calls for their init)".into(),
@@ -188,40 +190,7 @@ impl TaskNamespaces {
             own_pid_ns: own_pid_ns.into(),
             join_flags: flags & (libc::CLONE_NEWNS | libc::CLONE_NEWNET),
         };
-        let mut report = [0u8; 8];
-        let mut got = 0;
-        while got < report.len() {
-            // SAFETY: read writes at most the rest of `report`.
-            let n = unsafe {
-                libc::read(
-                    ready_r.as_raw_fd(),
-                    report[got..].as_mut_ptr().cast(),
-                    report.len() - got,
-                )
-            };
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            if n <= 0 {
-                break;
-            }
-            got += n as usize;
-        }
-        let step = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]) as usize;
-        let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
-        if got < report.len() || step != 0 {
-            ns.end();
-            let what = STEPS.get(step).copied().unwrap_or("start");
-            return Err(if got < report.len() {
-                "the task namespaces' init exited during setup".to_string()
-            } else {
-                format!(
-                    "cannot {what} in the task's namespaces: {}",
-                    io::Error::from_raw_os_error(errno)
-                )
-            });
-        }
-        Ok(ns)
+        Ok(PendingNamespaces { ns, ready: ready_r })
     }
 
     /// The init's pidfd, through which a child enters [`TaskNamespaces::join_flags`].
@@ -280,6 +249,55 @@ impl TaskNamespaces {
             }
             std::thread::sleep(std::time::Duration::from_micros(250));
         }
+    }
+}
+
+/// Namespaces whose init is still setting them up ([`TaskNamespaces::create`]).
+pub struct PendingNamespaces {
+    ns: TaskNamespaces,
+    /// The read end of the pipe the init reports on.
+    ready: OwnedFd,
+}
+
+impl PendingNamespaces {
+    /// Waits for the init's report: the namespaces, or the step that failed.
+    #[allow(unsafe_code)]
+    pub fn wait_ready(self) -> Result<TaskNamespaces, String> {
+        let PendingNamespaces { ns, ready: ready_r } = self;
+        let mut report = [0u8; 8];
+        let mut got = 0;
+        while got < report.len() {
+            // SAFETY: read writes at most the rest of `report`.
+            let n = unsafe {
+                libc::read(
+                    ready_r.as_raw_fd(),
+                    report[got..].as_mut_ptr().cast(),
+                    report.len() - got,
+                )
+            };
+            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        let step = u32::from_ne_bytes([report[0], report[1], report[2], report[3]]) as usize;
+        let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+        if got < report.len() || step != 0 {
+            ns.end();
+            let what = STEPS.get(step).copied().unwrap_or("start");
+            return Err(if got < report.len() {
+                "the task namespaces' init exited during setup".to_string()
+            } else {
+                format!(
+                    "cannot {what} in the task's namespaces: {}",
+                    io::Error::from_raw_os_error(errno)
+                )
+            });
+        }
+        Ok(ns)
     }
 }
 

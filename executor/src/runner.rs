@@ -358,6 +358,14 @@ impl Runner {
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
+        // Started before the cgroup is made, so that the init's mounts overlap it.
+        let mut pending_ns = match &cgroup {
+            Some(_) => Some(
+                start_namespaces(&layout, &user, &task)
+                    .map_err(|e| fail(SetupError::Other(e), &layout))?,
+            ),
+            None => None,
+        };
         let Plan {
             limits,
             env,
@@ -377,7 +385,13 @@ impl Runner {
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
         let mut iso = Isolation::new(&procs_files, &user);
         if let Some(cg) = &cgroup {
-            iso = task_isolation(iso, cg, &layout, &user, limits.pids, &task)
+            let ns = pending_ns.take().ok_or_else(|| {
+                fail(
+                    SetupError::Other("the task's namespaces were not started".into()),
+                    &layout,
+                )
+            })?;
+            iso = task_isolation(iso, cg, ns, limits.pids)
                 .map_err(|e| fail(SetupError::Other(e), &layout))?;
         }
         let oom_seen = match &cgroup {
@@ -966,14 +980,12 @@ impl supervisor::Io for RunnerIo {
 
 /// How the task's processes are started under a cgroup: born in it (v2:
 /// `CLONE_INTO_CGROUP`) or joining it and checking `pids.current` against `pids`
-/// (v1, and v2's fallback), in the task's own namespaces (`tmp/` made for them).
+/// (v1, and v2's fallback), in the task's own namespaces (`ns`, once ready).
 fn task_isolation(
     iso: Isolation,
     cg: &FsCgroup,
-    layout: &Layout,
-    user: &TaskUser,
+    ns: crate::ns::PendingNamespaces,
     pids: u64,
-    task: &ExecutorTask,
 ) -> Result<Isolation, String> {
     let iso = match cg.version() {
         crate::cgroup::Version::V2 => iso
@@ -982,10 +994,20 @@ fn task_isolation(
             .checking_pids(&cg.dir("").join("pids.current"), pids),
         crate::cgroup::Version::V1 => iso.checking_pids(&cg.dir("pids").join("pids.current"), pids),
     };
+    let ns = ns.wait_ready()?;
+    Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
+}
+
+/// Makes `tmp/data/` and starts the task's namespaces (their init sets them up while
+/// the cgroup is made; [`task_isolation`] waits for it).
+fn start_namespaces(
+    layout: &Layout,
+    user: &TaskUser,
+    task: &ExecutorTask,
+) -> Result<crate::ns::PendingNamespaces, String> {
     layout.create_tmp(user).map_err(|e| e.to_string())?;
     let isolated = task.task.network == drover_common::spec::Network::Isolated;
-    let ns = TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)?;
-    Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
+    TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)
 }
 
 /// Copies a process's output into its rotated log file, which (and `logs/` with it)

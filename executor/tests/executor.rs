@@ -347,6 +347,30 @@ fn a_task_writing_past_its_disk_limit_fails_with_disk_limit_exceeded() {
     assert_eq!(ex.wait_exit(LONG), 1);
 }
 
+/// `task.network: isolated`: the task's own network namespace, where loopback is the
+/// only interface (up, so the task can still talk to itself).
+#[test]
+fn an_isolated_task_sees_only_loopback() {
+    if !can_isolate("isolated_network") {
+        return;
+    }
+    let id = task_id("netiso");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "p",
+            "cmdline": "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ,; grep -c '' /proc/net/route"}],
+               "network": "isolated"}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    let out = std::fs::read_to_string(ex.area("logs/p.stdout")).unwrap();
+    // Only `lo`; and no route out (the route table has its header line only).
+    assert_eq!(out, "lo,1\n");
+    assert_eq!(ex.wait_exit(LONG), 0);
+}
+
 #[test]
 fn memory_hog_ends_with_exit_reason_oom() {
     if !can_isolate("oom") {

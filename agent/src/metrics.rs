@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 
 /// Exit reasons as labels, in [`reason_index`]'s order; `none` for a terminal
 /// status without a reason.
-pub const REASONS: [&str; 16] = [
+pub const REASONS: [&str; 17] = [
     "exit_code",
     "signal",
     "oom_killed",
@@ -33,6 +33,7 @@ pub const REASONS: [&str; 16] = [
     "executor_lost",
     "failed_to_start",
     "artifact_fetch_failed",
+    "disk_limit_exceeded",
     "none",
 ];
 
@@ -54,7 +55,8 @@ pub fn reason_index(reason: Option<&ExitReason>) -> usize {
         Some(ExitReason::ExecutorLost) => 12,
         Some(ExitReason::FailedToStart { .. }) => 13,
         Some(ExitReason::ArtifactFetchFailed { .. }) => 14,
-        None => 15,
+        Some(ExitReason::DiskLimitExceeded { .. }) => 15,
+        None => 16,
     }
 }
 
@@ -331,6 +333,10 @@ mod tests {
             ExitReason::ArtifactFetchFailed {
                 url: String::new(),
                 error: String::new(),
+            },
+            ExitReason::DiskLimitExceeded {
+                used_bytes: 2,
+                limit_bytes: 1,
             },
         ];
         let mut seen: Vec<usize> = reasons.iter().map(|r| reason_index(Some(r))).collect();

@@ -6,7 +6,10 @@
 //!                                    name but cannot list the task ids
 //! <sandbox_root>/<task_id>/          the task directory: root, 0711; only root writes it
 //!     sandbox/                       the task's working directory: the task user, 0700,
-//!                                    the ONLY thing the task can write
+//!                                    the ONLY thing the task can write (with tmp/)
+//!     tmp/data/                      the task's /tmp and /var/tmp in its mount
+//!                                    namespace: tmp/ root's 0700, data/ the task
+//!                                    user's 0700 (tasks run with a cgroup)
 //!     task.json status.json executor.sock executor.stderr agent.json agent-final.json
 //!     logs/<process>.stdout|.stderr[.N]
 //! ```
@@ -26,6 +29,8 @@ pub const PRIVATE_DIR_MODE: u32 = 0o700;
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
 /// The task's working directory inside its task directory.
 pub const SANDBOX_DIR: &str = "sandbox";
+/// The task's private temporary directory inside its task directory.
+pub const TMP_DIR: &str = "tmp";
 /// The executor's socket, in the task directory.
 pub const SOCKET: &str = "executor.sock";
 /// The executor's stderr, in the task directory.
@@ -112,6 +117,12 @@ impl TaskDir {
     /// `sandbox/`: the processes' working directory, the task's own.
     pub fn sandbox(&self) -> PathBuf {
         self.path.join(SANDBOX_DIR)
+    }
+    /// `tmp/data/`: the task's private `/tmp` and `/var/tmp` (bound there in its
+    /// mount namespace), the task user's, mode 0700, inside `tmp/` (root's, 0700, so
+    /// that no other task, not even one of the same user, reaches it by path).
+    pub fn tmp(&self) -> PathBuf {
+        self.path.join(TMP_DIR).join("data")
     }
     /// `sandbox/.healthchecksnooze`.
     pub fn snooze_file(&self) -> PathBuf {

@@ -505,6 +505,7 @@ const TASK: &[Field] = &[
     opt("allow_root", Kind::Bool),
     opt("env", Kind::StrMap),
     opt("artifacts", Kind::StructList(ARTIFACT)),
+    opt("network", Kind::Enum(&["host", "isolated"])),
 ];
 
 const ARTIFACT: &[Field] = &[

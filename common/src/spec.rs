@@ -168,6 +168,10 @@ pub struct TaskSpec {
     /// Files the agent fetches into the sandbox before the first process starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Artifact>,
+    /// The task's network: the host's (default) or its own namespace with only
+    /// loopback (`isolated`).
+    #[serde(default, skip_serializing_if = "Network::is_host")]
+    pub network: Network,
 }
 
 /// A file the agent fetches (through its cache) into the task's sandbox.
@@ -204,6 +208,24 @@ pub enum Extract {
     Auto,
     /// Copy it as one file.
     None,
+}
+
+/// A task's network (`task.network`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// The host's network namespace.
+    #[default]
+    Host,
+    /// Its own network namespace with only loopback: no route out, no named ports.
+    Isolated,
+}
+
+impl Network {
+    /// Whether this is the default, `host` (left out when serialized).
+    pub fn is_host(&self) -> bool {
+        *self == Network::Host
+    }
 }
 
 /// One process of a task (a Thermos process).

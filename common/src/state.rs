@@ -250,6 +250,8 @@ pub enum ExitReason {
     /// An artifact of `task.artifacts` could not be fetched, verified or unpacked
     /// (`url` and the cause: HTTP status, checksum mismatch, too large, unpack refused).
     ArtifactFetchFailed { url: String, error: String },
+    /// What the task wrote (`sandbox/` and its `/tmp`) went over `resources.disk`.
+    DiskLimitExceeded { used_bytes: u64, limit_bytes: u64 },
 }
 
 impl ExitReason {
@@ -298,6 +300,13 @@ impl fmt::Display for ExitReason {
             ExitReason::ArtifactFetchFailed { url, error } => {
                 write!(f, "artifact {url} failed: {error}")
             }
+            ExitReason::DiskLimitExceeded {
+                used_bytes,
+                limit_bytes,
+            } => write!(
+                f,
+                "disk limit exceeded: {used_bytes} bytes used, resources.disk is {limit_bytes} bytes"
+            ),
         }
     }
 }

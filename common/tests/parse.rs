@@ -100,6 +100,7 @@ fn full_job() -> JobSpec {
                 mode: None,
                 executable: false,
             }],
+            network: Default::default(),
         },
         health_check: Some(HealthCheck {
             kind: HealthCheckType::Http,
@@ -190,11 +191,10 @@ fn the_schema_knows_exactly_the_fields_spec_rs_serializes() {
         }
     }
     let mut serialized = Vec::new();
-    collect(
-        &serde_json::to_value(full_job()).unwrap(),
-        "",
-        &mut serialized,
-    );
+    // Not the default, which is left out when serialized.
+    let mut job = full_job();
+    job.task.network = drover_common::spec::Network::Isolated;
+    collect(&serde_json::to_value(job).unwrap(), "", &mut serialized);
     let mut known = known_field_paths();
     serialized.sort();
     known.sort();

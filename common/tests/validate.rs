@@ -534,3 +534,37 @@ task:
     assert_eq!(job.task.artifacts.len(), 2);
     assert_eq!(validate(&job), vec![]);
 }
+
+#[test]
+fn an_isolated_network_is_refused_with_named_ports_until_they_are_forwarded() {
+    use drover_common::spec::Network;
+    let msg = message_after(|j| j.task.network = Network::Isolated);
+    assert!(
+        msg.contains("not forwarded") && msg.contains("http, admin"),
+        "{msg}"
+    );
+    assert_eq!(
+        fields_after(|j| j.task.network = Network::Isolated),
+        vec!["task.network"]
+    );
+    let ok = fields_after(|j| {
+        j.task.network = Network::Isolated;
+        j.task.resources.ports.clear();
+        j.task.processes.truncate(1);
+        j.task.order.clear();
+        j.health_check = None;
+        j.lifecycle = None;
+    });
+    assert!(ok.is_empty(), "{ok:?}");
+    let parsed = parse_job(
+        "job.yaml",
+        "role: www-data\nenvironment: prod\nname: b\ntask:\n  processes: [{name: a, cmdline: 'true'}]\n  resources: {cpu: 1, ram: 1MiB, disk: 1MiB}\n  network: isolated\n",
+    )
+    .unwrap();
+    assert_eq!(parsed.task.network, Network::Isolated);
+    assert!(parse_job(
+        "job.yaml",
+        "role: www-data\nenvironment: prod\nname: b\ntask:\n  processes: [{name: a, cmdline: 'true'}]\n  resources: {cpu: 1, ram: 1MiB, disk: 1MiB}\n  network: bridge\n",
+    )
+    .is_err());
+}

@@ -327,10 +327,7 @@ mod tests {
     async fn shell_check_passes_on_exit_zero_and_times_out() {
         let t = Duration::from_secs(5);
         let dir = tempfile::tempdir().unwrap();
-        let iso = crate::spawn::Isolation {
-            procs_files: Vec::new(),
-            user: None,
-        };
+        let iso = crate::spawn::Isolation::default();
         let cmd = |line: &str| crate::spawn::check_command(line, dir.path(), &[], &iso);
         check_shell(cmd("true"), "true", t).await.unwrap();
         let err = check_shell(cmd("false"), "false", t).await.unwrap_err();

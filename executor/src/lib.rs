@@ -8,15 +8,18 @@
 
 pub mod cgroup;
 pub mod cleanup;
+pub mod disk;
 pub mod health;
 pub mod hub;
 pub mod machine;
+pub mod ns;
 pub mod plan;
 pub mod resident;
 pub mod runner;
 pub mod sandbox;
 pub mod spawn;
 pub mod supervisor;
+pub mod sys;
 pub mod users;
 pub mod zygote;
 

@@ -39,6 +39,7 @@ pub(crate) fn task(processes: Vec<ProcessSpec>, order: &[&[&str]]) -> TaskSpec {
         allow_root: false,
         env: Default::default(),
         artifacts: vec![],
+        network: Default::default(),
     }
 }
 

@@ -26,6 +26,8 @@ usage:
                                 limit (1024) is cut to it [4096]
       --log-max-size SIZE       rotate process logs at this size [100MiB]
       --log-max-files N         rotated log files kept per stream [5]
+      --disk-scan-interval DUR  scan sandbox/ and tmp/ for resources.disk this often at
+                                most (a big tree less often) [5s]
       --ready-fd N              write a byte to (and close) inherited fd N once the socket listens
       --standalone              debug without an agent: no recovery timeout, exit when
                                 the task ends, Ctrl-C starts the kill escalation
@@ -71,6 +73,7 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
         standalone: false,
         ready_fd: None,
         migration_warm: false,
+        disk_scan_interval: std::time::Duration::from_secs(5),
         agent_fd: None,
     };
     while let Some(arg) = args.next() {
@@ -92,6 +95,10 @@ fn parse_run(mut args: impl Iterator<Item = String>) -> Result<drover_executor::
                     value::<ByteSize>(&mut args, &arg, "a size like 100MiB")?.bytes()
             }
             "--log-max-files" => opts.log_keep = value(&mut args, &arg, "a number")?,
+            "--disk-scan-interval" => {
+                opts.disk_scan_interval =
+                    value::<SpecDuration>(&mut args, &arg, "a duration like 5s")?.get()
+            }
             "--ready-fd" => {
                 opts.ready_fd = Some(value(&mut args, &arg, "a file descriptor number")?)
             }

@@ -22,6 +22,7 @@ use crate::cgroup::{FsCgroup, TaskCgroup};
 use crate::health;
 use crate::hub::{self, ClientEvent, Hub};
 use crate::machine::{Machine, Millis, Step};
+use crate::ns::TaskNamespaces;
 use crate::plan::{self, HealthProbe, Plan};
 use crate::resident;
 use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
@@ -62,6 +63,9 @@ pub struct Options {
     /// < [`crate::zygote::WARM`] before this one), so the kernel's migration lock is
     /// warm and the prewarm thread ([`crate::cgroup::prewarm_migration`]) is skipped.
     pub migration_warm: bool,
+    /// How often at most `sandbox/` and `tmp/` are scanned for `resources.disk`
+    /// (a scan of a big tree is spaced further, [`crate::disk::next_interval`]).
+    pub disk_scan_interval: Duration,
     /// A connected stream socket to the agent (the fork server passes it): served as a
     /// client at once, and the socket is bound only once it closes
     /// ([`hub::Clients::Agent`]), which saves the socket's inode per task.
@@ -131,6 +135,13 @@ struct RunnerIo {
     empty_at: Cell<Option<usize>>,
     /// The process groups of started processes, tracked only without a cgroup.
     pgids: Vec<i32>,
+    /// When `sandbox/` and `tmp/` are next scanned for `resources.disk` (never when
+    /// the task has no disk limit).
+    disk_due: Option<Instant>,
+    /// What the disk scan walks: `sandbox/` and `tmp/data/`.
+    disk_dirs: [std::ffi::CString; 2],
+    /// The disk scan's hard-linked files (kept across scans: see `disk::usage`).
+    disk_seen: Vec<(u64, u64)>,
     /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
@@ -347,6 +358,14 @@ impl Runner {
                 .write_task(&task)
                 .map_err(|e| fail(e.into(), &layout))?;
         }
+        // Started before the cgroup is made, so that the init's mounts overlap it.
+        let mut pending_ns = match &cgroup {
+            Some(_) => Some(
+                start_namespaces(&layout, &user, &task)
+                    .map_err(|e| fail(SetupError::Other(e), &layout))?,
+            ),
+            None => None,
+        };
         let Plan {
             limits,
             env,
@@ -364,7 +383,17 @@ impl Runner {
                 .map_err(|e| fail(SetupError::Other(e.to_string()), &layout))?;
         }
         let procs_files = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
-        let iso = Isolation::new(&procs_files, &user);
+        let mut iso = Isolation::new(&procs_files, &user);
+        if let Some(cg) = &cgroup {
+            let ns = pending_ns.take().ok_or_else(|| {
+                fail(
+                    SetupError::Other("the task's namespaces were not started".into()),
+                    &layout,
+                )
+            })?;
+            iso = task_isolation(iso, cg, ns, limits.pids)
+                .map_err(|e| fail(SetupError::Other(e), &layout))?;
+        }
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
             _ => 0,
@@ -405,6 +434,15 @@ impl Runner {
         let names = (0..machine.len())
             .map(|i| machine.name(i).to_string())
             .collect();
+        let disk_limit = task.task.resources.disk.bytes();
+        let c_path = |p: PathBuf| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStringExt::into_vec(
+                p.into_os_string(),
+            ))
+            .unwrap_or_default()
+        };
+        let disk_dirs = [c_path(layout.work.clone()), c_path(layout.dir.tmp())];
+        let disk_interval = opts.disk_scan_interval;
         let config = supervisor::Config {
             health_check: task.health_check.clone(),
             http: task.lifecycle.as_ref().and_then(|l| l.http.clone()),
@@ -433,6 +471,9 @@ impl Runner {
                 spawned: 0,
                 empty_at: Cell::new(None),
                 pgids: Vec::new(),
+                disk_due: (disk_limit > 0).then(|| Instant::now() + disk_interval),
+                disk_dirs,
+                disk_seen: Vec::new(),
                 pending: Vec::new(),
             },
         })
@@ -458,6 +499,9 @@ impl Runner {
         // Start the first processes before anything else: that is what the task waits
         // for; the STARTING checkpoint follows.
         let isolation = match &self.io.cgroup {
+            Some(cg) if self.io.iso.ns.is_some() => {
+                format!("{}, own pid and mount namespaces", cg.describe())
+            }
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),
         };
@@ -485,6 +529,7 @@ impl Runner {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(sleep_until) => {}
+                Some(()) = async { tokio::time::sleep_until(self.io.disk_due?).await; Some(()) } => self.scan_disk(),
                 Some(_) = async { term.as_mut()?.recv().await } => self.kill_requested("SIGTERM"),
                 Some(_) = async { int.as_mut()?.recv().await } => self.kill_requested("SIGINT"),
             }
@@ -526,6 +571,30 @@ impl Runner {
             0
         } else {
             1
+        }
+    }
+
+    /// Scans what the task can write for `resources.disk`; over it, the task is
+    /// stopped and ends FAILED with `disk_limit_exceeded`.
+    fn scan_disk(&mut self) {
+        let began = Instant::now();
+        let limit = self.io.task.task.resources.disk.bytes();
+        let usage = crate::disk::usage(
+            &[&self.io.disk_dirs[0], &self.io.disk_dirs[1]],
+            &mut self.io.disk_seen,
+        );
+        let took = began.elapsed();
+        self.io.disk_due = Some(
+            Instant::now() + crate::disk::next_interval(took).max(self.io.opts.disk_scan_interval),
+        );
+        if let Some((used, message)) = crate::disk::over_limit(usage, limit) {
+            let now = self.now();
+            let reason = ExitReason::DiskLimitExceeded {
+                used_bytes: used,
+                limit_bytes: limit,
+            };
+            self.io.disk_due = None;
+            self.sup.limit_exceeded(now, reason, message, &mut self.io);
         }
     }
 
@@ -786,6 +855,9 @@ impl RunnerIo {
 
     fn cleanup_cgroup(&self) {
         let _ = self.kill_everything();
+        if let Some(ns) = &self.iso.ns {
+            ns.end();
+        }
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.remove() {
                 crate::diag!("drover-executor: {e}");
@@ -914,6 +986,38 @@ impl supervisor::Io for RunnerIo {
             }
         }
     }
+}
+
+/// How the task's processes are started under a cgroup: born in it (v2:
+/// `CLONE_INTO_CGROUP`) or joining it and checking `pids.current` against `pids`
+/// (v1, and v2's fallback), in the task's own namespaces (`ns`, once ready).
+fn task_isolation(
+    iso: Isolation,
+    cg: &FsCgroup,
+    ns: crate::ns::PendingNamespaces,
+    pids: u64,
+) -> Result<Isolation, String> {
+    let iso = match cg.version() {
+        crate::cgroup::Version::V2 => iso
+            .into_cgroup_dir(&cg.dir(""))
+            .map_err(|e| format!("cannot open cgroup {}: {e}", cg.dir("").display()))?
+            .checking_pids(&cg.dir("").join("pids.current"), pids),
+        crate::cgroup::Version::V1 => iso.checking_pids(&cg.dir("pids").join("pids.current"), pids),
+    };
+    let ns = ns.wait_ready()?;
+    Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
+}
+
+/// Makes `tmp/data/` and starts the task's namespaces (their init sets them up while
+/// the cgroup is made; [`task_isolation`] waits for it).
+fn start_namespaces(
+    layout: &Layout,
+    user: &TaskUser,
+    task: &ExecutorTask,
+) -> Result<crate::ns::PendingNamespaces, String> {
+    layout.create_tmp(user).map_err(|e| e.to_string())?;
+    let isolated = task.task.network == drover_common::spec::Network::Isolated;
+    TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)
 }
 
 /// Copies a process's output into its rotated log file, which (and `logs/` with it)

@@ -189,33 +189,28 @@ impl Layout {
             fs::set_permissions(area, fs::Permissions::from_mode(layout::ROOT_DIR_MODE))
                 .map_err(io_err(area))?;
         }
-        let work = &self.work;
-        match fs::DirBuilder::new()
-            .mode(layout::PRIVATE_DIR_MODE)
-            .create(work)
-        {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(work)(e)),
-            _ => {}
+        task_owned_dir(&self.work, user)
+    }
+
+    /// Creates `tmp/data/`, the task's private `/tmp` and `/var/tmp` (bound there in
+    /// its mount namespace), as `sandbox/` is made (the task user's, mode 0700), in
+    /// `tmp/`, root's with mode 0700.
+    pub fn create_tmp(&self, user: &TaskUser) -> Result<(), SandboxError> {
+        let data = self.dir.tmp();
+        if let Some(outer) = data.parent() {
+            // Root's, 0700: the task reaches data/ only through its mount namespace.
+            match fs::DirBuilder::new().mode(0o700).create(outer) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(outer)(e)),
+                _ => {}
+            }
+            let meta = fs::symlink_metadata(outer).map_err(io_err(outer))?;
+            if !meta.is_dir() || (user.switch && meta.uid() != 0) {
+                return Err(io_err(outer)(io::Error::other(
+                    "not a directory of root's; remove it",
+                )));
+            }
         }
-        let dir = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(work)
-            .map_err(io_err(work))?;
-        dir.set_permissions(fs::Permissions::from_mode(layout::PRIVATE_DIR_MODE))
-            .map_err(io_err(work))?;
-        if user.switch {
-            nix::unistd::fchown(
-                dir.as_raw_fd(),
-                Some(Uid::from_raw(user.uid)),
-                Some(Gid::from_raw(user.gid)),
-            )
-            .map_err(|e| SandboxError::Io {
-                path: work.clone(),
-                source: e.into(),
-            })?;
-        }
-        Ok(())
+        task_owned_dir(&data, user)
     }
 
     /// Writes a copy of the task spec.
@@ -238,6 +233,40 @@ impl Layout {
     /// Reads the checkpointed status, if any ([`checkpointed_status`]).
     pub fn read_status(&self) -> Option<ExecutorStatus> {
         checkpointed_status(&fs::read(self.status_file()).ok()?)
+    }
+}
+
+/// Creates `work` (a directory of the root-owned task directory) for the task user,
+/// mode 0700, chowned and chmodded through a descriptor opened without following
+/// links: an existing entry by that name that is not a directory fails.
+fn task_owned_dir(work: &Path, user: &TaskUser) -> Result<(), SandboxError> {
+    {
+        match fs::DirBuilder::new()
+            .mode(layout::PRIVATE_DIR_MODE)
+            .create(work)
+        {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(work)(e)),
+            _ => {}
+        }
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(work)
+            .map_err(io_err(work))?;
+        dir.set_permissions(fs::Permissions::from_mode(layout::PRIVATE_DIR_MODE))
+            .map_err(io_err(work))?;
+        if user.switch {
+            nix::unistd::fchown(
+                dir.as_raw_fd(),
+                Some(Uid::from_raw(user.uid)),
+                Some(Gid::from_raw(user.gid)),
+            )
+            .map_err(|e| SandboxError::Io {
+                path: work.to_path_buf(),
+                source: e.into(),
+            })?;
+        }
+        Ok(())
     }
 }
 

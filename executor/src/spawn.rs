@@ -2,26 +2,43 @@
 //! no shell syntax (see [`direct_argv`]), `/bin/sh -c <cmdline>` otherwise, in the
 //! sandbox with the `DROVER_*` environment, stdout and stderr piped to the executor
 //! (which writes the rotated log files). Shell health checks start the same way
-//! ([`check_command`]), output discarded. Between clone and exec the child joins the
-//! task's cgroup (while still root), starts its own session, drops to the task user and
-//! sets `PR_SET_NO_NEW_PRIVS`.
+//! ([`check_command`]), output discarded. The child is born inside the task's cgroup
+//! (cgroup v2: `clone3` with `CLONE_INTO_CGROUP`, so the kernel counts it against
+//! `pids.max` like any fork of the task; v1, or a kernel without `clone3`: it joins the
+//! cgroup first thing, before it could fork, and backs out with `EAGAIN` when the
+//! cgroup is then over its pids limit, since a migration is not checked by the
+//! kernel), and inside the task's pid and mount namespaces ([`crate::ns`]). Between
+//! clone and exec it starts its own session, drops to the task user and sets
+//! `PR_SET_NO_NEW_PRIVS`.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::sync::Arc;
 
+use crate::ns::TaskNamespaces;
 use crate::sandbox::TaskUser;
 
-/// What the child does between fork and exec, prepared before forking so the child
-/// only makes raw system calls (no allocation after fork).
-#[derive(Clone, Debug)]
+/// Where and as whom a child starts, prepared before cloning so the child only makes
+/// raw system calls (no allocation after the clone).
+#[derive(Clone, Debug, Default)]
 pub struct Isolation {
-    /// `cgroup.procs` files to write `0` (this process) into.
+    /// `cgroup.procs` files to write `0` (this process) into: the way in on v1, and
+    /// on v2 when `clone3` is not available.
     pub procs_files: Vec<CString>,
+    /// `pids.current` of the task cgroup and its limit: after joining by writing
+    /// `procs_files` the child reads the count and backs out (`EAGAIN`, as a fork
+    /// over the limit fails) when it is above the limit.
+    pub pids_check: Option<(CString, u64)>,
+    /// cgroup v2: the task cgroup's directory, to start the child in
+    /// (`CLONE_INTO_CGROUP`); `procs_files` are then not written.
+    pub cgroup_dir: Option<Arc<OwnedFd>>,
+    /// The task's pid and mount (and network) namespaces.
+    pub ns: Option<Arc<TaskNamespaces>>,
     /// The user to become, if we switch.
     pub user: Option<(u32, u32, Vec<u32>)>,
 }
@@ -30,15 +47,43 @@ impl Isolation {
     /// Prepares joining `procs_files` and becoming `user`.
     pub fn new(procs_files: &[PathBuf], user: &TaskUser) -> Isolation {
         Isolation {
-            procs_files: procs_files
-                .iter()
-                .filter_map(|p| CString::new(p.as_os_str().as_bytes()).ok())
-                .collect(),
+            procs_files: procs_files.iter().filter_map(|p| c_path(p)).collect(),
             user: user
                 .switch
                 .then(|| (user.uid, user.gid, user.groups.clone())),
+            ..Isolation::default()
         }
     }
+
+    /// Starts children in the cgroup v2 directory `dir` with `CLONE_INTO_CGROUP`
+    /// (the `procs_files` stay the fallback for a kernel without `clone3`).
+    pub fn into_cgroup_dir(mut self, dir: &Path) -> io::Result<Isolation> {
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)?;
+        self.cgroup_dir = Some(Arc::new(fd.into()));
+        Ok(self)
+    }
+
+    /// Makes a child that joined by writing `cgroup.procs` check `pids_current`
+    /// against `limit` (0: no check).
+    pub fn checking_pids(mut self, pids_current: &Path, limit: u64) -> Isolation {
+        if limit > 0 {
+            self.pids_check = c_path(pids_current).map(|p| (p, limit));
+        }
+        self
+    }
+
+    /// Starts children in the task's namespaces.
+    pub fn in_namespaces(mut self, ns: Arc<TaskNamespaces>) -> Isolation {
+        self.ns = Some(ns);
+        self
+    }
+}
+
+fn c_path(p: &Path) -> Option<CString> {
+    CString::new(p.as_os_str().as_bytes()).ok()
 }
 
 /// Characters that make a cmdline need the shell: quoting, expansion, redirection,
@@ -276,6 +321,14 @@ impl TaskCommand {
                 err_w.as_ref().map_or(null.as_raw_fd(), |w| w.as_raw_fd()),
             ],
             procs: &procs,
+            join_by_write: std::sync::atomic::AtomicBool::new(true),
+            pids_check: self
+                .isolation
+                .pids_check
+                .as_ref()
+                .map(|(file, limit)| (file.as_ptr(), *limit)),
+            ns_fd: self.isolation.ns.as_ref().map_or(-1, |ns| ns.pidfd()),
+            ns_flags: self.isolation.ns.as_ref().map_or(0, |ns| ns.join_flags()),
             user: self
                 .isolation
                 .user
@@ -283,7 +336,7 @@ impl TaskCommand {
                 .map(|(uid, gid, groups)| (*uid, *gid, groups.as_slice())),
             error: std::sync::atomic::AtomicI32::new(0),
         };
-        let (pid, pidfd) = clone_vfork(&plan)?;
+        let (pid, pidfd) = clone_vfork(&plan, &self.isolation)?;
         // The child has exec'd (or exited) by now; its copies of the write ends are
         // what keeps the pipes open.
         drop((out_w, err_w));
@@ -413,6 +466,15 @@ struct ChildPlan<'a> {
     stdio: [RawFd; 3],
     /// `cgroup.procs` files to write `0` into.
     procs: &'a [*const libc::c_char],
+    /// Whether to write them: false when the child was born in the cgroup.
+    join_by_write: std::sync::atomic::AtomicBool,
+    /// `pids.current` and the limit to check after joining by writing.
+    pids_check: Option<(*const libc::c_char, u64)>,
+    /// The pidfd of the task's pid namespace init, whose namespaces (`ns_flags`,
+    /// except the pid namespace, which the parent enters for the clone) the child
+    /// enters; -1 for none.
+    ns_fd: RawFd,
+    ns_flags: libc::c_int,
     user: Option<(u32, u32, &'a [u32])>,
     /// The errno of the step that failed in the child; 0 when it exec'd.
     error: std::sync::atomic::AtomicI32,
@@ -426,9 +488,12 @@ const CHILD_STACK: usize = 32 * 1024;
 
 /// Clones a `CLONE_VM | CLONE_VFORK` child that runs [`child_main`] on `plan`, with
 /// every signal blocked around it: returns once the child exec'd or exited, with its
-/// pid and pidfd.
+/// pid and pidfd. With a cgroup v2 directory in `iso` the child is made by `clone3`
+/// with `CLONE_INTO_CGROUP` (a kernel without it: the plain clone, and the child
+/// writes `cgroup.procs`); with namespaces, this thread enters the task's pid
+/// namespace for its children just around the clone ([`TaskNamespaces::enter_for_children`]).
 #[allow(unsafe_code)]
-fn clone_vfork(plan: &ChildPlan<'_>) -> io::Result<(u32, OwnedFd)> {
+fn clone_vfork(plan: &ChildPlan<'_>, iso: &Isolation) -> io::Result<(u32, OwnedFd)> {
     // Not zeroed: the child touches only the top pages it uses.
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
     // The stack grows down from its end, which the ABI wants 16-byte aligned.
@@ -437,34 +502,96 @@ fn clone_vfork(plan: &ChildPlan<'_>) -> io::Result<(u32, OwnedFd)> {
     let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
     let mut pidfd: libc::c_int = -1;
     // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it and stores the
-    // previous mask in `old`. clone runs `child_main` on `stack` (alive until the
-    // clone returned, which CLONE_VFORK makes wait for the child's exec or exit) with
-    // `plan`, which outlives the call too; `child_main` only makes async-signal-safe
-    // raw system calls on memory prepared before, so sharing our memory (CLONE_VM) is
-    // sound. With CLONE_PIDFD the kernel stores the pidfd in `pidfd` (the parent_tid
-    // argument of clone).
-    let pid = unsafe {
+    // previous mask in `old`.
+    unsafe {
         libc::sigfillset(all.as_mut_ptr());
         libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr());
-        let pid = libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-            plan as *const ChildPlan<'_> as *mut libc::c_void,
-            &mut pidfd as *mut libc::c_int,
-            std::ptr::null_mut::<libc::c_void>(),
-            std::ptr::null_mut::<libc::pid_t>(),
-        );
-        let err = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut());
-        if pid < 0 {
-            return Err(err);
-        }
-        pid
+    }
+    let restore_mask = || {
+        // SAFETY: `old` was initialised by the pthread_sigmask above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
     };
+    let entered = match &iso.ns {
+        Some(ns) => match ns.enter_for_children() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                restore_mask();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let arg = plan as *const ChildPlan<'_> as *mut libc::c_void;
+    let mut pid: isize = -(libc::ENOSYS as isize);
+    if let Some(cgroup) = iso.cgroup_dir.as_ref().filter(|_| crate::sys::SUPPORTED) {
+        plan.join_by_write
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let args = crate::sys::CloneArgs {
+            flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
+                | crate::sys::CLONE_INTO_CGROUP,
+            pidfd: &mut pidfd as *mut libc::c_int as u64,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: stack.as_mut_ptr() as u64,
+            stack_size: (top as usize - stack.as_mut_ptr() as usize) as u64,
+            cgroup: cgroup.as_raw_fd() as u64,
+            ..Default::default()
+        };
+        // SAFETY: as for the clone below; `args` points at our stack and `pidfd`,
+        // both alive across the call, which CLONE_VFORK makes last until the child
+        // exec'd or exited.
+        pid = unsafe { crate::sys::clone3(&args, child_main, arg) };
+        if pid == -(libc::ENOSYS as isize) || pid == -(libc::E2BIG as isize) {
+            // No clone3, or one without CLONE_INTO_CGROUP: join by writing.
+            plan.join_by_write
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let result = if pid >= 0 {
+        Ok(pid)
+    } else if pid == -(libc::ENOSYS as isize) || pid == -(libc::E2BIG as isize) {
+        // SAFETY: clone runs `child_main` on `stack` (alive until the clone returned,
+        // which CLONE_VFORK makes wait for the child's exec or exit) with `plan`,
+        // which outlives the call too; `child_main` only makes async-signal-safe raw
+        // system calls on memory prepared before, so sharing our memory (CLONE_VM) is
+        // sound. With CLONE_PIDFD the kernel stores the pidfd in `pidfd` (the
+        // parent_tid argument of clone).
+        let pid = unsafe {
+            libc::clone(
+                child_main,
+                top,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+                arg,
+                &mut pidfd as *mut libc::c_int,
+                std::ptr::null_mut::<libc::c_void>(),
+                std::ptr::null_mut::<libc::pid_t>(),
+            )
+        };
+        if pid < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(pid as isize)
+        }
+    } else {
+        Err(io::Error::from_raw_os_error(-pid as i32))
+    };
+    let left = entered.map(|guard| guard.leave());
+    restore_mask();
     drop(stack);
+    let pid = result?;
     // SAFETY: the kernel just created this descriptor for us (CLONE_PIDFD).
-    Ok((pid as u32, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    if let Some(Err(e)) = left {
+        // This thread's children would be born in the task's pid namespace: nothing
+        // may be started any more. Should not happen (our own namespace is always
+        // enterable); the child is ended rather than left half-tracked.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        reap_exited(pid as u32);
+        return Err(e);
+    }
+    Ok((pid as u32, pidfd))
 }
 
 /// The clone child: sets up stdio, the working directory, signals and the isolation,
@@ -504,6 +631,11 @@ unsafe fn child_steps(plan: &ChildPlan<'_>) -> i32 {
             return errno();
         }
     }
+    // The task's mount (and network) namespace: entered before the working
+    // directory is looked up, since entering a mount namespace resets it.
+    if plan.ns_fd >= 0 && libc::setns(plan.ns_fd, plan.ns_flags) != 0 {
+        return errno();
+    }
     if libc::chdir(plan.cwd) != 0 {
         return errno();
     }
@@ -538,17 +670,29 @@ unsafe fn child_steps(plan: &ChildPlan<'_>) -> i32 {
     {
         return errno();
     }
-    // Join the cgroup first: after dropping root we could not.
-    for &path in plan.procs {
-        let fd = libc::open(path, libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return errno();
+    // Join the cgroup first (unless born in it): after dropping root we could not,
+    // and nothing runs before that could fork.
+    if plan.join_by_write.load(std::sync::atomic::Ordering::SeqCst) {
+        for &path in plan.procs {
+            let fd = libc::open(path, libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return errno();
+            }
+            let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+            let e = errno();
+            libc::close(fd);
+            if n != 1 {
+                return e;
+            }
         }
-        let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-        let e = errno();
-        libc::close(fd);
-        if n != 1 {
-            return e;
+        // The kernel does not hold a migration to pids.max: count ourselves and back
+        // out as a fork over the limit would fail.
+        if let Some((file, limit)) = plan.pids_check {
+            match read_count(file) {
+                Some(n) if n > limit => return libc::EAGAIN,
+                Some(_) => {}
+                None => return errno(),
+            }
         }
     }
     // Own session and process group: signals to the group reach its children.
@@ -573,6 +717,30 @@ unsafe fn child_steps(plan: &ChildPlan<'_>) -> i32 {
         return errno();
     }
     e
+}
+
+/// The number in the file `path` (`pids.current`), read with raw calls into a buffer
+/// on the stack; None when it cannot be read (errno set).
+#[allow(unsafe_code)]
+unsafe fn read_count(path: *const libc::c_char) -> Option<u64> {
+    let fd = libc::open(path, libc::O_RDONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return None;
+    }
+    let mut buf = [0u8; 32];
+    let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+    libc::close(fd);
+    if n <= 0 {
+        return None;
+    }
+    let mut value: u64 = 0;
+    for &b in &buf[..n as usize] {
+        match b {
+            b'0'..=b'9' => value = value.saturating_mul(10).saturating_add((b - b'0') as u64),
+            _ => break,
+        }
+    }
+    Some(value)
 }
 
 /// The first executable regular file named `program` in [`DEFAULT_PATH`], as
@@ -718,10 +886,7 @@ mod tests {
             err.contains("`drover-no-such-program`: command not found"),
             "{err}"
         );
-        let iso = Isolation {
-            procs_files: Vec::new(),
-            user: None,
-        };
+        let iso = Isolation::default();
         let err = task_command("drover-no-such-program --x", dir.path(), &[], &iso).unwrap_err();
         assert!(err.contains("command not found"), "{err}");
         let err = task_command("./missing", dir.path(), &[], &iso).unwrap_err();
@@ -729,10 +894,7 @@ mod tests {
     }
 
     fn no_isolation() -> Isolation {
-        Isolation {
-            procs_files: Vec::new(),
-            user: None,
-        }
+        Isolation::default()
     }
 
     /// Starts `cmdline` in `dir` and returns its exit status and stdout.
@@ -838,7 +1000,7 @@ mod tests {
             procs_files: vec![
                 CString::new(gone.join("cgroup.procs").as_os_str().as_bytes()).unwrap(),
             ],
-            user: None,
+            ..Isolation::default()
         };
         let err = task_command("true", dir.path(), &[], &iso)
             .unwrap()

@@ -347,6 +347,24 @@ impl Supervisor {
         }
     }
 
+    /// The task broke a limit the executor enforces (`reason`, e.g. its disk): the
+    /// escalation, and FAILED with `reason` in the end, as for a failed health check.
+    /// Ignored once the escalation began.
+    pub fn limit_exceeded(
+        &mut self,
+        now: Millis,
+        reason: ExitReason,
+        message: String,
+        io: &mut dyn Io,
+    ) {
+        if self.escalation.is_some() || self.state.is_terminal() {
+            return;
+        }
+        self.health_failure = Some(reason);
+        self.emit_same(now, message, io);
+        self.start_escalation(now, true, io);
+    }
+
     /// A kill was requested (`from` says by whom): KILLING and the escalation; the
     /// task will end KILLED with `reason`. Only the first request counts.
     pub fn kill_requested(&mut self, now: Millis, reason: ExitReason, from: &str, io: &mut dyn Io) {

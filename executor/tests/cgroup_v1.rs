@@ -174,6 +174,41 @@ async fn real_v2_tree_without_controllers_refuses_limits_but_joins_kills_and_rem
     cg.remove().unwrap();
 }
 
+/// On cgroup v2 a child is born in the task cgroup (`clone3` with
+/// `CLONE_INTO_CGROUP`): with no `cgroup.procs` to write, it is there all the same.
+#[tokio::test]
+async fn on_v2_a_child_is_born_in_the_cgroup_without_writing_cgroup_procs() {
+    if !support::can_isolate("born_in_v2") {
+        return;
+    }
+    let root = if FsCgroup::detect(Path::new("/sys/fs/cgroup")) == Some(Version::V2) {
+        Path::new("/sys/fs/cgroup")
+    } else if FsCgroup::detect(Path::new("/sys/fs/cgroup/unified")) == Some(Version::V2) {
+        Path::new("/sys/fs/cgroup/unified")
+    } else {
+        eprintln!("SKIPPED born_in_v2: no cgroup2 mount");
+        return;
+    };
+    let cg = FsCgroup::new(Version::V2, root, "drover", &support::task_id("born"));
+    cg.create(&Limits {
+        cpu: 0.0,
+        memory_bytes: 0,
+        pids: 0,
+    })
+    .unwrap();
+    let iso = Isolation::default().into_cgroup_dir(&cg.dir("")).unwrap();
+    assert!(iso.procs_files.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = check_command("exec sleep 1000", dir.path(), &[], &iso)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    assert_eq!(cg.pids().unwrap(), vec![pid]);
+    cg.kill_all().unwrap();
+    let _ = child.wait().await;
+    cg.remove().unwrap();
+}
+
 /// A v1 cgroup on this host, with the given pids limit, or None (skipped) elsewhere.
 fn real_v1(name: &str, pids: u64) -> Option<FsCgroup> {
     if !support::can_isolate(name) {

@@ -236,6 +236,141 @@ fn fork_bomb_hits_the_pids_limit_and_the_kill_leaves_nothing() {
     );
 }
 
+/// Processes the executor starts are born in the task's cgroup (v2) or join it before
+/// they can fork and back out over the limit (v1), so a task of many processes and a
+/// fork bomb never holds more than its `pids` at once: the starts beyond it fail
+/// (`EAGAIN`, as a fork would) instead of being moved in past `pids.max`.
+#[test]
+fn a_task_never_holds_more_than_its_pids_limit_whoever_starts_the_processes() {
+    if !can_isolate("pids_at_once") {
+        return;
+    }
+    let id = task_id("pidsonce");
+    let limit = 16u64;
+    let mut processes = vec![json!({"name": "bomb",
+        "cmdline": "b() { sleep 30 & b & }; b; exec sleep 30"})];
+    for i in 0..40 {
+        processes.push(json!({"name": format!("p{i}"), "cmdline": "sleep 30"}));
+    }
+    let task = task_json(
+        &id,
+        json!({"processes": processes, "max_failures": 100,
+               "resources": {"cpu": 1.0, "ram": "256MiB", "disk": "64MiB", "pids": limit}}),
+        json!({}),
+    );
+    let version = drover_executor::cgroup::FsCgroup::detect(std::path::Path::new("/sys/fs/cgroup"));
+    let current = match version {
+        Some(drover_executor::cgroup::Version::V1) => {
+            format!("/sys/fs/cgroup/pids/drover/{id}/pids.current")
+        }
+        _ => format!("/sys/fs/cgroup/drover/{id}/pids.current"),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        let current = current.clone();
+        std::thread::spawn(move || {
+            let (mut max, mut samples) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(n) = std::fs::read_to_string(&current) {
+                    max = max.max(n.trim().parse().unwrap_or(0));
+                    samples += 1;
+                }
+            }
+            (max, samples)
+        })
+    };
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    eventually(LONG, "the cgroup to fill up", || {
+        std::fs::read_to_string(&current)
+            .map(|n| n.trim().parse::<u64>().unwrap_or(0) >= limit - 1)
+            .unwrap_or(false)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    ex.signal(Signal::SIGTERM);
+    let end = ex.wait_terminal(LONG);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (max, samples) = sampler.join().unwrap();
+    assert!(samples > 10, "the sampler read {current} {samples} times");
+    // v1 only: a refused child is counted for the moment between its join and its
+    // exit (the kernel does not check a migration, so it checks and backs out itself).
+    let slack = u64::from(version == Some(drover_executor::cgroup::Version::V1));
+    assert!(
+        max <= limit + slack,
+        "{max} pids at once in a task limited to {limit}"
+    );
+    let refused = end
+        .processes
+        .iter()
+        .chain(ex.seen.iter().flat_map(|s| s.processes.iter()))
+        .any(|p| matches!(&p.last_exit, Some(ExitReason::FailedToStart { error, .. }) if error.contains("temporarily unavailable")));
+    assert!(refused, "a start over the limit fails with EAGAIN: {end:?}");
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
+/// `resources.disk` is enforced by a scan of what the task can write, its private
+/// `/tmp` included: over it, the task is stopped and fails with `disk_limit_exceeded`
+/// naming the usage and the limit.
+#[test]
+fn a_task_writing_past_its_disk_limit_fails_with_disk_limit_exceeded() {
+    if !can_isolate("disk_limit") {
+        return;
+    }
+    let id = task_id("disk");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "fill",
+            "cmdline": "head -c 3000000 /dev/zero > /tmp/big && exec sleep 100"}],
+               "resources": {"cpu": 1.0, "ram": "64MiB", "disk": "2MiB"}}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone", "--disk-scan-interval", "100ms"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed, "{end:?}");
+    match end.exit_reason {
+        Some(ExitReason::DiskLimitExceeded {
+            used_bytes,
+            limit_bytes,
+        }) => {
+            assert_eq!(limit_bytes, 2 << 20);
+            assert!(used_bytes > 3_000_000, "{used_bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        ex.seen
+            .iter()
+            .any(|s| s.message.contains("over resources.disk")),
+        "{:?}",
+        ex.seen
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
+/// `task.network: isolated`: the task's own network namespace, where loopback is the
+/// only interface (up, so the task can still talk to itself).
+#[test]
+fn an_isolated_task_sees_only_loopback() {
+    if !can_isolate("isolated_network") {
+        return;
+    }
+    let id = task_id("netiso");
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "p",
+            "cmdline": "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ,; grep -c '' /proc/net/route"}],
+               "network": "isolated"}),
+        json!({}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Finished, "{end:?}");
+    let out = std::fs::read_to_string(ex.area("logs/p.stdout")).unwrap();
+    // Only `lo`; and no route out (the route table has its header line only).
+    assert_eq!(out, "lo,1\n");
+    assert_eq!(ex.wait_exit(LONG), 0);
+}
+
 #[test]
 fn memory_hog_ends_with_exit_reason_oom() {
     if !can_isolate("oom") {
@@ -266,21 +401,17 @@ fn setsid_grandchild_is_killed_with_the_task() {
     let task = task_json(
         &id,
         json!({"processes": [{"name": "main",
-            "cmdline": "setsid sh -c 'echo $$ > gc.pid; trap \"\" TERM; exec sleep 1000' & sleep 0.5; echo started"}]}),
+            "cmdline": "setsid sh -c 'trap \"\" TERM; exec sleep 1000.4711' & sleep 0.5; echo started"}]}),
         json!({}),
     );
     let mut ex = Exec::start(&task, &["--standalone"]);
     let end = ex.wait_terminal(LONG);
     assert_eq!(end.state, TaskState::Finished, "{end:?}");
-    let pid: i32 = std::fs::read_to_string(ex.path("gc.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // Found by its command line: a pid the task writes down is its pid namespace's.
     eventually(
         Duration::from_secs(5),
         "the setsid'd grandchild to die",
-        || !alive(pid),
+        || host_pids_running(b"sleep\x001000.4711\x00").is_empty(),
     );
     assert_eq!(ex.wait_exit(LONG), 0);
 }
@@ -519,7 +650,13 @@ fn cleanup_after_an_executor_crash_kills_what_is_left_and_is_idempotent() {
     let pid = running.processes[0].pid.unwrap() as i32;
     ex.signal(Signal::SIGKILL);
     ex.wait_exit_unchecked(LONG);
-    assert!(alive(pid), "the task must survive its executor");
+    // Its pid namespace's init dies with the executor, and with it every process of
+    // the task (the agent would report it LOST and run cleanup anyway).
+    eventually(
+        Duration::from_secs(5),
+        "the task to die with its executor",
+        || !alive(pid),
+    );
     // What an executor from before the freezer was dropped also made (v1 hosts).
     let freezer = std::path::PathBuf::from(format!("/sys/fs/cgroup/freezer/drover/{id}"));
     let old_layout = std::path::Path::new("/sys/fs/cgroup/freezer").is_dir()

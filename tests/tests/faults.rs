@@ -1029,9 +1029,16 @@ fn executor_killed_while_its_agent_is_down_is_cleaned_up_and_replaced_on_restart
     c.kill_agent(0);
     let executor = c.executor_pid(&old.task_id).unwrap();
     kill(Pid::from_raw(executor as i32), Signal::SIGKILL).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    // The task's processes outlive their executor until the agent comes back.
-    assert!(!c.task_pids(&old.task_id).is_empty());
+    // The task's processes end with their executor (its pid namespace's init dies
+    // with it); the agent, back, still reports the task LOST, cleans up and replaces it.
+    let gone = Instant::now();
+    while !c.task_pids(&old.task_id).is_empty() {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "the task's processes outlived their executor"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     c.start_agent(0).unwrap();
     lost_cleaned_and_replaced(&mut c, job, &old).unwrap();
 }

@@ -484,3 +484,139 @@ fn the_pids_limit_comes_from_the_spec_within_the_hosts_maximum() {
         cluster.kill_job(&format!("www-data/test/{key}")).unwrap();
     }
 }
+
+/// The host pids in the cgroup of task `id` (v1 pids hierarchy or v2).
+fn cgroup_pids(id: &str) -> Vec<i32> {
+    ["/sys/fs/cgroup/pids/drover", "/sys/fs/cgroup/drover"]
+        .iter()
+        .find_map(|parent| {
+            std::fs::read_to_string(Path::new(parent).join(id).join("cgroup.procs")).ok()
+        })
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Two tasks of the same user (`www-data`): the attacker cannot read the victim's
+/// `/proc/<pid>/environ` (its `task.env` secret), signal it, list the host's
+/// processes nor write into the victim's `/tmp`; its own `/tmp` is its own. Each
+/// task has its own pid and mount namespaces (pid 1 there is the executor's init,
+/// which ignores the task's signals).
+#[test]
+fn a_task_cannot_read_signal_or_list_other_processes_nor_write_another_tasks_tmp() {
+    if !running_as_root("sandbox attack: other tasks' processes and /tmp") {
+        return;
+    }
+    let (mut cluster, canaries) = cluster_with("");
+    let mut spec = command_job(
+        "victim",
+        1,
+        false,
+        "echo mine > /tmp/victim-file; exec sleep 600",
+    );
+    spec["task"]["env"] = serde_json::json!({"SECRET": "VICTIM-SECRET-4711"});
+    let victim = start_spec(&mut cluster, spec);
+    wait_running(&mut cluster, &victim);
+    let victim_dir = cluster.sandbox_of(&victim).unwrap();
+    let mut vpid = Vec::new();
+    cluster
+        .wait_for("the victim's process", WAIT, |_| {
+            vpid = cgroup_pids(&victim);
+            (!vpid.is_empty()).then_some(())
+        })
+        .unwrap();
+    let vpid = vpid[0];
+    let environ = std::fs::read_to_string(format!("/proc/{vpid}/environ")).unwrap();
+    assert!(
+        environ.contains("VICTIM-SECRET-4711"),
+        "the secret is really there"
+    );
+    let script = format!(
+        "VP={vpid}\n\
+         cat /proc/$VP/environ 2>/dev/null | grep -q VICTIM-SECRET && echo BREACH read-environ\n\
+         for f in /proc/[0-9]*/environ; do grep -qs VICTIM-SECRET \"$f\" && echo BREACH found-environ; done\n\
+         kill -0 $VP 2>/dev/null && echo BREACH signalled\n\
+         kill -STOP $VP 2>/dev/null && echo BREACH stopped\n\
+         kill -9 1 2>/dev/null; kill -TERM 1 2>/dev/null\n\
+         n=$(ls -d /proc/[0-9]* | wc -l); [ \"$n\" -gt 10 ] && echo BREACH listed-$n-processes\n\
+         p=drover; for f in /proc/[0-9]*/cmdline; do [ $f = /proc/1/cmdline ] || [ $f = /proc/$$/cmdline ] || ! grep -qs $p- $f || echo BREACH saw-$f; done\n\
+         test -e /tmp/victim-file && echo BREACH saw-victim-tmp\n\
+         echo planted > {dir}/tmp/data/planted 2>/dev/null && echo BREACH wrote-victim-tmp\n\
+         ls {dir}/tmp/data >/dev/null 2>&1 && echo BREACH listed-victim-tmp\n\
+         echo planted > /tmp/planted-by-attacker || echo BREACH own-tmp-unwritable\n\
+         echo done\n",
+        dir = victim_dir.display()
+    );
+    let attacker = start_job(&mut cluster, "attacker", &script);
+    let (_, out) = assert_finished_unharmed(&mut cluster, &canaries, &attacker);
+    assert_eq!(out, "done\n");
+    assert!(
+        !victim_dir.join("tmp/data/planted").exists(),
+        "the victim's /tmp got a file"
+    );
+    assert!(
+        !Path::new("/tmp/planted-by-attacker").exists(),
+        "the attacker's /tmp is the host's"
+    );
+    assert_eq!(
+        std::fs::read_to_string(victim_dir.join("tmp/data/victim-file")).unwrap(),
+        "mine\n",
+        "the victim's /tmp is its tmp/data"
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{vpid}/stat")).unwrap();
+    let state = stat.rsplit(')').next().unwrap().split_whitespace().next();
+    assert_eq!(state, Some("S"), "the victim still sleeps: {stat}");
+    assert_eq!(
+        cluster.task(&victim).unwrap().state,
+        TaskState::Running,
+        "the victim runs on"
+    );
+    cluster.kill_job("www-data/test/victim").unwrap();
+}
+
+/// `resources.disk` is enforced: a task writing past it is stopped and fails with
+/// `disk_limit_exceeded` naming its usage and limit, while another task on the same
+/// host keeps writing and finishes.
+#[test]
+fn a_task_filling_the_disk_past_its_limit_is_stopped_while_its_neighbour_writes_on() {
+    if !running_as_root("sandbox attack: fill the disk") {
+        return;
+    }
+    let (mut cluster, _canaries) = cluster_with("");
+    let mut hog = command_job(
+        "hog",
+        1,
+        false,
+        "while :; do head -c 1048576 /dev/zero >> /tmp/fill; head -c 1048576 /dev/zero >> fill; sleep 0.1; done",
+    );
+    hog["task"]["resources"]["disk"] = "8MiB".into();
+    let neighbour = command_job(
+        "neighbour",
+        1,
+        false,
+        "i=0; while [ $i -lt 100 ]; do echo line $i >> log.txt; i=$((i+1)); sleep 0.1; done; wc -l < log.txt",
+    );
+    let hog = start_spec(&mut cluster, hog);
+    let neighbour = start_spec(&mut cluster, neighbour);
+    assert_eq!(wait_terminal(&mut cluster, &hog), TaskState::Failed);
+    let task = cluster.task(&hog).unwrap();
+    match task.exit_reason {
+        Some(drover_common::state::ExitReason::DiskLimitExceeded {
+            used_bytes,
+            limit_bytes,
+        }) => {
+            assert_eq!(limit_bytes, 8 << 20);
+            assert!(used_bytes > 8 << 20, "{used_bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        cluster.task(&neighbour).unwrap().state,
+        TaskState::Running,
+        "the neighbour still writes when the hog is stopped"
+    );
+    assert_eq!(wait_terminal(&mut cluster, &neighbour), TaskState::Finished);
+    let dir = cluster.sandbox_of(&neighbour).unwrap();
+    assert_eq!(log_text(&dir, "stdout").trim(), "100");
+}

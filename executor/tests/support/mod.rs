@@ -333,3 +333,14 @@ pub fn assert_well_formed(seen: &[ExecutorStatus]) {
     assert_eq!(terminals, 1, "{terminals} terminal statuses in {seen:#?}");
     assert!(seen.last().unwrap().state.is_terminal());
 }
+
+/// The host pids whose `/proc/<pid>/cmdline` is exactly `cmdline` (NUL-separated,
+/// NUL-terminated), zombies aside.
+pub fn host_pids_running(cmdline: &[u8]) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == cmdline))
+        .collect()
+}

@@ -1,0 +1,265 @@
+//! `resources.disk` enforced by a periodic usage scan, as Aurora's executor does (its
+//! `DiskCollector`): what the task can write (`sandbox/` and `tmp/`) is walked, the
+//! allocated blocks of every entry added (a hard-linked file once), and a task over
+//! its limit is stopped with exit reason `disk_limit_exceeded`.
+//!
+//! The walk is root's through a tree the task owns, so it never follows a link: each
+//! directory is opened relative to its parent's descriptor with `O_NOFOLLOW`, read
+//! with `getdents64`, each entry looked at with `fstatat(AT_SYMLINK_NOFOLLOW)`. A tree nested deeper than
+//! [`MAX_DEPTH`] counts as over the limit (the walk holds one descriptor per level).
+//! [`next_interval`] spaces scans so that a big tree costs at most about 2 % of the
+//! executor's time.
+
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// Deepest directory nesting the scan follows.
+pub const MAX_DEPTH: usize = 512;
+
+/// What a scan found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Usage {
+    /// Bytes allocated.
+    Bytes(u64),
+    /// Nested deeper than [`MAX_DEPTH`] (bytes counted until then): treated as over
+    /// any limit.
+    TooDeep(u64),
+}
+
+/// The bytes allocated under each of `dirs` together (a missing one counts 0).
+/// `seen` holds the hard-linked files counted (cleared here; kept by the caller so
+/// that a settled executor's scan allocates and frees nothing when there are none).
+///
+/// What the scan runs is kept small on purpose: no `CString`, no hash set, no
+/// `opendir` buffer; each of those put code from cold pages of the executor's binary
+/// (one 64 KiB window each) back into a settled executor's memory.
+pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
+    seen.clear();
+    let mut total = 0u64;
+    for dir in dirs {
+        let Some(fd) = open_dir(libc::AT_FDCWD, dir) else {
+            continue;
+        };
+        if let Some(st) = stat_at(fd.as_raw_fd(), c"") {
+            total = total.saturating_add(allocated(&st));
+        }
+        if !walk(fd, 1, seen, &mut total) {
+            return Usage::TooDeep(total);
+        }
+    }
+    Usage::Bytes(total)
+}
+
+/// Opens the directory `name` relative to `dir` without following a link.
+#[allow(unsafe_code)]
+fn open_dir(dir: RawFd, name: &CStr) -> Option<OwnedFd> {
+    // SAFETY: openat reads the NUL-terminated `name`; the descriptor it returns is
+    // ours alone.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    // SAFETY: a descriptor openat just returned, owned by no one else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` (`AT_EMPTY_PATH` too, for `""`: `dir`
+/// itself).
+#[allow(unsafe_code)]
+fn stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstatat writes one `stat` into `st` and reads `name`.
+    let r = unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH,
+        )
+    };
+    // SAFETY: fstatat succeeded, so it filled `st`.
+    (r == 0).then(|| unsafe { st.assume_init() })
+}
+
+fn allocated(st: &libc::stat) -> u64 {
+    (st.st_blocks as u64).saturating_mul(512)
+}
+
+/// Adds what is in the directory `fd` to `total`; false when nested too deep.
+#[allow(unsafe_code)]
+fn walk(fd: OwnedFd, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> bool {
+    // The subdirectories' names, each with its NUL.
+    let mut subdirs: Vec<u8> = Vec::new();
+    entries(&fd, seen, total, &mut subdirs);
+    let mut start = 0;
+    while start < subdirs.len() {
+        let Some(len) = subdirs[start..].iter().position(|&b| b == 0) else {
+            break;
+        };
+        // SAFETY: the bytes up to and including the first NUL from `start`.
+        let name = unsafe { CStr::from_bytes_with_nul_unchecked(&subdirs[start..=start + len]) };
+        start += len + 1;
+        if depth >= MAX_DEPTH {
+            return false;
+        }
+        let Some(sub) = open_dir(fd.as_raw_fd(), name) else {
+            continue;
+        };
+        if !walk(sub, depth + 1, seen, total) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Adds the entries of the directory `fd` to `total` and appends its subdirectories'
+/// names (with their NUL) to `subdirs`. Reads them with `getdents64` into a buffer on
+/// the stack, in a frame of its own so the buffer is not on the stack once per level.
+#[inline(never)]
+#[allow(unsafe_code)]
+fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut Vec<u8>) {
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: getdents64 writes at most `buf.len()` bytes of records into `buf`.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                fd.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        if n <= 0 {
+            return;
+        }
+        let n = n as usize;
+        let mut pos = 0usize;
+        while pos + 19 < n {
+            // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
+            let reclen = u16::from_ne_bytes([buf[pos + 16], buf[pos + 17]]) as usize;
+            if reclen == 0 || pos + reclen > n {
+                return;
+            }
+            let record = &buf[pos + 19..pos + reclen];
+            pos += reclen;
+            let Some(len) = record.iter().position(|&b| b == 0) else {
+                continue;
+            };
+            let bytes = &record[..=len];
+            if bytes == b".\0" || bytes == b"..\0" {
+                continue;
+            }
+            // SAFETY: `bytes` ends with its only NUL.
+            let name = unsafe { CStr::from_bytes_with_nul_unchecked(bytes) };
+            let Some(st) = stat_at(fd.as_raw_fd(), name) else {
+                continue;
+            };
+            // The stat field types differ between architectures.
+            #[allow(clippy::unnecessary_cast)]
+            let id = (st.st_dev as u64, st.st_ino as u64);
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if st.st_nlink > 1 && !is_dir {
+                if seen.contains(&id) {
+                    continue;
+                }
+                seen.push(id);
+            }
+            *total = total.saturating_add(allocated(&st));
+            if is_dir {
+                subdirs.extend_from_slice(bytes);
+            }
+        }
+    }
+}
+
+/// How long after a scan that took `last_scan` the next may start at the earliest:
+/// 50 times as long (a big tree is scanned less often; the executor's `--disk-scan-interval`
+/// is the floor).
+pub fn next_interval(last_scan: Duration) -> Duration {
+    last_scan.saturating_mul(50)
+}
+
+/// For a task over its `limit`: the bytes it uses and what to say about it.
+pub fn over_limit(usage: Usage, limit: u64) -> Option<(u64, String)> {
+    match usage {
+        Usage::Bytes(n) if n > limit => Some((
+            n,
+            format!("disk usage {n} bytes is over resources.disk {limit} bytes; stopping the task"),
+        )),
+        Usage::Bytes(_) => None,
+        Usage::TooDeep(n) => Some((
+            n,
+            format!("directories nested deeper than {MAX_DEPTH} levels cannot be scanned for resources.disk ({limit} bytes); stopping the task"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_counts_files_once_and_never_follows_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |p: &std::path::Path| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())).unwrap()
+        };
+        let mut seen = Vec::new();
+        let Usage::Bytes(empty) = usage(&[&path(dir.path())], &mut seen) else {
+            panic!("too deep");
+        };
+        std::fs::write(dir.path().join("a"), vec![1u8; 1 << 20]).unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/b"), vec![1u8; 1 << 20]).unwrap();
+        std::fs::hard_link(dir.path().join("a"), dir.path().join("sub/a-again")).unwrap();
+        std::os::unix::fs::symlink("/usr", dir.path().join("usr")).unwrap();
+        let Usage::Bytes(n) = usage(
+            &[&path(dir.path()), &path(&dir.path().join("missing"))],
+            &mut seen,
+        ) else {
+            panic!("too deep");
+        };
+        let grown = n - empty;
+        assert!(
+            (2 << 20..(2 << 20) + (64 << 10)).contains(&grown),
+            "{grown}"
+        );
+    }
+
+    #[test]
+    fn a_tree_nested_too_deep_is_over_any_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = dir.path().to_path_buf();
+        for _ in 0..MAX_DEPTH + 1 {
+            p.push("d");
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        let root = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            dir.path().as_os_str(),
+        ))
+        .unwrap();
+        assert!(matches!(
+            usage(&[&root], &mut Vec::new()),
+            Usage::TooDeep(_)
+        ));
+        assert!(over_limit(Usage::TooDeep(0), u64::MAX).is_some());
+        assert_eq!(over_limit(Usage::Bytes(10), 10), None);
+        assert_eq!(over_limit(Usage::Bytes(11), 10).unwrap().0, 11);
+    }
+
+    #[test]
+    fn big_trees_are_scanned_less_often() {
+        assert_eq!(
+            next_interval(Duration::from_millis(1)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            next_interval(Duration::from_secs(1)),
+            Duration::from_secs(50)
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Raw system calls for code that runs in a process sharing the executor's memory
+//! (`CLONE_VM`): the pid namespace's init ([`crate::ns`]) runs beside the executor for
+//! the task's whole life, so it must not touch anything the executor's threads use,
+//! not even `errno` (the C library's `syscall` and wrappers write it in the calling
+//! thread's TLS, which for a `CLONE_VM` child is the executor's main thread's). And
+//! `clone3`, which the C library does not export, to start a process directly inside
+//! the task's cgroup (`CLONE_INTO_CGROUP`, cgroup v2) on its own stack.
+//!
+//! x86-64 and arm64 only; elsewhere [`SUPPORTED`] is false and the callers fall back
+//! (no `clone3`) or refuse (no namespaces).
+
+#![allow(unsafe_code)]
+
+/// Whether raw system calls and [`clone3`] exist on this architecture.
+pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+/// `clone3`'s argument (`struct clone_args`, version 2 with `cgroup`).
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    /// The lowest address of the child's stack.
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    /// A descriptor of the cgroup v2 directory to start in (`CLONE_INTO_CGROUP`).
+    pub cgroup: u64,
+}
+
+/// `CLONE_INTO_CGROUP` (Linux 5.7).
+pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The system call number `n` with six arguments: the kernel's return value
+/// (`-errno` on failure). Touches no memory of its own.
+///
+/// # Safety
+/// As for the system call: pointer arguments must be valid for it.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn syscall6(n: libc::c_long, a: [usize; 6]) -> isize {
+    let ret: isize;
+    core::arch::asm!(
+        "syscall",
+        inlateout("rax") n as isize => ret,
+        in("rdi") a[0], in("rsi") a[1], in("rdx") a[2],
+        in("r10") a[3], in("r8") a[4], in("r9") a[5],
+        lateout("rcx") _, lateout("r11") _,
+        options(nostack),
+    );
+    ret
+}
+
+/// See the x86-64 version.
+///
+/// # Safety
+/// As for the system call: pointer arguments must be valid for it.
+#[cfg(target_arch = "aarch64")]
+pub unsafe fn syscall6(n: libc::c_long, a: [usize; 6]) -> isize {
+    let ret: isize;
+    core::arch::asm!(
+        "svc 0",
+        in("x8") n,
+        inlateout("x0") a[0] as isize => ret,
+        in("x1") a[1], in("x2") a[2], in("x3") a[3], in("x4") a[4], in("x5") a[5],
+        options(nostack),
+    );
+    ret
+}
+
+/// Fallback where raw system calls are not written: the C library's (callers check
+/// [`SUPPORTED`] before running it in a `CLONE_VM` child).
+///
+/// # Safety
+/// As for the system call: pointer arguments must be valid for it.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub unsafe fn syscall6(n: libc::c_long, a: [usize; 6]) -> isize {
+    let r = libc::syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+    if r == -1 {
+        -(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO) as isize)
+    } else {
+        r as isize
+    }
+}
+
+/// `clone3(args)`: in the parent, the child's pid or `-errno`; the child starts on
+/// `args.stack` (which must be set, its top 16-byte aligned) and calls `f(arg)`, which
+/// must not return (it execs or `_exit`s; should it return, the child exits with its
+/// value).
+///
+/// # Safety
+/// `args` as `clone3` wants it; `f` must be safe to run in the child the flags make
+/// (with `CLONE_VM`: only raw system calls on prepared memory).
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn clone3(
+    args: &CloneArgs,
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+) -> isize {
+    let ret: isize;
+    core::arch::asm!(
+        "syscall",
+        "test rax, rax",
+        "jnz 2f",
+        // The child, on its own stack: f(arg), then exit with what it returned.
+        "and rsp, -16",
+        "mov rdi, r12",
+        "call r13",
+        "mov edi, eax",
+        "mov eax, 60",
+        "syscall",
+        "ud2",
+        "2:",
+        inlateout("rax") libc::SYS_clone3 as isize => ret,
+        in("rdi") args as *const CloneArgs,
+        in("rsi") std::mem::size_of::<CloneArgs>(),
+        in("r12") arg,
+        in("r13") f,
+        lateout("rcx") _, lateout("r11") _,
+    );
+    ret
+}
+
+/// See the x86-64 version.
+///
+/// # Safety
+/// As there.
+#[cfg(target_arch = "aarch64")]
+pub unsafe fn clone3(
+    args: &CloneArgs,
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    arg: *mut libc::c_void,
+) -> isize {
+    let ret: isize;
+    core::arch::asm!(
+        "svc 0",
+        "cbnz x0, 2f",
+        "mov x0, x9",
+        "blr x10",
+        "mov x8, #93",
+        "svc 0",
+        "brk #1",
+        "2:",
+        in("x8") libc::SYS_clone3,
+        inlateout("x0") args as *const CloneArgs as isize => ret,
+        in("x1") std::mem::size_of::<CloneArgs>(),
+        in("x9") arg,
+        in("x10") f,
+    );
+    ret
+}
+
+/// Where `clone3` is not written: `-ENOSYS`, so callers take their fallback.
+///
+/// # Safety
+/// Always safe; unsafe to match the others.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub unsafe fn clone3(
+    _args: &CloneArgs,
+    _f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    _arg: *mut libc::c_void,
+) -> isize {
+    -(libc::ENOSYS as isize)
+}

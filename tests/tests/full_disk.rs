@@ -156,8 +156,10 @@ fn an_agent_with_a_full_data_dir_keeps_its_tasks_and_delivers_every_status_later
         .unwrap();
     let web = cluster.api.job("www-data/test/web").unwrap();
     assert_eq!(web.instances[0].current.as_ref().unwrap().task_id, web_task);
-    drop(cluster);
+    // The tmpfs first (a lazy unmount), so the cluster's directory, mount point
+    // included, can be removed when the cluster goes.
     drop(tmpfs);
+    drop(cluster);
 }
 
 /// A batch job that no agent can place (it never starts a process): a write.
@@ -290,6 +292,8 @@ fn a_master_on_a_full_disk_goes_read_only_loses_nothing_and_resumes_by_itself() 
     cluster.api.create_job(&unplaceable("late")).unwrap();
     let web = cluster.api.job("www-data/test/web").unwrap();
     assert_eq!(web.instances[0].current.as_ref().unwrap().task_id, web_task);
-    drop(cluster);
+    // The tmpfs first (a lazy unmount), so the cluster's directory, mount point
+    // included, can be removed when the cluster goes.
     drop(tmpfs);
+    drop(cluster);
 }

@@ -172,7 +172,7 @@ impl Core {
             && task.replace_at_end.is_some()
         {
             // A kill (or an update removing the instance) overrides a restart or
-            // update that waits for this task's end (see `stop_instances`): no
+            // update that waits for this task's end (see `replace_at_end`): no
             // replacement then.
             task.replace_at_end = None;
             task.kill_reason = Some(reason);

@@ -105,7 +105,8 @@ impl Core {
     }
 
     /// Creates the next task of `old`'s instance: PENDING, or THROTTLED until
-    /// `throttle` ends (penalty ms, flaps, cause for its event). The old task moves into the history.
+    /// `throttle` ends (penalty ms, flaps, the cause its event names). The old task
+    /// moves into the history.
     pub(super) fn create_replacement(
         &mut self,
         old_id: &str,

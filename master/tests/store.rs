@@ -39,6 +39,7 @@ fn task(id: &str, state: TaskState) -> Task {
         status,
         desired: DesiredState::Running,
         kill_reason: None,
+        replace_at_end: None,
         agent: Some("agent-1".to_string()),
         ports: vec![("http".to_string(), 31001)],
         assigned_version: 3,

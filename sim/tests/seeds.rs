@@ -3,13 +3,14 @@
 
 use drover_sim::{run, Faults, CI_STEPS};
 
-/// The CI seeds: 1 to 31 but 18. Left out, with the bug it finds in main
-/// (docs/testing.md, "What it found"): 18 (and 42, 49, beyond the range): a
-/// restart of an exclusive instance whose task is on a host the master cannot
-/// reach makes the replacement at once, beside a copy nobody can stop.
+/// The CI seeds: 1 to 31, and beyond them seeds that found bugs now fixed
+/// (docs/testing.md, "What it found"): 42 and 49 (with 18: a restart or update of
+/// an exclusive task on an unreachable host replaced it at once), 417 and 3468 (a
+/// cron time fired twice after the wall clock stepped back and forward), 5343 (an
+/// exclusive task LOST for the transient-state timeout replaced at once).
 const CI_SEEDS: &[u64] = &[
-    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27,
-    28, 29, 30, 31,
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+    27, 28, 29, 30, 31, 42, 49, 417, 3468, 5343,
 ];
 
 #[test]

@@ -158,7 +158,7 @@ impl Core {
             }
             let mut at = now.mono + (policy.delay.get().as_millis() as u64).max(settle);
             if policy.exclusive {
-                at = at.max(last + self.cfg.exclusive_lease_ms + kill_time_ms(&job.spec));
+                at = at.max(last + self.exclusive_wait_ms(&job.spec));
             }
             if !seen {
                 at = at.max(grace_until);
@@ -171,6 +171,16 @@ impl Core {
                 },
             );
         }
+    }
+}
+
+impl Core {
+    /// How long an exclusive task's copy may still run after the master last
+    /// reached its agent: the agent's lease, then its kill. A replacement of an
+    /// exclusive task the master could not stop waits this long (the partition
+    /// policy's LOST; the transient-state timeout, see `replace_after_end`).
+    pub(super) fn exclusive_wait_ms(&self, spec: &JobSpec) -> u64 {
+        self.cfg.exclusive_lease_ms + kill_time_ms(spec)
     }
 }
 

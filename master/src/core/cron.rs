@@ -47,11 +47,15 @@ impl Core {
             .map_err(CoreError::BadCron)
     }
 
-    /// Arms the timer of the job's next firing after `after` (wall clock).
+    /// Arms the timer of the job's next firing after `after` (wall clock) and after
+    /// its last firing: a time fires at most once, even when the wall clock stepped
+    /// back over firings already made (at a restart, the catch-up and this arm by a
+    /// wall clock behind `last_fired`).
     pub(super) fn arm_cron(&mut self, key: &str, after: UnixMillis, now: Now) {
         let Some(cron) = self.jobs.get_mut(key).and_then(|j| j.cron.as_mut()) else {
             return;
         };
+        let after = cron.last_fired.map_or(after, |last| after.max(last));
         cron.next = cron.schedule.next_after(after);
         if let Some(next) = cron.next {
             let at = now.mono + next.saturating_sub(now.wall);

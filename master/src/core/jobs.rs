@@ -167,6 +167,18 @@ impl Core {
         let Some(task) = self.tasks.get_mut(id) else {
             return false;
         };
+        if via == TaskState::Killing
+            && task.status.state.is_stopping()
+            && task.replace_at_end.is_some()
+        {
+            // A kill (or an update removing the instance) overrides a restart or
+            // update that waits for this task's end (see `replace_at_end`): no
+            // replacement then.
+            task.replace_at_end = None;
+            task.kill_reason = Some(reason);
+            self.mark(id);
+            return true;
+        }
         let state = task.status.state;
         if state.is_terminal() || state.is_stopping() {
             return false;
@@ -240,6 +252,8 @@ impl Core {
             }
             if !restart {
                 tasks.push(id);
+            } else if self.replace_at_end(&id, None) {
+                // Replaced when it ended (see `replace_at_end`).
             } else if let Some(new_id) = self.create_replacement(&id, now, None, "restart") {
                 tasks.push(new_id);
             }
@@ -248,5 +262,36 @@ impl Core {
             job: job.to_string(),
             tasks,
         }))
+    }
+
+    /// An exclusive task just asked to stop for a restart or update (`config`:
+    /// the replacement's; None: its own) on a host the master cannot reach: the
+    /// kill may not get there, and a replacement made now could run beside it. It
+    /// stays RESTARTING and is replaced when it ends (`replace_after_end`):
+    /// reported by its agent once back, or ended by the partition policy after the
+    /// lease and kill time, as a drain leaves such a task to the policy (b87e3d2).
+    /// Answers whether it waits so (else the caller replaces it at once).
+    pub(super) fn replace_at_end(&mut self, id: &str, config: Option<&str>) -> bool {
+        let Some(t) = self.tasks.get(id) else {
+            return false;
+        };
+        let exclusive = self
+            .jobs
+            .get(&t.job)
+            .is_some_and(|j| j.spec.partition_policy.exclusive);
+        let lost_host = t
+            .agent
+            .as_ref()
+            .and_then(|a| self.agent_idx.get(a))
+            .is_some_and(|&idx| !self.agents[idx as usize].reachable);
+        if !exclusive || !lost_host || t.status.state != TaskState::Restarting {
+            return false;
+        }
+        let config = config.map_or_else(|| t.config.clone(), str::to_string);
+        if let Some(t) = self.tasks.get_mut(id) {
+            t.replace_at_end = Some(config);
+        }
+        self.mark(id);
+        true
     }
 }

@@ -105,12 +105,13 @@ impl Core {
     }
 
     /// Creates the next task of `old`'s instance: PENDING, or THROTTLED until
-    /// `throttle` ends. The old task moves into the history.
+    /// `throttle` ends (penalty ms, flaps, the cause its event names). The old task
+    /// moves into the history.
     pub(super) fn create_replacement(
         &mut self,
         old_id: &str,
         now: Now,
-        throttle: Option<(u64, u32)>,
+        throttle: Option<(u64, u32, &str)>,
         why: &str,
     ) -> Option<String> {
         let old = self.tasks.get(old_id)?;
@@ -121,13 +122,14 @@ impl Core {
         let name = self.jobs.get(&job_key)?.spec.name.clone();
         let id = self.next_task_id(&name, instance);
         let (initial, flaps, penalty) = match throttle {
-            Some((penalty, flaps)) => (TaskState::Throttled, flaps, Some(penalty)),
+            Some((penalty, flaps, cause)) => (TaskState::Throttled, flaps, Some((penalty, cause))),
             None => (TaskState::Pending, 0, None),
         };
         let message = match penalty {
-            Some(p) => format!("{why}; throttled for {p} ms (flapping)"),
+            Some((p, cause)) => format!("{why}; throttled for {p} ms ({cause})"),
             None => format!("{why}; replaces {old_id}"),
         };
+        let penalty = penalty.map(|(p, _)| p);
         let mut task = new_task(
             &id,
             &job_key,
@@ -246,9 +248,6 @@ impl Core {
         let Some(task) = self.tasks.get(id) else {
             return;
         };
-        if task.desired != DesiredState::Running {
-            return;
-        }
         let Some(job) = self.jobs.get(&task.job) else {
             return;
         };
@@ -258,6 +257,19 @@ impl Core {
             .and_then(|s| s.current.as_deref())
             != Some(id)
         {
+            return;
+        }
+        if task.desired != DesiredState::Running {
+            // A restart or update that waited for this task's end (an exclusive
+            // task on a lost host, see `replace_at_end`) makes its replacement now.
+            if let Some(config) = self.tasks.get_mut(id).and_then(|t| t.replace_at_end.take()) {
+                let why = format!("{id} ended; the restart or update it waited for");
+                if let Some(new) = self.create_replacement(id, now, None, &why) {
+                    if let Some(t) = self.tasks.get_mut(&new) {
+                        t.config = config;
+                    }
+                }
+            }
             return;
         }
         let state = task.status.state;
@@ -281,17 +293,33 @@ impl Core {
         }
         let ran = task.running_mono.map(|s| now.mono.saturating_sub(s));
         let flapping = natural && ran.is_none_or(|r| r < self.cfg.flapping_threshold_ms);
-        let throttle = if flapping {
+        let mut throttle = if flapping {
             let shift = task.flaps.min(20);
             let penalty = self
                 .cfg
                 .throttle_initial_ms
                 .saturating_mul(1u64 << shift)
                 .min(self.cfg.throttle_max_ms);
-            Some((penalty, task.flaps + 1))
+            Some((penalty, task.flaps + 1, "flapping"))
         } else {
             None
         };
+        // An exclusive task LOST for the transient-state timeout may still be
+        // started by its agent (its assignment sets lost, say): the replacement
+        // waits the lease and kill time, as after the agent's loss, for the agent
+        // to kill that copy as errant.
+        let stuck = matches!(
+            task.status.exit_reason,
+            Some(ExitReason::TransientStateTimeout { .. })
+        );
+        if stuck && spec.partition_policy.exclusive {
+            let wait = self.exclusive_wait_ms(spec);
+            throttle = match throttle {
+                Some((p, flaps, why)) if p >= wait => Some((p, flaps, why)),
+                Some((_, flaps, _)) => Some((wait, flaps, "exclusive: lease and kill time")),
+                None => Some((wait, 0, "exclusive: lease and kill time")),
+            };
+        }
         let why = format!("{} ended {state}", id);
         self.create_replacement(id, now, throttle, &why);
     }

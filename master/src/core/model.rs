@@ -27,6 +27,11 @@ pub struct Task {
     pub desired: DesiredState,
     #[serde(default)]
     pub kill_reason: Option<ExitReason>,
+    /// A restart or update of this exclusive task, asked while its host was
+    /// unreachable, makes the replacement (on this config) only when the task
+    /// ended: a copy the master cannot stop may still run until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_at_end: Option<String>,
     #[serde(default)]
     pub agent: Option<String>,
     #[serde(default)]
@@ -383,6 +388,7 @@ pub(super) fn new_task(
         status: TaskStatus::new(initial, now, EventSource::Master, message),
         desired: DesiredState::Running,
         kill_reason: None,
+        replace_at_end: None,
         agent: None,
         ports: Vec::new(),
         assigned_version: 0,

@@ -939,6 +939,11 @@ impl Core {
                     "replaced by update",
                     now,
                 );
+                if self.replace_at_end(&id, Some(to)) {
+                    // Replaced on `to` when it ended; watched till then.
+                    u.watched.insert(instance, id);
+                    return;
+                }
                 let why = format!("update {}", u.view.id);
                 self.create_replacement(&id, now, None, &why)
             }

@@ -277,3 +277,41 @@ fn a_restart_never_runs_a_firing_twice_and_runs_a_missed_one_once_within_grace()
     assert_eq!(runs_in(&back), 1);
     assert_eq!(back.cron_view(KEY).unwrap().next_fire_ms, Some(1_180_000));
 }
+
+#[test]
+fn a_cron_time_fires_once_even_when_the_wall_clock_steps_back_and_forward_over_it() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    w.create(cron_spec("tick", "*/10 * * * * *", "KILL_EXISTING"));
+    w.pass(10_000);
+    assert_eq!(runs(&w), 1);
+    let fired = w.core.cron_view(KEY).unwrap().last_fired_ms.unwrap();
+    // The wall clock steps back an hour and the master restarts: the next firing
+    // is still after the last one fired.
+    w.wall_skew -= 3_600_000;
+    w.core = Core::load(cfg(), w.snapshot(), w.at(), 11);
+    assert!(
+        w.core.cron_view(KEY).unwrap().next_fire_ms.unwrap() > fired,
+        "{:?}",
+        w.core.cron_view(KEY)
+    );
+    // Times before the last one fired do not fire (again) while the clock is back.
+    w.pass(20_000);
+    // Forward again past the time fired, and another restart: firings go on after it.
+    w.wall_skew += 3_600_000;
+    w.core = Core::load(cfg(), w.snapshot(), w.at(), 12);
+    w.pass(20_000);
+    let times: Vec<u64> = w
+        .persisted
+        .iter()
+        .filter_map(|c| match c {
+            Change::PutCronFired(job, at) if job == KEY => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert!(times.len() >= 2, "{times:?}");
+    assert!(
+        times.windows(2).all(|p| p[0] < p[1]),
+        "a time fired twice or out of order: {times:?}"
+    );
+}

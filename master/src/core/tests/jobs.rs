@@ -146,3 +146,85 @@ fn a_live_job_key_cannot_be_created_again_but_a_dead_one_is_replaced() {
     assert_eq!(w.state(&t[0]), TaskState::Assigned);
     assert!(w.core.task(&old).is_none());
 }
+
+#[test]
+fn a_restart_of_an_exclusive_task_on_a_lost_host_replaces_it_only_once_it_ended() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let ex = r#","partition_policy":{"exclusive":true}"#;
+    let restarted = w.create(spec("ex", 1, true, ex))[0].clone();
+    let killed = w.create(spec("gone", 1, true, ex))[0].clone();
+    w.run(&restarted);
+    w.run(&killed);
+    w.register("a2", 8.0, 16, &[]);
+    // a1 goes silent past the agent timeout (3 s): the master cannot reach it.
+    only_heartbeating(&mut w, &["a2"], 4_000);
+    for job in ["www/prod/ex", "www/prod/gone"] {
+        w.handle(Event::Restart {
+            job: job.to_string(),
+            instances: None,
+        })
+        .reply
+        .unwrap();
+    }
+    for (id, job) in [(&restarted, "www/prod/ex"), (&killed, "www/prod/gone")] {
+        assert_eq!(w.state(id), TaskState::Restarting);
+        assert_eq!(
+            &w.current(job, 0),
+            id,
+            "{job} replaced beside a copy the master cannot stop"
+        );
+    }
+    // A kill overrides the restart that waits: that instance is not replaced.
+    w.handle(Event::Kill {
+        job: "www/prod/gone".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    // The partition policy ends them after the lease and kill time (2 s + 35 s
+    // after a1's last heartbeat); the restart's replacement comes then.
+    only_heartbeating(&mut w, &["a2"], 30_000);
+    assert_eq!(w.state(&restarted), TaskState::Restarting);
+    assert_eq!(w.current("www/prod/ex", 0), restarted);
+    only_heartbeating(&mut w, &["a2"], 6_000);
+    let t = w.core.task(&restarted).unwrap();
+    assert_eq!(t.status.state, TaskState::Killed);
+    assert_eq!(t.status.exit_reason, Some(ExitReason::Restarted));
+    let new = w.current("www/prod/ex", 0);
+    assert_ne!(new, restarted);
+    assert_eq!(w.core.task(&new).unwrap().agent.as_deref(), Some("a2"));
+    let t = w.core.task(&killed).unwrap();
+    assert_eq!(t.status.state, TaskState::Killed);
+    assert_eq!(t.status.exit_reason, Some(ExitReason::KilledByRequest));
+    assert_eq!(
+        w.current("www/prod/gone", 0),
+        killed,
+        "a killed instance came back"
+    );
+}
+
+#[test]
+fn a_restart_waiting_for_a_lost_host_is_replaced_when_its_agent_reports_the_end() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let ex = r#","partition_policy":{"exclusive":true,"reschedule":false}"#;
+    let old = w.create(spec("ex", 1, true, ex))[0].clone();
+    w.run(&old);
+    only_heartbeating(&mut w, &[], 4_000);
+    w.handle(Event::Restart {
+        job: "www/prod/ex".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    // `reschedule: false`: nothing ends it while a1 is away.
+    only_heartbeating(&mut w, &[], 60_000);
+    assert_eq!(w.state(&old), TaskState::Restarting);
+    assert_eq!(w.current("www/prod/ex", 0), old);
+    // a1 is back and reports the kill: the replacement is made now.
+    w.heartbeat("a1", Some(vec![old.as_str()]));
+    w.report(&old, TaskState::Killed, None);
+    assert_eq!(w.state(&old), TaskState::Killed);
+    assert_ne!(w.current("www/prod/ex", 0), old);
+}

@@ -266,3 +266,25 @@ fn a_task_its_agent_reported_ending_leaves_the_set_without_waking_the_agent() {
         .iter()
         .any(|e| matches!(e, Effect::Notify { agent } if agent == "a1")));
 }
+
+#[test]
+fn an_exclusive_task_lost_stuck_in_assigned_is_replaced_after_the_lease_and_kill_time() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let ex = r#","partition_policy":{"exclusive":true}"#;
+    let t = w.create(spec("ex", 1, true, ex))[0].clone();
+    w.pass(500);
+    assert_eq!(w.state(&t), TaskState::Assigned);
+    // a1 heartbeats but reports no start: LOST at the transient timeout (20 s).
+    w.pass(20_000);
+    assert_eq!(w.state(&t), TaskState::Lost);
+    let new = w.current("www/prod/ex", 0);
+    assert_ne!(new, t);
+    // a1 may have started the old copy at the last moment: the replacement waits
+    // the lease and kill time (2 s + 35 s) for a1 to kill it, not the 1 s
+    // flapping penalty.
+    w.pass(36_000);
+    assert_eq!(w.state(&new), TaskState::Throttled);
+    w.pass(2_000);
+    assert_eq!(w.state(&new), TaskState::Assigned);
+}

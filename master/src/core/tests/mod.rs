@@ -377,3 +377,13 @@ impl World {
 }
 
 const JOB: &str = "www/prod/hello";
+
+/// Lets `ms` pass (in 500 ms steps) while only the agents `alive` heartbeat.
+fn only_heartbeating(w: &mut World, alive: &[&str], ms: u64) {
+    for _ in 0..ms / 500 {
+        w.advance(500);
+        for a in alive {
+            w.heartbeat(a, None);
+        }
+    }
+}

@@ -1179,3 +1179,39 @@ fn an_aborted_update_leaves_one_instance_count_everywhere() {
     w.core = Core::load(cfg(), snap, w.at(), 9);
     assert_eq!(w.core.job_view(KEY).unwrap().spec.instances, 3);
 }
+
+#[test]
+fn an_update_of_an_exclusive_instance_on_a_lost_host_replaces_it_once_it_ended() {
+    let mut w = world(1);
+    let exclusive = |cmd: &str| {
+        let mut s = web(1, cmd, 1, "");
+        s.partition_policy.exclusive = true;
+        s
+    };
+    w.create(exclusive("sleep 1"));
+    play(&mut w, 1_000);
+    let old = w.current(KEY, 0);
+    assert_eq!(w.state(&old), TaskState::Running);
+    w.register("a1", 8.0, 16, &[]);
+    // a0 goes silent past the agent timeout; the update comes.
+    only_heartbeating(&mut w, &["a1"], 4_000);
+    update(&mut w, exclusive("sleep 2"), None).unwrap();
+    assert_eq!(w.state(&old), TaskState::Restarting);
+    assert_eq!(
+        w.current(KEY, 0),
+        old,
+        "replaced beside a copy the master cannot stop"
+    );
+    // The partition policy ends it after the lease and kill time: replaced then,
+    // on the update's config.
+    only_heartbeating(&mut w, &["a1"], 40_000);
+    assert_eq!(w.state(&old), TaskState::Killed);
+    let new = w.current(KEY, 0);
+    assert_ne!(new, old);
+    assert_ne!(
+        w.core.task(&new).unwrap().config,
+        w.core.task(&old).unwrap().config
+    );
+    let v = until_done(&mut w, 30_000);
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+}

@@ -11,7 +11,7 @@
 //! executor's time.
 
 use std::ffi::CStr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 /// Deepest directory nesting the scan follows.
@@ -32,16 +32,20 @@ pub enum Usage {
 /// that a settled executor's scan allocates and frees nothing when there are none).
 ///
 /// What the scan runs is kept small on purpose: no `CString`, no hash set, no
-/// `opendir` buffer; each of those put code from cold pages of the executor's binary
-/// (one 64 KiB window each) back into a settled executor's memory.
+/// `opendir` buffer, no `OwnedFd` and no slicing by a range (std's `OwnedFd::from_raw_fd`
+/// and `SliceIndex::<RangeInclusive>::index` are out-of-line functions that the
+/// layout places away from the settled code); each of those put code from cold pages
+/// of the executor's binary (64-128 KiB each, measured) back into a settled
+/// executor's memory at every scan. Only the functions of this module and what
+/// `hot.ld` places with them run (`executor/layout/hot.ld`, docs/executor.md "Memory").
 pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
     seen.clear();
     let mut total = 0u64;
     for dir in dirs {
-        let Some(fd) = open_dir(libc::AT_FDCWD, dir) else {
+        let Some(fd) = open_dir(libc::AT_FDCWD, dir.as_ptr()) else {
             continue;
         };
-        if let Some(st) = stat_at(fd.as_raw_fd(), c"") {
+        if let Some(st) = stat_at(fd.0, c"".as_ptr()) {
             total = total.saturating_add(allocated(&st));
         }
         if !walk(fd, 1, seen, &mut total) {
@@ -51,32 +55,43 @@ pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
     Usage::Bytes(total)
 }
 
-/// Opens the directory `name` relative to `dir` without following a link.
+/// A directory descriptor the scan opened, closed when dropped.
+struct Dir(RawFd);
+
+impl Drop for Dir {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this `Dir`'s alone.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// Opens the directory `name` (NUL-terminated) relative to `dir` without following
+/// a link.
 #[allow(unsafe_code)]
-fn open_dir(dir: RawFd, name: &CStr) -> Option<OwnedFd> {
+fn open_dir(dir: RawFd, name: *const libc::c_char) -> Option<Dir> {
     // SAFETY: openat reads the NUL-terminated `name`; the descriptor it returns is
     // ours alone.
     let fd = unsafe {
         libc::openat(
             dir,
-            name.as_ptr(),
+            name,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
         )
     };
-    // SAFETY: a descriptor openat just returned, owned by no one else.
-    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    (fd >= 0).then_some(Dir(fd))
 }
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` (`AT_EMPTY_PATH` too, for `""`: `dir`
-/// itself).
+/// itself); `name` is NUL-terminated.
 #[allow(unsafe_code)]
-fn stat_at(dir: RawFd, name: &CStr) -> Option<libc::stat> {
+fn stat_at(dir: RawFd, name: *const libc::c_char) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: fstatat writes one `stat` into `st` and reads `name`.
     let r = unsafe {
         libc::fstatat(
             dir,
-            name.as_ptr(),
+            name,
             st.as_mut_ptr(),
             libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH,
         )
@@ -90,23 +105,26 @@ fn allocated(st: &libc::stat) -> u64 {
 }
 
 /// Adds what is in the directory `fd` to `total`; false when nested too deep.
-#[allow(unsafe_code)]
-fn walk(fd: OwnedFd, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> bool {
+fn walk(fd: Dir, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> bool {
     // The subdirectories' names, each with its NUL.
     let mut subdirs: Vec<u8> = Vec::new();
     entries(&fd, seen, total, &mut subdirs);
     let mut start = 0;
     while start < subdirs.len() {
-        let Some(len) = subdirs[start..].iter().position(|&b| b == 0) else {
+        let mut end = start;
+        while end < subdirs.len() && subdirs[end] != 0 {
+            end += 1;
+        }
+        if end == subdirs.len() {
             break;
-        };
-        // SAFETY: the bytes up to and including the first NUL from `start`.
-        let name = unsafe { CStr::from_bytes_with_nul_unchecked(&subdirs[start..=start + len]) };
-        start += len + 1;
+        }
+        // The name from `start`, NUL-terminated at `end`.
+        let name = subdirs.as_ptr().wrapping_add(start).cast::<libc::c_char>();
+        start = end + 1;
         if depth >= MAX_DEPTH {
             return false;
         }
-        let Some(sub) = open_dir(fd.as_raw_fd(), name) else {
+        let Some(sub) = open_dir(fd.0, name) else {
             continue;
         };
         if !walk(sub, depth + 1, seen, total) {
@@ -121,22 +139,15 @@ fn walk(fd: OwnedFd, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) 
 /// the stack, in a frame of its own so the buffer is not on the stack once per level.
 #[inline(never)]
 #[allow(unsafe_code)]
-fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut Vec<u8>) {
+fn entries(fd: &Dir, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut Vec<u8>) {
     let mut buf = [0u8; 4096];
     loop {
         // SAFETY: getdents64 writes at most `buf.len()` bytes of records into `buf`.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_getdents64,
-                fd.as_raw_fd(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.0, buf.as_mut_ptr(), buf.len()) };
         if n <= 0 {
             return;
         }
-        let n = n as usize;
+        let n = (n as usize).min(buf.len());
         let mut pos = 0usize;
         while pos + 19 < n {
             // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
@@ -144,18 +155,22 @@ fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &
             if reclen == 0 || pos + reclen > n {
                 return;
             }
-            let record = &buf[pos + 19..pos + reclen];
-            pos += reclen;
-            let Some(len) = record.iter().position(|&b| b == 0) else {
-                continue;
-            };
-            let bytes = &record[..=len];
-            if bytes == b".\0" || bytes == b"..\0" {
+            let (from, to) = (pos + 19, pos + reclen);
+            pos = to;
+            let mut end = from;
+            while end < to && buf[end] != 0 {
+                end += 1;
+            }
+            if end == to {
                 continue;
             }
-            // SAFETY: `bytes` ends with its only NUL.
-            let name = unsafe { CStr::from_bytes_with_nul_unchecked(bytes) };
-            let Some(st) = stat_at(fd.as_raw_fd(), name) else {
+            if buf[from] == b'.' && (end == from + 1 || (end == from + 2 && buf[from + 1] == b'.'))
+            {
+                continue;
+            }
+            // The name, NUL-terminated at `end`.
+            let name = buf.as_ptr().wrapping_add(from).cast::<libc::c_char>();
+            let Some(st) = stat_at(fd.0, name) else {
                 continue;
             };
             // The stat field types differ between architectures.
@@ -163,14 +178,19 @@ fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &
             let id = (st.st_dev as u64, st.st_ino as u64);
             let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
             if st.st_nlink > 1 && !is_dir {
-                if seen.contains(&id) {
+                // Not `contains`: `<[T]>::contains` is out of line, in the cold part.
+                #[allow(clippy::manual_contains)]
+                let counted = seen.iter().any(|&s| s == id);
+                if counted {
                     continue;
                 }
                 seen.push(id);
             }
             *total = total.saturating_add(allocated(&st));
             if is_dir {
-                subdirs.extend_from_slice(bytes);
+                // SAFETY: `from..=end` lies within `buf` (`end < to <= n <= buf.len()`).
+                let name = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), end + 1 - from) };
+                subdirs.extend_from_slice(name);
             }
         }
     }
@@ -180,7 +200,10 @@ fn entries(fd: &OwnedFd, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &
 /// 50 times as long (a big tree is scanned less often; the executor's `--disk-scan-interval`
 /// is the floor).
 pub fn next_interval(last_scan: Duration) -> Duration {
-    last_scan.saturating_mul(50)
+    // Not `Duration::saturating_mul`: its `checked_mul` is out of line, in the cold
+    // part of the layout, and this runs at every scan. At most ~584 years.
+    let nanos = u64::try_from(last_scan.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(nanos.saturating_mul(50))
 }
 
 /// For a task over its `limit`: the bytes it uses and what to say about it.

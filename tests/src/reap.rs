@@ -94,11 +94,17 @@ pub fn sweep(dir: &Path, roots: &[PathBuf], cgroup_parent: &str) -> Vec<String> 
             }
         }
     }
-    let cgroups: Vec<PathBuf> = boxes
+    let task_ids: Vec<String> = boxes
         .iter()
         .filter_map(|b| b.file_name()?.to_str().map(str::to_string))
-        .flat_map(|id| task_cgroups(cgroup_parent, &id))
         .collect();
+    let cgroups_now = || -> Vec<PathBuf> {
+        task_ids
+            .iter()
+            .flat_map(|id| task_cgroups(cgroup_parent, id))
+            .collect()
+    };
+    let cgroups = cgroups_now();
     let deadline = Instant::now() + SWEEP_FOR;
     let mut left: Vec<u32>;
     loop {
@@ -121,8 +127,10 @@ pub fn sweep(dir: &Path, roots: &[PathBuf], cgroup_parent: &str) -> Vec<String> 
         .iter()
         .map(|pid| format!("process {pid} ({}) survived SIGKILL", describe_pid(*pid)))
         .collect();
-    // The cgroups are empty now; the kernel may take a moment to let them go.
-    for cgroup in &cgroups {
+    // The cgroups are empty now; the kernel may take a moment to let them go. They
+    // are listed again: an executor killed while it set up may have made one more
+    // after the first look.
+    for cgroup in &cgroups_now() {
         let deadline = Instant::now() + Duration::from_secs(2);
         while !remove_cgroup(cgroup) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

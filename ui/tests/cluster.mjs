@@ -3,7 +3,7 @@
 // CLI run against it with its CA and admin token, and stopped with Ctrl-C (SIGINT).
 
 import { spawn, execFile } from "node:child_process";
-import { mkdtempSync, writeFileSync, readFileSync } from "node:fs";
+import { mkdtempSync, writeFileSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { promisify } from "node:util";
@@ -75,14 +75,17 @@ export class DevCluster {
     return this.cli("job", "create", file);
   }
 
-  /** Ctrl-C, as a user stops it: every job is killed, then the daemons stop. */
+  /** Ctrl-C, as a user stops it: every job is killed, then the daemons stop; then its directory goes. */
   async stop() {
-    if (this.child.exitCode !== null) return;
-    const exited = new Promise((r) => this.child.on("exit", r));
-    this.child.kill("SIGINT");
-    const timer = setTimeout(() => this.child.kill("SIGKILL"), 30_000);
-    await exited;
-    clearTimeout(timer);
+    if (this.child.exitCode === null) {
+      const exited = new Promise((r) => this.child.on("exit", r));
+      this.child.kill("SIGINT");
+      const timer = setTimeout(() => this.child.kill("SIGKILL"), 30_000);
+      await exited;
+      clearTimeout(timer);
+    }
+    // Nothing of the run stays behind (scripts/leftovers.sh checks); kept on request.
+    if (!process.env.DROVER_KEEP_TEST_DIRS) rmSync(this.dir, { recursive: true, force: true });
   }
 }
 

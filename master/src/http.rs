@@ -1197,6 +1197,22 @@ async fn role_user(role: &str, body: Body) -> Result<String, ApiErr> {
     Ok(req.user)
 }
 
+/// Grants (`granted`) or revokes the user named in `body` for `role`.
+async fn set_user_grant(
+    api: Shared,
+    role: String,
+    body: Body,
+    granted: bool,
+) -> Result<Response, ApiErr> {
+    let user = role_user(&role, body).await?;
+    let event = Event::SetUserGrant {
+        role,
+        user,
+        granted,
+    };
+    ok_reply(api.master.apply(event).await?)
+}
+
 /// Lets the role's tasks run as another user (`task.user`).
 #[utoipa::path(
     post,
@@ -1214,13 +1230,7 @@ async fn grant_user(
     Path(role): Path<String>,
     body: Body,
 ) -> Result<Response, ApiErr> {
-    let user = role_user(&role, body).await?;
-    let event = Event::SetUserGrant {
-        role,
-        user,
-        granted: true,
-    };
-    ok_reply(api.master.apply(event).await?)
+    set_user_grant(api, role, body, true).await
 }
 
 /// Takes a user back from the role: its jobs running as it run on, flagged, and
@@ -1241,13 +1251,7 @@ async fn revoke_user(
     Path(role): Path<String>,
     body: Body,
 ) -> Result<Response, ApiErr> {
-    let user = role_user(&role, body).await?;
-    let event = Event::SetUserGrant {
-        role,
-        user,
-        granted: false,
-    };
-    ok_reply(api.master.apply(event).await?)
+    set_user_grant(api, role, body, false).await
 }
 
 #[utoipa::path(

@@ -86,16 +86,23 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The rustls server configuration for `files`.
-pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
-    let certs = load_certs("tls_cert", &files.cert)?;
-    let key = load_key(&files.key)?;
+/// The cluster CA of `files` (`tls_client_ca`) as a root store: what clients'
+/// certificates, and agents' log servers' certificates, must chain to.
+fn cluster_ca(files: &TlsFiles) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for ca in load_certs("tls_client_ca", &files.client_ca)? {
         roots
             .add(ca)
             .map_err(|e| TlsError::Rustls(format!("tls_client_ca: {e}")))?;
     }
+    Ok(roots)
+}
+
+/// The rustls server configuration for `files`.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs = load_certs("tls_cert", &files.cert)?;
+    let key = load_key(&files.key)?;
+    let roots = cluster_ca(files)?;
     let provider = provider();
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
@@ -146,12 +153,7 @@ pub fn log_client(files: Option<&TlsFiles>) -> Result<reqwest::Client, TlsError>
     };
     let certs = load_certs("tls_cert", &files.cert)?;
     let key = load_key(&files.key)?;
-    let mut roots = RootCertStore::empty();
-    for ca in load_certs("tls_client_ca", &files.client_ca)? {
-        roots
-            .add(ca)
-            .map_err(|e| TlsError::Rustls(format!("tls_client_ca: {e}")))?;
-    }
+    let roots = cluster_ca(files)?;
     let provider = provider();
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),

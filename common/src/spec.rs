@@ -79,6 +79,29 @@ pub struct JobSpec {
     /// instance at a time (see [`SlaPolicy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla_policy: Option<SlaPolicy>,
+    /// Service discovery: publish each RUNNING instance's address and ports, and
+    /// withdraw it before any kill; absent: the job is not announced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announce: Option<Announce>,
+}
+
+/// Service discovery (Aurora's `Announcer`): while an instance is RUNNING its host
+/// address and named ports are published (API, DNS); it is withdrawn `drain_delay`
+/// before the first shutdown step of any kill, so clients stop using it first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Announce {
+    /// The named port (of `task.ports`) clients connect to by default.
+    pub primary_port: String,
+    /// Further named ports to publish; the primary port is always published.
+    #[serde(default)]
+    pub ports: Vec<String>,
+    /// The name the service is published under; absent: the job's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Time between the withdrawal and the first shutdown step (5s).
+    #[serde(default = "defaults::five_seconds")]
+    pub drain_delay: Duration,
 }
 
 impl JobSpec {

@@ -517,6 +517,38 @@ pub struct RoleUserRequest {
     pub user: String,
 }
 
+/// One announced instance of a service: where a client connects.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServiceEndpoint {
+    pub instance: u32,
+    /// The agent's host name.
+    pub host: String,
+    /// The host's IP address clients connect to.
+    pub ip: String,
+    /// Announced port name -> number.
+    pub ports: BTreeMap<String, u16>,
+    pub task_id: String,
+    /// When the instance was announced (its task became RUNNING).
+    pub since: UnixMillis,
+}
+
+/// GET /v1/services/{role}/{env}/{name}: a service's announced instances.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServiceView {
+    pub role: String,
+    pub environment: String,
+    /// The announced name (`announce.name`, else the job's name).
+    pub name: String,
+    /// The job the service belongs to.
+    pub job: String,
+    /// The port name a client uses by default.
+    pub primary_port: String,
+    /// The change index this view was read at (pass it as `index` to wait for the next).
+    pub index: u64,
+    /// Announced instances, by instance number.
+    pub endpoints: Vec<ServiceEndpoint>,
+}
+
 /// GET /v1/changes?index=N: what changed after index N, as the current views of the
 /// changed objects (docs/api.md, "Change stream").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -146,6 +146,7 @@ fn full_job() -> JobSpec {
             min_time: Duration::from_secs(10),
             max_disrupted: None,
         }),
+        announce: None,
     }
 }
 

@@ -244,6 +244,25 @@ pub enum TaskCommand {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Run a command inside an instance's running task (its user, cgroup,
+    /// namespaces, working directory and environment); exits with its status.
+    Exec {
+        /// role/environment/name/INSTANCE
+        target: String,
+        /// Take the user and environment of this process (default: the first
+        /// running one).
+        #[arg(long)]
+        process: Option<String>,
+        /// Pass stdin to the command.
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// Run the command on a terminal (a PTY); the local terminal goes raw.
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// The command and its arguments, after --.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 /// `drover agent ...`

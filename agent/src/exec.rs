@@ -72,9 +72,20 @@ enum ChildIo {
 async fn exec(
     State(st): State<Arc<ExecState>>,
     Path(task_id): Path<String>,
-    Query(q): Query<ExecQuery>,
+    q: Result<Query<ExecQuery>, axum::extract::rejection::QueryRejection>,
     mut request: Request,
 ) -> Response {
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_command",
+                Some("command"),
+                format!("{e}: exec takes command=[\"CMD\",...] (a JSON array)"),
+            )
+        }
+    };
     if !drover_common::spec::is_valid_name(&task_id) {
         return error(
             StatusCode::BAD_REQUEST,

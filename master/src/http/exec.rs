@@ -6,6 +6,7 @@
 //! splices the two streams. An agent's refusal (its JSON error) is passed on. Every
 //! attempt that passed authorization is in the audit log with its command line.
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -41,10 +42,18 @@ pub(super) async fn exec_task(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
     Path((role, env, name, instance)): Path<(String, String, String, String)>,
-    Query(q): Query<ExecQuery>,
+    q: Result<Query<ExecQuery>, QueryRejection>,
     mut request: Request,
 ) -> Result<Response, ApiErr> {
     let path = request.uri().path().to_string();
+    let Query(q) = q.map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_command",
+            format!("{e}: exec takes command=[\"CMD\",\"ARG\",...] (a JSON array) and optionally process, tty, stdin, rows, cols"),
+            Some("command"),
+        )
+    })?;
     let argv = q.argv().map_err(|e| {
         ApiErr::new(
             StatusCode::BAD_REQUEST,

@@ -571,6 +571,13 @@ mod tests {
     fn update_takes_a_file_or_an_action() {
         let parse = |args: &[&str]| Cli::try_parse_from(args);
         assert!(parse(&["drover", "job", "update", "web.yaml", "--instances", "0"]).is_ok());
+        assert!(
+            parse(&["drover", "task", "exec", "a/b/c/0", "-it", "--", "sh", "-c", "x y"]).is_ok()
+        );
+        assert!(
+            parse(&["drover", "task", "exec", "a/b/c/0"]).is_err(),
+            "a command is required"
+        );
         assert!(parse(&["drover", "job", "update", "status", "a/b/c"]).is_ok());
         assert!(parse(&["drover", "job", "update"]).is_err());
     }

@@ -185,6 +185,33 @@ sys.exit(os.waitstatus_to_exitcode(status))
         "{stderr}"
     );
 
+    // A signal to the CLI reaches the command; its status is the CLI's.
+    let marker = ["sleep", "1234.6"];
+    let mut session = cli(&c)
+        .args(["task", "exec", TARGET, "--"])
+        .args(marker)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while pids_running(&marker).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the exec'd sleep never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(session.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = session.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
+    assert!(pids_running(&marker).is_empty());
+
     // Killing the task ends the exec'd process.
     let marker = ["sleep", "1234.5"];
     let mut session = cli(&c)

@@ -731,7 +731,7 @@ impl ExecutorSettings {
 /// inheritable for one executor is inherited by no other child.
 static SPAWN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn lock_spawn() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn lock_spawn() -> std::sync::MutexGuard<'static, ()> {
     SPAWN.lock().unwrap_or_else(|e| e.into_inner())
 }
 

@@ -46,3 +46,38 @@ pub fn open_nofollow(
     // SAFETY: `fd` is a fresh descriptor nothing else owns.
     Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
+
+/// Sets the window size of the terminal whose PTY master is `fd` (`TIOCSWINSZ`); the
+/// kernel then sends SIGWINCH to its foreground process group.
+pub fn set_window_size(
+    fd: std::os::fd::BorrowedFd<'_>,
+    rows: u16,
+    cols: u16,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize, which lives on this stack.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &size) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Registers a non-blocking descriptor (a PTY master) with the runtime for reading
+/// and writing.
+pub fn async_fd(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is open for as long as it lives and always returns the same
+    // descriptor, and the AsyncFd owns it from here on.
+    unsafe {
+        AsyncFd::register_with_interest(
+            fd,
+            tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+        )
+    }
+    .map_err(std::io::Error::from)
+}

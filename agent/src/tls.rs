@@ -154,7 +154,9 @@ async fn serve_connection<S>(
     builder
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let connection = builder
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => {}

@@ -244,6 +244,25 @@ pub enum TaskCommand {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Run a command inside an instance's running task (its user, cgroup,
+    /// namespaces, working directory and environment); exits with its status.
+    Exec {
+        /// role/environment/name/INSTANCE
+        target: String,
+        /// Take the user and environment of this process (default: the first
+        /// running one).
+        #[arg(long)]
+        process: Option<String>,
+        /// Pass stdin to the command.
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// Run the command on a terminal (a PTY); the local terminal goes raw.
+        #[arg(short = 't', long)]
+        tty: bool,
+        /// The command and its arguments, after --.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 /// `drover agent ...`
@@ -552,6 +571,13 @@ mod tests {
     fn update_takes_a_file_or_an_action() {
         let parse = |args: &[&str]| Cli::try_parse_from(args);
         assert!(parse(&["drover", "job", "update", "web.yaml", "--instances", "0"]).is_ok());
+        assert!(
+            parse(&["drover", "task", "exec", "a/b/c/0", "-it", "--", "sh", "-c", "x y"]).is_ok()
+        );
+        assert!(
+            parse(&["drover", "task", "exec", "a/b/c/0"]).is_err(),
+            "a command is required"
+        );
         assert!(parse(&["drover", "job", "update", "status", "a/b/c"]).is_ok());
         assert!(parse(&["drover", "job", "update"]).is_err());
     }

@@ -453,6 +453,47 @@ impl Client {
         }
     }
 
+    /// Opens an exec stream: `GET path?query` upgraded to the `drover-exec`
+    /// protocol on the current master (docs/api.md, "Exec"). A refusal is the
+    /// master's error.
+    pub async fn upgrade(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<reqwest::Upgraded, ClientError> {
+        let base = self.current();
+        let url = format!("{base}{path}");
+        let response = self
+            .request(reqwest::Method::GET, &url)
+            .query(query)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, drover_common::wire::EXEC_PROTOCOL)
+            .send()
+            .await
+            .map_err(|e| unreachable(&base, e))?;
+        if response.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| unreachable(&base, e))?
+                .to_vec();
+            let answer = Answer {
+                url: url.clone(),
+                status,
+                headers,
+                body,
+            };
+            return Err(answer.ok().err().unwrap_or_else(|| ClientError::Http {
+                url,
+                status,
+                body: "the master did not switch protocols".into(),
+            }));
+        }
+        response.upgrade().await.map_err(|e| unreachable(&base, e))
+    }
+
     /// A client for the master at `url` (`http://host:port`), without a token.
     pub fn new(url: &str) -> Result<Client, ClientError> {
         Client::connect(url, None, None)

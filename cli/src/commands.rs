@@ -257,6 +257,24 @@ pub async fn task(master: &Endpoint, command: TaskCommand) -> anyhow::Result<boo
             stderr,
             follow,
         } => logs(&client, &target, process, stderr, follow).await,
+        TaskCommand::Exec {
+            target,
+            process,
+            interactive,
+            tty,
+            command,
+        } => {
+            let args = crate::exec::ExecArgs {
+                target,
+                process,
+                stdin: interactive,
+                tty,
+                command,
+            };
+            let code = crate::exec::exec(&client, args).await?;
+            // The command's status is the CLI's.
+            std::process::exit(code.clamp(0, 255));
+        }
     }
 }
 

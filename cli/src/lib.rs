@@ -7,6 +7,7 @@ pub mod commands;
 pub mod credentials;
 pub mod dev;
 pub mod devcontext;
+pub mod exec;
 pub mod follow;
 pub mod hosts;
 pub mod linediff;

@@ -25,3 +25,17 @@ pub fn set_parent_death_signal(command: &mut Command, signal: Signal) {
             .pre_exec(move || nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from));
     }
 }
+
+/// The size (rows, columns) of the terminal on `fd`, if it is one.
+pub fn terminal_size(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u16, u16)> {
+    use std::os::fd::AsRawFd as _;
+    let mut size = nix::libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize, which lives on this stack.
+    let r = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::TIOCGWINSZ, &mut size) };
+    (r == 0 && size.ws_row > 0 && size.ws_col > 0).then_some((size.ws_row, size.ws_col))
+}

@@ -167,6 +167,184 @@ pub enum ExecutorRequest {
     },
 }
 
+/// The query of an exec request (`drover task exec`): on the master's
+/// `GET /v1/jobs/{role}/{env}/{name}/instances/{instance}/exec` and, forwarded as is,
+/// on the agent's `GET /v1/tasks/{task_id}/exec`. Both answer `101 Switching
+/// Protocols` (`Upgrade: drover-exec`) and then carry [`ExecFrame`]s both ways.
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+    utoipa::IntoParams,
+)]
+#[into_params(parameter_in = Query)]
+pub struct ExecQuery {
+    /// The command and its arguments as a JSON array of strings, e.g. `["sh","-c","id"]`.
+    pub command: String,
+    /// The process of the task whose user, namespaces, cgroup and environment the
+    /// command gets (default: the first running one).
+    #[serde(default)]
+    pub process: Option<String>,
+    /// Run the command on a terminal (a PTY): stdout and stderr are one stream.
+    #[serde(default)]
+    pub tty: bool,
+    /// Pass stdin (`Stdin` frames) to the command; without it its stdin is empty.
+    #[serde(default)]
+    pub stdin: bool,
+    /// The terminal's first size (with `tty`).
+    #[serde(default)]
+    pub rows: Option<u16>,
+    #[serde(default)]
+    pub cols: Option<u16>,
+}
+
+/// The most arguments and bytes of an exec command line.
+pub const EXEC_MAX_ARGS: usize = 4096;
+pub const EXEC_MAX_COMMAND_BYTES: usize = 128 * 1024;
+
+impl ExecQuery {
+    /// The command line, checked: a non-empty JSON array of strings without nul bytes.
+    pub fn argv(&self) -> Result<Vec<String>, String> {
+        if self.command.len() > EXEC_MAX_COMMAND_BYTES {
+            return Err(format!(
+                "command: at most {EXEC_MAX_COMMAND_BYTES} bytes, got {}",
+                self.command.len()
+            ));
+        }
+        let argv: Vec<String> = serde_json::from_str(&self.command).map_err(|e| {
+            format!("command: not a JSON array of strings ({e}); e.g. [\"sh\",\"-c\",\"id\"]")
+        })?;
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err("command: empty; name a program to run".into());
+        }
+        if argv.len() > EXEC_MAX_ARGS {
+            return Err(format!("command: at most {EXEC_MAX_ARGS} arguments"));
+        }
+        if argv.iter().any(|a| a.contains('\0')) {
+            return Err("command: an argument holds a nul byte".into());
+        }
+        Ok(argv)
+    }
+}
+
+/// The `Upgrade` protocol name of an exec stream.
+pub const EXEC_PROTOCOL: &str = "drover-exec";
+
+/// The largest payload of one [`ExecFrame`].
+pub const EXEC_MAX_FRAME: usize = 1 << 20;
+
+/// One message of an exec stream: a kind byte, the payload's length (u32, big
+/// endian), the payload. Client to server: `Stdin`, `StdinEof`, `Resize`, `Signal`;
+/// server to client: `Stdout`, `Stderr`, `Exit` (the last message) and `Error` (a
+/// failure before the command ran, followed by `Exit`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecFrame {
+    Stdin(Vec<u8>),
+    StdinEof,
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    Signal(i32),
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    /// The command's exit status: its exit code, or 128 + the signal that ended it.
+    Exit(i32),
+    Error(String),
+}
+
+/// A malformed exec stream.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ExecFrameError {
+    #[error("exec frame of unknown kind {0}")]
+    UnknownKind(u8),
+    #[error("exec frame of {0} bytes, over the limit of {EXEC_MAX_FRAME}")]
+    TooLarge(usize),
+    #[error("exec frame of kind {0} with a malformed payload")]
+    BadPayload(u8),
+}
+
+impl ExecFrame {
+    fn kind(&self) -> u8 {
+        match self {
+            ExecFrame::Stdin(_) => 0,
+            ExecFrame::StdinEof => 1,
+            ExecFrame::Resize { .. } => 2,
+            ExecFrame::Signal(_) => 3,
+            ExecFrame::Stdout(_) => 10,
+            ExecFrame::Stderr(_) => 11,
+            ExecFrame::Exit(_) => 12,
+            ExecFrame::Error(_) => 13,
+        }
+    }
+
+    /// The frame's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let payload: Vec<u8> = match self {
+            ExecFrame::Stdin(b) | ExecFrame::Stdout(b) | ExecFrame::Stderr(b) => b.clone(),
+            ExecFrame::StdinEof => Vec::new(),
+            ExecFrame::Resize { rows, cols } => {
+                let mut p = rows.to_be_bytes().to_vec();
+                p.extend_from_slice(&cols.to_be_bytes());
+                p
+            }
+            ExecFrame::Signal(n) | ExecFrame::Exit(n) => n.to_be_bytes().to_vec(),
+            ExecFrame::Error(m) => m.as_bytes().to_vec(),
+        };
+        let mut out = Vec::with_capacity(5 + payload.len());
+        out.push(self.kind());
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// The first frame in `buf` and the bytes it took, or None when `buf` holds only
+    /// part of one.
+    pub fn decode(buf: &[u8]) -> Result<Option<(ExecFrame, usize)>, ExecFrameError> {
+        if buf.len() < 5 {
+            return Ok(None);
+        }
+        let kind = buf[0];
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        if len > EXEC_MAX_FRAME {
+            return Err(ExecFrameError::TooLarge(len));
+        }
+        if buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let p = &buf[5..5 + len];
+        let int = || -> Result<i32, ExecFrameError> {
+            let b: [u8; 4] = p.try_into().map_err(|_| ExecFrameError::BadPayload(kind))?;
+            Ok(i32::from_be_bytes(b))
+        };
+        let frame = match kind {
+            0 => ExecFrame::Stdin(p.to_vec()),
+            1 => ExecFrame::StdinEof,
+            2 => {
+                if p.len() != 4 {
+                    return Err(ExecFrameError::BadPayload(kind));
+                }
+                ExecFrame::Resize {
+                    rows: u16::from_be_bytes([p[0], p[1]]),
+                    cols: u16::from_be_bytes([p[2], p[3]]),
+                }
+            }
+            3 => ExecFrame::Signal(int()?),
+            10 => ExecFrame::Stdout(p.to_vec()),
+            11 => ExecFrame::Stderr(p.to_vec()),
+            12 => ExecFrame::Exit(int()?),
+            13 => ExecFrame::Error(String::from_utf8_lossy(p).into_owned()),
+            other => return Err(ExecFrameError::UnknownKind(other)),
+        };
+        Ok(Some((frame, 5 + len)))
+    }
+}
+
 /// Agent -> fork server (`drover-executor zygote --socket-fd N`): start one executor.
 /// One SOCK_SEQPACKET message of JSON, carrying two descriptors by SCM_RIGHTS in this
 /// order: the readiness pipe's write end (the child's `--ready-fd`) and the file the
@@ -1104,5 +1282,48 @@ mod tests {
         assert!(parse_instance_ranges("0-4000000000")
             .unwrap_err()
             .contains("above"));
+    }
+
+    #[test]
+    fn exec_frames_round_trip_and_partial_buffers_wait() {
+        let frames = vec![
+            ExecFrame::Stdin(b"ls\n".to_vec()),
+            ExecFrame::StdinEof,
+            ExecFrame::Resize { rows: 24, cols: 80 },
+            ExecFrame::Signal(2),
+            ExecFrame::Stdout(vec![0, 255]),
+            ExecFrame::Stderr(Vec::new()),
+            ExecFrame::Exit(-1),
+            ExecFrame::Error("no".into()),
+        ];
+        let bytes: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
+        let mut at = 0;
+        let mut back = Vec::new();
+        while let Some((f, n)) = ExecFrame::decode(&bytes[at..]).unwrap() {
+            back.push(f);
+            at += n;
+        }
+        assert_eq!(back, frames);
+        assert_eq!(ExecFrame::decode(&bytes[..3]).unwrap(), None);
+        assert_eq!(
+            ExecFrame::decode(&[99, 0, 0, 0, 0]),
+            Err(ExecFrameError::UnknownKind(99))
+        );
+        assert!(ExecFrame::decode(&[3, 0, 0, 0, 1, 0]).is_err());
+        assert!(ExecFrame::decode(&[0, 255, 255, 255, 255]).is_err());
+    }
+
+    #[test]
+    fn exec_commands_are_checked() {
+        let q = |c: &str| {
+            ExecQuery {
+                command: c.into(),
+                ..Default::default()
+            }
+            .argv()
+        };
+        assert_eq!(q(r#"["id","-u"]"#).unwrap(), vec!["id", "-u"]);
+        assert!(q("[]").unwrap_err().contains("empty"));
+        assert!(q("id").unwrap_err().contains("JSON array"));
     }
 }

@@ -9,6 +9,7 @@
 pub mod cgroup;
 pub mod cleanup;
 pub mod disk;
+pub mod exec;
 pub mod health;
 pub mod hub;
 pub mod machine;

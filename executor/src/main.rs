@@ -36,6 +36,9 @@ usage:
       `run` executor per request (see docs/executor.md); exits when the agent's end closes
   drover-executor cleanup --sandbox DIR [--task-id ID] [--cgroup-parent PATH] [--cgroup-root DIR]
       kill everything left in the task's cgroup and remove it (after an executor crash)
+  drover-executor exec --task-dir DIR --pid PID [--tty] [--cgroup-root DIR] -- CMD ARGS...
+      run CMD inside the task of DIR as its process PID runs (user, cgroup, namespaces,
+      environment) in its sandbox/, for `drover task exec`; exits with CMD's status
 ";
 
 /// A command-line mistake: the message says which argument and what to do.
@@ -160,6 +163,40 @@ fn cleanup(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
     }
 }
 
+fn exec(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
+    let mut task_dir: Option<PathBuf> = None;
+    let mut pid: Option<u32> = None;
+    let mut tty = false;
+    let mut cgroup_root = PathBuf::from("/sys/fs/cgroup");
+    let mut argv = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--task-dir" => task_dir = Some(value(&mut args, &arg, "a directory")?),
+            "--pid" => pid = Some(value(&mut args, &arg, "a process id")?),
+            "--tty" => tty = true,
+            "--cgroup-root" => cgroup_root = value(&mut args, &arg, "a directory")?,
+            "--" => {
+                argv = args.by_ref().collect();
+                break;
+            }
+            other => return Err(Usage(format!("exec: unknown argument `{other}`"))),
+        }
+    }
+    if argv.is_empty() {
+        return Err(Usage("exec needs a command after --".into()));
+    }
+    let opts = drover_executor::exec::ExecOptions {
+        task_dir: task_dir.ok_or_else(|| Usage("exec needs --task-dir DIR".into()))?,
+        pid: pid.ok_or_else(|| Usage("exec needs --pid PID".into()))?,
+        tty,
+        cgroup_root,
+        argv,
+    };
+    Ok(ExitCode::from(
+        drover_executor::exec::run(&opts).clamp(0, 255) as u8,
+    ))
+}
+
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let result = match args.next().as_deref() {
@@ -167,6 +204,7 @@ fn main() -> ExitCode {
             .map(|opts| ExitCode::from(drover_executor::run(opts).clamp(0, 255) as u8)),
         Some("zygote") => zygote(args),
         Some("cleanup") => cleanup(args),
+        Some("exec") => exec(args),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -176,7 +214,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Some(other) => Err(Usage(format!(
-            "unknown command `{other}`; use run, zygote or cleanup"
+            "unknown command `{other}`; use run, zygote, cleanup or exec"
         ))),
         None => Err(Usage("no command given; use run or cleanup".into())),
     };

@@ -168,3 +168,96 @@ pub unsafe fn clone3(
 ) -> isize {
     -(libc::ENOSYS as isize)
 }
+
+// ---- `drover-executor exec` (crate::exec): a single-threaded helper process. ----
+
+/// A pidfd of process `pid` (`pidfd_open`).
+pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: pidfd_open takes no pointers; on success it returns a new descriptor
+    // nobody else owns.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above, a fresh descriptor.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as std::os::fd::RawFd) })
+}
+
+/// Forks this process: `Some(child)` in the parent, `None` in the child.
+/// Only for a process with a single thread (the exec helper), so the child holds no
+/// lock another thread held.
+pub fn fork_single_threaded() -> std::io::Result<Option<nix::unistd::Pid>> {
+    // SAFETY: the caller is single-threaded (documented above), so the child may go
+    // on running ordinary Rust code until it execs.
+    match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Some(child)),
+        nix::unistd::ForkResult::Child => Ok(None),
+    }
+}
+
+/// The pid [`forward_signals`] passes signals on to.
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward(sig: libc::c_int) {
+    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::SeqCst);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe and takes no pointers.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// From now on `signals` sent to this process are passed on to `pid`.
+pub fn forward_signals(pid: nix::unistd::Pid, signals: &[libc::c_int]) -> std::io::Result<()> {
+    FORWARD_TO.store(pid.as_raw(), std::sync::atomic::Ordering::SeqCst);
+    for &sig in signals {
+        // SAFETY: the handler only loads an atomic and calls kill, both
+        // async-signal-safe; sa_mask and the struct live on this stack.
+        let r = unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = forward as extern "C" fn(libc::c_int) as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut())
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Puts SIGPIPE back to its default action (Rust ignores it, and an exec keeps an
+/// ignored signal ignored).
+pub fn default_sigpipe() {
+    // SAFETY: SIG_DFL installs no handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Makes the terminal on `fd` this session's controlling terminal (`TIOCSCTTY`).
+pub fn set_controlling_terminal(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: TIOCSCTTY takes an integer argument, no pointer.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY as _, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the process of `pidfd` still exists (signal 0 through the pidfd).
+pub fn pidfd_alive(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: pidfd_send_signal with signal 0 and a null siginfo only checks.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
+    }
+}

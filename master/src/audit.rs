@@ -23,6 +23,9 @@ struct Line<'a> {
     method: &'a str,
     path: &'a str,
     status: u16,
+    /// The command line of an exec (`drover task exec`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    command: Option<&'a [String]>,
 }
 
 /// The append-only audit log.
@@ -71,6 +74,18 @@ impl Audit {
 
     /// Appends one request's line (a failed write is logged, never fatal).
     pub fn record(&self, who: &Principal, method: &str, path: &str, status: u16) {
+        self.record_command(who, method, path, status, None);
+    }
+
+    /// Appends one request's line with the command line it ran (an exec).
+    pub fn record_command(
+        &self,
+        who: &Principal,
+        method: &str,
+        path: &str,
+        status: u16,
+        command: Option<&[String]>,
+    ) {
         let line = Line {
             ts_ms: drover_common::state::now_ms(),
             token_id: &who.token_id,
@@ -78,8 +93,9 @@ impl Audit {
             method,
             path,
             status,
+            command,
         };
-        tracing::info!(target: "drover_master::audit", token = %line.token_id, grant = %line.grant, method, path, status, "audit");
+        tracing::info!(target: "drover_master::audit", token = %line.token_id, grant = %line.grant, method, path, status, ?command, "audit");
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;
         };

@@ -27,6 +27,7 @@ use crate::core::{ChangeFilter, CoreError, Event, MaintenanceOp, Reply, UpdateAc
 use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
+mod exec;
 pub mod openapi;
 
 /// Largest accepted request body.
@@ -170,6 +171,14 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (
             route("GET", "/v1/tasks/:id/logs/:process/:stream", TaskRead),
             get(task_log),
+        ),
+        (
+            route(
+                "GET",
+                "/v1/jobs/:role/:env/:name/instances/:instance/exec",
+                JobWrite,
+            ),
+            get(exec::exec_task),
         ),
         (route("GET", "/v1/cluster", ReadAll), get(cluster)),
         (

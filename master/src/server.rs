@@ -181,7 +181,9 @@ async fn serve_connection<S>(
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS);
-    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let connection = builder
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+        .with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => {}

@@ -373,6 +373,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
         metrics: metrics_token,
     };
     let app = crate::logs::router(shared.layout.clone())
+        .merge(crate::exec::router(crate::exec::ExecState {
+            layout: shared.layout.clone(),
+            executor: shared.cfg.executor.clone(),
+            cgroup_root: PathBuf::from(crate::cgroup::CGROUP_ROOT),
+        }))
         .route(
             "/metrics",
             axum::routing::get(scrape::metrics).with_state(shared.clone()),

@@ -182,6 +182,7 @@ pub(super) enum DrainAnswer {
         super::update_abort,
         super::get_task,
         super::task_log,
+        super::exec::exec_task,
         super::cluster,
         super::release_guard,
         super::list_agents,

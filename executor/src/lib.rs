@@ -14,6 +14,7 @@ pub mod hub;
 pub mod machine;
 pub mod ns;
 pub mod plan;
+pub mod portfwd;
 pub mod resident;
 pub mod runner;
 pub mod sandbox;

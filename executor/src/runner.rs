@@ -394,6 +394,13 @@ impl Runner {
             iso = task_isolation(iso, cg, ns, limits.pids)
                 .map_err(|e| fail(SetupError::Other(e), &layout))?;
         }
+        if let Some(ns) = iso.ns.as_ref().filter(|_| {
+            task.task.network == drover_common::spec::Network::Isolated && !task.ports.is_empty()
+        }) {
+            let ports: Vec<u16> = task.ports.values().copied().collect();
+            crate::portfwd::start(&ports, ns.clone())
+                .map_err(|e| fail(SetupError::Other(e), &layout))?;
+        }
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
             _ => 0,
@@ -500,7 +507,15 @@ impl Runner {
         // for; the STARTING checkpoint follows.
         let isolation = match &self.io.cgroup {
             Some(cg) if self.io.iso.ns.is_some() => {
-                format!("{}, own pid and mount namespaces", cg.describe())
+                if self.io.task.task.network == drover_common::spec::Network::Isolated {
+                    format!(
+                        "{}, own pid, mount and network namespaces (ports forwarded: {})",
+                        cg.describe(),
+                        self.io.task.ports.len()
+                    )
+                } else {
+                    format!("{}, own pid and mount namespaces", cg.describe())
+                }
             }
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),

@@ -620,3 +620,83 @@ fn a_task_filling_the_disk_past_its_limit_is_stopped_while_its_neighbour_writes_
     let dir = cluster.sandbox_of(&neighbour).unwrap();
     assert_eq!(log_text(&dir, "stdout").trim(), "100");
 }
+
+/// The host's first non-loopback IPv4 address (`ip -4 -o addr show scope global`).
+fn host_address() -> Option<std::net::Ipv4Addr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `task.network: isolated` with a named port: the service is reachable from the
+/// host through its assigned port (the executor forwards it into the task's
+/// namespace) and passes its HTTP health check that way, while the task itself
+/// cannot connect out, not even to a listener on the host's own address.
+#[test]
+fn an_isolated_service_is_reachable_through_its_port_but_cannot_connect_out() {
+    if !running_as_root("sandbox attack: connect out of an isolated task") {
+        return;
+    }
+    let Some(ip) = host_address() else {
+        eprintln!("SKIPPED isolated network: the host has no non-loopback IPv4 address to try");
+        return;
+    };
+    let outside = std::net::TcpListener::bind((ip, 0)).unwrap();
+    outside.set_nonblocking(true).unwrap();
+    let outside_port = outside.local_addr().unwrap().port();
+    let (mut cluster, canaries) = cluster_with("");
+    let mut spec = drover_tests::service_job("isolated", 1);
+    spec["task"]["network"] = "isolated".into();
+    spec["task"]["processes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "name": "probe",
+            "cmdline": format!(
+                "exec python3 -c 'import socket\ntry:\n socket.create_connection((\"{ip}\", {outside_port}), timeout=3)\n print(\"BREACH connected\")\nexcept OSError as e:\n print(\"blocked\", e.errno)'"
+            ),
+        }));
+    cluster.create_job(&spec).unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/isolated", TaskState::Running)
+        .unwrap();
+    let task = view.instances[0].current.clone().unwrap();
+    let port = task.ports["http"];
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut conn,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.0 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
+    let dir = cluster.sandbox_of(&task.task_id).unwrap();
+    let probe = cluster
+        .wait_for("the probe's verdict", WAIT, |_| {
+            let out = std::fs::read_to_string(dir.join("logs/probe.stdout")).ok()?;
+            out.ends_with('\n').then_some(out)
+        })
+        .unwrap();
+    assert!(probe.starts_with("blocked"), "{probe}");
+    assert!(
+        matches!(outside.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the isolated task reached the host's listener"
+    );
+    // The host itself reaches that listener: the probe was blocked by the namespace.
+    std::net::TcpStream::connect((ip, outside_port)).unwrap();
+    cluster.kill_job("www-data/test/isolated").unwrap();
+    canaries.assert_untouched();
+}

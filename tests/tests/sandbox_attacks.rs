@@ -700,3 +700,162 @@ fn an_isolated_service_is_reachable_through_its_port_but_cannot_connect_out() {
     cluster.kill_job("www-data/test/isolated").unwrap();
     canaries.assert_untouched();
 }
+
+/// An ext4 file system in an image file, on a loop device (`mount -o loop`) over a
+/// directory; unmounted (lazily: executors may still hold files) and its loop device
+/// detached when dropped.
+struct LoopFs {
+    dir: PathBuf,
+    image: PathBuf,
+}
+
+impl LoopFs {
+    /// A 256 MiB ext4 (a sparse image) over `dir` (empty), with project quotas (`-O quota,project`,
+    /// mounted `prjquota`) when `quota`.
+    fn over(dir: &Path, image: &Path, quota: bool) -> anyhow::Result<LoopFs> {
+        let run = |cmd: &mut std::process::Command| -> anyhow::Result<()> {
+            let out = cmd.output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            Ok(())
+        };
+        std::fs::File::create(image)?.set_len(256 << 20)?;
+        let mut mkfs = std::process::Command::new("mkfs.ext4");
+        mkfs.args(["-q", "-F"]);
+        if quota {
+            mkfs.args(["-O", "quota,project"]);
+        }
+        run(mkfs.arg(image))?;
+        let options = if quota { "loop,prjquota" } else { "loop" };
+        run(std::process::Command::new("mount")
+            .args(["-o", options])
+            .arg(image)
+            .arg(dir))?;
+        let fs = LoopFs {
+            dir: dir.to_path_buf(),
+            image: image.to_path_buf(),
+        };
+        std::fs::set_permissions(dir, PermissionsExt::from_mode(0o755))?;
+        Ok(fs)
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        // `mount -o loop` sets autoclear; a device still attached is detached here.
+        if let Ok(out) = std::process::Command::new("losetup")
+            .arg("-j")
+            .arg(&self.image)
+            .output()
+        {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(dev) = line.split(':').next() {
+                    let _ = std::process::Command::new("losetup")
+                        .args(["-d", dev])
+                        .status();
+                }
+            }
+        }
+    }
+}
+
+/// `resources.disk` on a sandbox root that keeps project quotas (ext4 `-O
+/// quota,project` on a loop device, mounted `prjquota`): the kernel refuses the hog's
+/// write past its limit (plus the executor's 1 MiB margin), the hog's writer exits on
+/// `EDQUOT`, and the task still ends `disk_limit_exceeded` with the quota's usage,
+/// while a neighbour keeps writing and finishes. On a kernel without quota support
+/// (no `CONFIG_QFMT_V2`: such an ext4 does not mount at all) the same runs on a plain
+/// ext4, where the executor says it falls back to the scan.
+#[test]
+fn a_task_over_its_project_quota_is_stopped_while_its_neighbour_writes_on() {
+    if !running_as_root("sandbox attack: project quota") {
+        return;
+    }
+    let tools = ["losetup", "mkfs.ext4", "mount"].iter().all(|t| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !Path::new("/dev/loop-control").exists() || !tools {
+        eprintln!(
+            "SKIPPED project quota: no loop devices (/dev/loop-control) or no losetup/mkfs.ext4 (scripts/setup.sh installs them)"
+        );
+        return;
+    }
+    let (mut cluster, _canaries) = cluster_with("");
+    cluster.kill_agent(0);
+    let root = cluster.sandbox_roots[0].clone();
+    let image = cluster.dir().join("sandboxes.img");
+    let (fs, quota) = match LoopFs::over(&root, &image, true) {
+        Ok(fs) => (fs, true),
+        Err(e) => {
+            eprintln!(
+                "NOTE: no ext4 project quotas here ({e}); testing the executor's fallback to the scan on a plain ext4"
+            );
+            (LoopFs::over(&root, &image, false).unwrap(), false)
+        }
+    };
+    cluster.start_agent_again(0).unwrap();
+    let mut hog = command_job(
+        "qhog",
+        1,
+        false,
+        "while :; do head -c 1048576 /dev/zero >> fill || exit 3; head -c 1048576 /dev/zero >> /tmp/fill || exit 4; sleep 0.2; done",
+    );
+    hog["task"]["resources"]["disk"] = "8MiB".into();
+    let neighbour = command_job(
+        "qneighbour",
+        1,
+        false,
+        "i=0; while [ $i -lt 60 ]; do echo line $i >> log.txt; i=$((i+1)); sleep 0.1; done; wc -l < log.txt",
+    );
+    let hog = start_spec(&mut cluster, hog);
+    let neighbour = start_spec(&mut cluster, neighbour);
+    assert_eq!(wait_terminal(&mut cluster, &hog), TaskState::Failed);
+    let task = cluster.task(&hog).unwrap();
+    let said: Vec<&str> = task.events.iter().map(|e| e.message.as_str()).collect();
+    let enforcement = if quota {
+        "resources.disk by project quota"
+    } else {
+        "resources.disk by a scan every"
+    };
+    assert!(
+        said.iter().any(|m| m.contains(enforcement)),
+        "{enforcement}: {said:?}"
+    );
+    match task.exit_reason {
+        Some(drover_common::state::ExitReason::DiskLimitExceeded {
+            used_bytes,
+            limit_bytes,
+        }) => {
+            assert_eq!(limit_bytes, 8 << 20);
+            assert!(used_bytes > 8 << 20, "{used_bytes}");
+            if quota {
+                // The kernel refused the write that would pass limit + margin.
+                assert!(used_bytes <= 9 << 20, "{used_bytes}");
+            }
+        }
+        other => panic!("{other:?} {said:?}"),
+    }
+    assert_eq!(
+        cluster.task(&neighbour).unwrap().state,
+        TaskState::Running,
+        "the neighbour still writes when the hog is stopped"
+    );
+    assert_eq!(wait_terminal(&mut cluster, &neighbour), TaskState::Finished);
+    let dir = cluster.sandbox_of(&neighbour).unwrap();
+    assert_eq!(log_text(&dir, "stdout").trim(), "60");
+    // The file system first (a lazy unmount), so the cluster's directory, mount point
+    // included, can be removed when the cluster goes.
+    drop(fs);
+    drop(cluster);
+}

@@ -80,15 +80,13 @@ impl ProjectQuota {
     pub fn enable(task_dir: &Path, dirs: &[&Path], limit: u64) -> Result<ProjectQuota, String> {
         let dir = open_dir(task_dir).map_err(|e| format!("cannot open the task directory: {e}"))?;
         let projid = project_id(&dir)?;
-        sys::set_project_limit(dir.as_fd(), projid, limit.saturating_add(MARGIN)).map_err(
-            |e| match e.raw_os_error() {
-                Some(libc::ESRCH) => {
-                    "no project quotas on the sandbox root's file system (ext4 needs -O quota,project and the prjquota mount option; XFS prjquota)".to_string()
-                }
+        sys::set_project_limit(dir.as_fd(), projid, limit.saturating_add(MARGIN)).map_err(|e| {
+            match e.raw_os_error() {
+                Some(libc::ESRCH) => "project quotas are off on this file system".to_string(),
                 Some(libc::ENOSYS) => "no quotactl_fd (Linux 5.14)".to_string(),
                 _ => format!("no project quota: quotactl_fd(Q_SETQUOTA, PRJQUOTA): {e}"),
-            },
-        )?;
+            }
+        })?;
         let quota = ProjectQuota { dir, projid };
         for path in dirs {
             let labelled = open_dir(path).and_then(|d| sys::set_project(d.as_fd(), projid));

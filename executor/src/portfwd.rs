@@ -70,10 +70,31 @@ impl Inside {
     }
 }
 
+/// The forwarding of a task's ports: [`Forwarding::stop`] (or dropping it) closes the
+/// listeners, so that the agent may give the ports to another task once this one
+/// ended, while its executor still waits for the agent to take the terminal status.
+#[derive(Debug)]
+pub struct Forwarding(Vec<tokio::task::JoinHandle<()>>);
+
+impl Forwarding {
+    /// Closes the listeners (the connections still open end with the task).
+    pub fn stop(&mut self) {
+        for accepting in self.0.drain(..) {
+            accepting.abort();
+        }
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// Listens on the host on each of `ports` and forwards every connection into the
-/// task's namespaces `ns` (to `127.0.0.1` on the same port), for as long as the
-/// executor runs. Fails, naming the port, when one cannot be listened on.
-pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<(), String> {
+/// task's namespaces `ns` (to `127.0.0.1` on the same port), until the returned
+/// [`Forwarding`] is stopped. Fails, naming the port, when one cannot be listened on.
+pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<Forwarding, String> {
     let own = std::fs::File::open("/proc/thread-self/ns/net")
         .map_err(|e| format!("cannot open the executor's network namespace: {e}"))?;
     let inside = Arc::new(Inside {
@@ -87,10 +108,13 @@ pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<(), String> {
             format!("cannot listen on port {port} to forward it into the task's network namespace: {e}")
         })?));
     }
-    for (port, listener) in listeners {
-        tokio::spawn(accept_loop(port, listener, inside.clone(), slots.clone()));
-    }
-    Ok(())
+    let accepting = listeners
+        .into_iter()
+        .map(|(port, listener)| {
+            tokio::spawn(accept_loop(port, listener, inside.clone(), slots.clone()))
+        })
+        .collect();
+    Ok(Forwarding(accepting))
 }
 
 /// A listener on `0.0.0.0:port` (with `SO_REUSEADDR`, so connections of an earlier

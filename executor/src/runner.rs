@@ -147,6 +147,8 @@ struct RunnerIo {
     quota: Option<crate::quota::ProjectQuota>,
     /// When the quota's usage is next read.
     quota_due: Option<Instant>,
+    /// The named ports of an isolated task, forwarded into its namespace until it ends.
+    forwarding: Option<crate::portfwd::Forwarding>,
     /// How `resources.disk` is enforced, in words (the first status says it).
     disk_enforcement: String,
     /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
@@ -401,13 +403,18 @@ impl Runner {
             iso = task_isolation(iso, cg, ns, limits.pids)
                 .map_err(|e| fail(SetupError::Other(e), &layout))?;
         }
-        if let Some(ns) = iso.ns.as_ref().filter(|_| {
+        let forwarding = match iso.ns.as_ref().filter(|_| {
             task.task.network == drover_common::spec::Network::Isolated && !task.ports.is_empty()
         }) {
-            let ports: Vec<u16> = task.ports.values().copied().collect();
-            crate::portfwd::start(&ports, ns.clone())
-                .map_err(|e| fail(SetupError::Other(e), &layout))?;
-        }
+            Some(ns) => {
+                let ports: Vec<u16> = task.ports.values().copied().collect();
+                Some(
+                    crate::portfwd::start(&ports, ns.clone())
+                        .map_err(|e| fail(SetupError::Other(e), &layout))?,
+                )
+            }
+            None => None,
+        };
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
             _ => 0,
@@ -492,6 +499,7 @@ impl Runner {
                 quota_due: quota.as_ref().map(|_| Instant::now() + crate::quota::POLL),
                 quota,
                 disk_enforcement,
+                forwarding,
                 pending: Vec::new(),
             },
         })
@@ -923,7 +931,10 @@ impl RunnerIo {
         None
     }
 
-    fn cleanup_cgroup(&self) {
+    fn cleanup_cgroup(&mut self) {
+        if let Some(mut forwarding) = self.forwarding.take() {
+            forwarding.stop();
+        }
         let _ = self.kill_everything();
         if let Some(ns) = &self.iso.ns {
             ns.end();

@@ -384,7 +384,8 @@ fn an_isolated_tasks_named_port_is_forwarded_from_the_host() {
     let port = free_port();
     let mut task = http_task(&id, port, "", "1s", "1s");
     task["task"]["network"] = json!("isolated");
-    let mut ex = Exec::start(&task, &["--standalone"]);
+    // Not standalone: after the task ends the executor waits for an agent.
+    let mut ex = Exec::start(&task, &["--recovery-timeout", "60s"]);
     ex.wait_state(TaskState::Running, LONG);
     assert!(
         ex.seen
@@ -407,7 +408,13 @@ fn an_isolated_tasks_named_port_is_forwarded_from_the_host() {
         rec.iter().any(|(_, r)| r == "POST /quitquitquit"),
         "{rec:?}"
     );
-    assert_eq!(ex.wait_exit(LONG), 1);
+    // The task ended: its port is free for another task while the executor waits.
+    eventually(
+        Duration::from_secs(3),
+        "the forwarded port to be closed",
+        || std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
+    );
+    assert!(ex.child.try_wait().unwrap().is_none(), "the executor waits");
 }
 
 #[test]

@@ -832,6 +832,14 @@ fn a_task_over_its_project_quota_is_stopped_while_its_neighbour_writes_on() {
         said.iter().any(|m| m.contains(enforcement)),
         "{enforcement}: {said:?}"
     );
+    // The agent said so once, at its start, from the sandbox root's mount options.
+    let agent_said = if quota {
+        "resources.disk: project quotas"
+    } else {
+        "resources.disk: the executor's scan alone"
+    };
+    let log = std::fs::read_to_string(cluster.dir().join("logs/agent-0.log")).unwrap();
+    assert!(log.contains(agent_said), "{agent_said}:\n{log}");
     match task.exit_reason {
         Some(drover_common::state::ExitReason::DiskLimitExceeded {
             used_bytes,

@@ -33,6 +33,7 @@ use crate::ns::TaskNamespaces;
 pub const MAX_CONNECTIONS: usize = 256;
 
 /// Where connections go: the task's network namespace, and the way back out of it.
+#[derive(Debug)]
 struct Inside {
     ns: Arc<TaskNamespaces>,
     /// The executor's own network namespace.
@@ -74,12 +75,32 @@ impl Inside {
 /// listeners, so that the agent may give the ports to another task once this one
 /// ended, while its executor still waits for the agent to take the terminal status.
 #[derive(Debug)]
-pub struct Forwarding(Vec<tokio::task::JoinHandle<()>>);
+pub struct Forwarding {
+    accepting: Vec<tokio::task::JoinHandle<()>>,
+    inside: Arc<Inside>,
+}
+
+/// Connects to the task's ports inside its namespace, not through the forwarder
+/// (whose accept says nothing about the task): the TCP health check.
+#[derive(Clone, Debug)]
+pub struct Prober(Arc<Inside>);
+
+impl Prober {
+    /// A connection to `127.0.0.1:port` in the task's network namespace.
+    pub async fn connect(&self, port: u16) -> io::Result<TcpStream> {
+        self.0.connect(port).await
+    }
+}
 
 impl Forwarding {
+    /// What the TCP health check connects with.
+    pub fn prober(&self) -> Prober {
+        Prober(self.inside.clone())
+    }
+
     /// Closes the listeners (the connections still open end with the task).
     pub fn stop(&mut self) {
-        for accepting in self.0.drain(..) {
+        for accepting in self.accepting.drain(..) {
             accepting.abort();
         }
     }
@@ -114,7 +135,7 @@ pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<Forwarding, Strin
             tokio::spawn(accept_loop(port, listener, inside.clone(), slots.clone()))
         })
         .collect();
-    Ok(Forwarding(accepting))
+    Ok(Forwarding { accepting, inside })
 }
 
 /// A listener on `0.0.0.0:port` (with `SO_REUSEADDR`, so connections of an earlier

@@ -1011,8 +1011,13 @@ impl RunnerIo {
             }
             HealthCheckType::Tcp => {
                 let port = h.port;
+                let prober = self.forwarding.as_ref().map(|f| f.prober());
                 tokio::spawn(async move {
-                    let _ = tx.send(Event::Health(health::check_tcp(port, timeout).await));
+                    let r = match prober {
+                        Some(p) => health::check_tcp_inside(p, port, timeout).await,
+                        None => health::check_tcp(port, timeout).await,
+                    };
+                    let _ = tx.send(Event::Health(r));
                 });
             }
             HealthCheckType::Shell => {

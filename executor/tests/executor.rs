@@ -417,6 +417,36 @@ fn an_isolated_tasks_named_port_is_forwarded_from_the_host() {
     assert!(ex.child.try_wait().unwrap().is_none(), "the executor waits");
 }
 
+/// The TCP health check of an isolated task connects inside its namespace: the
+/// forwarder on the host accepts whether or not the task listens, so a task that
+/// does not listen fails its check.
+#[test]
+fn an_isolated_tasks_tcp_check_fails_when_the_task_does_not_listen() {
+    if !can_isolate("isolated_tcp_check") {
+        return;
+    }
+    let id = task_id("nettcp");
+    let port = free_port();
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "p", "cmdline": "exec sleep 30"}],
+               "resources": {"cpu": 1.0, "ram": "64MiB", "disk": "64MiB", "ports": ["p"]},
+               "network": "isolated"}),
+        json!({"ports": {"p": port},
+               "health_check": {"type": "tcp", "port": "p", "initial_interval": "0s",
+                                "interval": "100ms", "timeout": "1s",
+                                "max_consecutive_failures": 1}}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed, "{end:?}");
+    assert!(
+        matches!(end.exit_reason, Some(ExitReason::HealthCheckFailed { .. })),
+        "{end:?}"
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
 #[test]
 fn memory_hog_ends_with_exit_reason_oom() {
     if !can_isolate("oom") {

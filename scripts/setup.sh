@@ -7,7 +7,9 @@
 #                            The build itself needs no system package (protoc comes
 #                            with it: scripts/protoc).
 #   scripts/setup.sh         what ./scripts/test.sh needs: the above, and iproute2
-#                            (multi-host tests in network namespaces), procps, faketime
+#                            (multi-host tests in network namespaces), procps, e2fsprogs
+#                            and mount (mkfs.ext4, losetup: an ext4 with project quotas on
+#                            a loop device), faketime
 #                            (libfaketime: the wall clock step tests), binutils (`nm`, for
 #                            the executor's layout check), prometheus (the scrape test),
 #                            node, npm and chromium (the web UI's build and browser
@@ -42,6 +44,10 @@ if [ "$full" = yes ]; then
   command -v pgrep >/dev/null 2>&1 || need+=(procps)
   # The clock step tests preload libfaketime into one master or agent.
   command -v faketime >/dev/null 2>&1 || need+=(faketime)
+  # tests/tests/sandbox_attacks.rs makes an ext4 with project quotas on a loop device
+  # (the executor's project quota for resources.disk).
+  command -v mkfs.ext4 >/dev/null 2>&1 || need+=(e2fsprogs)
+  command -v losetup >/dev/null 2>&1 || need+=(mount)
   # executor/tests/layout.rs reads the executor's symbols with nm.
   command -v nm >/dev/null 2>&1 || need+=(binutils)
   # tests/tests/metrics.rs scrapes the master with a real Prometheus server, which the

@@ -10,6 +10,7 @@ pub mod artifacts;
 pub mod cgroup;
 pub mod config;
 pub mod converge;
+pub mod disk_quota;
 pub mod exec;
 pub mod executor;
 pub mod host;

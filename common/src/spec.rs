@@ -240,7 +240,8 @@ pub enum Network {
     /// The host's network namespace.
     #[default]
     Host,
-    /// Its own network namespace with only loopback: no route out, no named ports.
+    /// Its own network namespace with only loopback: no route out; the executor
+    /// forwards the named ports into it from the host.
     Isolated,
 }
 

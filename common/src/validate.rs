@@ -374,15 +374,6 @@ fn task(v: &mut Errors, task: &TaskSpec, job: &JobSpec) {
     if let Some(user) = &task.user {
         v.name("task.user", user);
     }
-    if task.network == crate::spec::Network::Isolated && !task.resources.ports.is_empty() {
-        v.push(
-            "task.network",
-            format!(
-                "an isolated task has only loopback and its named ports are not forwarded yet, so nothing could reach {}; remove task.resources.ports (and the HTTP/TCP health check and lifecycle.http that need them) or use task.network: host",
-                task.resources.ports.join(", ")
-            ),
-        );
-    }
     if job.run_as_user() == "root" && !task.allow_root {
         let field = if task.user.is_some() {
             "task.user"

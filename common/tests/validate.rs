@@ -536,17 +536,10 @@ task:
 }
 
 #[test]
-fn an_isolated_network_is_refused_with_named_ports_until_they_are_forwarded() {
+fn an_isolated_network_is_accepted_with_named_ports_which_are_forwarded() {
     use drover_common::spec::Network;
-    let msg = message_after(|j| j.task.network = Network::Isolated);
-    assert!(
-        msg.contains("not forwarded") && msg.contains("http, admin"),
-        "{msg}"
-    );
-    assert_eq!(
-        fields_after(|j| j.task.network = Network::Isolated),
-        vec!["task.network"]
-    );
+    let with_ports = fields_after(|j| j.task.network = Network::Isolated);
+    assert!(with_ports.is_empty(), "{with_ports:?}");
     let ok = fields_after(|j| {
         j.task.network = Network::Isolated;
         j.task.resources.ports.clear();

@@ -1,5 +1,6 @@
 //! `drover-executor cleanup`: what the agent runs after an executor died. Kills
-//! everything left in the task's cgroup and removes the cgroup. Idempotent. It reads
+//! everything left in the task's cgroup and removes the cgroup and the limit of the
+//! task's project quota (if it had one, [`crate::quota`]). Idempotent. It reads
 //! and removes only root's files in the task directory (`task.json`, `executor.sock`),
 //! never anything in the task's `sandbox/`.
 
@@ -44,9 +45,13 @@ pub fn cleanup(
         return Err(CleanupError::BadTaskId(task_id));
     }
     let _ = std::fs::remove_file(layout.socket());
+    let quota = match crate::quota::remove_left(layout.area(), &layout.work) {
+        Ok(true) => "; removed the limit of its project quota",
+        _ => "",
+    };
     let Some(version) = FsCgroup::detect(cgroup_root) else {
         return Ok(format!(
-            "no cgroup filesystem at {}: nothing to clean up for {task_id}",
+            "no cgroup filesystem at {}: nothing to clean up for {task_id}{quota}",
             cgroup_root.display()
         ));
     };
@@ -65,7 +70,7 @@ pub fn cleanup(
         );
     }
     Ok(format!(
-        "killed {before} process(es) and removed {}",
+        "killed {before} process(es) and removed {}{quota}",
         cg.describe()
     ))
 }

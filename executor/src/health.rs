@@ -196,7 +196,26 @@ pub async fn check_http(
 
 /// A TCP health check: connect within `timeout`.
 pub async fn check_tcp(port: u16, timeout: Duration) -> Result<(), String> {
-    match tokio::time::timeout(timeout, TcpStream::connect(("127.0.0.1", port))).await {
+    check_tcp_with(port, timeout, TcpStream::connect(("127.0.0.1", port))).await
+}
+
+/// A TCP health check of an isolated task: the connect is made inside its network
+/// namespace (`prober`), since the forwarder on the host accepts whether or not the
+/// task listens.
+pub async fn check_tcp_inside(
+    prober: crate::portfwd::Prober,
+    port: u16,
+    timeout: Duration,
+) -> Result<(), String> {
+    check_tcp_with(port, timeout, prober.connect(port)).await
+}
+
+async fn check_tcp_with(
+    port: u16,
+    timeout: Duration,
+    connect: impl std::future::Future<Output = std::io::Result<TcpStream>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(format!("connect to 127.0.0.1:{port}: {e}")),
         Err(_) => Err(format!(

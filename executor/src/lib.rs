@@ -15,6 +15,8 @@ pub mod hub;
 pub mod machine;
 pub mod ns;
 pub mod plan;
+pub mod portfwd;
+pub mod quota;
 pub mod resident;
 pub mod runner;
 pub mod sandbox;

@@ -198,6 +198,11 @@ impl TaskNamespaces {
         self.init_pidfd.as_raw_fd()
     }
 
+    /// The init's pidfd, borrowed (`setns` through it enters its namespaces).
+    pub fn init_pidfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.init_pidfd)
+    }
+
     /// The namespaces a child enters itself (mount; network when isolated).
     pub fn join_flags(&self) -> libc::c_int {
         self.join_flags

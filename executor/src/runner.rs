@@ -142,6 +142,15 @@ struct RunnerIo {
     disk_dirs: [std::ffi::CString; 2],
     /// The disk scan's hard-linked files (kept across scans: see `disk::usage`).
     disk_seen: Vec<(u64, u64)>,
+    /// `resources.disk` as a project quota, where the filesystem keeps them (the scan
+    /// runs as well); read every [`crate::quota::POLL`].
+    quota: Option<crate::quota::ProjectQuota>,
+    /// When the quota's usage is next read.
+    quota_due: Option<Instant>,
+    /// The named ports of an isolated task, forwarded into its namespace until it ends.
+    forwarding: Option<crate::portfwd::Forwarding>,
+    /// How `resources.disk` is enforced, in words (the first status says it).
+    disk_enforcement: String,
     /// Statuses emitted in this step of the loop and not yet reported: [`RunnerIo::flush`]
     /// checkpoints the latest once, then reports each.
     pending: Vec<ExecutorStatus>,
@@ -394,6 +403,18 @@ impl Runner {
             iso = task_isolation(iso, cg, ns, limits.pids)
                 .map_err(|e| fail(SetupError::Other(e), &layout))?;
         }
+        let forwarding = match iso.ns.as_ref().filter(|_| {
+            task.task.network == drover_common::spec::Network::Isolated && !task.ports.is_empty()
+        }) {
+            Some(ns) => {
+                let ports: Vec<u16> = task.ports.values().copied().collect();
+                Some(
+                    crate::portfwd::start(&ports, ns.clone())
+                        .map_err(|e| fail(SetupError::Other(e), &layout))?,
+                )
+            }
+            None => None,
+        };
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
             _ => 0,
@@ -443,6 +464,7 @@ impl Runner {
         };
         let disk_dirs = [c_path(layout.work.clone()), c_path(layout.dir.tmp())];
         let disk_interval = opts.disk_scan_interval;
+        let (quota, disk_enforcement) = disk_enforcement(&layout, disk_limit, &cgroup, &opts);
         let config = supervisor::Config {
             health_check: task.health_check.clone(),
             http: task.lifecycle.as_ref().and_then(|l| l.http.clone()),
@@ -474,6 +496,10 @@ impl Runner {
                 disk_due: (disk_limit > 0).then(|| Instant::now() + disk_interval),
                 disk_dirs,
                 disk_seen: Vec::new(),
+                quota_due: quota.as_ref().map(|_| Instant::now() + crate::quota::POLL),
+                quota,
+                disk_enforcement,
+                forwarding,
                 pending: Vec::new(),
             },
         })
@@ -500,14 +526,23 @@ impl Runner {
         // for; the STARTING checkpoint follows.
         let isolation = match &self.io.cgroup {
             Some(cg) if self.io.iso.ns.is_some() => {
-                format!("{}, own pid and mount namespaces", cg.describe())
+                if self.io.task.task.network == drover_common::spec::Network::Isolated {
+                    format!(
+                        "{}, own pid, mount and network namespaces (ports forwarded: {})",
+                        cg.describe(),
+                        self.io.task.ports.len()
+                    )
+                } else {
+                    format!("{}, own pid and mount namespaces", cg.describe())
+                }
             }
             Some(cg) => cg.describe(),
             None => "no isolation (--no-isolation)".into(),
         };
         let ready = format!(
-            "sandbox {} ready, {isolation}",
-            self.io.layout.work.display()
+            "sandbox {} ready, {isolation}{}",
+            self.io.layout.work.display(),
+            self.io.disk_enforcement
         );
         let now = self.now();
         self.sup.begin(now, ready, &mut self.io);
@@ -530,6 +565,7 @@ impl Runner {
                 },
                 _ = tokio::time::sleep_until(sleep_until) => {}
                 Some(()) = async { tokio::time::sleep_until(self.io.disk_due?).await; Some(()) } => self.scan_disk(),
+                Some(()) = async { tokio::time::sleep_until(self.io.quota_due?).await; Some(()) } => self.poll_quota(),
                 Some(_) = async { term.as_mut()?.recv().await } => self.kill_requested("SIGTERM"),
                 Some(_) = async { int.as_mut()?.recv().await } => self.kill_requested("SIGINT"),
             }
@@ -598,6 +634,43 @@ impl Runner {
         }
     }
 
+    /// Reads the project quota's usage; over the limit (the kernel refuses the task's
+    /// writes by now), and confirmed by a scan of the task's own directories, the task
+    /// is stopped and ends FAILED with `disk_limit_exceeded` and the quota's usage.
+    fn poll_quota(&mut self) {
+        let Some(quota) = &self.io.quota else {
+            return;
+        };
+        self.io.quota_due = Some(Instant::now() + crate::quota::POLL);
+        let limit = self.io.task.task.resources.disk.bytes();
+        let used = match quota.usage() {
+            Ok(n) if n > limit => n,
+            _ => return,
+        };
+        let id = quota.id();
+        let scanned = crate::disk::usage(
+            &[&self.io.disk_dirs[0], &self.io.disk_dirs[1]],
+            &mut self.io.disk_seen,
+        );
+        if crate::disk::over_limit(scanned, limit).is_none() {
+            // Files elsewhere carry this task's id (a task may relabel its own files):
+            // not this task's doing; read again at the scan's pace.
+            self.io.quota_due = Some(Instant::now() + self.io.opts.disk_scan_interval);
+            return;
+        }
+        let message = format!(
+            "disk usage {used} bytes (project quota {id}) is over resources.disk {limit} bytes; stopping the task"
+        );
+        let reason = ExitReason::DiskLimitExceeded {
+            used_bytes: used,
+            limit_bytes: limit,
+        };
+        self.io.disk_due = None;
+        self.io.quota_due = None;
+        let now = self.now();
+        self.sup.limit_exceeded(now, reason, message, &mut self.io);
+    }
+
     /// A signal asked for the kill escalation.
     fn kill_requested(&mut self, from: &str) {
         let now = self.now();
@@ -610,6 +683,11 @@ impl Runner {
         match ev {
             Event::Exited { idx, status } => {
                 let reason = self.io.exit_reason(idx, status);
+                if reason != (ExitReason::ExitCode { code: 0 }) && self.io.quota_due.is_some() {
+                    // A write refused by the quota (`EDQUOT`) may be why it failed: the
+                    // task then ends `disk_limit_exceeded`, not with this exit.
+                    self.poll_quota();
+                }
                 self.sup.process_exited(idx, reason);
                 // Forget process groups that are gone, so that a recycled id is never
                 // signalled (they matter only without a cgroup).
@@ -853,10 +931,16 @@ impl RunnerIo {
         None
     }
 
-    fn cleanup_cgroup(&self) {
+    fn cleanup_cgroup(&mut self) {
+        if let Some(mut forwarding) = self.forwarding.take() {
+            forwarding.stop();
+        }
         let _ = self.kill_everything();
         if let Some(ns) = &self.iso.ns {
             ns.end();
+        }
+        if let Some(quota) = &self.quota {
+            quota.remove();
         }
         if let Some(cg) = &self.cgroup {
             if let Err(e) = cg.remove() {
@@ -927,8 +1011,13 @@ impl RunnerIo {
             }
             HealthCheckType::Tcp => {
                 let port = h.port;
+                let prober = self.forwarding.as_ref().map(|f| f.prober());
                 tokio::spawn(async move {
-                    let _ = tx.send(Event::Health(health::check_tcp(port, timeout).await));
+                    let r = match prober {
+                        Some(p) => health::check_tcp_inside(p, port, timeout).await,
+                        None => health::check_tcp(port, timeout).await,
+                    };
+                    let _ = tx.send(Event::Health(r));
                 });
             }
             HealthCheckType::Shell => {
@@ -985,6 +1074,32 @@ impl supervisor::Io for RunnerIo {
                 resident::release_startup_pages();
             }
         }
+    }
+}
+
+/// `resources.disk` as a project quota on `sandbox/` and `tmp/data/` where the
+/// filesystem keeps them (as root, with a limit); the scan runs either way. What is
+/// used, in words for the task's first status.
+fn disk_enforcement(
+    layout: &Layout,
+    limit: u64,
+    cgroup: &Option<FsCgroup>,
+    opts: &Options,
+) -> (Option<crate::quota::ProjectQuota>, String) {
+    let scan = format!("a scan every {}s", opts.disk_scan_interval.as_secs_f64());
+    if limit == 0 {
+        return (None, String::new());
+    }
+    if cgroup.is_none() {
+        return (None, format!(", resources.disk by {scan}"));
+    }
+    let tmp = layout.dir.tmp();
+    match crate::quota::ProjectQuota::enable(layout.area(), &[&layout.work, &tmp], limit) {
+        Ok(q) => {
+            let text = format!(", resources.disk by project quota {} and {scan}", q.id());
+            (Some(q), text)
+        }
+        Err(why) => (None, format!(", resources.disk by {scan} ({why})")),
     }
 }
 

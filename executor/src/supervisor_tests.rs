@@ -475,3 +475,20 @@ fn changed_processes_are_reported_at_most_once_per_interval() {
     s.tick(due + 5 * PROCESS_REPORT_INTERVAL, &mut io);
     assert_eq!(statuses(&io), after);
 }
+
+/// A process that exits because the kernel refused its write (`EDQUOT`): the runner
+/// reports the limit first, then the exit, and the task ends FAILED with
+/// `disk_limit_exceeded`, not with the process's exit code.
+#[test]
+fn a_disk_limit_reported_before_the_exit_it_caused_is_the_tasks_end() {
+    let (mut s, mut io) = begun_with_one_process(config());
+    let reason = ExitReason::DiskLimitExceeded {
+        used_bytes: 9 << 20,
+        limit_bytes: 8 << 20,
+    };
+    s.limit_exceeded(5, reason.clone(), "over".into(), &mut io);
+    s.process_exited(0, BAD);
+    run_until(&mut s, &mut io, 10, 100);
+    assert_eq!(s.state(), TaskState::Failed);
+    assert_eq!(io.last_reason(), Some(reason));
+}

@@ -261,3 +261,112 @@ pub fn pidfd_alive(pidfd: std::os::fd::BorrowedFd<'_>) -> bool {
         ) == 0
     }
 }
+
+/// `struct fsxattr` (`FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR`).
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct FsXattr {
+    xflags: u32,
+    extsize: u32,
+    nextents: u32,
+    projid: u32,
+    cowextsize: u32,
+    pad: [u8; 8],
+}
+
+/// `_IOR('X', 31, struct fsxattr)`.
+const FS_IOC_FSGETXATTR: libc::c_ulong = 0x801c_581f;
+/// `_IOW('X', 32, struct fsxattr)`.
+const FS_IOC_FSSETXATTR: libc::c_ulong = 0x401c_5820;
+/// New entries of a directory with this flag get its project id.
+pub const FS_XFLAG_PROJINHERIT: u32 = 0x200;
+
+/// The project id and `xflags` of the file `fd` (`FS_IOC_FSGETXATTR`).
+pub fn project_of(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u32, u32)> {
+    let mut attr = FsXattr::default();
+    // SAFETY: the ioctl writes one `struct fsxattr` into `attr`.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            FS_IOC_FSGETXATTR as _,
+            &mut attr,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((attr.projid, attr.xflags))
+}
+
+/// Sets the project id of the file `fd` to `projid`, and on a directory
+/// [`FS_XFLAG_PROJINHERIT`] so that what is created in it inherits the id
+/// (`FS_IOC_FSSETXATTR`).
+pub fn set_project(fd: std::os::fd::BorrowedFd<'_>, projid: u32) -> std::io::Result<()> {
+    let mut attr = FsXattr::default();
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // SAFETY: the ioctl writes one `struct fsxattr` into `attr`.
+    if unsafe { libc::ioctl(raw, FS_IOC_FSGETXATTR as _, &mut attr) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    attr.projid = projid;
+    attr.xflags |= FS_XFLAG_PROJINHERIT;
+    // SAFETY: the ioctl reads one `struct fsxattr` from `attr`.
+    if unsafe { libc::ioctl(raw, FS_IOC_FSSETXATTR as _, &attr) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `QCMD(Q_GETQUOTA, PRJQUOTA)` and `QCMD(Q_SETQUOTA, PRJQUOTA)`.
+const Q_GETQUOTA_PRJ: u32 = (0x80_0007 << 8) | 2;
+const Q_SETQUOTA_PRJ: u32 = (0x80_0008 << 8) | 2;
+/// `QIF_BLIMITS`: the block limits of a `dqblk` are set.
+const QIF_BLIMITS: u32 = 1;
+
+/// `quotactl_fd(fd, cmd, id, addr)` (Linux 5.14): the quota of the filesystem holding
+/// `fd`, without naming its block device.
+fn quotactl_fd(
+    fd: std::os::fd::BorrowedFd<'_>,
+    cmd: u32,
+    id: u32,
+    dq: &mut libc::dqblk,
+) -> std::io::Result<()> {
+    // SAFETY: quotactl_fd reads or writes one `struct if_dqblk` (`libc::dqblk`) at `dq`.
+    let r = unsafe {
+        libc::syscall(
+            443, // SYS_quotactl_fd, the same number on every architecture
+            std::os::fd::AsRawFd::as_raw_fd(&fd) as libc::c_long,
+            cmd as libc::c_long,
+            id as libc::c_long,
+            dq as *mut libc::dqblk,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Bytes charged to project `projid` on the filesystem holding `fd` (`Q_GETQUOTA`,
+/// `PRJQUOTA`).
+pub fn project_usage(fd: std::os::fd::BorrowedFd<'_>, projid: u32) -> std::io::Result<u64> {
+    // SAFETY: all-zero is a valid `dqblk` (plain integers).
+    let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
+    quotactl_fd(fd, Q_GETQUOTA_PRJ, projid, &mut dq)?;
+    Ok(dq.dqb_curspace)
+}
+
+/// Sets the block hard limit of project `projid` on the filesystem holding `fd` to
+/// `bytes` (rounded up to the quota's 1 KiB blocks; 0: no limit) (`Q_SETQUOTA`,
+/// `PRJQUOTA`).
+pub fn set_project_limit(
+    fd: std::os::fd::BorrowedFd<'_>,
+    projid: u32,
+    bytes: u64,
+) -> std::io::Result<()> {
+    // SAFETY: all-zero is a valid `dqblk` (plain integers).
+    let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
+    dq.dqb_bhardlimit = bytes.div_ceil(1024);
+    dq.dqb_valid = QIF_BLIMITS;
+    quotactl_fd(fd, Q_SETQUOTA_PRJ, projid, &mut dq)
+}

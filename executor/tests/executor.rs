@@ -371,6 +371,82 @@ fn an_isolated_task_sees_only_loopback() {
     assert_eq!(ex.wait_exit(LONG), 0);
 }
 
+/// `task.network: isolated` with a named port: the executor listens on the host on
+/// the assigned port and forwards each connection into the task's namespace, so the
+/// HTTP health check passes, the host reaches the service, and the escalation's
+/// lifecycle POST arrives.
+#[test]
+fn an_isolated_tasks_named_port_is_forwarded_from_the_host() {
+    if !can_isolate("isolated_forwarded_port") {
+        return;
+    }
+    let id = task_id("netfwd");
+    let port = free_port();
+    let mut task = http_task(&id, port, "", "1s", "1s");
+    task["task"]["network"] = json!("isolated");
+    // Not standalone: after the task ends the executor waits for an agent.
+    let mut ex = Exec::start(&task, &["--recovery-timeout", "60s"]);
+    ex.wait_state(TaskState::Running, LONG);
+    assert!(
+        ex.seen
+            .iter()
+            .any(|s| s.message.contains("network namespaces")),
+        "{:?}",
+        ex.seen
+    );
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    ex.signal(Signal::SIGTERM);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Killed, "{end:?}");
+    let rec = recorded(&ex.path("rec"));
+    assert!(
+        rec.iter().any(|(_, r)| r == "POST /quitquitquit"),
+        "{rec:?}"
+    );
+    // The task ended: its port is free for another task while the executor waits.
+    eventually(
+        Duration::from_secs(3),
+        "the forwarded port to be closed",
+        || std::net::TcpListener::bind(("0.0.0.0", port)).is_ok(),
+    );
+    assert!(ex.child.try_wait().unwrap().is_none(), "the executor waits");
+}
+
+/// The TCP health check of an isolated task connects inside its namespace: the
+/// forwarder on the host accepts whether or not the task listens, so a task that
+/// does not listen fails its check.
+#[test]
+fn an_isolated_tasks_tcp_check_fails_when_the_task_does_not_listen() {
+    if !can_isolate("isolated_tcp_check") {
+        return;
+    }
+    let id = task_id("nettcp");
+    let port = free_port();
+    let task = task_json(
+        &id,
+        json!({"processes": [{"name": "p", "cmdline": "exec sleep 30"}],
+               "resources": {"cpu": 1.0, "ram": "64MiB", "disk": "64MiB", "ports": ["p"]},
+               "network": "isolated"}),
+        json!({"ports": {"p": port},
+               "health_check": {"type": "tcp", "port": "p", "initial_interval": "0s",
+                                "interval": "100ms", "timeout": "1s",
+                                "max_consecutive_failures": 1}}),
+    );
+    let mut ex = Exec::start(&task, &["--standalone"]);
+    let end = ex.wait_terminal(LONG);
+    assert_eq!(end.state, TaskState::Failed, "{end:?}");
+    assert!(
+        matches!(end.exit_reason, Some(ExitReason::HealthCheckFailed { .. })),
+        "{end:?}"
+    );
+    assert_eq!(ex.wait_exit(LONG), 1);
+}
+
 #[test]
 fn memory_hog_ends_with_exit_reason_oom() {
     if !can_isolate("oom") {

@@ -620,3 +620,250 @@ fn a_task_filling_the_disk_past_its_limit_is_stopped_while_its_neighbour_writes_
     let dir = cluster.sandbox_of(&neighbour).unwrap();
     assert_eq!(log_text(&dir, "stdout").trim(), "100");
 }
+
+/// The host's first non-loopback IPv4 address (`ip -4 -o addr show scope global`).
+fn host_address() -> Option<std::net::Ipv4Addr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `task.network: isolated` with a named port: the service is reachable from the
+/// host through its assigned port (the executor forwards it into the task's
+/// namespace) and passes its HTTP health check that way, while the task itself
+/// cannot connect out, not even to a listener on the host's own address.
+#[test]
+fn an_isolated_service_is_reachable_through_its_port_but_cannot_connect_out() {
+    if !running_as_root("sandbox attack: connect out of an isolated task") {
+        return;
+    }
+    let Some(ip) = host_address() else {
+        eprintln!("SKIPPED isolated network: the host has no non-loopback IPv4 address to try");
+        return;
+    };
+    let outside = std::net::TcpListener::bind((ip, 0)).unwrap();
+    outside.set_nonblocking(true).unwrap();
+    let outside_port = outside.local_addr().unwrap().port();
+    let (mut cluster, canaries) = cluster_with("");
+    let mut spec = drover_tests::service_job("isolated", 1);
+    spec["task"]["network"] = "isolated".into();
+    spec["task"]["processes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "name": "probe",
+            "cmdline": format!(
+                "exec python3 -c 'import socket\ntry:\n socket.create_connection((\"{ip}\", {outside_port}), timeout=3)\n print(\"BREACH connected\")\nexcept OSError as e:\n print(\"blocked\", e.errno)'"
+            ),
+        }));
+    cluster.create_job(&spec).unwrap();
+    let view = cluster
+        .wait_for_all("www-data/test/isolated", TaskState::Running)
+        .unwrap();
+    let task = view.instances[0].current.clone().unwrap();
+    let port = task.ports["http"];
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut conn,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.0 200") && answer.ends_with("hello"),
+        "{answer}"
+    );
+    let dir = cluster.sandbox_of(&task.task_id).unwrap();
+    let probe = cluster
+        .wait_for("the probe's verdict", WAIT, |_| {
+            let out = std::fs::read_to_string(dir.join("logs/probe.stdout")).ok()?;
+            out.ends_with('\n').then_some(out)
+        })
+        .unwrap();
+    assert!(probe.starts_with("blocked"), "{probe}");
+    assert!(
+        matches!(outside.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the isolated task reached the host's listener"
+    );
+    // The host itself reaches that listener: the probe was blocked by the namespace.
+    std::net::TcpStream::connect((ip, outside_port)).unwrap();
+    cluster.kill_job("www-data/test/isolated").unwrap();
+    canaries.assert_untouched();
+}
+
+/// An ext4 file system in an image file, on a loop device (`mount -o loop`) over a
+/// directory; unmounted (lazily: executors may still hold files) and its loop device
+/// detached when dropped.
+struct LoopFs {
+    dir: PathBuf,
+    image: PathBuf,
+}
+
+impl LoopFs {
+    /// A 256 MiB ext4 (a sparse image) over `dir` (empty), with project quotas (`-O quota,project`,
+    /// mounted `prjquota`) when `quota`.
+    fn over(dir: &Path, image: &Path, quota: bool) -> anyhow::Result<LoopFs> {
+        let run = |cmd: &mut std::process::Command| -> anyhow::Result<()> {
+            let out = cmd.output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            Ok(())
+        };
+        std::fs::File::create(image)?.set_len(256 << 20)?;
+        let mut mkfs = std::process::Command::new("mkfs.ext4");
+        mkfs.args(["-q", "-F"]);
+        if quota {
+            mkfs.args(["-O", "quota,project"]);
+        }
+        run(mkfs.arg(image))?;
+        let options = if quota { "loop,prjquota" } else { "loop" };
+        run(std::process::Command::new("mount")
+            .args(["-o", options])
+            .arg(image)
+            .arg(dir))?;
+        let fs = LoopFs {
+            dir: dir.to_path_buf(),
+            image: image.to_path_buf(),
+        };
+        std::fs::set_permissions(dir, PermissionsExt::from_mode(0o755))?;
+        Ok(fs)
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        // `mount -o loop` sets autoclear; a device still attached is detached here.
+        if let Ok(out) = std::process::Command::new("losetup")
+            .arg("-j")
+            .arg(&self.image)
+            .output()
+        {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(dev) = line.split(':').next() {
+                    let _ = std::process::Command::new("losetup")
+                        .args(["-d", dev])
+                        .status();
+                }
+            }
+        }
+    }
+}
+
+/// `resources.disk` on a sandbox root that keeps project quotas (ext4 `-O
+/// quota,project` on a loop device, mounted `prjquota`): the kernel refuses the hog's
+/// write past its limit (plus the executor's 1 MiB margin), the hog's writer exits on
+/// `EDQUOT`, and the task still ends `disk_limit_exceeded` with the quota's usage,
+/// while a neighbour keeps writing and finishes. On a kernel without quota support
+/// (no `CONFIG_QFMT_V2`: such an ext4 does not mount at all) the same runs on a plain
+/// ext4, where the executor says it falls back to the scan.
+#[test]
+fn a_task_over_its_project_quota_is_stopped_while_its_neighbour_writes_on() {
+    if !running_as_root("sandbox attack: project quota") {
+        return;
+    }
+    let tools = ["losetup", "mkfs.ext4", "mount"].iter().all(|t| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {t}")])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !Path::new("/dev/loop-control").exists() || !tools {
+        eprintln!(
+            "SKIPPED project quota: no loop devices (/dev/loop-control) or no losetup/mkfs.ext4 (scripts/setup.sh installs them)"
+        );
+        return;
+    }
+    let (mut cluster, _canaries) = cluster_with("");
+    cluster.kill_agent(0);
+    let root = cluster.sandbox_roots[0].clone();
+    let image = cluster.dir().join("sandboxes.img");
+    let (fs, quota) = match LoopFs::over(&root, &image, true) {
+        Ok(fs) => (fs, true),
+        Err(e) => {
+            eprintln!(
+                "NOTE: no ext4 project quotas here ({e}); testing the executor's fallback to the scan on a plain ext4"
+            );
+            (LoopFs::over(&root, &image, false).unwrap(), false)
+        }
+    };
+    cluster.start_agent_again(0).unwrap();
+    let mut hog = command_job(
+        "qhog",
+        1,
+        false,
+        "while :; do head -c 1048576 /dev/zero >> fill || exit 3; head -c 1048576 /dev/zero >> /tmp/fill || exit 4; sleep 0.2; done",
+    );
+    hog["task"]["resources"]["disk"] = "8MiB".into();
+    let neighbour = command_job(
+        "qneighbour",
+        1,
+        false,
+        "i=0; while [ $i -lt 60 ]; do echo line $i >> log.txt; i=$((i+1)); sleep 0.1; done; wc -l < log.txt",
+    );
+    let hog = start_spec(&mut cluster, hog);
+    let neighbour = start_spec(&mut cluster, neighbour);
+    assert_eq!(wait_terminal(&mut cluster, &hog), TaskState::Failed);
+    let task = cluster.task(&hog).unwrap();
+    let said: Vec<&str> = task.events.iter().map(|e| e.message.as_str()).collect();
+    let enforcement = if quota {
+        "resources.disk by project quota"
+    } else {
+        "resources.disk by a scan every"
+    };
+    assert!(
+        said.iter().any(|m| m.contains(enforcement)),
+        "{enforcement}: {said:?}"
+    );
+    // The agent said so once, at its start, from the sandbox root's mount options.
+    let agent_said = if quota {
+        "resources.disk: project quotas"
+    } else {
+        "resources.disk: the executor's scan alone"
+    };
+    let log = std::fs::read_to_string(cluster.dir().join("logs/agent-0.log")).unwrap();
+    assert!(log.contains(agent_said), "{agent_said}:\n{log}");
+    match task.exit_reason {
+        Some(drover_common::state::ExitReason::DiskLimitExceeded {
+            used_bytes,
+            limit_bytes,
+        }) => {
+            assert_eq!(limit_bytes, 8 << 20);
+            assert!(used_bytes > 8 << 20, "{used_bytes}");
+            if quota {
+                // The kernel refused the write that would pass limit + margin.
+                assert!(used_bytes <= 9 << 20, "{used_bytes}");
+            }
+        }
+        other => panic!("{other:?} {said:?}"),
+    }
+    assert_eq!(
+        cluster.task(&neighbour).unwrap().state,
+        TaskState::Running,
+        "the neighbour still writes when the hog is stopped"
+    );
+    assert_eq!(wait_terminal(&mut cluster, &neighbour), TaskState::Finished);
+    let dir = cluster.sandbox_of(&neighbour).unwrap();
+    assert_eq!(log_text(&dir, "stdout").trim(), "60");
+    // The file system first (a lazy unmount), so the cluster's directory, mount point
+    // included, can be removed when the cluster goes.
+    drop(fs);
+    drop(cluster);
+}

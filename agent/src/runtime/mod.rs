@@ -194,6 +194,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), 
     std::fs::create_dir_all(&cfg.data_dir).map_err(dir_err("data_dir", &cfg.data_dir))?;
     crate::sandbox::prepare_root(&cfg.sandbox_root)
         .map_err(dir_err("sandbox_root", &cfg.sandbox_root))?;
+    crate::disk_quota::log_enforcement(&cfg.sandbox_root, cfg.no_isolation);
     let agent_id = load_or_create_agent_id(&cfg.data_dir, &cfg.sandbox_root, &cfg.hostname)
         .map_err(dir_err("agent id in", &cfg.data_dir))?;
     let outbox = Arc::new(Mutex::new(Outbox::open(&cfg.data_dir)?));

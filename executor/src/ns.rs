@@ -44,8 +44,15 @@ pub struct TaskNamespaces {
 struct InitPlan {
     /// The write end of the pipe its setup result goes to.
     ready: RawFd,
-    /// `<task dir>/tmp`, bound onto `/tmp` and `/var/tmp`.
-    tmp: CString,
+    /// The namespaces the init unshares itself (mount; network when isolated), so that
+    /// copying the host's mount table (and making a network namespace) happens beside
+    /// the executor's own setup instead of in its `clone`.
+    unshare: libc::c_int,
+    /// `<task dir>/tmp`: made by the init, root's, mode 0700.
+    tmp_outer: CString,
+    /// Who owns `tmp/data/` (the task user's uid and gid), made in it with mode 0700
+    /// and bound onto `/tmp` and `/var/tmp`.
+    owner: (u32, u32),
     /// Whether `/var/tmp` exists (to bind onto).
     var_tmp: bool,
     /// Bring loopback up (a new network namespace).
@@ -62,7 +69,7 @@ struct InitPlan {
 const INIT_STACK: usize = 64 * 1024;
 
 /// The setup steps, as reported on failure.
-const STEPS: [&str; 8] = [
+const STEPS: [&str; 11] = [
     "",
     "make the mounts private (mount / MS_SLAVE)",
     "bind the task's tmp/ onto /tmp",
@@ -71,16 +78,27 @@ const STEPS: [&str; 8] = [
     "bring up loopback",
     "set the parent-death signal",
     "bind the task directory back at its path under the private /tmp",
+    "create the task directory's tmp/ (root's, mode 0700; remove it if it is not a directory of root's)",
+    "create tmp/data/ for the task user (mode 0700)",
+    "unshare the mount (and network) namespace",
 ];
 
+/// [`STEPS`] of the task directory's `tmp/` and `tmp/data/`.
+const STEP_TMP: usize = 8;
+const STEP_DATA: usize = 9;
+const STEP_UNSHARE: usize = 10;
+
 impl TaskNamespaces {
-    /// Starts making the namespaces with their init; `tmp` is the task's own
-    /// temporary directory (the task user's). The init sets them up while the
+    /// Starts making the namespaces with their init; `tmp_outer` is the task
+    /// directory's `tmp/` (root's, mode 0700), in which the init makes `data/`, the
+    /// task's own temporary directory, owned by `owner` (uid, gid) with mode 0700. The
+    /// init makes both, unshares the mount (and network) namespace and mounts while the
     /// executor goes on with its own setup; [`PendingNamespaces::wait_ready`] waits
     /// for it. Fails with a message naming the step.
     pub fn create(
         task_dir: &Path,
-        tmp: &Path,
+        tmp_outer: &Path,
+        owner: (u32, u32),
         network_isolated: bool,
     ) -> Result<PendingNamespaces, String> {
         if !crate::sys::SUPPORTED {
@@ -88,7 +106,8 @@ impl TaskNamespaces {
                 "task namespaces need x86-64 or arm64 (raw system calls for their init)".into(),
             );
         }
-        let tmp = CString::new(tmp.as_os_str().as_bytes())
+        let tmp_path = tmp_outer.to_path_buf();
+        let tmp_outer = CString::new(tmp_outer.as_os_str().as_bytes())
             .map_err(|_| "the task directory's path holds a nul byte".to_string())?;
         let own_pid_ns = std::fs::File::open("/proc/thread-self/ns/pid")
             .map_err(|e| format!("cannot open /proc/thread-self/ns/pid: {e}"))?;
@@ -124,9 +143,16 @@ impl TaskNamespaces {
             )),
             None => None,
         };
+        let unshare = if network_isolated {
+            libc::CLONE_NEWNS | libc::CLONE_NEWNET
+        } else {
+            libc::CLONE_NEWNS
+        };
         let plan: &'static InitPlan = Box::leak(Box::new(InitPlan {
             ready: ready_w.as_raw_fd(),
-            tmp,
+            unshare,
+            tmp_outer,
+            owner,
             var_tmp,
             loopback: network_isolated,
             reach,
@@ -150,10 +176,9 @@ impl TaskNamespaces {
             ));
         }
         let top = (stack as usize + INIT_STACK) as *mut libc::c_void;
-        let mut flags = libc::CLONE_VM | libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_PIDFD;
-        if network_isolated {
-            flags |= libc::CLONE_NEWNET;
-        }
+        // Only the pid namespace is made by the clone (a child is born in it); the
+        // init unshares the others itself.
+        let flags = libc::CLONE_VM | libc::CLONE_NEWPID | libc::CLONE_PIDFD;
         let mut pidfd: libc::c_int = -1;
         let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
         let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
@@ -188,9 +213,13 @@ impl TaskNamespaces {
             init_pid: pid as u32,
             init_pidfd,
             own_pid_ns: own_pid_ns.into(),
-            join_flags: flags & (libc::CLONE_NEWNS | libc::CLONE_NEWNET),
+            join_flags: unshare,
         };
-        Ok(PendingNamespaces { ns, ready: ready_r })
+        Ok(PendingNamespaces {
+            ns,
+            ready: ready_r,
+            tmp_outer: tmp_path,
+        })
     }
 
     /// The init's pidfd, through which a child enters [`TaskNamespaces::join_flags`].
@@ -257,13 +286,19 @@ pub struct PendingNamespaces {
     ns: TaskNamespaces,
     /// The read end of the pipe the init reports on.
     ready: OwnedFd,
+    /// The task directory's `tmp/`, for messages.
+    tmp_outer: std::path::PathBuf,
 }
 
 impl PendingNamespaces {
     /// Waits for the init's report: the namespaces, or the step that failed.
     #[allow(unsafe_code)]
     pub fn wait_ready(self) -> Result<TaskNamespaces, String> {
-        let PendingNamespaces { ns, ready: ready_r } = self;
+        let PendingNamespaces {
+            ns,
+            ready: ready_r,
+            tmp_outer,
+        } = self;
         let mut report = [0u8; 8];
         let mut got = 0;
         while got < report.len() {
@@ -290,6 +325,12 @@ impl PendingNamespaces {
             let what = STEPS.get(step).copied().unwrap_or("start");
             return Err(if got < report.len() {
                 "the task namespaces' init exited during setup".to_string()
+            } else if step == STEP_TMP || step == STEP_DATA {
+                format!(
+                    "cannot {what} at {}: {}",
+                    tmp_outer.display(),
+                    io::Error::from_raw_os_error(errno)
+                )
             } else {
                 format!(
                     "cannot {what} in the task's namespaces: {}",
@@ -385,6 +426,17 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
         }
         first = k.saturating_add(1);
     }
+    // The task directory's tmp/ (root's, 0700: the task reaches data/ only through
+    // its mount namespace) and tmp/data/, the task user's, made here rather than on
+    // the executor's way to the first process.
+    let made = make_tmp(plan);
+    if made.0 != 0 {
+        return made;
+    }
+    let r = syscall6(libc::SYS_unshare, [plan.unshare as usize, 0, 0, 0, 0, 0]);
+    if r < 0 {
+        return fail(STEP_UNSHARE, r);
+    }
     let null = std::ptr::null::<libc::c_char>() as usize;
     let r = syscall6(
         libc::SYS_mount,
@@ -418,18 +470,9 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
             return fail(7, orig);
         }
     }
-    // The task's tmp/, opened once: the first bind may cover its path.
-    let tmp = syscall6(
-        libc::SYS_openat,
-        [
-            libc::AT_FDCWD as usize,
-            plan.tmp.as_ptr() as usize,
-            (libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as usize,
-            0,
-            0,
-            0,
-        ],
-    );
+    // tmp/data/, opened once, in this namespace (a bind's source must be in it): the
+    // first bind may cover its path.
+    let tmp = open_data(plan);
     if tmp < 0 {
         return fail(2, tmp);
     }
@@ -490,6 +533,114 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
         }
     }
     (0, 0)
+}
+
+/// Makes `tmp/` (root's, mode 0700: an existing one must be a directory of root's)
+/// and `tmp/data/` in it (mode 0700, the task user's), each opened without following
+/// links. `(0, 0)`, or the failed step and its errno.
+unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
+    let dir_flags =
+        (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as usize;
+    let r = syscall6(
+        libc::SYS_mkdirat,
+        [
+            libc::AT_FDCWD as usize,
+            plan.tmp_outer.as_ptr() as usize,
+            0o700,
+            0,
+            0,
+            0,
+        ],
+    );
+    if r < 0 && r != -(libc::EEXIST as isize) {
+        return (STEP_TMP, (-r) as i32);
+    }
+    let outer = syscall6(
+        libc::SYS_openat,
+        [
+            libc::AT_FDCWD as usize,
+            plan.tmp_outer.as_ptr() as usize,
+            dir_flags,
+            0,
+            0,
+            0,
+        ],
+    );
+    if outer < 0 {
+        return (STEP_TMP, (-outer) as i32);
+    }
+    let close = |fd: isize| syscall6(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]);
+    let mut st: libc::stat = std::mem::zeroed();
+    let r = syscall6(
+        libc::SYS_fstat,
+        [
+            outer as usize,
+            &mut st as *mut libc::stat as usize,
+            0,
+            0,
+            0,
+            0,
+        ],
+    );
+    if r < 0 || st.st_uid != 0 {
+        close(outer);
+        return (STEP_TMP, if r < 0 { (-r) as i32 } else { libc::EPERM });
+    }
+    let data = c"data";
+    let r = syscall6(
+        libc::SYS_mkdirat,
+        [outer as usize, data.as_ptr() as usize, 0o700, 0, 0, 0],
+    );
+    if r < 0 && r != -(libc::EEXIST as isize) {
+        close(outer);
+        return (STEP_DATA, (-r) as i32);
+    }
+    let fd = syscall6(
+        libc::SYS_openat,
+        [outer as usize, data.as_ptr() as usize, dir_flags, 0, 0, 0],
+    );
+    close(outer);
+    if fd < 0 {
+        return (STEP_DATA, (-fd) as i32);
+    }
+    let mut r = syscall6(libc::SYS_fchmod, [fd as usize, 0o700, 0, 0, 0, 0]);
+    if r >= 0 {
+        let (uid, gid) = plan.owner;
+        r = syscall6(
+            libc::SYS_fchown,
+            [fd as usize, uid as usize, gid as usize, 0, 0, 0],
+        );
+    }
+    close(fd);
+    if r < 0 {
+        return (STEP_DATA, (-r) as i32);
+    }
+    (0, 0)
+}
+
+/// `tmp/data/` opened with `O_PATH`, never through a link: its descriptor or `-errno`.
+unsafe fn open_data(plan: &InitPlan) -> isize {
+    let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as usize;
+    let outer = syscall6(
+        libc::SYS_openat,
+        [
+            libc::AT_FDCWD as usize,
+            plan.tmp_outer.as_ptr() as usize,
+            flags,
+            0,
+            0,
+            0,
+        ],
+    );
+    if outer < 0 {
+        return outer;
+    }
+    let fd = syscall6(
+        libc::SYS_openat,
+        [outer as usize, c"data".as_ptr() as usize, flags, 0, 0, 0],
+    );
+    syscall6(libc::SYS_close, [outer as usize, 0, 0, 0, 0, 0]);
+    fd
 }
 
 /// Makes `base/parts...` inside the private temporary directory (root's directories,

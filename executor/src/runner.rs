@@ -1008,16 +1008,17 @@ fn task_isolation(
     Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
 }
 
-/// Makes `tmp/data/` and starts the task's namespaces (their init sets them up while
-/// the cgroup is made; [`task_isolation`] waits for it).
+/// Starts the task's namespaces: their init makes `tmp/` and `tmp/data/` and sets
+/// them up while the cgroup is made; [`task_isolation`] waits for it.
 fn start_namespaces(
     layout: &Layout,
     user: &TaskUser,
     task: &ExecutorTask,
 ) -> Result<crate::ns::PendingNamespaces, String> {
-    layout.create_tmp(user).map_err(|e| e.to_string())?;
     let isolated = task.task.network == drover_common::spec::Network::Isolated;
-    TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)
+    let data = layout.dir.tmp();
+    let outer = data.parent().unwrap_or(layout.area());
+    TaskNamespaces::create(layout.area(), outer, (user.uid, user.gid), isolated)
 }
 
 /// Copies a process's output into its rotated log file, which (and `logs/` with it)

@@ -192,27 +192,6 @@ impl Layout {
         task_owned_dir(&self.work, user)
     }
 
-    /// Creates `tmp/data/`, the task's private `/tmp` and `/var/tmp` (bound there in
-    /// its mount namespace), as `sandbox/` is made (the task user's, mode 0700), in
-    /// `tmp/`, root's with mode 0700.
-    pub fn create_tmp(&self, user: &TaskUser) -> Result<(), SandboxError> {
-        let data = self.dir.tmp();
-        if let Some(outer) = data.parent() {
-            // Root's, 0700: the task reaches data/ only through its mount namespace.
-            match fs::DirBuilder::new().mode(0o700).create(outer) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(outer)(e)),
-                _ => {}
-            }
-            let meta = fs::symlink_metadata(outer).map_err(io_err(outer))?;
-            if !meta.is_dir() || (user.switch && meta.uid() != 0) {
-                return Err(io_err(outer)(io::Error::other(
-                    "not a directory of root's; remove it",
-                )));
-            }
-        }
-        task_owned_dir(&data, user)
-    }
-
     /// Writes a copy of the task spec.
     pub fn write_task(&self, task: &ExecutorTask) -> Result<(), SandboxError> {
         let text = serde_json::to_vec_pretty(task).map_err(|e| SandboxError::Io {

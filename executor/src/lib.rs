@@ -7,6 +7,7 @@
 //! the I/O around them.
 
 pub mod cgroup;
+pub mod child;
 pub mod cleanup;
 pub mod disk;
 pub mod health;

@@ -87,6 +87,13 @@ pub enum SetupError {
     },
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
+    #[error(transparent)]
+    Namespaces(#[from] crate::ns::NsError),
+    #[error("cannot open cgroup {path}: {source}")]
+    CgroupDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -172,21 +179,8 @@ fn write_stdout(lines: &[u8]) {
 /// Takes ownership of a descriptor the caller handed over (`--ready-fd`, the fork
 /// server's agent connection) and marks it close-on-exec so that no task process
 /// inherits it. None if it is not open.
-#[allow(unsafe_code)]
 fn take_inherited_fd(fd: i32) -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    if fd < 3 {
-        return None;
-    }
-    // SAFETY: fcntl only inspects and sets the descriptor flags of `fd`; it fails
-    // with EBADF when `fd` is not open, and touches no memory.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-        return None;
-    }
-    // SAFETY: the caller handed this descriptor to us for this purpose; it is open
-    // (checked above) and nothing else in this process owns it, because each is taken
-    // once, before anything else opens files.
-    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    crate::sys::adopt_fd(fd).ok()
 }
 
 /// Loads the task file.
@@ -360,10 +354,9 @@ impl Runner {
         }
         // Started before the cgroup is made, so that the init's mounts overlap it.
         let mut pending_ns = match &cgroup {
-            Some(_) => Some(
-                start_namespaces(&layout, &user, &task)
-                    .map_err(|e| fail(SetupError::Other(e), &layout))?,
-            ),
+            Some(_) => {
+                Some(start_namespaces(&layout, &user, &task).map_err(|e| fail(e.into(), &layout))?)
+            }
             None => None,
         };
         let Plan {
@@ -391,8 +384,7 @@ impl Runner {
                     &layout,
                 )
             })?;
-            iso = task_isolation(iso, cg, ns, limits.pids)
-                .map_err(|e| fail(SetupError::Other(e), &layout))?;
+            iso = task_isolation(iso, cg, ns, limits.pids).map_err(|e| fail(e, &layout))?;
         }
         let oom_seen = match &cgroup {
             Some(c) if !cgroup_is_new => c.oom_kills().unwrap_or(0),
@@ -996,11 +988,14 @@ fn task_isolation(
     cg: &FsCgroup,
     ns: crate::ns::PendingNamespaces,
     pids: u64,
-) -> Result<Isolation, String> {
+) -> Result<Isolation, SetupError> {
     let iso = match cg.version() {
         crate::cgroup::Version::V2 => iso
             .into_cgroup_dir(&cg.dir(""))
-            .map_err(|e| format!("cannot open cgroup {}: {e}", cg.dir("").display()))?
+            .map_err(|source| SetupError::CgroupDir {
+                path: cg.dir(""),
+                source,
+            })?
             .checking_pids(&cg.dir("").join("pids.current"), pids),
         crate::cgroup::Version::V1 => iso.checking_pids(&cg.dir("pids").join("pids.current"), pids),
     };
@@ -1014,7 +1009,7 @@ fn start_namespaces(
     layout: &Layout,
     user: &TaskUser,
     task: &ExecutorTask,
-) -> Result<crate::ns::PendingNamespaces, String> {
+) -> Result<crate::ns::PendingNamespaces, crate::ns::NsError> {
     let isolated = task.task.network == drover_common::spec::Network::Isolated;
     let data = layout.dir.tmp();
     let outer = data.parent().unwrap_or(layout.area());

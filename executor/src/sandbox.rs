@@ -39,7 +39,6 @@ pub fn defer_stderr(dir: OwnedFd) {
 /// Opens the deferred `executor.stderr` onto descriptor 2, once (see
 /// [`defer_stderr`]); nothing when stderr is not deferred. Errors leave stderr as it
 /// was: there is nowhere to report them.
-#[allow(unsafe_code)]
 pub fn open_deferred_stderr() {
     let Some(dir) = DEFERRED_STDERR.get() else {
         return;
@@ -47,21 +46,11 @@ pub fn open_deferred_stderr() {
     if STDERR_OPENED.swap(true, Ordering::SeqCst) {
         return;
     }
-    // SAFETY: openat reads a NUL-terminated name and opens a new descriptor relative
-    // to `dir`, which is open while the static lives; dup2 and close only touch
-    // descriptors: the new one (ours) and 2.
-    unsafe {
-        let fd = libc::openat(
-            dir.as_raw_fd(),
-            c"executor.stderr".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            layout::PRIVATE_FILE_MODE as libc::c_uint,
-        );
-        if fd >= 0 {
-            libc::dup2(fd, 2);
-            libc::close(fd);
-        }
-    }
+    crate::sys::open_onto_stderr(
+        std::os::fd::AsFd::as_fd(dir),
+        c"executor.stderr",
+        layout::PRIVATE_FILE_MODE,
+    );
 }
 
 /// `eprintln!` for the executor: creates a deferred `executor.stderr` first

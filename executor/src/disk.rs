@@ -140,12 +140,8 @@ fn entries(fd: &Dir, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut 
             }
             *total = total.saturating_add(allocated(&st));
             if is_dir {
-                // With its NUL; a loop, not a slice by a range (see `usage`).
-                let mut i = from;
-                while i <= end {
-                    subdirs.push(buf[i]);
-                    i += 1;
-                }
+                // With its NUL; not a slice by a range (see `usage`).
+                subdirs.extend_from_slice(crate::sys::bytes_through(&buf, from, end));
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod child;
 pub mod cleanup;
 pub mod disk;
+pub mod exit;
 pub mod health;
 pub mod hub;
 pub mod machine;

@@ -696,38 +696,24 @@ impl RunnerIo {
         }
     }
 
+    /// The process's exit reason ([`crate::exit`]), with the cgroup's OOM counter read
+    /// for any end but a success.
     fn exit_reason(
         &mut self,
         idx: usize,
         status: std::io::Result<std::process::ExitStatus>,
     ) -> ExitReason {
-        use std::os::unix::process::ExitStatusExt;
-        let reason = match status {
-            Ok(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => match spawn::shell_start_error(code, &self.cmdlines[idx]) {
-                    Some(error) => ExitReason::FailedToStart {
-                        process: self.names[idx].clone(),
-                        error,
-                    },
-                    None => ExitReason::ExitCode { code },
-                },
-                (None, Some(signal)) => ExitReason::Signal { signal },
-                (None, None) => ExitReason::ExitCode { code: -1 },
-            },
-            Err(e) => ExitReason::FailedToStart {
-                process: self.names[idx].clone(),
-                error: format!("waiting for the process failed: {e}"),
-            },
-        };
-        // OOM comes from the cgroup's counter, never guessed from SIGKILL.
-        if reason != (ExitReason::ExitCode { code: 0 }) {
-            if let Some(n) = self.cgroup.as_ref().and_then(|c| c.oom_kills().ok()) {
-                if n > self.oom_seen {
-                    self.oom_seen = n;
-                    return ExitReason::OomKilled;
-                }
-            }
+        let reason = crate::exit::exit_reason(
+            &self.names[idx],
+            &self.cmdlines[idx],
+            crate::exit::Ended::from_wait(&status),
+        );
+        if !crate::exit::needs_oom_check(&reason) {
+            return reason;
         }
+        let now = self.cgroup.as_ref().and_then(|c| c.oom_kills().ok());
+        let (reason, seen) = crate::exit::with_oom(reason, self.oom_seen, now);
+        self.oom_seen = seen;
         reason
     }
 

@@ -394,6 +394,16 @@ pub fn stat_at(dir: &Dir, buf: &[u8], from: usize) -> Option<libc::stat> {
     (r == 0).then(|| unsafe { st.assume_init() })
 }
 
+/// `buf[from..=end]` (empty when out of bounds) without std's out-of-line range
+/// indexing, which the layout places away from the settled code.
+pub fn bytes_through(buf: &[u8], from: usize, end: usize) -> &[u8] {
+    if from > end || end >= buf.len() {
+        return &[];
+    }
+    // SAFETY: `from..=end` lies within `buf` (checked).
+    unsafe { std::slice::from_raw_parts(buf.as_ptr().wrapping_add(from), end + 1 - from) }
+}
+
 /// `getdents64` of `dir` into `buf`: the bytes of records written, 0 at the end,
 /// negative on an error.
 pub fn getdents64(dir: &Dir, buf: &mut [u8]) -> isize {

@@ -87,8 +87,11 @@ pub enum SetupError {
     },
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
+    /// Boxed, as the plan's: they are the largest, and every setup result carries one.
     #[error(transparent)]
-    Namespaces(#[from] crate::ns::NsError),
+    Namespaces(Box<crate::ns::NsError>),
+    #[error(transparent)]
+    Plan(Box<crate::plan::PlanError>),
     #[error("cannot open cgroup {path}: {source}")]
     CgroupDir {
         path: PathBuf,
@@ -96,6 +99,18 @@ pub enum SetupError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+impl From<crate::ns::NsError> for SetupError {
+    fn from(e: crate::ns::NsError) -> SetupError {
+        SetupError::Namespaces(Box::new(e))
+    }
+}
+
+impl From<crate::plan::PlanError> for SetupError {
+    fn from(e: crate::plan::PlanError) -> SetupError {
+        SetupError::Plan(Box::new(e))
+    }
 }
 
 enum Event {
@@ -365,7 +380,7 @@ impl Runner {
             cmdlines,
             health,
         } = plan::plan(&task, &layout.work, &user.name, opts.pids_max)
-            .map_err(|e| fail(SetupError::Other(e), &layout))?;
+            .map_err(|e| fail(e.into(), &layout))?;
         // A new cgroup's OOM counter starts at 0; a leftover's is read below.
         let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {

@@ -15,9 +15,8 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-use crate::spawn::Isolation;
 use crate::sys::syscall6;
 
 // ---- A task process between clone and exec.
@@ -54,13 +53,28 @@ const NSIG: libc::c_int = 65;
 /// Size of the clone child's stack (it runs a few frames of raw system calls).
 const CHILD_STACK: usize = 32 * 1024;
 
+/// Entering the task's pid namespace for this thread's children around a clone
+/// (implemented by [`crate::ns::TaskNamespaces`]). Between the two nothing but the
+/// clone may happen: a thread this thread created meanwhile would fail
+/// (`CLONE_THREAD` into another pid namespace).
+pub(crate) trait PidNamespace {
+    /// This thread's next children are born in the task's pid namespace.
+    fn enter(&self) -> io::Result<()>;
+    /// Back to this thread's own pid namespace for its children.
+    fn leave(&self) -> io::Result<()>;
+}
+
 /// Clones a `CLONE_VM | CLONE_VFORK` child that runs [`child_main`] on `plan`, with
 /// every signal blocked around it: returns once the child exec'd or exited, with its
-/// pid and pidfd. With a cgroup v2 directory in `iso` the child is made by `clone3`
+/// pid and pidfd. With a cgroup v2 directory (`cgroup`) the child is made by `clone3`
 /// with `CLONE_INTO_CGROUP` (a kernel without it: the plain clone, and the child
 /// writes `cgroup.procs`); with namespaces, this thread enters the task's pid
-/// namespace for its children just around the clone ([`TaskNamespaces::enter_for_children`]).
-pub(crate) fn clone_vfork(plan: &ChildPlan<'_>, iso: &Isolation) -> io::Result<(u32, OwnedFd)> {
+/// namespace (`pid_ns`) for its children just around the clone.
+pub(crate) fn clone_vfork(
+    plan: &ChildPlan<'_>,
+    cgroup: Option<BorrowedFd<'_>>,
+    pid_ns: Option<&dyn PidNamespace>,
+) -> io::Result<(u32, OwnedFd)> {
     // Not zeroed: the child touches only the top pages it uses.
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
     // The stack grows down from its end, which the ABI wants 16-byte aligned.
@@ -78,19 +92,13 @@ pub(crate) fn clone_vfork(plan: &ChildPlan<'_>, iso: &Isolation) -> io::Result<(
         // SAFETY: `old` was initialised by the pthread_sigmask above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
     };
-    let entered = match &iso.ns {
-        Some(ns) => match ns.enter_for_children() {
-            Ok(guard) => Some(guard),
-            Err(e) => {
-                restore_mask();
-                return Err(e);
-            }
-        },
-        None => None,
-    };
+    if let Some(Err(e)) = pid_ns.map(|ns| ns.enter()) {
+        restore_mask();
+        return Err(e);
+    }
     let arg = plan as *const ChildPlan<'_> as *mut libc::c_void;
     let mut pid: isize = -(libc::ENOSYS as isize);
-    if let Some(cgroup) = iso.cgroup_dir.as_ref().filter(|_| crate::sys::SUPPORTED) {
+    if let Some(cgroup) = cgroup.filter(|_| crate::sys::SUPPORTED) {
         plan.join_by_write
             .store(false, std::sync::atomic::Ordering::SeqCst);
         let args = crate::sys::CloneArgs {
@@ -141,7 +149,7 @@ pub(crate) fn clone_vfork(plan: &ChildPlan<'_>, iso: &Isolation) -> io::Result<(
     } else {
         Err(io::Error::from_raw_os_error(-pid as i32))
     };
-    let left = entered.map(|guard| guard.leave());
+    let left = pid_ns.map(|ns| ns.leave());
     restore_mask();
     drop(stack);
     let pid = result?;

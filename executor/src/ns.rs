@@ -15,7 +15,7 @@
 //! Task processes and shell health checks are still the executor's children, so it
 //! waits on them, signals them and reads their pids as before: for each clone the
 //! executor's thread enters the pid namespace for its children and leaves it right
-//! after ([`TaskNamespaces::enter_for_children`]), and the child enters the mount (and
+//! after ([`crate::child::PidNamespace`]), and the child enters the mount (and
 //! network) namespace itself before its `chdir`. Inside, the pid of the init is 1; a
 //! process of the task signalling it is ignored by the kernel (init has no handler),
 //! and pids outside (other tasks', the host's) do not exist there.
@@ -163,16 +163,6 @@ impl TaskNamespaces {
         self.init_pid
     }
 
-    /// Makes this thread's next children be born in the task's pid namespace, until
-    /// [`Entered::leave`]. The caller clones at once and leaves: a thread this thread
-    /// created meanwhile would fail (`CLONE_THREAD` into another pid namespace), which
-    /// is why only the spawn path, with every signal blocked, does this.
-    pub fn enter_for_children(&self) -> io::Result<Entered<'_>> {
-        sys::setns(self.init_pidfd.as_fd(), libc::CLONE_NEWPID)
-            .map_err(|e| io::Error::other(format!("cannot enter the task's pid namespace: {e}")))?;
-        Ok(Entered(self))
-    }
-
     /// Kills the init, which kills every process left in the namespace, and reaps it
     /// if it is gone already (it waits for the executor to reap its own children in
     /// the namespace first, so this never blocks on it; a zombie left goes with the
@@ -238,14 +228,16 @@ impl PendingNamespaces {
     }
 }
 
-/// This thread's children are born in the task's pid namespace until [`Entered::leave`].
-#[must_use]
-pub struct Entered<'a>(&'a TaskNamespaces);
+impl crate::child::PidNamespace for TaskNamespaces {
+    /// `setns` on the init's pidfd, for this thread's children only.
+    fn enter(&self) -> io::Result<()> {
+        sys::setns(self.init_pidfd.as_fd(), libc::CLONE_NEWPID)
+            .map_err(|e| io::Error::other(format!("cannot enter the task's pid namespace: {e}")))
+    }
 
-impl Entered<'_> {
-    /// Back to this thread's own pid namespace for its children.
-    pub fn leave(self) -> io::Result<()> {
-        sys::setns(self.0.own_pid_ns.as_fd(), libc::CLONE_NEWPID).map_err(|e| {
+    /// `setns` on our own pid namespace (always enterable).
+    fn leave(&self) -> io::Result<()> {
+        sys::setns(self.own_pid_ns.as_fd(), libc::CLONE_NEWPID).map_err(|e| {
             io::Error::other(format!(
                 "cannot return to the executor's pid namespace: {e}"
             ))

@@ -309,7 +309,14 @@ impl TaskCommand {
                 .map(|(uid, gid, groups)| (*uid, *gid, groups.as_slice())),
             error: std::sync::atomic::AtomicI32::new(0),
         };
-        let (pid, pidfd) = crate::child::clone_vfork(&plan, &self.isolation)?;
+        let (pid, pidfd) = crate::child::clone_vfork(
+            &plan,
+            self.isolation.cgroup_dir.as_deref().map(|fd| fd.as_fd()),
+            self.isolation
+                .ns
+                .as_deref()
+                .map(|ns| ns as &dyn crate::child::PidNamespace),
+        )?;
         // The child has exec'd (or exited) by now; its copies of the write ends are
         // what keeps the pipes open.
         drop((out_w, err_w));

@@ -10,8 +10,8 @@
 //! [`next_interval`] spaces scans so that a big tree costs at most about 2 % of the
 //! executor's time.
 
+use crate::sys::{getdents64, open_dir, stat_at, Dir};
 use std::ffi::CStr;
-use std::os::fd::RawFd;
 use std::time::Duration;
 
 /// Deepest directory nesting the scan follows.
@@ -42,10 +42,10 @@ pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
     seen.clear();
     let mut total = 0u64;
     for dir in dirs {
-        let Some(fd) = open_dir(libc::AT_FDCWD, dir.as_ptr()) else {
+        let Some(fd) = open_dir(None, dir.to_bytes_with_nul(), 0) else {
             continue;
         };
-        if let Some(st) = stat_at(fd.0, c"".as_ptr()) {
+        if let Some(st) = stat_at(&fd, b"\0", 0) {
             total = total.saturating_add(allocated(&st));
         }
         if !walk(fd, 1, seen, &mut total) {
@@ -53,51 +53,6 @@ pub fn usage(dirs: &[&CStr], seen: &mut Vec<(u64, u64)>) -> Usage {
         }
     }
     Usage::Bytes(total)
-}
-
-/// A directory descriptor the scan opened, closed when dropped.
-struct Dir(RawFd);
-
-impl Drop for Dir {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: the descriptor is this `Dir`'s alone.
-        unsafe { libc::close(self.0) };
-    }
-}
-
-/// Opens the directory `name` (NUL-terminated) relative to `dir` without following
-/// a link.
-#[allow(unsafe_code)]
-fn open_dir(dir: RawFd, name: *const libc::c_char) -> Option<Dir> {
-    // SAFETY: openat reads the NUL-terminated `name`; the descriptor it returns is
-    // ours alone.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            name,
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    (fd >= 0).then_some(Dir(fd))
-}
-
-/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` (`AT_EMPTY_PATH` too, for `""`: `dir`
-/// itself); `name` is NUL-terminated.
-#[allow(unsafe_code)]
-fn stat_at(dir: RawFd, name: *const libc::c_char) -> Option<libc::stat> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstatat writes one `stat` into `st` and reads `name`.
-    let r = unsafe {
-        libc::fstatat(
-            dir,
-            name,
-            st.as_mut_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH,
-        )
-    };
-    // SAFETY: fstatat succeeded, so it filled `st`.
-    (r == 0).then(|| unsafe { st.assume_init() })
 }
 
 fn allocated(st: &libc::stat) -> u64 {
@@ -118,13 +73,13 @@ fn walk(fd: Dir, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> b
         if end == subdirs.len() {
             break;
         }
-        // The name from `start`, NUL-terminated at `end`.
-        let name = subdirs.as_ptr().wrapping_add(start).cast::<libc::c_char>();
+        // The name from `name`, NUL-terminated at `end`.
+        let name = start;
         start = end + 1;
         if depth >= MAX_DEPTH {
             return false;
         }
-        let Some(sub) = open_dir(fd.0, name) else {
+        let Some(sub) = open_dir(Some(&fd), &subdirs, name) else {
             continue;
         };
         if !walk(sub, depth + 1, seen, total) {
@@ -138,12 +93,10 @@ fn walk(fd: Dir, depth: usize, seen: &mut Vec<(u64, u64)>, total: &mut u64) -> b
 /// names (with their NUL) to `subdirs`. Reads them with `getdents64` into a buffer on
 /// the stack, in a frame of its own so the buffer is not on the stack once per level.
 #[inline(never)]
-#[allow(unsafe_code)]
 fn entries(fd: &Dir, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut Vec<u8>) {
     let mut buf = [0u8; 4096];
     loop {
-        // SAFETY: getdents64 writes at most `buf.len()` bytes of records into `buf`.
-        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd.0, buf.as_mut_ptr(), buf.len()) };
+        let n = getdents64(fd, &mut buf);
         if n <= 0 {
             return;
         }
@@ -169,8 +122,7 @@ fn entries(fd: &Dir, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut 
                 continue;
             }
             // The name, NUL-terminated at `end`.
-            let name = buf.as_ptr().wrapping_add(from).cast::<libc::c_char>();
-            let Some(st) = stat_at(fd.0, name) else {
+            let Some(st) = stat_at(fd, &buf, from) else {
                 continue;
             };
             // The stat field types differ between architectures.
@@ -188,9 +140,8 @@ fn entries(fd: &Dir, seen: &mut Vec<(u64, u64)>, total: &mut u64, subdirs: &mut 
             }
             *total = total.saturating_add(allocated(&st));
             if is_dir {
-                // SAFETY: `from..=end` lies within `buf` (`end < to <= n <= buf.len()`).
-                let name = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), end + 1 - from) };
-                subdirs.extend_from_slice(name);
+                // With its NUL; not a slice by a range (see `usage`).
+                subdirs.extend_from_slice(crate::sys::bytes_through(&buf, from, end));
             }
         }
     }

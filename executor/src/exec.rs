@@ -162,7 +162,7 @@ fn enter(opts: &ExecOptions) -> Result<i32, String> {
         .to_string();
     let pid = opts.pid;
     let gone = || format!("process {pid} of task {task_id} is gone");
-    let pidfd = crate::sys::pidfd_open(pid).map_err(|_| gone())?;
+    let pidfd = crate::sys::pidfd_open(pid as libc::pid_t).map_err(|_| gone())?;
     let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).map_err(|_| gone());
     let cgroups = String::from_utf8_lossy(&read("cgroup")?).into_owned();
     let procs = cgroup_procs(&cgroups, &opts.cgroup_root, &task_id)

@@ -7,9 +7,11 @@
 //! the I/O around them.
 
 pub mod cgroup;
+pub mod child;
 pub mod cleanup;
 pub mod disk;
 pub mod exec;
+pub mod exit;
 pub mod health;
 pub mod hub;
 pub mod machine;

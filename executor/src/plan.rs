@@ -47,9 +47,30 @@ pub struct Plan {
     pub health: Option<HealthProbe>,
 }
 
+/// Why a task cannot be planned; each names the field.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("task.resources.pids is {asked} but this host allows at most {max} per task (agent max_task_pids); ask for fewer")]
+    TooManyPids { asked: u64, max: u64 },
+    /// A template (`{{...}}`) that does not render; `field` names where it is.
+    #[error("{field}: {error}")]
+    Template { field: String, error: String },
+    #[error("health_check.port `{0}` has no assigned port number; add it to task.resources.ports and the task's ports")]
+    HealthPortUnassigned(String),
+    #[error("health_check.type is shell but health_check.command is missing")]
+    ShellCommandMissing,
+    #[error("lifecycle.http.port `{0}` has no assigned port number")]
+    LifecyclePortUnassigned(String),
+}
+
 /// Plans the task `task` in the sandbox `work` (the processes' working directory) for
 /// the user `user`, on a host allowing at most `pids_max` pids per task.
-pub fn plan(task: &ExecutorTask, work: &Path, user: &str, pids_max: u64) -> Result<Plan, String> {
+pub fn plan(
+    task: &ExecutorTask,
+    work: &Path,
+    user: &str,
+    pids_max: u64,
+) -> Result<Plan, PlanError> {
     let pids = task_pids_limit(task.task.resources.pids, pids_max)?;
     let limits = Limits {
         cpu: task.task.resources.cpu,
@@ -65,7 +86,12 @@ pub fn plan(task: &ExecutorTask, work: &Path, user: &str, pids_max: u64) -> Resu
         sandbox: work.display().to_string(),
         ports: task.ports.clone(),
     };
-    let render = |text: &str, what: String| ctx.render(text).map_err(|e| format!("{what}: {e}"));
+    let render = |text: &str, field: String| {
+        ctx.render(text).map_err(|e| PlanError::Template {
+            field,
+            error: e.to_string(),
+        })
+    };
     let mut env = ctx.environment();
     env.push(("HOME".into(), work.display().to_string()));
     env.push(("USER".into(), user.to_string()));
@@ -83,22 +109,16 @@ pub fn plan(task: &ExecutorTask, work: &Path, user: &str, pids_max: u64) -> Resu
         Some(hc) => {
             let port = match hc.kind {
                 HealthCheckType::Shell => 0,
-                _ => *task.ports.get(&hc.port).ok_or_else(|| {
-                    format!(
-                        "health_check.port `{}` has no assigned port number; add it to task.resources.ports and the task's ports",
-                        hc.port
-                    )
-                })?,
+                _ => *task
+                    .ports
+                    .get(&hc.port)
+                    .ok_or_else(|| PlanError::HealthPortUnassigned(hc.port.clone()))?,
             };
             let command = match (&hc.kind, &hc.command) {
                 (HealthCheckType::Shell, Some(c)) => {
                     Some(render(c, "health_check.command".into())?)
                 }
-                (HealthCheckType::Shell, None) => {
-                    return Err(
-                        "health_check.type is shell but health_check.command is missing".into(),
-                    )
-                }
+                (HealthCheckType::Shell, None) => return Err(PlanError::ShellCommandMissing),
                 _ => None,
             };
             Some(HealthProbe {
@@ -114,10 +134,7 @@ pub fn plan(task: &ExecutorTask, work: &Path, user: &str, pids_max: u64) -> Resu
     };
     if let Some(http) = task.lifecycle.as_ref().and_then(|l| l.http.as_ref()) {
         if !task.ports.contains_key(&http.port) {
-            return Err(format!(
-                "lifecycle.http.port `{}` has no assigned port number",
-                http.port
-            ));
+            return Err(PlanError::LifecyclePortUnassigned(http.port.clone()));
         }
     }
     Ok(Plan {
@@ -132,11 +149,12 @@ pub fn plan(task: &ExecutorTask, work: &Path, user: &str, pids_max: u64) -> Resu
 /// host's maximum `host_max`; without a request [`DEFAULT_PIDS`], cut to `host_max`.
 ///
 /// [`DEFAULT_PIDS`]: drover_common::spec::DEFAULT_PIDS
-fn task_pids_limit(requested: Option<u64>, host_max: u64) -> Result<u64, String> {
+fn task_pids_limit(requested: Option<u64>, host_max: u64) -> Result<u64, PlanError> {
     match requested {
-        Some(n) if n > host_max => Err(format!(
-            "task.resources.pids is {n} but this host allows at most {host_max} per task (agent max_task_pids); ask for fewer"
-        )),
+        Some(n) if n > host_max => Err(PlanError::TooManyPids {
+            asked: n,
+            max: host_max,
+        }),
         Some(n) => Ok(n),
         None => Ok(drover_common::spec::DEFAULT_PIDS.min(host_max)),
     }
@@ -211,7 +229,9 @@ mod tests {
             ),
         ];
         for (extra, wanted) in cases {
-            let err = plan(&task(extra.clone()), Path::new("/s"), "nobody", 4096).unwrap_err();
+            let err = plan(&task(extra.clone()), Path::new("/s"), "nobody", 4096)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(wanted), "{extra}: {err}");
         }
     }
@@ -222,6 +242,7 @@ mod tests {
         assert_eq!(task_pids_limit(Some(4096), 4096), Ok(4096));
         assert!(task_pids_limit(Some(4097), 4096)
             .unwrap_err()
+            .to_string()
             .contains("task.resources.pids is 4097"));
         assert_eq!(
             task_pids_limit(None, 4096),

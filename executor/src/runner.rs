@@ -87,8 +87,30 @@ pub enum SetupError {
     },
     #[error(transparent)]
     Sandbox(#[from] sandbox::SandboxError),
+    /// Boxed, as the plan's: they are the largest, and every setup result carries one.
+    #[error(transparent)]
+    Namespaces(Box<crate::ns::NsError>),
+    #[error(transparent)]
+    Plan(Box<crate::plan::PlanError>),
+    #[error("cannot open cgroup {path}: {source}")]
+    CgroupDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Other(String),
+}
+
+impl From<crate::ns::NsError> for SetupError {
+    fn from(e: crate::ns::NsError) -> SetupError {
+        SetupError::Namespaces(Box::new(e))
+    }
+}
+
+impl From<crate::plan::PlanError> for SetupError {
+    fn from(e: crate::plan::PlanError) -> SetupError {
+        SetupError::Plan(Box::new(e))
+    }
 }
 
 enum Event {
@@ -181,21 +203,8 @@ fn write_stdout(lines: &[u8]) {
 /// Takes ownership of a descriptor the caller handed over (`--ready-fd`, the fork
 /// server's agent connection) and marks it close-on-exec so that no task process
 /// inherits it. None if it is not open.
-#[allow(unsafe_code)]
 fn take_inherited_fd(fd: i32) -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    if fd < 3 {
-        return None;
-    }
-    // SAFETY: fcntl only inspects and sets the descriptor flags of `fd`; it fails
-    // with EBADF when `fd` is not open, and touches no memory.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-        return None;
-    }
-    // SAFETY: the caller handed this descriptor to us for this purpose; it is open
-    // (checked above) and nothing else in this process owns it, because each is taken
-    // once, before anything else opens files.
-    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    crate::sys::adopt_fd(fd).ok()
 }
 
 /// Loads the task file.
@@ -369,10 +378,9 @@ impl Runner {
         }
         // Started before the cgroup is made, so that the init's mounts overlap it.
         let mut pending_ns = match &cgroup {
-            Some(_) => Some(
-                start_namespaces(&layout, &user, &task)
-                    .map_err(|e| fail(SetupError::Other(e), &layout))?,
-            ),
+            Some(_) => {
+                Some(start_namespaces(&layout, &user, &task).map_err(|e| fail(e.into(), &layout))?)
+            }
             None => None,
         };
         let Plan {
@@ -381,7 +389,7 @@ impl Runner {
             cmdlines,
             health,
         } = plan::plan(&task, &layout.work, &user.name, opts.pids_max)
-            .map_err(|e| fail(SetupError::Other(e), &layout))?;
+            .map_err(|e| fail(e.into(), &layout))?;
         // A new cgroup's OOM counter starts at 0; a leftover's is read below.
         let mut cgroup_is_new = true;
         if let Some(cg) = &cgroup {
@@ -400,8 +408,7 @@ impl Runner {
                     &layout,
                 )
             })?;
-            iso = task_isolation(iso, cg, ns, limits.pids)
-                .map_err(|e| fail(SetupError::Other(e), &layout))?;
+            iso = task_isolation(iso, cg, ns, limits.pids).map_err(|e| fail(e, &layout))?;
         }
         let forwarding = match iso.ns.as_ref().filter(|_| {
             task.task.network == drover_common::spec::Network::Isolated && !task.ports.is_empty()
@@ -782,38 +789,24 @@ impl RunnerIo {
         }
     }
 
+    /// The process's exit reason ([`crate::exit`]), with the cgroup's OOM counter read
+    /// for any end but a success.
     fn exit_reason(
         &mut self,
         idx: usize,
         status: std::io::Result<std::process::ExitStatus>,
     ) -> ExitReason {
-        use std::os::unix::process::ExitStatusExt;
-        let reason = match status {
-            Ok(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => match spawn::shell_start_error(code, &self.cmdlines[idx]) {
-                    Some(error) => ExitReason::FailedToStart {
-                        process: self.names[idx].clone(),
-                        error,
-                    },
-                    None => ExitReason::ExitCode { code },
-                },
-                (None, Some(signal)) => ExitReason::Signal { signal },
-                (None, None) => ExitReason::ExitCode { code: -1 },
-            },
-            Err(e) => ExitReason::FailedToStart {
-                process: self.names[idx].clone(),
-                error: format!("waiting for the process failed: {e}"),
-            },
-        };
-        // OOM comes from the cgroup's counter, never guessed from SIGKILL.
-        if reason != (ExitReason::ExitCode { code: 0 }) {
-            if let Some(n) = self.cgroup.as_ref().and_then(|c| c.oom_kills().ok()) {
-                if n > self.oom_seen {
-                    self.oom_seen = n;
-                    return ExitReason::OomKilled;
-                }
-            }
+        let reason = crate::exit::exit_reason(
+            &self.names[idx],
+            &self.cmdlines[idx],
+            crate::exit::Ended::from_wait(&status),
+        );
+        if !crate::exit::needs_oom_check(&reason) {
+            return reason;
         }
+        let now = self.cgroup.as_ref().and_then(|c| c.oom_kills().ok());
+        let (reason, seen) = crate::exit::with_oom(reason, self.oom_seen, now);
+        self.oom_seen = seen;
         reason
     }
 
@@ -1111,11 +1104,14 @@ fn task_isolation(
     cg: &FsCgroup,
     ns: crate::ns::PendingNamespaces,
     pids: u64,
-) -> Result<Isolation, String> {
+) -> Result<Isolation, SetupError> {
     let iso = match cg.version() {
         crate::cgroup::Version::V2 => iso
             .into_cgroup_dir(&cg.dir(""))
-            .map_err(|e| format!("cannot open cgroup {}: {e}", cg.dir("").display()))?
+            .map_err(|source| SetupError::CgroupDir {
+                path: cg.dir(""),
+                source,
+            })?
             .checking_pids(&cg.dir("").join("pids.current"), pids),
         crate::cgroup::Version::V1 => iso.checking_pids(&cg.dir("pids").join("pids.current"), pids),
     };
@@ -1123,16 +1119,17 @@ fn task_isolation(
     Ok(iso.in_namespaces(std::sync::Arc::new(ns)))
 }
 
-/// Makes `tmp/data/` and starts the task's namespaces (their init sets them up while
-/// the cgroup is made; [`task_isolation`] waits for it).
+/// Starts the task's namespaces: their init makes `tmp/` and `tmp/data/` and sets
+/// them up while the cgroup is made; [`task_isolation`] waits for it.
 fn start_namespaces(
     layout: &Layout,
     user: &TaskUser,
     task: &ExecutorTask,
-) -> Result<crate::ns::PendingNamespaces, String> {
-    layout.create_tmp(user).map_err(|e| e.to_string())?;
+) -> Result<crate::ns::PendingNamespaces, crate::ns::NsError> {
     let isolated = task.task.network == drover_common::spec::Network::Isolated;
-    TaskNamespaces::create(layout.area(), &layout.dir.tmp(), isolated)
+    let data = layout.dir.tmp();
+    let outer = data.parent().unwrap_or(layout.area());
+    TaskNamespaces::create(layout.area(), outer, (user.uid, user.gid), isolated)
 }
 
 /// Copies a process's output into its rotated log file, which (and `logs/` with it)

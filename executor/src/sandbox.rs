@@ -39,7 +39,6 @@ pub fn defer_stderr(dir: OwnedFd) {
 /// Opens the deferred `executor.stderr` onto descriptor 2, once (see
 /// [`defer_stderr`]); nothing when stderr is not deferred. Errors leave stderr as it
 /// was: there is nowhere to report them.
-#[allow(unsafe_code)]
 pub fn open_deferred_stderr() {
     let Some(dir) = DEFERRED_STDERR.get() else {
         return;
@@ -47,21 +46,11 @@ pub fn open_deferred_stderr() {
     if STDERR_OPENED.swap(true, Ordering::SeqCst) {
         return;
     }
-    // SAFETY: openat reads a NUL-terminated name and opens a new descriptor relative
-    // to `dir`, which is open while the static lives; dup2 and close only touch
-    // descriptors: the new one (ours) and 2.
-    unsafe {
-        let fd = libc::openat(
-            dir.as_raw_fd(),
-            c"executor.stderr".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            layout::PRIVATE_FILE_MODE as libc::c_uint,
-        );
-        if fd >= 0 {
-            libc::dup2(fd, 2);
-            libc::close(fd);
-        }
-    }
+    crate::sys::open_onto_stderr(
+        std::os::fd::AsFd::as_fd(dir),
+        c"executor.stderr",
+        layout::PRIVATE_FILE_MODE,
+    );
 }
 
 /// `eprintln!` for the executor: creates a deferred `executor.stderr` first
@@ -190,27 +179,6 @@ impl Layout {
                 .map_err(io_err(area))?;
         }
         task_owned_dir(&self.work, user)
-    }
-
-    /// Creates `tmp/data/`, the task's private `/tmp` and `/var/tmp` (bound there in
-    /// its mount namespace), as `sandbox/` is made (the task user's, mode 0700), in
-    /// `tmp/`, root's with mode 0700.
-    pub fn create_tmp(&self, user: &TaskUser) -> Result<(), SandboxError> {
-        let data = self.dir.tmp();
-        if let Some(outer) = data.parent() {
-            // Root's, 0700: the task reaches data/ only through its mount namespace.
-            match fs::DirBuilder::new().mode(0o700).create(outer) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(io_err(outer)(e)),
-                _ => {}
-            }
-            let meta = fs::symlink_metadata(outer).map_err(io_err(outer))?;
-            if !meta.is_dir() || (user.switch && meta.uid() != 0) {
-                return Err(io_err(outer)(io::Error::other(
-                    "not a directory of root's; remove it",
-                )));
-            }
-        }
-        task_owned_dir(&data, user)
     }
 
     /// Writes a copy of the task spec.

@@ -13,7 +13,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -201,7 +201,7 @@ impl TaskChild {
         };
         loop {
             let mut ready = pidfd.readable().await?;
-            match reap(self.pid)? {
+            match crate::sys::reap(self.pid)? {
                 Some(status) => {
                     self.pidfd = None;
                     return Ok(status);
@@ -210,33 +210,6 @@ impl TaskChild {
             }
         }
     }
-}
-
-/// `waitpid(pid, WNOHANG)`: the exit status once `pid` exited, None while it runs.
-#[allow(unsafe_code)]
-fn reap(pid: u32) -> io::Result<Option<ExitStatus>> {
-    use std::os::unix::process::ExitStatusExt;
-    let mut status = 0;
-    loop {
-        // SAFETY: waitpid writes one int, `status`, which lives across the call.
-        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-        return match r {
-            0 => Ok(None),
-            -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => continue,
-            -1 => Err(io::Error::last_os_error()),
-            _ => Ok(Some(ExitStatus::from_raw(status))),
-        };
-    }
-}
-
-/// Reaps `pid`, which has exited or is exiting (blocks until it is a zombie).
-#[allow(unsafe_code)]
-fn reap_exited(pid: u32) {
-    let mut status = 0;
-    // SAFETY: waitpid writes one int, `status`, which lives across the call.
-    while unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) } == -1
-        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-    {}
 }
 
 impl TaskCommand {
@@ -308,7 +281,7 @@ impl TaskCommand {
         let null = dev_null()?;
         let (out_r, out_w) = self.pipe()?;
         let (err_r, err_w) = self.pipe()?;
-        let plan = ChildPlan {
+        let plan = crate::child::ChildPlan {
             program: program.as_ptr(),
             argv: argv_ptrs.as_ptr(),
             sh: sh.as_ptr(),
@@ -336,7 +309,14 @@ impl TaskCommand {
                 .map(|(uid, gid, groups)| (*uid, *gid, groups.as_slice())),
             error: std::sync::atomic::AtomicI32::new(0),
         };
-        let (pid, pidfd) = clone_vfork(&plan, &self.isolation)?;
+        let (pid, pidfd) = crate::child::clone_vfork(
+            &plan,
+            self.isolation.cgroup_dir.as_deref().map(|fd| fd.as_fd()),
+            self.isolation
+                .ns
+                .as_deref()
+                .map(|ns| ns as &dyn crate::child::PidNamespace),
+        )?;
         // The child has exec'd (or exited) by now; its copies of the write ends are
         // what keeps the pipes open.
         drop((out_w, err_w));
@@ -344,14 +324,14 @@ impl TaskCommand {
         if error != 0 {
             // It exited without exec: reap it so that no zombie stays.
             drop(pidfd);
-            reap_exited(pid);
+            crate::sys::reap_exited(pid);
             return Err(io::Error::from_raw_os_error(error));
         }
         let watched = (|| {
             Ok::<_, io::Error>((
                 out_r.map(receiver).transpose()?,
                 err_r.map(receiver).transpose()?,
-                watch(pidfd)?,
+                crate::sys::watch_readable(pidfd)?,
             ))
         })();
         match watched {
@@ -368,7 +348,7 @@ impl TaskCommand {
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGKILL,
                 );
-                reap_exited(pid);
+                crate::sys::reap_exited(pid);
                 Err(e)
             }
         }
@@ -382,19 +362,10 @@ impl TaskCommand {
         if !self.piped {
             return Ok((None, None));
         }
-        let (r, w) = pipe()?;
+        let (r, w) = crate::sys::pipe()?;
+        crate::sys::set_nonblocking(r.as_fd())?;
         Ok((Some(r), Some(w)))
     }
-}
-
-/// Registers a pidfd with the runtime, to wait until it is readable (the process exited).
-#[allow(unsafe_code)]
-fn watch(pidfd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
-    // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same descriptor
-    // until the AsyncFd is dropped.
-    Ok(unsafe {
-        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
-    }?)
 }
 
 fn cstring(bytes: &[u8]) -> io::Result<CString> {
@@ -430,317 +401,9 @@ fn dev_null() -> io::Result<BorrowedFd<'static>> {
     Ok(NULL.get_or_init(|| file.into()).as_fd())
 }
 
-/// A pipe, both ends close-on-exec: (read end, non-blocking, write end, blocking as a
-/// process's stdout must be).
-#[allow(unsafe_code)]
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 writes two descriptors into `fds`.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: pipe2 just created both descriptors for us; nothing else owns them.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: fcntl sets the status flags of the read end, a descriptor we own (a
-    // pipe's read end has no other status flag to keep).
-    if unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((r, w))
-}
-
 fn receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
     // The read end is a pipe and non-blocking (`pipe`).
     tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)
-}
-
-/// Everything the clone child uses, prepared (and kept alive) by the parent.
-struct ChildPlan<'a> {
-    program: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    sh: *const libc::c_char,
-    sh_argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    cwd: *const libc::c_char,
-    /// What becomes the child's descriptors 0, 1 and 2.
-    stdio: [RawFd; 3],
-    /// `cgroup.procs` files to write `0` into.
-    procs: &'a [*const libc::c_char],
-    /// Whether to write them: false when the child was born in the cgroup.
-    join_by_write: std::sync::atomic::AtomicBool,
-    /// `pids.current` and the limit to check after joining by writing.
-    pids_check: Option<(*const libc::c_char, u64)>,
-    /// The pidfd of the task's pid namespace init, whose namespaces (`ns_flags`,
-    /// except the pid namespace, which the parent enters for the clone) the child
-    /// enters; -1 for none.
-    ns_fd: RawFd,
-    ns_flags: libc::c_int,
-    user: Option<(u32, u32, &'a [u32])>,
-    /// The errno of the step that failed in the child; 0 when it exec'd.
-    error: std::sync::atomic::AtomicI32,
-}
-
-/// Signal numbers are below this (Linux's `_NSIG` + 1 on x86-64 and arm64).
-const NSIG: libc::c_int = 65;
-
-/// Size of the clone child's stack (it runs a few frames of raw system calls).
-const CHILD_STACK: usize = 32 * 1024;
-
-/// Clones a `CLONE_VM | CLONE_VFORK` child that runs [`child_main`] on `plan`, with
-/// every signal blocked around it: returns once the child exec'd or exited, with its
-/// pid and pidfd. With a cgroup v2 directory in `iso` the child is made by `clone3`
-/// with `CLONE_INTO_CGROUP` (a kernel without it: the plain clone, and the child
-/// writes `cgroup.procs`); with namespaces, this thread enters the task's pid
-/// namespace for its children just around the clone ([`TaskNamespaces::enter_for_children`]).
-#[allow(unsafe_code)]
-fn clone_vfork(plan: &ChildPlan<'_>, iso: &Isolation) -> io::Result<(u32, OwnedFd)> {
-    // Not zeroed: the child touches only the top pages it uses.
-    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
-    // The stack grows down from its end, which the ABI wants 16-byte aligned.
-    let top = ((stack.as_mut_ptr() as usize + CHILD_STACK) & !15) as *mut libc::c_void;
-    let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    let mut pidfd: libc::c_int = -1;
-    // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it and stores the
-    // previous mask in `old`.
-    unsafe {
-        libc::sigfillset(all.as_mut_ptr());
-        libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr());
-    }
-    let restore_mask = || {
-        // SAFETY: `old` was initialised by the pthread_sigmask above.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut()) };
-    };
-    let entered = match &iso.ns {
-        Some(ns) => match ns.enter_for_children() {
-            Ok(guard) => Some(guard),
-            Err(e) => {
-                restore_mask();
-                return Err(e);
-            }
-        },
-        None => None,
-    };
-    let arg = plan as *const ChildPlan<'_> as *mut libc::c_void;
-    let mut pid: isize = -(libc::ENOSYS as isize);
-    if let Some(cgroup) = iso.cgroup_dir.as_ref().filter(|_| crate::sys::SUPPORTED) {
-        plan.join_by_write
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        let args = crate::sys::CloneArgs {
-            flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
-                | crate::sys::CLONE_INTO_CGROUP,
-            pidfd: &mut pidfd as *mut libc::c_int as u64,
-            exit_signal: libc::SIGCHLD as u64,
-            stack: stack.as_mut_ptr() as u64,
-            stack_size: (top as usize - stack.as_mut_ptr() as usize) as u64,
-            cgroup: cgroup.as_raw_fd() as u64,
-            ..Default::default()
-        };
-        // SAFETY: as for the clone below; `args` points at our stack and `pidfd`,
-        // both alive across the call, which CLONE_VFORK makes last until the child
-        // exec'd or exited.
-        pid = unsafe { crate::sys::clone3(&args, child_main, arg) };
-        if pid == -(libc::ENOSYS as isize) || pid == -(libc::E2BIG as isize) {
-            // No clone3, or one without CLONE_INTO_CGROUP: join by writing.
-            plan.join_by_write
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-    let result = if pid >= 0 {
-        Ok(pid)
-    } else if pid == -(libc::ENOSYS as isize) || pid == -(libc::E2BIG as isize) {
-        // SAFETY: clone runs `child_main` on `stack` (alive until the clone returned,
-        // which CLONE_VFORK makes wait for the child's exec or exit) with `plan`,
-        // which outlives the call too; `child_main` only makes async-signal-safe raw
-        // system calls on memory prepared before, so sharing our memory (CLONE_VM) is
-        // sound. With CLONE_PIDFD the kernel stores the pidfd in `pidfd` (the
-        // parent_tid argument of clone).
-        let pid = unsafe {
-            libc::clone(
-                child_main,
-                top,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
-                arg,
-                &mut pidfd as *mut libc::c_int,
-                std::ptr::null_mut::<libc::c_void>(),
-                std::ptr::null_mut::<libc::pid_t>(),
-            )
-        };
-        if pid < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(pid as isize)
-        }
-    } else {
-        Err(io::Error::from_raw_os_error(-pid as i32))
-    };
-    let left = entered.map(|guard| guard.leave());
-    restore_mask();
-    drop(stack);
-    let pid = result?;
-    // SAFETY: the kernel just created this descriptor for us (CLONE_PIDFD).
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    if let Some(Err(e)) = left {
-        // This thread's children would be born in the task's pid namespace: nothing
-        // may be started any more. Should not happen (our own namespace is always
-        // enterable); the child is ended rather than left half-tracked.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        reap_exited(pid as u32);
-        return Err(e);
-    }
-    Ok((pid as u32, pidfd))
-}
-
-/// The clone child: sets up stdio, the working directory, signals and the isolation,
-/// then execs. On a failure it stores the errno in the plan and exits 127.
-#[allow(unsafe_code)]
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the `ChildPlan` clone_vfork passed, alive while we run.
-    let plan = unsafe { &*(arg as *const ChildPlan<'_>) };
-    // SAFETY: the raw system calls below read only the plan's prepared data, write
-    // only the plan's `error`, kernel sigaction structs on this stack, and allocate
-    // nothing. setgroups/setgid/setuid are made as system calls, not through libc,
-    // whose versions would change the credentials of every thread of the executor
-    // (which this child is not) by signalling them.
-    let errno = unsafe { child_steps(plan) };
-    plan.error
-        .store(errno.max(1), std::sync::atomic::Ordering::SeqCst);
-    // SAFETY: _exit ends this child only, without running any exit handler.
-    unsafe { libc::_exit(127) }
-}
-
-/// The child's steps; returns the errno of the one that failed (it returns only then).
-#[allow(unsafe_code)]
-unsafe fn child_steps(plan: &ChildPlan<'_>) -> i32 {
-    let errno = || {
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO)
-    };
-    for (target, &fd) in plan.stdio.iter().enumerate() {
-        let target = target as RawFd;
-        let r = if fd == target {
-            libc::fcntl(fd, libc::F_SETFD, 0)
-        } else {
-            libc::dup2(fd, target)
-        };
-        if r < 0 {
-            return errno();
-        }
-    }
-    // The task's mount (and network) namespace: entered before the working
-    // directory is looked up, since entering a mount namespace resets it.
-    if plan.ns_fd >= 0 && libc::setns(plan.ns_fd, plan.ns_flags) != 0 {
-        return errno();
-    }
-    if libc::chdir(plan.cwd) != 0 {
-        return errno();
-    }
-    // No executor handler may run here (we share its memory): every handled signal
-    // back to its default; SIGPIPE too, which Rust ignores and a task expects default.
-    // Ignored signals stay ignored, as across an exec.
-    let mut act: libc::sigaction = std::mem::zeroed();
-    for sig in 1..NSIG {
-        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-            continue;
-        }
-        if libc::sigaction(sig, std::ptr::null(), &mut act) != 0 {
-            continue;
-        }
-        let handled = act.sa_sigaction != libc::SIG_DFL && act.sa_sigaction != libc::SIG_IGN;
-        if handled || sig == libc::SIGPIPE {
-            act.sa_sigaction = libc::SIG_DFL;
-            act.sa_flags = 0;
-            libc::sigemptyset(&mut act.sa_mask);
-            libc::sigaction(sig, &act, std::ptr::null_mut());
-        }
-    }
-    let mut none: libc::sigset_t = std::mem::zeroed();
-    libc::sigemptyset(&mut none);
-    if libc::syscall(
-        libc::SYS_rt_sigprocmask,
-        libc::SIG_SETMASK,
-        &none as *const libc::sigset_t,
-        std::ptr::null_mut::<libc::sigset_t>(),
-        8usize,
-    ) != 0
-    {
-        return errno();
-    }
-    // Join the cgroup first (unless born in it): after dropping root we could not,
-    // and nothing runs before that could fork.
-    if plan.join_by_write.load(std::sync::atomic::Ordering::SeqCst) {
-        for &path in plan.procs {
-            let fd = libc::open(path, libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return errno();
-            }
-            let n = libc::write(fd, b"0".as_ptr().cast(), 1);
-            let e = errno();
-            libc::close(fd);
-            if n != 1 {
-                return e;
-            }
-        }
-        // The kernel does not hold a migration to pids.max: count ourselves and back
-        // out as a fork over the limit would fail.
-        if let Some((file, limit)) = plan.pids_check {
-            match read_count(file) {
-                Some(n) if n > limit => return libc::EAGAIN,
-                Some(_) => {}
-                None => return errno(),
-            }
-        }
-    }
-    // Own session and process group: signals to the group reach its children.
-    if libc::syscall(libc::SYS_setsid) < 0 {
-        return errno();
-    }
-    if let Some((uid, gid, groups)) = plan.user {
-        if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0
-            || libc::syscall(libc::SYS_setgid, gid) != 0
-            || libc::syscall(libc::SYS_setuid, uid) != 0
-        {
-            return errno();
-        }
-    }
-    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-        return errno();
-    }
-    libc::execve(plan.program, plan.argv, plan.envp);
-    let e = errno();
-    if e == libc::ENOEXEC {
-        libc::execve(plan.sh, plan.sh_argv, plan.envp);
-        return errno();
-    }
-    e
-}
-
-/// The number in the file `path` (`pids.current`), read with raw calls into a buffer
-/// on the stack; None when it cannot be read (errno set).
-#[allow(unsafe_code)]
-unsafe fn read_count(path: *const libc::c_char) -> Option<u64> {
-    let fd = libc::open(path, libc::O_RDONLY | libc::O_CLOEXEC);
-    if fd < 0 {
-        return None;
-    }
-    let mut buf = [0u8; 32];
-    let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-    libc::close(fd);
-    if n <= 0 {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for &b in &buf[..n as usize] {
-        match b {
-            b'0'..=b'9' => value = value.saturating_mul(10).saturating_add((b - b'0') as u64),
-            _ => break,
-        }
-    }
-    Some(value)
 }
 
 /// The first executable regular file named `program` in [`DEFAULT_PATH`], as

@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 
 use drover_common::wire::{ZygoteReply, ZygoteRequest};
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
@@ -66,7 +66,7 @@ pub fn serve(
     socket_fd: RawFd,
     parse: impl Fn(&[String]) -> Result<Options, String>,
 ) -> Result<(), ZygoteError> {
-    let socket = adopt_fd(socket_fd).map_err(|source| ZygoteError::Socket {
+    let socket = crate::sys::adopt_fd(socket_fd).map_err(|source| ZygoteError::Socket {
         fd: socket_fd,
         source,
     })?;
@@ -76,7 +76,7 @@ pub fn serve(
         .write(true)
         .open("/dev/null")
         .map_err(setup("opening /dev/null"))?;
-    install_sigchld_handler().map_err(setup("SIGCHLD handler"))?;
+    crate::sys::install_sigchld_handler(on_sigchld).map_err(setup("SIGCHLD handler"))?;
     let mut chld = SigSet::empty();
     chld.add(Signal::SIGCHLD);
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), None).map_err(|e| ZygoteError::Setup {
@@ -94,7 +94,7 @@ pub fn serve(
     let mut last_fork: Option<std::time::Instant> = None;
     loop {
         reap_children();
-        match wait_readable(socket.as_fd()) {
+        match crate::sys::wait_readable(socket.as_fd()) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(source) => {
@@ -176,11 +176,11 @@ fn start(
     // the child; root's, so it is opened by path, but never through a symlink.
     let sandbox = open_dir_nofollow(&opts.sandbox)
         .map_err(|e| format!("task directory {}: {e}", opts.sandbox.display()))?;
-    match fork_process().map_err(|e| format!("fork: {e}"))? {
+    match crate::child::fork_process().map_err(|e| format!("fork: {e}"))? {
         Some(pid) => {
             // The child is not reaped before this (SIGCHLD is blocked and only the
             // main loop reaps), so `pid` is still the child.
-            let pidfd = match pidfd_open(pid) {
+            let pidfd = match crate::sys::pidfd_open(pid) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
                     eprintln!("drover-executor zygote: pidfd_open({pid}): {e}");
@@ -218,7 +218,7 @@ fn start(
                     2
                 }
             };
-            exit_now(code)
+            crate::sys::exit_now(code)
         }
     }
 }
@@ -228,12 +228,6 @@ fn start(
 /// vanish. Its page faults and symbol lookups were a tenth of a one-shot executor's CPU.
 /// Nothing is lost: statuses on stdout are flushed as they are written, stderr and
 /// every file the executor writes are unbuffered.
-#[allow(unsafe_code)]
-fn exit_now(code: i32) -> ! {
-    // SAFETY: _exit only ends the process.
-    unsafe { libc::_exit(code) }
-}
-
 /// In a freshly forked child: undo what the zygote changed (its socket, SIGCHLD's
 /// handler and mask: tasks exec'd later would inherit a blocked mask), then take the
 /// shape an exec'd executor has: own session, stdin and stdout null, stderr to the
@@ -247,7 +241,7 @@ fn become_executor(
 ) -> io::Result<()> {
     // Closed so that the agent sees the zygote's death as EOF (no child holds its end).
     nix::unistd::close(socket.as_raw_fd())?;
-    reset_sigchld()?;
+    crate::sys::reset_sigchld()?;
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
     nix::unistd::setsid()?;
     nix::unistd::dup2(null.as_raw_fd(), 0)?;
@@ -301,68 +295,9 @@ fn reap_children() {
     }
 }
 
-/// Takes ownership of the inherited descriptor `fd`, close-on-exec.
-#[allow(unsafe_code)]
-fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
-    if fd < 3 {
-        return Err(io::Error::from_raw_os_error(libc::EBADF));
-    }
-    // SAFETY: fcntl only sets the descriptor flags of `fd` (EBADF when not open).
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is open (checked above) and was handed to this process on the
-    // command line for this purpose; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-extern "C" fn on_sigchld(_: libc::c_int) {}
-
-/// Installs a do-nothing SIGCHLD handler without SA_RESTART: its only job is to make
+/// The zygote's SIGCHLD handler: does nothing (async-signal-safe); it only makes
 /// `ppoll` return EINTR when a child exits (the default disposition discards it).
-#[allow(unsafe_code)]
-fn install_sigchld_handler() -> io::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
-    let action = SigAction::new(
-        SigHandler::Handler(on_sigchld),
-        SaFlags::SA_NOCLDSTOP,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler does nothing, so it is async-signal-safe, and no other
-    // handler for SIGCHLD is replaced (this process installs none elsewhere).
-    unsafe { sigaction(Signal::SIGCHLD, &action) }?;
-    Ok(())
-}
-
-/// Back to SIGCHLD's default disposition, in a forked child.
-#[allow(unsafe_code)]
-fn reset_sigchld() -> io::Result<()> {
-    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
-    let action = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
-    // SAFETY: restoring the default disposition installs no handler.
-    unsafe { sigaction(Signal::SIGCHLD, &action) }?;
-    Ok(())
-}
-
-/// Waits until `fd` is readable (or hung up), with SIGCHLD unblocked only while
-/// waiting: a child's exit interrupts the wait (EINTR) and is never missed between
-/// reaping and waiting.
-#[allow(unsafe_code)]
-fn wait_readable(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let unblocked = SigSet::empty();
-    // SAFETY: `pfd` is one valid pollfd for the call's duration, a null timeout means
-    // no timeout, and the mask is a valid sigset_t owned by `unblocked`.
-    let n = unsafe { libc::ppoll(&mut pfd, 1, std::ptr::null(), unblocked.as_ref()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
+extern "C" fn on_sigchld(_: libc::c_int) {}
 
 /// Receives one message and the descriptors attached to it (close-on-exec), without
 /// blocking (WouldBlock when none is queued). A message or descriptor list too long
@@ -383,7 +318,7 @@ pub fn recv_with_fds(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, V
     let mut fds = Vec::new();
     for c in msg.cmsgs().into_iter().flatten() {
         if let ControlMessageOwned::ScmRights(raw) = c {
-            fds.extend(raw.into_iter().map(owned_received_fd));
+            fds.extend(raw.into_iter().map(crate::sys::owned_received_fd));
         }
     }
     if msg
@@ -396,14 +331,6 @@ pub fn recv_with_fds(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, V
         ));
     }
     Ok((msg.bytes, fds))
-}
-
-/// Ownership of a descriptor that arrived by SCM_RIGHTS.
-#[allow(unsafe_code)]
-fn owned_received_fd(raw: RawFd) -> OwnedFd {
-    // SAFETY: the kernel just installed this descriptor in this process for the
-    // message we received; nothing else owns it.
-    unsafe { OwnedFd::from_raw_fd(raw) }
 }
 
 /// Sends one message on a SOCK_SEQPACKET socket with `attach` passed by SCM_RIGHTS.
@@ -425,29 +352,4 @@ pub fn send_with_fds(
         None,
     )?;
     Ok(())
-}
-
-/// fork(): Some(child pid) in the parent, None in the child.
-#[allow(unsafe_code)]
-fn fork_process() -> io::Result<Option<libc::pid_t>> {
-    // SAFETY: this process is single-threaded (the zygote never starts a thread or a
-    // runtime), so the child inherits no lock held by another thread and may run
-    // ordinary Rust code, including the allocator.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => Ok(None),
-        pid => Ok(Some(pid)),
-    }
-}
-
-/// pidfd_open(2): a descriptor that refers to `pid` and becomes readable when it exits.
-#[allow(unsafe_code)]
-fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just created this descriptor for us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }

@@ -18,7 +18,7 @@ use super::body::{json, ok_reply, query_u64, read_json, DEFAULT_WAIT_MS, MAX_WAI
 use super::error::{shutting_down, ApiErr};
 use super::hosts::maintain;
 use super::params;
-use crate::auth::Principal;
+use crate::auth::{may_register_as, AgentProof, Principal};
 use crate::core::{poll_step, Event, MaintenanceOp, PollStep};
 use crate::runtime::ApplyError;
 use crate::tokens::TokenError;
@@ -51,15 +51,13 @@ pub(super) async fn register(
     }
     let bound = match cert {
         Some(Extension(cert)) => {
-            if !cert.is_agent(&req.agent_id) {
-                Err(TokenError::AgentTaken {
-                    agent_id: req.agent_id.clone(),
-                })
-            } else if api.tokens.is_forbidden(&req.agent_id) {
-                Err(TokenError::Forbidden(req.agent_id.clone()))
-            } else {
-                Ok(())
-            }
+            let proof = AgentProof::Certificate {
+                names_agent: cert.is_agent(&req.agent_id),
+            };
+            let forbidden = api.tokens.is_forbidden(&req.agent_id);
+            may_register_as(&req.agent_id, proof, forbidden)
+                .map(|_| ())
+                .map_err(|refused| TokenError::registration(refused, &req.agent_id))
         }
         None => api.tokens.bind_agent(&who, &req.agent_id),
     };

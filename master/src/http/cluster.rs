@@ -6,7 +6,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use drover_common::wire::{self, ApiErrorBody};
-use serde::Serialize;
 
 use super::api::Shared;
 use super::body::{json, ok_reply, read_json};
@@ -67,27 +66,12 @@ pub(super) async fn get_quota(State(api): State<Shared>, Path(role): Path<String
     json(StatusCode::OK, &api.master.read(|c| c.quota_view(&role)))
 }
 
-/// Body of POST /v1/quotas/{role}: the production resources the role may hold
-/// (`{"cpu": 4, "ram_bytes": ..., "disk_bytes": ...}`), or `{"remove": true}`.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-struct SetQuotaRequest {
-    #[serde(default)]
-    cpu: Option<f64>,
-    #[serde(default)]
-    ram_bytes: Option<u64>,
-    #[serde(default)]
-    disk_bytes: Option<u64>,
-    #[serde(default)]
-    remove: bool,
-}
-
 #[utoipa::path(
     post,
     path = "/v1/quotas/{role}",
     tag = "quotas",
     params(params::RolePath),
-    request_body = SetQuotaRequest,
+    request_body = wire::SetQuotaRequest,
     responses(
         (status = 200, description = "The role's quota now.", body = wire::QuotaView),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
@@ -106,38 +90,16 @@ pub(super) async fn set_quota(
             Some("role"),
         ));
     }
-    let req: SetQuotaRequest = read_json(body).await?;
-    let bad = |field: &str, message: String| {
+    let req: wire::SetQuotaRequest = read_json(body).await?;
+    let quota = drover_common::validate::quota_request(&req).map_err(|e| {
         ApiErr::new(
             StatusCode::BAD_REQUEST,
             "invalid_quota",
-            message,
-            Some(field),
+            e.message,
+            Some(&e.field),
         )
-    };
-    let quota = if req.remove {
-        if req.cpu.is_some() || req.ram_bytes.is_some() || req.disk_bytes.is_some() {
-            return Err(bad(
-                "remove",
-                "remove goes alone; send either remove or cpu, ram_bytes and disk_bytes"
-                    .to_string(),
-            ));
-        }
-        None
-    } else {
-        let cpu = req.cpu.unwrap_or(0.0);
-        if !cpu.is_finite() || cpu < 0.0 {
-            return Err(bad(
-                "cpu",
-                format!("is {cpu}; use 0 or more cores, e.g. 4 or 0.5"),
-            ));
-        }
-        Some(crate::core::Usage::from_wire(&wire::QuotaResources {
-            cpu,
-            ram_bytes: req.ram_bytes.unwrap_or(0),
-            disk_bytes: req.disk_bytes.unwrap_or(0),
-        }))
-    };
+    })?;
+    let quota = quota.map(|q| crate::core::Usage::from_wire(&q));
     ok_reply(api.master.apply(Event::SetQuota { role, quota }).await?)
 }
 
@@ -261,22 +223,13 @@ pub(super) async fn list_agents(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.master.read(|c| c.agent_views()))
 }
 
-/// Answer of POST /v1/agents/{id}/forbid and /allow.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct AgentAccessResponse {
-    agent_id: String,
-    forbidden: bool,
-    /// Tokens revoked because they were bound to the agent.
-    revoked_tokens: Vec<String>,
-}
-
 #[utoipa::path(
     post,
     path = "/v1/agents/{id}/forbid",
     tag = "agents",
     params(params::AgentPath),
     responses(
-        (status = 200, description = "The agent id is refused from now on.", body = AgentAccessResponse),
+        (status = 200, description = "The agent id is refused from now on.", body = wire::AgentAccessResponse),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
     ),
 )]
@@ -290,7 +243,7 @@ pub(super) async fn forbid_agent(
     tracing::warn!(agent_id = %id, ?revoked_tokens, "agent forbidden: its requests are refused from now on");
     Ok(json(
         StatusCode::OK,
-        &AgentAccessResponse {
+        &wire::AgentAccessResponse {
             agent_id: id,
             forbidden: true,
             revoked_tokens,
@@ -304,7 +257,7 @@ pub(super) async fn forbid_agent(
     tag = "agents",
     params(params::AgentPath),
     responses(
-        (status = 200, description = "The agent id may register again.", body = AgentAccessResponse),
+        (status = 200, description = "The agent id may register again.", body = wire::AgentAccessResponse),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
     ),
 )]
@@ -315,7 +268,7 @@ pub(super) async fn allow_agent(
     api.tokens.allow_agent(&id)?;
     Ok(json(
         StatusCode::OK,
-        &AgentAccessResponse {
+        &wire::AgentAccessResponse {
             agent_id: id,
             forbidden: false,
             revoked_tokens: Vec::new(),

@@ -9,7 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use drover_common::wire::ApiErrorBody;
+use drover_common::wire::{ApiErrorBody, LOG_SIZE_HEADER};
 
 use super::api::Shared;
 use super::body::query_u64;
@@ -137,6 +137,3 @@ pub(super) async fn task_log(
     }
     Ok(response)
 }
-
-/// The header the agents' log servers send with a log's total size.
-const LOG_SIZE_HEADER: &str = "x-drover-log-size";

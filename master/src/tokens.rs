@@ -15,6 +15,8 @@ use std::sync::{Mutex, RwLock};
 
 use rusqlite::{params, Connection};
 
+use drover_os::fs::write_private;
+
 use crate::auth::{
     self, may_register_as, AgentProof, AuthError, Grant, NewToken, Principal, Registration,
     RegistrationRefused,
@@ -561,22 +563,6 @@ impl Tokens {
         })?;
         Ok(Some(path))
     }
-}
-
-/// Writes a file only its owner can read (created 0600, then renamed into place).
-pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

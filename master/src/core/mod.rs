@@ -20,7 +20,9 @@
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
 //! - `poll`: the assignment long poll's step (answer now, or wait for what)
-//! - `update`: rolling updates, canaries and their reverse-order rollback
+//! - `update`: rolling updates (the record, its views, start and the operators'
+//!   actions); `rollout`: the engine that moves each one batch by batch and rolls
+//!   it back in reverse order
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
@@ -48,6 +50,7 @@ mod preemption;
 mod probe;
 mod quota;
 mod reconciliation;
+mod rollout;
 mod snapshot;
 mod stats;
 mod stuck;

@@ -21,11 +21,10 @@ use serde::Deserialize;
 
 use crate::sys::open_nofollow;
 use drover_common::layout::Layout;
+pub use drover_common::wire::LOG_SIZE_HEADER;
 
 /// The most bytes one log request returns; clients continue from the next offset.
 pub const MAX_CHUNK: u64 = 4 * 1024 * 1024;
-/// Header carrying the log file's total size.
-pub const LOG_SIZE_HEADER: &str = "x-drover-log-size";
 
 /// Query of a log request.
 #[derive(Debug, Default, Deserialize)]

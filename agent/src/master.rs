@@ -12,11 +12,8 @@ use std::time::Duration;
 use drover_common::wire::{
     ApiErrorBody, AssignmentSet, HeartbeatRequest, HeartbeatResponse, RegisterRequest,
     RegisterResponse, SelfDrainRequest, StatusAck, StatusUpdateBatch, ASSIGNMENTS_HELD_MS_HEADER,
-    LOGS_KEY_HEADER,
+    LEADER_HEADER, LOGS_KEY_HEADER,
 };
-
-/// The header of a standby's 503 naming the leader's URL.
-const LEADER_HEADER: &str = "x-drover-leader";
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

@@ -1,5 +1,5 @@
-//! The agent's side of systemd's notification protocol (sd_notify(3), through the
-//! `sd-notify` crate; every call is a no-op without NOTIFY_SOCKET).
+//! The agent's side of systemd's notification protocol (sd_notify(3); the sending is
+//! `drover_os::systemd`'s, a no-op without NOTIFY_SOCKET).
 //!
 //! `READY=1` once the log server's listener is bound and the executors already on
 //! the host are re-adopted: the agent then serves its host, whether or not the
@@ -12,9 +12,7 @@
 
 use std::time::Duration;
 
-use drover_common::state::mono_ms;
-use drover_common::systemd::{status_line, WatchdogPacer};
-use sd_notify::NotifyState;
+pub use drover_os::systemd::{ping, ready, watchdog};
 
 /// The agent's one-line status: running tasks, and the master's contact.
 pub fn status(running: usize, registered: bool, since_contact: Duration) -> String {
@@ -26,41 +24,6 @@ pub fn status(running: usize, registered: bool, since_contact: Duration) -> Stri
         "registered with the master".to_string()
     };
     format!("{running} tasks running; {master}")
-}
-
-/// Tells systemd the agent serves (READY=1) with `status`. Errors are logged: a
-/// lost notification must not stop an agent that serves.
-pub fn ready(status: &str) {
-    send(&[
-        NotifyState::Ready,
-        NotifyState::Status(&status_line(status)),
-    ]);
-}
-
-/// Pings the watchdog (WATCHDOG=1) with a fresh `status`.
-pub fn ping(status: &str) {
-    send(&[
-        NotifyState::Watchdog,
-        NotifyState::Status(&status_line(status)),
-    ]);
-}
-
-/// The watchdog systemd asked for (WATCHDOG_USEC, and WATCHDOG_PID naming this
-/// process when set), paced from now; `None` without one.
-pub fn watchdog() -> Option<WatchdogPacer> {
-    let timeout = sd_notify::watchdog_enabled()?;
-    tracing::info!(
-        timeout_ms = timeout.as_millis() as u64,
-        "systemd watchdog on"
-    );
-    Some(WatchdogPacer::new(timeout, mono_ms()))
-}
-
-/// Sends `states`; logs a failure.
-fn send(states: &[NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(states) {
-        tracing::warn!(error = %e, "cannot notify systemd (NOTIFY_SOCKET)");
-    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 
 use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
-    ActionResponse, AgentView, ApiError, ApiErrorBody, ChangesView, ClusterView, CronView,
-    HostProbe, HostView, HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources,
-    QuotaView, RoleUserRequest, RoleView, TaskView, UpdateRequest, UpdateView,
+    ActionResponse, AgentAccessResponse, AgentView, ApiError, ApiErrorBody, ChangesView,
+    ClusterView, CreateTokenRequest, CreateTokenResponse, CronView, HostProbe, HostView,
+    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView,
+    RoleUserRequest, RoleView, SetQuotaRequest, TaskView, TokenInfo, UpdateRequest, UpdateView,
+    ALLOW_STALE_HEADER, LEADER_HEADER, LOG_SIZE_HEADER,
 };
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// Everything that can go wrong talking to the master or an agent.
 #[derive(Debug, thiserror::Error)]
@@ -100,41 +102,6 @@ pub fn describe_api_error(status: u16, error: &ApiError) -> String {
     out
 }
 
-/// The answer to POST /v1/jobs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CreateJobResponse {
-    #[serde(default)]
-    pub job: String,
-    #[serde(default)]
-    pub tasks: Vec<String>,
-}
-
-/// A token as GET /v1/tokens lists it (never its secret).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenInfo {
-    pub id: String,
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub roles: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent_id: Option<String>,
-    #[serde(default)]
-    pub description: String,
-    pub created_ms: u64,
-    #[serde(default)]
-    pub created_by: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revoked_ms: Option<u64>,
-}
-
-/// The answer to POST /v1/tokens: the record and the token's text (shown once).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NewToken {
-    #[serde(flatten)]
-    pub info: TokenInfo,
-    pub token: String,
-}
-
 /// A piece of a log file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogChunk {
@@ -147,10 +114,6 @@ pub struct LogChunk {
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(10);
 /// The pause between two tries during a failover.
 const FAILOVER_PAUSE: Duration = Duration::from_millis(200);
-/// The header a standby's refusal names the leader in.
-const LEADER_HEADER: &str = "x-drover-leader";
-/// Request header: a read accepts an answer from a standby's copy of the state.
-const ALLOW_STALE_HEADER: &str = "x-drover-allow-stale";
 
 /// When a request is sent again after its answer was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,7 +527,7 @@ impl Client {
     /// POST /v1/jobs. Sent again when a failover lost its answer; a job of
     /// the same key and the identical spec then found there is the one the lost
     /// try created, and counts as created.
-    pub async fn create_job(&self, spec: &JobSpec) -> Result<CreateJobResponse, ClientError> {
+    pub async fn create_job(&self, spec: &JobSpec) -> Result<ActionResponse, ClientError> {
         let body = serde_json::to_value(spec).map_err(|e| ClientError::Decode {
             url: self.base.clone(),
             message: e.to_string(),
@@ -677,11 +640,8 @@ impl Client {
         key: &JobKey,
         action: &str,
     ) -> Result<UpdateView, ClientError> {
-        self.post(
-            &format!("/v1/jobs/{key}/update/{action}"),
-            &serde_json::json!({}),
-        )
-        .await
+        self.post_empty(&format!("/v1/jobs/{key}/update/{action}"))
+            .await
     }
 
     /// GET /v1/tasks/{id}.
@@ -699,8 +659,7 @@ impl Client {
 
     /// POST /v1/cluster/eviction-guard/release.
     pub async fn release_guard(&self) -> Result<ClusterView, ClientError> {
-        self.post("/v1/cluster/eviction-guard/release", &serde_json::json!({}))
-            .await
+        self.post_empty("/v1/cluster/eviction-guard/release").await
     }
 
     /// GET /v1/quotas, or /v1/quotas/{role} (as a list of one).
@@ -725,10 +684,7 @@ impl Client {
         if !is_valid_name(role) {
             return Err(ClientError::BadRole(role.to_string()));
         }
-        let body = match quota {
-            Some(q) => serde_json::to_value(q).unwrap_or_default(),
-            None => serde_json::json!({"remove": true}),
-        };
+        let body = SetQuotaRequest::from(quota);
         self.post(&format!("/v1/quotas/{role}"), &body).await
     }
 
@@ -768,13 +724,10 @@ impl Client {
         key: &JobKey,
         action: &str,
     ) -> Result<ActionResponse, ClientError> {
-        self.post(
-            &format!(
-                "/v1/cron/{}/{}/{}/{action}",
-                key.role, key.environment, key.name
-            ),
-            &serde_json::json!({}),
-        )
+        self.post_empty(&format!(
+            "/v1/cron/{}/{}/{}/{action}",
+            key.role, key.environment, key.name
+        ))
         .await
     }
 
@@ -822,7 +775,10 @@ impl Client {
     }
 
     /// POST /v1/tokens: the new token's record and text.
-    pub async fn create_token(&self, request: &serde_json::Value) -> Result<NewToken, ClientError> {
+    pub async fn create_token(
+        &self,
+        request: &CreateTokenRequest,
+    ) -> Result<CreateTokenResponse, ClientError> {
         self.post("/v1/tokens", request).await
     }
 
@@ -831,8 +787,7 @@ impl Client {
         if !is_valid_name(id) {
             return Err(ClientError::BadTokenId(id.to_string()));
         }
-        self.post(&format!("/v1/tokens/{id}/revoke"), &serde_json::json!({}))
-            .await
+        self.post_empty(&format!("/v1/tokens/{id}/revoke")).await
     }
 
     /// POST /v1/agents/{id}/forbid (`forbid` true) or /allow.
@@ -840,13 +795,10 @@ impl Client {
         &self,
         agent_id: &str,
         forbid: bool,
-    ) -> Result<serde_json::Value, ClientError> {
+    ) -> Result<AgentAccessResponse, ClientError> {
         let verb = if forbid { "forbid" } else { "allow" };
-        self.post(
-            &format!("/v1/agents/{agent_id}/{verb}"),
-            &serde_json::json!({}),
-        )
-        .await
+        self.post_empty(&format!("/v1/agents/{agent_id}/{verb}"))
+            .await
     }
 
     /// GET /v1/tasks/{id}/logs/{process}/{stream}?offset=N on the master, which
@@ -869,7 +821,7 @@ impl Client {
         let answer = sent.answer.ok()?;
         let size = answer
             .headers
-            .get("x-drover-log-size")
+            .get(LOG_SIZE_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
         Ok(LogChunk {
@@ -880,6 +832,14 @@ impl Client {
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.send(reqwest::Method::GET, path, &[], None, Resend::Always)
+            .await?
+            .answer
+            .json()
+    }
+
+    /// POST to a route that takes no body, not sent again once its answer is lost.
+    async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send(reqwest::Method::POST, path, &[], None, Resend::IfNotDone)
             .await?
             .answer
             .json()
@@ -911,8 +871,8 @@ impl Client {
 /// A create answered `job_exists` after an earlier try's answer was lost: the
 /// job found is the one that try created when its spec is the one sent (then
 /// the create's answer), else it is another's.
-fn created_by_lost_try(view: JobView, spec: &JobSpec) -> Option<CreateJobResponse> {
-    (view.spec == *spec).then(|| CreateJobResponse {
+fn created_by_lost_try(view: JobView, spec: &JobSpec) -> Option<ActionResponse> {
+    (view.spec == *spec).then(|| ActionResponse {
         job: view.key,
         tasks: view
             .instances

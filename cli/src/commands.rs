@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use drover_common::spec::is_valid_name;
-use drover_common::wire::{JobView, TaskView};
+use drover_common::wire::{CreateTokenRequest, JobView, TaskView};
 use serde::Serialize;
 
 use crate::args::{
@@ -423,7 +423,7 @@ pub async fn agent(master: &Endpoint, command: AgentCommand) -> anyhow::Result<b
             let answer = client.set_agent_forbidden(&agent_id, true).await?;
             println!(
                 "agent {agent_id} is forbidden; revoked tokens: {}",
-                answer["revoked_tokens"]
+                serde_json::to_string(&answer.revoked_tokens)?
             );
             Ok(true)
         }
@@ -440,7 +440,7 @@ pub fn token_request(
     roles: &[String],
     agent_id: Option<&str>,
     description: &str,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<CreateTokenRequest> {
     let special = ["admin", "operator", "agent"];
     let kind = match roles {
         [one] if special.contains(&one.as_str()) => one.as_str(),
@@ -452,14 +452,16 @@ pub fn token_request(
     if agent_id.is_some() && kind != "agent" {
         bail!("--agent-id goes with --role agent");
     }
-    let mut body = serde_json::json!({ "kind": kind, "description": description });
-    if kind == "roles" {
-        body["roles"] = serde_json::json!(roles);
-    }
-    if let Some(id) = agent_id {
-        body["agent_id"] = serde_json::json!(id);
-    }
-    Ok(body)
+    Ok(CreateTokenRequest {
+        kind: kind.to_string(),
+        roles: if kind == "roles" {
+            roles.to_vec()
+        } else {
+            Vec::new()
+        },
+        agent_id: agent_id.map(str::to_string),
+        description: description.to_string(),
+    })
 }
 
 /// Runs a `drover token ...` command.
@@ -476,7 +478,7 @@ pub async fn token(master: &Endpoint, command: TokenCommand) -> anyhow::Result<b
             eprintln!(
                 "created token {} ({}); it is shown only now:",
                 created.info.id,
-                describe_token(&created.info)
+                created.info.grant.describe()
             );
             println!("{}", created.token);
             Ok(true)
@@ -495,7 +497,7 @@ pub async fn token(master: &Endpoint, command: TokenCommand) -> anyhow::Result<b
                     };
                     table.row(vec![
                         t.id.clone(),
-                        describe_token(t),
+                        t.grant.describe(),
                         state.to_string(),
                         t.description.clone(),
                     ]);
@@ -538,15 +540,6 @@ pub fn tls(command: TlsCommand) -> anyhow::Result<bool> {
         }
     }
     Ok(true)
-}
-
-/// `admin`, `operator`, `roles:www,db`, `agent:a1` or `agent:(unbound)`.
-fn describe_token(t: &crate::client::TokenInfo) -> String {
-    match t.kind.as_str() {
-        "roles" => format!("roles:{}", t.roles.join(",")),
-        "agent" => format!("agent:{}", t.agent_id.as_deref().unwrap_or("(unbound)")),
-        other => other.to_string(),
-    }
 }
 
 /// Runs a `drover cluster ...` command. `status` fails (exit 1) while the eviction

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use drover_os::fs::write_private;
 use serde::Deserialize;
 
 /// The user's config file; every key optional.
@@ -72,22 +73,6 @@ pub fn resolve(
 /// Writes a token to `path`, readable by its owner only.
 pub fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
     write_private(path, &format!("{token}\n"))
-}
-
-/// Writes `text` to `path`, readable by its owner only (created 0600, then renamed
-/// into place).
-pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    std::fs::rename(&tmp, path)
 }
 
 /// Reads the token in `path` (trimmed).

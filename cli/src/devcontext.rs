@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::credentials::write_private;
+use drover_os::fs::write_private;
 
 /// The file's name in the config directory.
 pub const FILE_NAME: &str = "dev.toml";

@@ -13,7 +13,7 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use crate::credentials::write_private;
+use drover_os::fs::write_private;
 
 /// The CA's certificate file in the TLS directory.
 pub const CA_CERT: &str = "ca.pem";

@@ -10,7 +10,7 @@ use crate::spec::{is_valid_name, Constraint, HealthCheckType, JobSpec, ProcessSp
 use crate::suggest::closest;
 use crate::template;
 use crate::units::{ByteSize, Duration};
-use crate::wire::FieldError;
+use crate::wire::{CreateTokenRequest, FieldError, Grant, QuotaResources, SetQuotaRequest};
 
 /// The most instances one job may have.
 pub const MAX_INSTANCES: u32 = 10_000;
@@ -34,6 +34,101 @@ const NAME_RULE: &str =
 /// Every semantic problem in `job`, in field order; empty when the job is valid.
 pub fn validate(job: &JobSpec) -> Vec<FieldError> {
     validate_with(job, Unknown::default(), false)
+}
+
+/// The quota a `SetQuotaRequest` asks for (None: remove the role's quota), or the
+/// first field at fault: `remove` goes alone, and `cpu` is a finite number of
+/// cores, 0 or more. Absent resources are 0.
+pub fn quota_request(req: &SetQuotaRequest) -> Result<Option<QuotaResources>, FieldError> {
+    let bad = |field: &str, message: String| FieldError {
+        field: field.to_string(),
+        message,
+    };
+    if req.remove {
+        if req.cpu.is_some() || req.ram_bytes.is_some() || req.disk_bytes.is_some() {
+            return Err(bad(
+                "remove",
+                "remove goes alone; send either remove or cpu, ram_bytes and disk_bytes"
+                    .to_string(),
+            ));
+        }
+        return Ok(None);
+    }
+    let cpu = req.cpu.unwrap_or(0.0);
+    if !cpu.is_finite() || cpu < 0.0 {
+        return Err(bad(
+            "cpu",
+            format!("is {cpu}; use 0 or more cores, e.g. 4 or 0.5"),
+        ));
+    }
+    Ok(Some(QuotaResources {
+        cpu,
+        ram_bytes: req.ram_bytes.unwrap_or(0),
+        disk_bytes: req.disk_bytes.unwrap_or(0),
+    }))
+}
+
+/// The grant and description a `CreateTokenRequest` asks for, or the first field
+/// at fault: a known kind, roles only with (and never empty for) kind `roles`, an
+/// agent id only with kind `agent`, valid names, a description of at most 200
+/// bytes.
+pub fn token_request(req: CreateTokenRequest) -> Result<(Grant, String), FieldError> {
+    let refuse = |message: String, field: &str| FieldError {
+        field: field.to_string(),
+        message,
+    };
+    if req.description.len() > 200 {
+        return Err(refuse(
+            "description is longer than 200 bytes".to_string(),
+            "description",
+        ));
+    }
+    if !req.roles.is_empty() && req.kind != "roles" {
+        return Err(refuse(
+            format!("roles go with kind \"roles\", not \"{}\"", req.kind),
+            "roles",
+        ));
+    }
+    if req.agent_id.is_some() && req.kind != "agent" {
+        return Err(refuse(
+            "agent_id goes with kind \"agent\"".to_string(),
+            "agent_id",
+        ));
+    }
+    let grant = match req.kind.as_str() {
+        "admin" => Grant::Admin,
+        "operator" => Grant::Operator,
+        "agent" => {
+            if let Some(id) = req.agent_id.as_ref().filter(|id| !is_valid_name(id)) {
+                return Err(refuse(format!("`{id}` is not an agent id"), "agent_id"));
+            }
+            Grant::Agent {
+                agent_id: req.agent_id,
+            }
+        }
+        "roles" => {
+            if req.roles.is_empty() {
+                return Err(refuse(
+                    "roles is empty; name at least one role".to_string(),
+                    "roles",
+                ));
+            }
+            if let Some(bad) = req.roles.iter().find(|r| !is_valid_name(r)) {
+                return Err(refuse(
+                    format!("`{bad}` is not a role name (1-64 of A-Z a-z 0-9 _ . -)"),
+                    "roles",
+                ));
+            }
+            Grant::Roles { roles: req.roles }
+        }
+        other => {
+            return Err(refuse(
+                format!("kind `{other}` is not one of admin, operator, roles, agent"),
+                "kind",
+            ))
+        }
+    };
+    Ok((grant, req.description))
 }
 
 /// Parts of a job that were written wrongly and replaced by placeholders while

@@ -552,6 +552,15 @@ pub struct ApiError {
 /// Header of `POST /v1/agents/register` carrying the secret the agent's log server
 /// requires (as `Authorization: Bearer <it>`) from the master proxying log reads.
 pub const LOGS_KEY_HEADER: &str = "x-drover-logs-key";
+/// Response header of an agent's log server, passed on by the master: the log
+/// file's total size in bytes.
+pub const LOG_SIZE_HEADER: &str = "x-drover-log-size";
+/// Response header of a standby's `503 not_leader`: the leader's URL, where agents
+/// and the CLI go next.
+pub const LEADER_HEADER: &str = "x-drover-leader";
+/// Request header: a read accepts an answer from a standby's copy of the state
+/// (`true`) while no leader answers.
+pub const ALLOW_STALE_HEADER: &str = "x-drover-allow-stale";
 
 /// A problem at a field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -660,6 +669,40 @@ pub struct QuotaResources {
     pub cpu: f64,
     pub ram_bytes: u64,
     pub disk_bytes: u64,
+}
+
+/// Body of POST /v1/quotas/{role}: the production resources the role may hold
+/// (`{"cpu": 4, "ram_bytes": ..., "disk_bytes": ...}`), or `{"remove": true}`.
+// `validate::quota_request` checks it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetQuotaRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remove: bool,
+}
+
+impl From<Option<QuotaResources>> for SetQuotaRequest {
+    /// The request that sets `quota`, or removes the role's quota (None).
+    fn from(quota: Option<QuotaResources>) -> SetQuotaRequest {
+        match quota {
+            Some(q) => SetQuotaRequest {
+                cpu: Some(q.cpu),
+                ram_bytes: Some(q.ram_bytes),
+                disk_bytes: Some(q.disk_bytes),
+                remove: false,
+            },
+            None => SetQuotaRequest {
+                remove: true,
+                ..SetQuotaRequest::default()
+            },
+        }
+    }
 }
 
 /// A role's quota and its production use (GET /v1/quotas[/{role}]).
@@ -1093,6 +1136,87 @@ pub struct UpdateView {
     /// ends on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stuck: Option<String>,
+}
+
+/// What a token is for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Grant {
+    /// Everything: jobs of every role, tokens, agents.
+    Admin,
+    /// Maintenance (removing agents) and reading everything; no job changes.
+    Operator,
+    /// Create, update, kill, restart and read the jobs of these roles only.
+    Roles { roles: Vec<String> },
+    /// An agent: the agent API for the one agent id it is bound to (bound at its
+    /// first registration when created without one).
+    Agent {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent_id: Option<String>,
+    },
+}
+
+impl Grant {
+    /// A short description for logs and listings (`admin`, `roles:www,db`, `agent:a1`).
+    pub fn describe(&self) -> String {
+        match self {
+            Grant::Admin => "admin".to_string(),
+            Grant::Operator => "operator".to_string(),
+            Grant::Roles { roles } => format!("roles:{}", roles.join(",")),
+            Grant::Agent { agent_id: Some(id) } => format!("agent:{id}"),
+            Grant::Agent { agent_id: None } => "agent:(unbound)".to_string(),
+        }
+    }
+}
+
+/// A token as listed: everything but its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TokenInfo {
+    pub id: String,
+    #[serde(flatten)]
+    pub grant: Grant,
+    /// Free text given at creation.
+    #[serde(default)]
+    pub description: String,
+    pub created_ms: u64,
+    /// The token id that created it (empty for the bootstrap token).
+    #[serde(default)]
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_ms: Option<u64>,
+}
+
+/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` (an agent
+/// token may name its `agent_id`) or `{"kind": "roles", "roles": ["www-data"]}`,
+/// and an optional description.
+// `validate::token_request` checks it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTokenRequest {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Answer of POST /v1/tokens: the token's record and its text, shown only here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CreateTokenResponse {
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    pub token: String,
+}
+
+/// Answer of POST /v1/agents/{id}/forbid and /allow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AgentAccessResponse {
+    pub agent_id: String,
+    pub forbidden: bool,
+    /// Tokens revoked because they were bound to the agent.
+    pub revoked_tokens: Vec<String>,
 }
 
 /// What a kill or restart touched.

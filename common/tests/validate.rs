@@ -5,7 +5,8 @@
 use drover_common::parse::parse_job;
 use drover_common::spec::{HealthCheckType, JobSpec, Lifecycle, ProcessSpec};
 use drover_common::units::{ByteSize, Duration};
-use drover_common::validate::{validate, MAX_DISK, MAX_PROCESSES, MAX_RAM};
+use drover_common::validate::{quota_request, validate, MAX_DISK, MAX_PROCESSES, MAX_RAM};
+use drover_common::wire::{QuotaResources, SetQuotaRequest};
 
 fn base() -> JobSpec {
     parse_job(
@@ -560,4 +561,38 @@ fn an_isolated_network_is_accepted_with_named_ports_which_are_forwarded() {
         "role: www-data\nenvironment: prod\nname: b\ntask:\n  processes: [{name: a, cmdline: 'true'}]\n  resources: {cpu: 1, ram: 1MiB, disk: 1MiB}\n  network: bridge\n",
     )
     .is_err());
+}
+
+#[test]
+fn a_quota_request_sets_resources_absent_ones_zero_or_removes_alone() {
+    let set = SetQuotaRequest {
+        cpu: Some(4.0),
+        ram_bytes: Some(1 << 30),
+        ..SetQuotaRequest::default()
+    };
+    assert_eq!(
+        quota_request(&set),
+        Ok(Some(QuotaResources {
+            cpu: 4.0,
+            ram_bytes: 1 << 30,
+            disk_bytes: 0,
+        }))
+    );
+    let remove = SetQuotaRequest::from(None);
+    assert_eq!(quota_request(&remove), Ok(None));
+    let both = SetQuotaRequest {
+        cpu: Some(1.0),
+        remove: true,
+        ..SetQuotaRequest::default()
+    };
+    assert_eq!(quota_request(&both).unwrap_err().field, "remove");
+    for cpu in [-1.0, f64::NAN, f64::INFINITY] {
+        let bad = SetQuotaRequest {
+            cpu: Some(cpu),
+            ..SetQuotaRequest::default()
+        };
+        let err = quota_request(&bad).unwrap_err();
+        assert_eq!(err.field, "cpu");
+        assert!(err.message.contains("0 or more cores"), "{}", err.message);
+    }
 }

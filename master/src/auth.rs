@@ -3,7 +3,7 @@
 //! comparison (the `subtle` crate), the kinds of token (admin, operator, job roles,
 //! agent) and the permission each route needs. docs/auth.md describes the model.
 
-use serde::{Deserialize, Serialize};
+pub use drover_common::wire::Grant;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -15,37 +15,6 @@ pub const TOKEN_ID_LEN: usize = 16;
 pub const TOKEN_SECRET_LEN: usize = 64;
 /// The longest `Authorization` header read; anything longer is refused unread.
 pub const MAX_AUTHORIZATION_LEN: usize = 256;
-
-/// What a token is for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Grant {
-    /// Everything: jobs of every role, tokens, agents.
-    Admin,
-    /// Maintenance (removing agents) and reading everything; no job changes.
-    Operator,
-    /// Create, update, kill, restart and read the jobs of these roles only.
-    Roles { roles: Vec<String> },
-    /// An agent: the agent API for the one agent id it is bound to (bound at its
-    /// first registration when created without one).
-    Agent {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        agent_id: Option<String>,
-    },
-}
-
-impl Grant {
-    /// A short description for logs and listings (`admin`, `roles:www,db`, `agent:a1`).
-    pub fn describe(&self) -> String {
-        match self {
-            Grant::Admin => "admin".to_string(),
-            Grant::Operator => "operator".to_string(),
-            Grant::Roles { roles } => format!("roles:{}", roles.join(",")),
-            Grant::Agent { agent_id: Some(id) } => format!("agent:{id}"),
-            Grant::Agent { agent_id: None } => "agent:(unbound)".to_string(),
-        }
-    }
-}
 
 /// An authenticated caller: the token's id and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +103,71 @@ impl Principal {
     /// tokens of that role (admins and operators see the names, not the values).
     pub fn sees_secrets_of(&self, role: &str) -> bool {
         matches!(&self.grant, Grant::Roles { roles } if roles.iter().any(|r| r == role))
+    }
+}
+
+/// How an agent that registers proves who it is.
+#[derive(Clone, Copy, Debug)]
+pub enum AgentProof<'a> {
+    /// A client certificate (TLS), and whether it names the agent
+    /// (`<id>.agent.drover`).
+    Certificate { names_agent: bool },
+    /// A token: its id and grant, and the live token the agent id is bound to, if
+    /// any.
+    Token {
+        token_id: &'a str,
+        grant: &'a Grant,
+        owner: Option<&'a str>,
+    },
+}
+
+/// What a registration that may go ahead still needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    /// Nothing: the certificate names the agent, or the token is bound to it.
+    Allowed,
+    /// The token is an unbound agent token: it is bound to the agent id now.
+    BindToken,
+}
+
+/// Why an agent may not register under an id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegistrationRefused {
+    /// An admin forbade the agent id.
+    Forbidden,
+    /// The credential is another agent's (a certificate naming another id, a token
+    /// bound to another agent, a token that is no agent token), or another live
+    /// token is bound to the id.
+    Taken,
+}
+
+/// Who may register as which agent (pure): a certificate only as the agent it
+/// names, then only if the id is not forbidden; a token, unless the id is
+/// forbidden, as the agent it is bound to, or, unbound, as any agent no other live
+/// token is bound to (binding it).
+pub fn may_register_as(
+    agent_id: &str,
+    proof: AgentProof<'_>,
+    forbidden: bool,
+) -> Result<Registration, RegistrationRefused> {
+    match proof {
+        AgentProof::Certificate { names_agent: false } => Err(RegistrationRefused::Taken),
+        AgentProof::Certificate { .. } if forbidden => Err(RegistrationRefused::Forbidden),
+        AgentProof::Certificate { .. } => Ok(Registration::Allowed),
+        AgentProof::Token { .. } if forbidden => Err(RegistrationRefused::Forbidden),
+        AgentProof::Token {
+            token_id,
+            grant,
+            owner,
+        } => match grant {
+            Grant::Agent {
+                agent_id: Some(bound),
+            } if bound == agent_id => Ok(Registration::Allowed),
+            Grant::Agent { agent_id: None } if owner.is_none_or(|o| o == token_id) => {
+                Ok(Registration::BindToken)
+            }
+            _ => Err(RegistrationRefused::Taken),
+        },
     }
 }
 
@@ -315,5 +349,72 @@ mod tests {
         assert!(Permission::WriteJob { role: "db".into() }
             .to_string()
             .contains("role db"));
+    }
+
+    #[test]
+    fn a_certificate_registers_only_as_the_agent_it_names_and_not_when_forbidden() {
+        let cert = |names_agent| AgentProof::Certificate { names_agent };
+        assert_eq!(
+            may_register_as("a1", cert(true), false),
+            Ok(Registration::Allowed)
+        );
+        assert_eq!(
+            may_register_as("a1", cert(false), false),
+            Err(RegistrationRefused::Taken)
+        );
+        assert_eq!(
+            may_register_as("a1", cert(true), true),
+            Err(RegistrationRefused::Forbidden)
+        );
+        // Another agent's certificate is refused as such, forbidden or not.
+        assert_eq!(
+            may_register_as("a1", cert(false), true),
+            Err(RegistrationRefused::Taken)
+        );
+    }
+
+    #[test]
+    fn a_token_registers_as_its_bound_agent_or_binds_to_a_free_id() {
+        let bound = Grant::Agent {
+            agent_id: Some("a1".to_string()),
+        };
+        let unbound = Grant::Agent { agent_id: None };
+        let others = [Grant::Admin, Grant::Operator];
+        let token = |grant, owner| AgentProof::Token {
+            token_id: "t1",
+            grant,
+            owner,
+        };
+        assert_eq!(
+            may_register_as("a1", token(&bound, Some("t1")), false),
+            Ok(Registration::Allowed)
+        );
+        assert_eq!(
+            may_register_as("a2", token(&bound, None), false),
+            Err(RegistrationRefused::Taken)
+        );
+        assert_eq!(
+            may_register_as("a2", token(&unbound, None), false),
+            Ok(Registration::BindToken)
+        );
+        // Its own earlier binding (a re-registration) does not stop it.
+        assert_eq!(
+            may_register_as("a2", token(&unbound, Some("t1")), false),
+            Ok(Registration::BindToken)
+        );
+        assert_eq!(
+            may_register_as("a2", token(&unbound, Some("t9")), false),
+            Err(RegistrationRefused::Taken)
+        );
+        assert_eq!(
+            may_register_as("a1", token(&bound, Some("t1")), true),
+            Err(RegistrationRefused::Forbidden)
+        );
+        for grant in &others {
+            assert_eq!(
+                may_register_as("a1", token(grant, None), false),
+                Err(RegistrationRefused::Taken)
+            );
+        }
     }
 }

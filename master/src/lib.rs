@@ -9,7 +9,6 @@ pub mod config;
 pub mod core;
 pub mod etcd_auth;
 pub mod etcd_store;
-mod guard;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -14,29 +14,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
 use rusqlite::{params, Connection};
-use serde::{Deserialize, Serialize};
 
-use crate::auth::{self, AuthError, Grant, NewToken, Principal};
+use drover_os::fs::write_private;
+
+use crate::auth::{
+    self, may_register_as, AgentProof, AuthError, Grant, NewToken, Principal, Registration,
+    RegistrationRefused,
+};
 
 /// The bootstrap admin token's file inside the data dir (mode 0600).
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 
-/// A token as listed: everything but its secret.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct TokenInfo {
-    pub id: String,
-    #[serde(flatten)]
-    pub grant: Grant,
-    /// Free text given at creation.
-    #[serde(default)]
-    pub description: String,
-    pub created_ms: u64,
-    /// The token id that created it (empty for the bootstrap token).
-    #[serde(default)]
-    pub created_by: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revoked_ms: Option<u64>,
-}
+pub use drover_common::wire::TokenInfo;
 
 /// One token as stored: the hash of its secret and its record.
 pub(crate) struct Entry {
@@ -72,6 +61,19 @@ pub enum TokenError {
     /// The etcd store refused or failed (a deposed leader's write is `Fenced`).
     #[error("token store: {0}")]
     Etcd(#[from] crate::store::StoreError),
+}
+
+impl TokenError {
+    /// The error of a registration as agent `agent_id` that `may_register_as`
+    /// refused.
+    pub fn registration(refused: RegistrationRefused, agent_id: &str) -> TokenError {
+        match refused {
+            RegistrationRefused::Forbidden => TokenError::Forbidden(agent_id.to_string()),
+            RegistrationRefused::Taken => TokenError::AgentTaken {
+                agent_id: agent_id.to_string(),
+            },
+        }
+    }
 }
 
 fn sql(op: &'static str) -> impl Fn(rusqlite::Error) -> TokenError {
@@ -430,29 +432,18 @@ impl Tokens {
     /// to it, Err if it is bound to another agent, the agent id belongs to another
     /// live token, or the agent is forbidden.
     pub fn bind_agent(&self, principal: &Principal, agent_id: &str) -> Result<(), TokenError> {
-        if self.is_forbidden(agent_id) {
-            return Err(TokenError::Forbidden(agent_id.to_string()));
+        let owner = self.owner_of(agent_id);
+        let proof = AgentProof::Token {
+            token_id: &principal.token_id,
+            grant: &principal.grant,
+            owner: owner.as_deref(),
+        };
+        match may_register_as(agent_id, proof, self.is_forbidden(agent_id)) {
+            Ok(Registration::Allowed) => return Ok(()),
+            Ok(Registration::BindToken) => {}
+            Err(refused) => return Err(TokenError::registration(refused, agent_id)),
         }
         let backend = self.backend();
-        match &principal.grant {
-            Grant::Agent {
-                agent_id: Some(bound),
-            } if bound == agent_id => return Ok(()),
-            Grant::Agent { agent_id: None } => {}
-            _ => {
-                return Err(TokenError::AgentTaken {
-                    agent_id: agent_id.to_string(),
-                })
-            }
-        }
-        if self
-            .owner_of(agent_id)
-            .is_some_and(|owner| owner != principal.token_id)
-        {
-            return Err(TokenError::AgentTaken {
-                agent_id: agent_id.to_string(),
-            });
-        }
         let (hash, mut info) = {
             let entries = self.read();
             let e = entries
@@ -460,16 +451,16 @@ impl Tokens {
                 .ok_or_else(|| TokenError::NoToken(principal.token_id.clone()))?;
             (e.hash, e.info.clone())
         };
-        match &info.grant {
-            Grant::Agent { agent_id: None } => {}
-            Grant::Agent {
-                agent_id: Some(bound),
-            } if bound == agent_id => return Ok(()),
-            _ => {
-                return Err(TokenError::AgentTaken {
-                    agent_id: agent_id.to_string(),
-                })
-            }
+        // The stored grant again: the token may have been bound since it was read.
+        let stored = AgentProof::Token {
+            token_id: &principal.token_id,
+            grant: &info.grant,
+            owner: None,
+        };
+        match may_register_as(agent_id, stored, false) {
+            Ok(Registration::Allowed) => return Ok(()),
+            Ok(Registration::BindToken) => {}
+            Err(refused) => return Err(TokenError::registration(refused, agent_id)),
         }
         info.grant = Grant::Agent {
             agent_id: Some(agent_id.to_string()),
@@ -572,22 +563,6 @@ impl Tokens {
         })?;
         Ok(Some(path))
     }
-}
-
-/// Writes a file only its owner can read (created 0600, then renamed into place).
-pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

@@ -19,7 +19,10 @@
 //! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
 //! - `snapshot`: the stored state and the core rebuilt from it
 //! - `views`: read-only views for the admin API and the agents' assignment sets
-//! - `update`: rolling updates, canaries and their reverse-order rollback
+//! - `poll`: the assignment long poll's step (answer now, or wait for what)
+//! - `update`: rolling updates (the record, its views, start and the operators'
+//!   actions); `rollout`: the engine that moves each one batch by batch and rolls
+//!   it back in reverse order
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
@@ -42,10 +45,12 @@ mod lifecycle;
 mod maintenance;
 mod model;
 mod placement;
+mod poll;
 mod preemption;
 mod probe;
 mod quota;
 mod reconciliation;
+mod rollout;
 mod snapshot;
 mod stats;
 mod stuck;
@@ -69,6 +74,7 @@ pub use maintenance::{HostFailure, HostMaintenance, MaintenanceOp};
 pub use model::Need;
 use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
+pub use poll::{poll_step, PollStep};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
 pub use snapshot::{ConfigRecord, Snapshot};

@@ -14,7 +14,9 @@ use axum::Extension;
 use drover_common::state::TaskState;
 use drover_common::wire::{ApiErrorBody, ExecQuery, EXEC_PROTOCOL};
 
-use super::{key_of, ApiErr, Shared};
+use super::api::Shared;
+use super::body::key_of;
+use super::error::ApiErr;
 use crate::auth::Principal;
 
 /// How long the master waits for the agent to switch protocols.

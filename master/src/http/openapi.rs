@@ -1,152 +1,22 @@
 //! The master's OpenAPI 3 contract, generated from the code: the `#[utoipa::path]`
-//! annotation on every handler in `http.rs`, the `ToSchema` derives on the API types
-//! (common's `wire`, `spec`, `state`), and the route table `routes()`, whose access
-//! rule each operation carries as `x-drover-access`. Served at `GET
+//! annotation on every handler in `http/`, the `ToSchema` derives on the API types
+//! (common's `wire`, `spec`, `state`), and the route table `routes()` it is handed,
+//! whose access rule each operation carries as `x-drover-access`. Served at `GET
 //! /v1/openapi.json` and committed as docs/openapi.json; tests check that the
 //! committed file is this one and that the contract and `routes()` name the same
 //! routes.
 
+use std::sync::{Arc, OnceLock};
+
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi as Contract;
-use utoipa::{IntoParams, Modify, OpenApi};
+use utoipa::{Modify, OpenApi};
 
-use super::{Access, RouteDef};
-
-// Parameter lists for the annotations. They describe what the handlers read (the
-// handlers parse their paths and queries themselves, for errors that name the
-// field), so they are never built.
-
-/// A job key in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct JobPath {
-    /// The job's role (first part of its key).
-    role: String,
-    /// The job's environment (second part of its key).
-    env: String,
-    /// The job's name (third part of its key).
-    name: String,
-}
-
-/// A task id in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct TaskPath {
-    /// The task's id, e.g. `hello-0-1f2e3d4c5b6a`.
-    id: String,
-}
-
-/// A task's log in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct LogPath {
-    /// The task's id.
-    id: String,
-    /// The process whose log to read.
-    process: String,
-    /// `stdout` or `stderr`.
-    stream: String,
-}
-
-/// The query of a log read.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Query)]
-#[allow(dead_code)]
-pub(super) struct LogQuery {
-    /// The byte to read from (default 0).
-    #[param(minimum = 0)]
-    offset: Option<u64>,
-}
-
-/// An agent id in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct AgentPath {
-    /// The agent's id.
-    id: String,
-}
-
-/// A host in the path: an agent id or a host name.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct HostPath {
-    /// An agent id or a host name.
-    host: String,
-}
-
-/// A role in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct RolePath {
-    /// The role.
-    role: String,
-}
-
-/// A token id in the path.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Path)]
-#[allow(dead_code)]
-pub(super) struct TokenPath {
-    /// The token's id (the part after `drv_`, before the secret).
-    id: String,
-}
-
-/// The query of `GET /v1/jobs`.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Query)]
-#[allow(dead_code)]
-pub(super) struct JobListQuery {
-    /// Only the jobs of this role.
-    role: Option<String>,
-}
-
-/// The query of `GET /v1/changes`.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Query)]
-#[allow(dead_code)]
-pub(super) struct ChangesQuery {
-    /// The index of the last answer (0 or absent: everything).
-    #[param(minimum = 0)]
-    index: Option<u64>,
-    /// Only this job's tasks (`role/env/name`).
-    job: Option<String>,
-    /// How long to wait for a change, in milliseconds (default 30000, at most
-    /// 120000; more is cut to 120000).
-    #[param(minimum = 0)]
-    wait_ms: Option<u64>,
-}
-
-/// The query of the assignments long poll.
-#[derive(IntoParams)]
-#[into_params(parameter_in = Query)]
-#[allow(dead_code)]
-pub(super) struct AssignmentsQuery {
-    /// The set version the agent has; absent: answer at once.
-    #[param(minimum = 0)]
-    after_version: Option<u64>,
-    /// How long to wait for a change, in milliseconds (default 30000, at most
-    /// 120000).
-    #[param(minimum = 0)]
-    wait_ms: Option<u64>,
-}
-
-/// The answer of `POST /v1/hosts/drain`: the hosts after the change, or with
-/// `dry_run` what a drain would do.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub(super) enum DrainAnswer {
-    /// The hosts after the drain round.
-    Hosts(Vec<drover_common::wire::HostView>),
-    /// `dry_run`: what a drain would do, per host.
-    Probes(Vec<drover_common::wire::HostProbe>),
-}
+use super::guard::{Access, RouteDef};
+use super::{agent_api, cluster, exec, hosts, jobs, logs, meta, tokens, updates};
 
 /// The contract, as derived by utoipa from the annotated handlers.
 #[derive(OpenApi)]
@@ -166,56 +36,71 @@ pub(super) enum DrainAnswer {
         crate::ui::ui,
         crate::ui::ui_slash,
         crate::ui::path,
-        super::health,
-        super::metrics,
-        super::openapi_json,
-        super::create_job,
-        super::list_jobs,
-        super::get_job,
-        super::kill_job,
-        super::restart_job,
-        super::start_update,
-        super::get_update,
-        super::update_pause,
-        super::update_resume,
-        super::update_rollback,
-        super::update_abort,
-        super::get_task,
-        super::task_log,
-        super::exec::exec_task,
-        super::cluster,
-        super::release_guard,
-        super::list_agents,
-        super::changes,
-        super::list_hosts,
-        super::cordon_hosts,
-        super::drain_hosts,
-        super::activate_hosts,
-        super::get_host,
-        super::register,
-        super::heartbeat,
-        super::assignments,
-        super::updates,
-        super::agent_drain,
-        super::forbid_agent,
-        super::allow_agent,
-        super::list_quotas,
-        super::get_quota,
-        super::set_quota,
-        super::get_role,
-        super::grant_user,
-        super::revoke_user,
-        super::list_cron,
-        super::cron_start,
-        super::cron_deschedule,
-        super::list_tokens,
-        super::create_token,
-        super::revoke_token,
+        meta::health,
+        meta::metrics,
+        openapi_json,
+        jobs::create_job,
+        jobs::list_jobs,
+        jobs::get_job,
+        jobs::kill_job,
+        jobs::restart_job,
+        updates::start_update,
+        updates::get_update,
+        updates::update_pause,
+        updates::update_resume,
+        updates::update_rollback,
+        updates::update_abort,
+        jobs::get_task,
+        logs::task_log,
+        exec::exec_task,
+        cluster::cluster,
+        cluster::release_guard,
+        cluster::list_agents,
+        jobs::changes,
+        hosts::list_hosts,
+        hosts::cordon_hosts,
+        hosts::drain_hosts,
+        hosts::activate_hosts,
+        hosts::get_host,
+        agent_api::register,
+        agent_api::heartbeat,
+        agent_api::assignments,
+        agent_api::updates,
+        agent_api::agent_drain,
+        cluster::forbid_agent,
+        cluster::allow_agent,
+        cluster::list_quotas,
+        cluster::get_quota,
+        cluster::set_quota,
+        cluster::get_role,
+        cluster::grant_user,
+        cluster::revoke_user,
+        jobs::list_cron,
+        jobs::cron_start,
+        jobs::cron_deschedule,
+        tokens::list_tokens,
+        tokens::create_token,
+        tokens::revoke_token,
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
 )]
 struct ApiDoc;
+
+/// This API's OpenAPI 3 contract (no token): the same document as docs/openapi.json.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "meta",
+    responses(
+        (status = 200, description = "This contract (OpenAPI 3.1).", body = Object),
+    ),
+)]
+pub(super) async fn openapi_json(Extension(routes): Extension<Arc<[RouteDef]>>) -> Response {
+    static CONTRACT: OnceLock<String> = OnceLock::new();
+    let text = CONTRACT.get_or_init(|| contract_json(&routes));
+    ([(header::CONTENT_TYPE, "application/json")], text.as_str()).into_response()
+}
 
 /// Adds the bearer token scheme every protected route uses.
 struct BearerAuth;
@@ -265,12 +150,12 @@ fn operation_mut<'a>(
     }
 }
 
-/// The contract: the annotated operations, each with the access rule `routes()`
-/// gives it (`x-drover-access`); public routes need no token.
-pub fn contract() -> Contract {
+/// The contract: the annotated operations, each with the access rule the route
+/// table gives it (`x-drover-access`); public routes need no token.
+pub fn contract(routes: &[RouteDef]) -> Contract {
     let mut contract = ApiDoc::openapi();
-    for def in super::route_table() {
-        let Some(op) = operation_mut(&mut contract, &def) else {
+    for def in routes {
+        let Some(op) = operation_mut(&mut contract, def) else {
             // A route without an annotation: the route test names it.
             continue;
         };
@@ -289,8 +174,8 @@ pub fn contract() -> Contract {
 }
 
 /// The contract as served and committed: pretty JSON with a final newline.
-pub fn contract_json() -> String {
-    let mut text = contract()
+pub fn contract_json(routes: &[RouteDef]) -> String {
+    let mut text = contract(routes)
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     text.push('\n');
@@ -326,12 +211,12 @@ mod tests {
 
     #[test]
     fn every_route_is_in_the_contract_and_nothing_else() {
-        let mut table: Vec<(String, String)> = super::super::route_table()
+        let mut table: Vec<(String, String)> = crate::http::route_table()
             .iter()
             .map(|d| (d.method.to_string(), openapi_path(d.path)))
             .collect();
         table.sort();
-        let contract = contract_routes(&contract());
+        let contract = contract_routes(&contract(&crate::http::route_table()));
         let missing: Vec<_> = table.iter().filter(|r| !contract.contains(r)).collect();
         let extra: Vec<_> = contract.iter().filter(|r| !table.contains(r)).collect();
         assert!(
@@ -347,9 +232,9 @@ mod tests {
 
     #[test]
     fn every_operation_carries_its_access_and_public_ones_need_no_token() {
-        let contract = contract();
+        let contract = contract(&crate::http::route_table());
         let json = serde_json::to_value(&contract).expect("contract serializes");
-        for def in super::super::route_table() {
+        for def in crate::http::route_table() {
             let op = &json["paths"][openapi_path(def.path)][def.method.to_lowercase()];
             assert_eq!(
                 op["x-drover-access"],
@@ -373,7 +258,7 @@ mod tests {
     #[test]
     fn the_committed_contract_is_the_generated_one() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
-        let generated = contract_json();
+        let generated = contract_json(&crate::http::route_table());
         if std::env::var_os("UPDATE_OPENAPI").is_some() {
             std::fs::write(&path, &generated).expect("write docs/openapi.json");
         }

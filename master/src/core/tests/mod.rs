@@ -23,6 +23,7 @@ mod jobs;
 mod lifecycle;
 mod maintenance;
 mod placement;
+mod poll;
 mod preemption;
 mod quota;
 mod reconciliation;

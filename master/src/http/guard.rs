@@ -2,9 +2,10 @@
 //! `/health`) must carry a live token (401 saying how to get one), and the token
 //! must hold the permission its route needs (403 naming the missing permission),
 //! before any handler runs. Mutating requests are written to the audit log. With
-//! TLS, the agent API takes agents' client certificates instead of tokens.
+//! TLS, the agent API takes agents' client certificates instead of tokens. The
+//! guard is handed the route table (`Gate`); it knows no handler.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -12,13 +13,69 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::RequestExt as _;
 
+use super::api::Api;
+use super::error::ApiErr;
 use crate::auth::{AuthError, Grant, Permission, Principal};
-use crate::http::{route_table, Access, Api, ApiErr, RouteDef};
 use crate::tls::PeerCert;
 
-fn table() -> &'static [RouteDef] {
-    static TABLE: OnceLock<Vec<RouteDef>> = OnceLock::new();
-    TABLE.get_or_init(route_table)
+/// What a route requires; `guard` checks it before the handler runs. Routes whose
+/// permission depends on the body or on stored state (`JobCreate`, `TaskRead`,
+/// `JobList`, `AgentRegister`) get any token of the right kind from the guard and
+/// finish the check in their handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// No token (`/health` and the web UI's files, which hold no data).
+    Public,
+    /// Any admin, operator or role token; the list is filtered to what it may read.
+    JobList,
+    /// A token that may write jobs of the body's role.
+    JobCreate,
+    /// A token that may read jobs of the path's `:role`.
+    JobRead,
+    /// A token that may write jobs of the path's `:role`.
+    JobWrite,
+    /// A token that may read jobs of the task's role.
+    TaskRead,
+    /// An admin or operator token.
+    ReadAll,
+    /// An admin or operator token (removing and allowing agents).
+    Maintenance,
+    /// An admin token.
+    ManageTokens,
+    /// An admin token (overrides: releasing the eviction guard).
+    Override,
+    /// An admin token (setting role quotas).
+    ManageQuotas,
+    /// An admin token (granting and revoking the users a role's tasks run as).
+    ManageRoles,
+    /// An agent token, bound by this registration to the body's `agent_id`.
+    AgentRegister,
+    /// The agent token bound to the path's `:id`.
+    Agent,
+}
+
+/// One route: method, path pattern and what it needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteDef {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+pub(super) const fn route(method: &'static str, path: &'static str, access: Access) -> RouteDef {
+    RouteDef {
+        method,
+        path,
+        access,
+    }
+}
+
+/// What the guard is handed: the shared state and the route table it checks
+/// requests against.
+#[derive(Clone)]
+pub struct Gate {
+    pub api: Arc<Api>,
+    pub routes: Arc<[RouteDef]>,
 }
 
 /// 401 with the reason and how to get a token.
@@ -158,14 +215,16 @@ async fn agent_by_cert(
 
 /// The middleware: authenticate, authorize by the route's `Access`, run the
 /// handler, audit what changed.
-pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
+pub async fn guard(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    let api = &gate.api;
     let path = request
         .extensions()
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_string())
         .unwrap_or_default();
     let method = request.method().clone();
-    let def = table()
+    let def = gate
+        .routes
         .iter()
         .find(|d| d.path == path && d.method == method.as_str())
         .copied();
@@ -174,7 +233,7 @@ pub async fn guard(State(api): State<Arc<Api>>, mut request: Request, next: Next
         return next.run(request).await;
     }
     if api.agent_certs && matches!(access, Some(Access::Agent | Access::AgentRegister)) {
-        return agent_by_cert(&api, access, request, next).await;
+        return agent_by_cert(api, access, request, next).await;
     }
     let header = request
         .headers()

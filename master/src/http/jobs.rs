@@ -1,0 +1,407 @@
+//! Jobs and their tasks: create, list, read (secrets hidden from other roles),
+//! kill and restart (instance ranges checked against the job), cron runs, and the
+//! change stream `GET /v1/changes`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use drover_common::parse::parse_job_json_with;
+use drover_common::wire::{self, ApiError, ApiErrorBody, FieldError, InstancesRequest};
+
+use super::api::{Api, Shared};
+use super::body::{
+    json, key_of, ok_reply, query_u64, read_body, DEFAULT_WAIT_MS, MAX_BODY_BYTES, MAX_WAIT_MS,
+};
+use super::error::{shutting_down, unexpected, ApiErr};
+use super::guard::{forbidden, require};
+use super::params;
+use crate::auth::{Grant, Permission, Principal};
+use crate::core::{ChangeFilter, Event, Reply};
+use crate::runtime::ApplyError;
+
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "jobs",
+    request_body = drover_common::JobSpec,
+    responses(
+        (status = 201, description = "Created and committed: the job key and its task ids in instance order.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn create_job(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let spec = parse_spec(&api, &text)?;
+    require(
+        &who,
+        &Permission::WriteJob {
+            role: spec.role.clone(),
+        },
+    )?;
+    match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
+        Reply::JobCreated { job, tasks } => Ok(json(
+            StatusCode::CREATED,
+            &wire::ActionResponse { job, tasks },
+        )),
+        other => Err(unexpected(other)),
+    }
+}
+
+/// Parses and validates a job spec (all errors at once, the first one's field),
+/// with the master's `cron_seconds` switch.
+pub(super) fn parse_spec(api: &Shared, text: &str) -> Result<drover_common::JobSpec, ApiErr> {
+    let cron_seconds = api.master.read(|core| core.config().cron_seconds);
+    parse_job_json_with(text, cron_seconds).map_err(|errs| {
+        let first = errs.errors.first().cloned().unwrap_or(FieldError {
+            field: String::new(),
+            message: "invalid job spec".to_string(),
+        });
+        ApiErr {
+            status: StatusCode::BAD_REQUEST,
+            body: ApiErrorBody {
+                error: ApiError {
+                    code: "invalid_spec".to_string(),
+                    message: errs.to_string(),
+                    field: (!first.field.is_empty()).then_some(first.field),
+                    details: errs.errors,
+                },
+            },
+        }
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    tag = "jobs",
+    params(params::JobListQuery),
+    responses(
+        (status = 200, description = "Job summaries, sorted by key.", body = Vec<wire::JobSummary>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn list_jobs(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let role = q.get("role").map(String::as_str);
+    if who.reads_all() {
+        return Ok(json(
+            StatusCode::OK,
+            &api.master.read(|c| c.job_summaries(role)),
+        ));
+    }
+    let Grant::Roles { roles } = &who.grant else {
+        return Err(forbidden(&who, &Permission::ReadAll));
+    };
+    if let Some(role) = role {
+        require(&who, &Permission::ReadJob { role: role.into() })?;
+    }
+    let mine: Vec<_> = api.master.read(|c| {
+        roles
+            .iter()
+            .filter(|r| role.is_none_or(|want| want == r.as_str()))
+            .flat_map(|r| c.job_summaries(Some(r)))
+            .collect()
+    });
+    Ok(json(StatusCode::OK, &mine))
+}
+
+/// The text that replaces `task.env` values for callers not of the job's role.
+pub const HIDDEN_SECRET: &str = "(hidden)";
+
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{role}/{env}/{name}",
+    tag = "jobs",
+    params(params::JobPath),
+    responses(
+        (status = 200, description = "The job, its instances and configs.", body = wire::JobView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn get_job(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let key = key_of(&role, &env, &name);
+    let mut view = api
+        .master
+        .read(|c| c.job_view(&key))
+        .ok_or_else(|| ApiErr::not_found(&format!("job {key}"), "job"))?;
+    if !who.sees_secrets_of(&role) {
+        let specs = std::iter::once(&mut view.spec).chain(view.configs.values_mut());
+        for value in specs.flat_map(|s| s.task.env.values_mut()) {
+            *value = HIDDEN_SECRET.to_string();
+        }
+    }
+    Ok(json(StatusCode::OK, &view))
+}
+
+/// The instances a kill or restart names (None: all), checked against the job's
+/// instance count before the core sees them: the work is bounded by the number of
+/// ranges, and an error names the first instance the job does not have.
+pub(super) async fn instances_from(
+    api: &Api,
+    job: &str,
+    role: &str,
+    body: Body,
+) -> Result<Option<Vec<u32>>, ApiErr> {
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let req: Option<InstancesRequest> = serde_json::from_str(&text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not {{\"instances\": \"0-3,7\"}}: {e}"),
+            None,
+        )
+    })?;
+    let Some(text) = req.and_then(|r| r.instances) else {
+        return Ok(None);
+    };
+    let bad = |message: String| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_instances",
+            message,
+            Some("instances"),
+        )
+    };
+    let ranges = wire::parse_instance_ranges(&text).map_err(bad)?;
+    let count = api
+        .master
+        .read(|c| {
+            c.job_summaries(Some(role))
+                .into_iter()
+                .find(|j| j.key == job)
+                .map(|j| j.instances)
+        })
+        .ok_or_else(|| ApiErr::not_found(&format!("job {job}"), "job"))?;
+    if let Some(&(_, hi)) = ranges.last() {
+        if hi >= count {
+            let first = ranges
+                .iter()
+                .map(|&(lo, hi)| lo.max(count).min(hi))
+                .find(|&i| i >= count)
+                .unwrap_or(hi);
+            return Err(bad(format!(
+                "job {job} has no instance {first}: its instances are 0-{}",
+                count.saturating_sub(1)
+            )));
+        }
+    }
+    Ok(Some(
+        ranges.into_iter().flat_map(|(lo, hi)| lo..=hi).collect(),
+    ))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/kill",
+    tag = "jobs",
+    params(params::JobPath),
+    request_body = Option<InstancesRequest>,
+    responses(
+        (status = 200, description = "The tasks touched.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn kill_job(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    let instances = instances_from(&api, &job, &role, body).await?;
+    ok_reply(api.master.apply(Event::Kill { job, instances }).await?)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{role}/{env}/{name}/restart",
+    tag = "jobs",
+    params(params::JobPath),
+    request_body = Option<InstancesRequest>,
+    responses(
+        (status = 200, description = "The replacement tasks.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn restart_job(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+    body: Body,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    let instances = instances_from(&api, &job, &role, body).await?;
+    ok_reply(api.master.apply(Event::Restart { job, instances }).await?)
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    params(params::TaskPath),
+    responses(
+        (status = 200, description = "The task.", body = wire::TaskView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn get_task(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiErr> {
+    let view = api
+        .master
+        .read(|c| c.task_view(&id))
+        .ok_or_else(|| ApiErr::not_found(&format!("task {id}"), "task_id"))?;
+    let role = view.job.split('/').next().unwrap_or_default().to_string();
+    require(&who, &Permission::ReadJob { role })?;
+    Ok(json(StatusCode::OK, &view))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/cron",
+    tag = "cron",
+    responses(
+        (status = 200, description = "Every cron job, sorted by key.", body = Vec<wire::CronView>),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn list_cron(State(api): State<Shared>) -> Response {
+    json(StatusCode::OK, &api.master.read(|c| c.cron_views()))
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/cron/{role}/{env}/{name}/start",
+    tag = "cron",
+    params(params::JobPath),
+    responses(
+        (status = 200, description = "The tasks started.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn cron_start(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    ok_reply(api.master.apply(Event::CronStart { job }).await?)
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/cron/{role}/{env}/{name}/deschedule",
+    tag = "cron",
+    params(params::JobPath),
+    responses(
+        (status = 200, description = "Descheduled.", body = wire::ActionResponse),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn cron_deschedule(
+    State(api): State<Shared>,
+    Path((role, env, name)): Path<(String, String, String)>,
+) -> Result<Response, ApiErr> {
+    let job = key_of(&role, &env, &name);
+    ok_reply(api.master.apply(Event::CronDeschedule { job }).await?)
+}
+
+/// GET /v1/changes?index=N[&job=KEY][&wait_ms=M]: the change stream (docs/api.md).
+/// Answers at once when something the token may see was committed after index N
+/// (or N is newer than this master's index: `reset`), else when the next such
+/// commit happens, else empty at the deadline.
+#[utoipa::path(
+    get,
+    path = "/v1/changes",
+    tag = "jobs",
+    params(params::ChangesQuery),
+    responses(
+        (status = 200, description = "What changed after the index (docs/api.md, change stream).", body = wire::ChangesView),
+        (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
+    ),
+)]
+pub(super) async fn changes(
+    State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiErr> {
+    let after = query_u64(&q, "index")?.unwrap_or(0);
+    let wait_ms = query_u64(&q, "wait_ms")?
+        .unwrap_or(DEFAULT_WAIT_MS)
+        .min(MAX_WAIT_MS);
+    let job = q.get("job").cloned();
+    let filter = if who.reads_all() {
+        // `job=` asks for that job's changes only: agents' changes would wake a
+        // waiting `job create --wait` for nothing.
+        ChangeFilter {
+            agents: job.is_none(),
+            job,
+            roles: None,
+        }
+    } else {
+        let Grant::Roles { roles } = &who.grant else {
+            return Err(forbidden(&who, &Permission::ReadAll));
+        };
+        if let Some(key) = &job {
+            let role = key.split('/').next().unwrap_or_default();
+            require(&who, &Permission::ReadJob { role: role.into() })?;
+        }
+        ChangeFilter {
+            job,
+            roles: Some(roles.clone()),
+            agents: false,
+        }
+    };
+    let m = &api.master;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+    let mut commits = m.commit_state().subscribe();
+    let mut stopping = m.stopping();
+    loop {
+        if *stopping.borrow_and_update() {
+            return Err(shutting_down(
+                "ask again with the same index after it restarted",
+            ));
+        }
+        if m.commit_state().failed() {
+            return Err(ApplyError::StoreFailed.into());
+        }
+        commits.borrow_and_update();
+        let committed = m.commit_state().committed();
+        let reset = after > committed;
+        let from = if reset { 0 } else { after };
+        let mut view = m.read(|c| c.changes_since(from, committed, &filter));
+        view.reset = reset;
+        let empty = view.tasks.is_empty() && view.agents.is_empty() && view.updates.is_empty();
+        if !empty || reset || tokio::time::Instant::now() >= deadline {
+            crate::metrics::METRICS.change_polls.inc();
+            return Ok(json(StatusCode::OK, &view));
+        }
+        tokio::select! {
+            r = commits.changed() => {
+                if r.is_err() {
+                    return Err(ApplyError::StoreFailed.into());
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = stopping.changed() => {}
+        }
+    }
+}

@@ -981,12 +981,6 @@ impl Cluster {
         }
         out
     }
-
-    /// Kills every executor left in the sandboxes and whatever they ran (tasks in
-    /// their cgroups included), and removes their cgroups (`reap::sweep`).
-    fn kill_executors(&self) {
-        reap::sweep_and_report("test cluster", self.dir(), &self.sandbox_roots, "drover");
-    }
 }
 
 impl std::ops::Deref for Cluster {
@@ -1002,10 +996,13 @@ impl Drop for Cluster {
         for agent in &mut self.agents {
             agent.kill();
         }
-        self.kill_executors();
-        if let Some(master) = self.master.as_mut() {
-            master.kill();
-        }
+        end_cluster(
+            "test cluster",
+            self.master.as_mut(),
+            &self.dir,
+            &self.sandbox_roots,
+            "drover",
+        );
         keep_temp_dir_if_asked(&mut self.dir);
     }
 }
@@ -1031,6 +1028,22 @@ fn cluster_dir(prefix: &str, master_config: &str) -> anyhow::Result<tempfile::Te
 fn registered(api: &AdminApi, n: usize) -> Option<()> {
     let agents = api.agents().ok()?;
     (agents.iter().filter(|a| a.reachable).count() >= n).then_some(())
+}
+
+/// The end of a test cluster once its agents are killed (both harnesses' `Drop`,
+/// pass or fail): the master killed, then whatever the tasks left (executors, task
+/// processes, cgroups under `cgroup_parent`) swept by working directory and cgroup.
+fn end_cluster(
+    what: &str,
+    master: Option<&mut Proc>,
+    dir: &Option<tempfile::TempDir>,
+    roots: &[PathBuf],
+    cgroup_parent: &str,
+) {
+    if let Some(master) = master {
+        master.kill();
+    }
+    reap::sweep_and_report(what, temp_dir_path(dir), roots, cgroup_parent);
 }
 
 /// The path of a cluster's temporary directory (`/nonexistent` once it was kept).

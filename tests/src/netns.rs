@@ -877,13 +877,16 @@ impl Drop for NetCluster {
             }
             kill_netns_processes(&agent.ns.name);
         }
-        if let Some(mut master) = self.master.take() {
-            master.kill();
-        }
         // Whatever left its namespace's reach (or runs in none): by working
         // directory and task cgroup.
         let roots: Vec<PathBuf> = self.agents.iter().map(|a| a.sandbox_root.clone()).collect();
-        crate::reap::sweep_and_report("net cluster", self.dir(), &roots, &self.cgroup_parent);
+        crate::end_cluster(
+            "net cluster",
+            self.master.as_mut(),
+            &self.dir,
+            &roots,
+            &self.cgroup_parent,
+        );
         self.remove_cgroups();
         keep_temp_dir_if_asked(&mut self.dir);
     }

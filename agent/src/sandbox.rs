@@ -197,6 +197,17 @@ fn scan(root: &Path, want: Generation) -> io::Result<Vec<String>> {
     Ok(ids)
 }
 
+/// The executor pid recorded in the sandbox: the agent's `agent.json` (written for
+/// exclusive tasks only), else the executor's own `status.json`.
+pub fn recorded_executor_pid(layout: &Layout, id: &str) -> Option<u32> {
+    layout.read_meta(id).executor_pid.or_else(|| {
+        layout
+            .read_status(id)
+            .map(|s| s.executor_pid)
+            .filter(|pid| *pid > 0)
+    })
+}
+
 /// Decides what a sandbox found at start means (pure).
 pub fn classify(live: bool, status: Option<ExecutorStatus>) -> Found {
     match (live, status) {

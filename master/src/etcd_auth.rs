@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::etcd_store::EtcdStore;
 use crate::store::StoreError;
-use crate::tokens::{Entry, Mirror, TokenError, TokenInfo};
+use crate::token_records::{Entry, Mirror, TokenError, TokenInfo};
 
 /// The registry's tables (as in SQLite).
 const TOKENS: &str = "tokens";

@@ -1,6 +1,9 @@
 //! The etcd store: the same `Store` as SQLite, kept in an etcd cluster under the
 //! key prefix `/drover/` (one key per job, task, agent, config, update, quota, user grant and
-//! cron firing, plus `meta/index`), through the etcd-client crate.
+//! cron firing, plus `meta/index`), through the etcd-client crate. Which key a
+//! change writes and its value follow the stored form both stores share
+//! (`store/rows.rs`); the options (`etcd_store/options.rs`) and the connection
+//! (`etcd_store/conn.rs`) are files of their own.
 //!
 //! The `Store` trait is synchronous (the group-commit writer is a thread of its own);
 //! etcd's client is async. An [`EtcdConn`] owns a dedicated one-thread tokio runtime
@@ -23,20 +26,25 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    TlsOptions, Txn, TxnOp,
-};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 
 use crate::core::{
     AgentRecord, Change, ConfigRecord, JobRecord, Snapshot, Task, UpdateRecord, Usage,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{encode, write_of, Row, Store, StoreError, Table, Write, UNDER_A_JOB};
+
+mod conn;
+mod options;
+
+pub(crate) use conn::etcd_no_space;
+pub use conn::{EtcdConn, Limits};
+pub use options::{EtcdOptionError, EtcdOptions};
+
+use conn::etcd;
 
 /// The key prefix of everything the master stores in etcd.
 pub const PREFIX: &str = "/drover/";
@@ -53,256 +61,6 @@ const PAGE: i64 = 500;
 const RETRY_FOR: Duration = Duration::from_secs(5);
 /// The schema version written to `meta/schema_version`.
 const SCHEMA_VERSION: &str = "1";
-
-/// Where the etcd cluster is and how to reach it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EtcdOptions {
-    /// Client URLs (`http://h:p`, or `https://h:p` with TLS).
-    pub endpoints: Vec<String>,
-    /// CA (PEM) the members' certificates must chain to; turns TLS on.
-    pub ca: Option<PathBuf>,
-    /// Client certificate and key (PEM) for clusters that require them.
-    pub identity: Option<(PathBuf, PathBuf)>,
-    /// The cluster's `--max-txn-ops`.
-    pub max_txn_ops: usize,
-    /// The cluster's `--max-request-bytes`.
-    pub max_request_bytes: usize,
-}
-
-/// Why an `etcd://` store option is not usable.
-#[derive(Debug, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct EtcdOptionError {
-    /// The option at fault.
-    pub field: &'static str,
-    /// What is wrong and what to write.
-    pub message: String,
-}
-
-impl EtcdOptions {
-    /// Parses `etcd://host:port,host:port,...`; `ca` turns TLS on (https endpoints),
-    /// `cert` and `key` come together.
-    pub fn parse(
-        url: &str,
-        ca: Option<PathBuf>,
-        cert: Option<PathBuf>,
-        key: Option<PathBuf>,
-    ) -> Result<EtcdOptions, EtcdOptionError> {
-        let bad = |message: String| EtcdOptionError {
-            field: "store",
-            message,
-        };
-        let Some(list) = url.strip_prefix("etcd://") else {
-            return Err(bad(format!(
-                "`{url}` is not an etcd store; write etcd://host:port,host:port"
-            )));
-        };
-        let scheme = if ca.is_some() { "https" } else { "http" };
-        let mut endpoints = Vec::new();
-        for member in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
-            let ok = member
-                .rsplit_once(':')
-                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !ok || member.contains('/') {
-                return Err(bad(format!(
-                    "`{member}` in `{url}` is not host:port; write etcd://10.0.0.1:2379,10.0.0.2:2379"
-                )));
-            }
-            endpoints.push(format!("{scheme}://{member}"));
-        }
-        if endpoints.is_empty() {
-            return Err(bad(format!(
-                "`{url}` names no etcd member; write etcd://host:port,host:port"
-            )));
-        }
-        let identity = match (cert, key) {
-            (None, None) => None,
-            (Some(c), Some(k)) => Some((c, k)),
-            (c, _) => {
-                return Err(EtcdOptionError {
-                    field: if c.is_none() { "etcd_cert" } else { "etcd_key" },
-                    message: "etcd_cert and etcd_key come together; set both or neither"
-                        .to_string(),
-                })
-            }
-        };
-        if identity.is_some() && ca.is_none() {
-            return Err(EtcdOptionError {
-                field: "etcd_ca",
-                message: "a client certificate needs TLS: set etcd_ca to the etcd cluster's CA"
-                    .to_string(),
-            });
-        }
-        Ok(EtcdOptions {
-            endpoints,
-            ca,
-            identity,
-            max_txn_ops: DEFAULT_MAX_TXN_OPS,
-            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-        })
-    }
-}
-
-/// The store error of a failed etcd request. etcd's "database space exceeded"
-/// (gRPC RESOURCE_EXHAUSTED: the backend reached `--quota-backend-bytes`, and the
-/// NOSPACE alarm refuses every write that adds data until it is disarmed) is
-/// [`StoreError::NoSpace`]: the master goes read-only like on a full disk, and
-/// resumes once a write works again.
-fn etcd(op: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
-    move |e| {
-        if etcd_no_space(&e) {
-            StoreError::NoSpace {
-                op,
-                detail: format!(
-                    "etcd is out of space ({e}); compact and defragment etcd, then disarm its NOSPACE alarm (`etcdctl alarm disarm`), or raise its --quota-backend-bytes"
-                ),
-            }
-        } else {
-            StoreError::Etcd {
-                op,
-                message: e.to_string(),
-            }
-        }
-    }
-}
-
-/// Whether etcd refused a request for want of space (its quota or NOSPACE alarm).
-pub(crate) fn etcd_no_space(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s)
-        if s.code() == tonic::Code::ResourceExhausted && s.message().contains("space exceeded"))
-}
-
-/// A connection to the etcd cluster with the runtime that drives it.
-pub struct EtcdConn {
-    /// Always Some until dropped (taken to shut it down without blocking).
-    runtime: Option<tokio::runtime::Runtime>,
-    client: Client,
-    /// The cluster's limits, from the options.
-    pub limits: Limits,
-}
-
-/// How large one etcd transaction may be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Operations per transaction.
-    pub max_ops: usize,
-    /// Bytes of keys and values per transaction.
-    pub max_bytes: usize,
-}
-
-impl EtcdConn {
-    /// Connects to the cluster (fails when no member answers within a few seconds).
-    pub fn connect(options: &EtcdOptions) -> Result<Arc<EtcdConn>, StoreError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("drover-etcd")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Etcd {
-                op: "start the etcd runtime",
-                message: e.to_string(),
-            })?;
-        let mut connect = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2));
-        if let Some(ca) = &options.ca {
-            let read = |path: &PathBuf| {
-                std::fs::read(path).map_err(|e| StoreError::Etcd {
-                    op: "read the etcd TLS files",
-                    message: format!("{}: {e}", path.display()),
-                })
-            };
-            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read(ca)?));
-            if let Some((cert, key)) = &options.identity {
-                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
-            connect = connect.with_tls(tls);
-        }
-        let endpoints = options.endpoints.clone();
-        let client = block(Some(&runtime), async move {
-            let mut client = Client::connect(endpoints, Some(connect)).await?;
-            // Connecting is lazy: ask once so a wrong address fails here.
-            client.status().await?;
-            Ok::<_, etcd_client::Error>(client)
-        })
-        .map_err(etcd("connect to etcd"));
-        let client = match client {
-            Ok(c) => c,
-            Err(e) => {
-                // Dropping a runtime blocks, which panics inside another runtime.
-                runtime.shutdown_background();
-                return Err(e);
-            }
-        };
-        Ok(Arc::new(EtcdConn {
-            runtime: Some(runtime),
-            client,
-            limits: Limits {
-                max_ops: options.max_txn_ops.max(2),
-                max_bytes: options
-                    .max_request_bytes
-                    .saturating_sub(REQUEST_MARGIN)
-                    .max(4096),
-            },
-        }))
-    }
-
-    /// A client handle (cheap to clone) for async code in any runtime.
-    pub fn client(&self) -> Client {
-        self.client.clone()
-    }
-
-    /// Runs `fut` on the connection's runtime (where the client's connections live).
-    pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
-    where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        match &self.runtime {
-            Some(rt) => rt.spawn(fut),
-            None => tokio::spawn(fut),
-        }
-    }
-
-    /// Runs `fut` on the connection's runtime and waits for it.
-    pub fn block<F>(&self, fut: F) -> F::Output
-    where
-        F: std::future::Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        block(self.runtime.as_ref(), fut)
-    }
-}
-
-impl Drop for EtcdConn {
-    fn drop(&mut self) {
-        // The last handle may go inside the master's runtime, where dropping a
-        // runtime (which blocks) would panic.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// Spawns `fut` on `runtime` and blocks this thread on its result: usable from
-/// plain threads and from inside another tokio runtime.
-fn block<F>(runtime: Option<&tokio::runtime::Runtime>, fut: F) -> F::Output
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let task = async move {
-        let _ = tx.send(fut.await);
-    };
-    // The runtime is only taken by Drop, never while the connection is borrowed.
-    if let Some(runtime) = runtime {
-        runtime.spawn(task);
-    }
-    // The spawned task always sends unless the runtime is shutting down, which
-    // only happens when the connection is dropped (not while it is borrowed).
-    rx.recv().unwrap_or_else(|_| std::process::abort())
-}
 
 /// The election key a leader's writes are conditioned on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -484,93 +242,66 @@ impl EtcdStore {
     }
 
     fn ops(&self, changes: &[Change]) -> Result<Vec<Op>, StoreError> {
-        fn json<T: Serialize + ?Sized>(
-            what: &'static str,
-            key: &str,
-            v: &T,
-        ) -> Result<String, StoreError> {
-            serde_json::to_string(v).map_err(|source| StoreError::Encode {
-                what,
-                key: key.to_string(),
-                source,
-            })
-        }
         let mut ops = Vec::with_capacity(changes.len());
-        let put = |key: String, value: String| Op::Put { key, value };
         for c in changes {
-            match c {
-                Change::PutJob(spec, key, created) => {
-                    let record = JobRecord {
-                        key: key.clone(),
-                        spec: spec.as_ref().clone(),
-                        created_ms: *created,
+            match write_of(c) {
+                Write::Put(row) => {
+                    let key = match row {
+                        Row::Config { job, hash, .. } => format!("{}{hash}", self.configs_of(job)),
+                        _ => self.key(row.table().segment(), row.key()),
                     };
-                    ops.push(put(self.key("jobs", key), json("job", key, &record)?));
+                    let value = match row {
+                        Row::Job {
+                            key,
+                            spec,
+                            created_ms,
+                        } => {
+                            let record = JobRecord {
+                                key: key.to_string(),
+                                spec: spec.clone(),
+                                created_ms,
+                            };
+                            encode("job", key, &record)?
+                        }
+                        Row::Config {
+                            job,
+                            hash,
+                            spec,
+                            used_ms,
+                        } => {
+                            let stored = StoredConfig {
+                                job: job.to_string(),
+                                hash: hash.to_string(),
+                                spec,
+                                used_ms,
+                            };
+                            encode("config", &format!("{job} {hash}"), &stored)?
+                        }
+                        Row::CronFired(_, at) => at.to_string(),
+                        Row::Index(index) => index.to_string(),
+                        _ => row.json()?.unwrap_or_default(),
+                    };
+                    ops.push(Op::Put { key, value });
                 }
-                Change::DeleteJob(key) => {
+                Write::Delete(table, key) => ops.push(Op::Delete {
+                    key: self.key(table.segment(), key),
+                }),
+                Write::DeleteConfig { job, hash } => ops.push(Op::Delete {
+                    key: format!("{}{hash}", self.configs_of(job)),
+                }),
+                Write::DeleteJob(key) => {
                     ops.push(Op::Delete {
-                        key: self.key("jobs", key),
+                        key: self.key(Table::Jobs.segment(), key),
                     });
-                    ops.push(Op::Delete {
-                        key: self.key("cron_fired", key),
-                    });
-                    ops.push(Op::Delete {
-                        key: self.key("updates", key),
-                    });
+                    for table in UNDER_A_JOB {
+                        ops.push(Op::Delete {
+                            key: self.key(table.segment(), key),
+                        });
+                    }
                     ops.push(Op::DeletePrefix {
                         prefix: self.configs_of(key),
                     });
                 }
-                Change::PutTask(t) => ops.push(put(
-                    self.key("tasks", &t.id),
-                    json("task", &t.id, t.as_ref())?,
-                )),
-                Change::DeleteTask(id) => ops.push(Op::Delete {
-                    key: self.key("tasks", id),
-                }),
-                Change::PutAgent(a) => ops.push(put(
-                    self.key("agents", &a.id),
-                    json("agent", &a.id, a.as_ref())?,
-                )),
-                Change::PutQuota(role, Some(q)) => {
-                    ops.push(put(self.key("quotas", role), json("quota", role, q)?))
-                }
-                Change::PutQuota(role, None) => ops.push(Op::Delete {
-                    key: self.key("quotas", role),
-                }),
-                Change::PutUserGrants(role, users) if users.is_empty() => ops.push(Op::Delete {
-                    key: self.key("user_grants", role),
-                }),
-                Change::PutUserGrants(role, users) => ops.push(put(
-                    self.key("user_grants", role),
-                    json("user grants", role, users)?,
-                )),
-                Change::PutCronFired(job, at) => {
-                    ops.push(put(self.key("cron_fired", job), at.to_string()))
-                }
-                Change::Index(index) => ops.push(put(self.key("meta", "index"), index.to_string())),
-                Change::PutConfig {
-                    job,
-                    hash,
-                    spec,
-                    used_ms,
-                } => {
-                    let stored = StoredConfig {
-                        job: job.clone(),
-                        hash: hash.clone(),
-                        spec: spec.as_ref(),
-                        used_ms: *used_ms,
-                    };
-                    let key = format!("{}{hash}", self.configs_of(job));
-                    ops.push(put(key, json("config", &format!("{job} {hash}"), &stored)?));
-                }
-                Change::DeleteConfig { job, hash } => ops.push(Op::Delete {
-                    key: format!("{}{hash}", self.configs_of(job)),
-                }),
-                Change::PutUpdate(u) => ops.push(put(
-                    self.key("updates", &u.view.job),
-                    json("update", &u.view.job, u.as_ref())?,
-                )),
             }
         }
         Ok(last_writes(ops))

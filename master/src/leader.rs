@@ -16,6 +16,9 @@
 //! master that wakes up refuses everything before it notices anything else), and
 //! when the lease is lost or a fenced write fails it stops, drops its in-memory
 //! state and campaigns again as a standby.
+//!
+//! Every decision here (serve, forward, answer from the copy, refuse, step down)
+//! is `ha`'s; this file does the etcd and HTTP around them.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,14 +35,12 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::etcd_store::{EtcdConn, EtcdOptions, EtcdStore, Fence};
+use crate::ha::{Gate, Keep, Loading, Round, Standby, Standing, Term};
 use crate::http::ApiErr;
-use crate::runtime::{open_store, seed, RunError};
+use crate::runtime::{open_store, prepare_data_dir, seed, write_addr_file, RunError};
 use crate::store::StoreError;
 
-/// The election's name (its keys are `/drover-election/<lease id>`).
-pub const ELECTION: &str = "/drover-election/";
-/// The response header naming the leader's URL on a standby's refusals.
-pub const LEADER_HEADER: &str = "x-drover-leader";
+pub use crate::ha::{ELECTION, LEADER_HEADER};
 
 /// What this master knows about the election.
 pub struct Leadership {
@@ -77,7 +78,11 @@ impl Leadership {
 
     /// Whether this master leads and its lease is surely alive now.
     pub fn may_serve(&self) -> bool {
-        self.leading.load(Ordering::Acquire) && mono_ms() < self.valid_until.load(Ordering::Acquire)
+        crate::ha::may_serve(
+            self.leading.load(Ordering::Acquire),
+            mono_ms(),
+            self.valid_until.load(Ordering::Acquire),
+        )
     }
 
     /// The leader's URL as last seen (this master's own while it leads).
@@ -95,11 +100,16 @@ impl Leadership {
         *self.leader.lock().unwrap_or_else(|p| p.into_inner()) = url;
     }
 
-    /// A keep-alive sent at `sent` (monotonic ms) was answered: the lease lives
-    /// at least until `sent + ttl` at etcd; serve until three quarters of that.
+    /// A keep-alive sent at `sent` (monotonic ms) was answered (`ha::serve_until`).
     fn renewed(&self, sent: u64) {
         self.valid_until
-            .fetch_max(sent + self.ttl_ms * 3 / 4, Ordering::AcqRel);
+            .fetch_max(crate::ha::serve_until(sent, self.ttl_ms), Ordering::AcqRel);
+    }
+
+    /// The leader's URL when known and not this master's own.
+    fn other_leader(&self) -> Option<String> {
+        let leader = self.leader();
+        crate::ha::other_leader(leader.as_deref(), &self.url).map(str::to_owned)
     }
 
     /// The `/health` answer of a master on etcd.
@@ -119,14 +129,8 @@ impl Leadership {
     /// The refusal of a master that does not lead (503 `not_leader`, with the
     /// leader's URL in `X-Drover-Leader` when known).
     pub fn refusal(&self) -> Response {
-        let leader = self.leader().filter(|l| *l != self.url);
-        let message = match &leader {
-            Some(l) => format!(
-                "this master does not lead; the leader is {l}: send writes and agent traffic there"
-            ),
-            None => "this master does not lead and no leader is elected yet; retry in a moment"
-                .to_string(),
-        };
+        let leader = self.other_leader();
+        let message = crate::ha::refusal_message(leader.as_deref());
         let mut resp = ApiErr::new(StatusCode::SERVICE_UNAVAILABLE, "not_leader", message, None)
             .into_response();
         if let Some(value) = leader.and_then(|l| HeaderValue::from_str(&l).ok()) {
@@ -136,41 +140,45 @@ impl Leadership {
     }
 }
 
-/// Serves `/health` from the election; unless this master may serve, forwards
-/// the admin API to the leader (`proxy`) and refuses the rest (the layer around
-/// a leader's router; a standby's router is this layer around nothing).
+/// Carries out `ha::gate` and `ha::standby_route`: `/health` from the election;
+/// a live leader's own router; else forwarding the admin API to the leader
+/// (`proxy`), reads from the copy (`standby`), refusals (the layer around a
+/// leader's router; a standby's router is this layer around nothing).
 async fn gate(
     axum::extract::State(lead): axum::extract::State<Arc<Leadership>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if request.uri().path() == "/health" {
-        return axum::Json(lead.health()).into_response();
+    match crate::ha::gate(request.uri().path(), lead.may_serve()) {
+        Gate::Health => return axum::Json(lead.health()).into_response(),
+        Gate::Serve => return next.run(request).await,
+        Gate::Standby => {}
     }
-    if !lead.may_serve() {
-        let leader = lead.leader().filter(|l| *l != lead.url);
-        let from_copy = lead.copy.can_answer(&request);
-        return match leader {
-            Some(leader) if crate::proxy::forwardable(&request) => {
-                let again = from_copy.then(|| crate::standby::duplicate(&request));
-                match crate::proxy::forward(&lead.http, &leader, &lead.url, request).await {
-                    Ok(answer) => answer,
-                    // The leader gave no answer (a failover): a read comes from
-                    // the copy.
-                    Err(failed) => match again {
-                        Some(again) => lead.copy.answer(again).await.unwrap_or(failed),
-                        None => failed,
-                    },
-                }
+    let leader = lead.other_leader();
+    let seen = Standing {
+        leader: leader.as_deref(),
+        forwardable: crate::proxy::forwardable(&request),
+        copy_answers: lead.copy.can_answer(&request),
+    };
+    match crate::ha::standby_route(seen) {
+        Standby::Forward { leader, then_copy } => {
+            let again = then_copy.then(|| crate::standby::duplicate(&request));
+            match crate::proxy::forward(&lead.http, leader, &lead.url, request).await {
+                Ok(answer) => answer,
+                // The leader gave no answer (a failover): a read comes from
+                // the copy.
+                Err(failed) => match again {
+                    Some(again) => lead.copy.answer(again).await.unwrap_or(failed),
+                    None => failed,
+                },
             }
-            _ if from_copy => match lead.copy.answer(request).await {
-                Some(answer) => answer,
-                None => lead.refusal(),
-            },
-            _ => lead.refusal(),
-        };
+        }
+        Standby::FromCopy => match lead.copy.answer(request).await {
+            Some(answer) => answer,
+            None => lead.refusal(),
+        },
+        Standby::Refuse => lead.refusal(),
     }
-    next.run(request).await
 }
 
 fn gated(router: Router, lead: &Arc<Leadership>) -> Router {
@@ -180,33 +188,40 @@ fn gated(router: Router, lead: &Arc<Leadership>) -> Router {
 /// Keeps `lease` alive every third of the TTL until it is lost (expired at etcd,
 /// or not renewed before it may have expired); then returns.
 async fn keep_alive(mut client: Client, lease: i64, lead: Arc<Leadership>) {
-    let period = Duration::from_millis((lead.ttl_ms / 3).max(100));
+    let period = crate::ha::keep_alive_period(lead.ttl_ms);
     let mut stream = None;
     loop {
         if stream.is_none() {
             stream = client.lease_keep_alive(lease).await.ok();
         }
         let sent = mono_ms();
-        let mut ok = false;
+        let mut round = Round::NoAnswer;
         if let Some((keeper, answers)) = stream.as_mut() {
-            let round = async {
+            let answered = async {
                 keeper.keep_alive().await?;
                 answers.message().await
             };
-            match tokio::time::timeout(period, round).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => ok = true,
-                Ok(Ok(Some(_))) => {
-                    tracing::warn!(lease, "the election lease expired at etcd");
-                    return;
-                }
-                _ => stream = None,
+            round = match tokio::time::timeout(period, answered).await {
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => Round::Answered,
+                Ok(Ok(Some(_))) => Round::Expired,
+                _ => Round::NoAnswer,
+            };
+            if round == Round::NoAnswer {
+                stream = None;
             }
         }
-        if ok {
-            lead.renewed(sent);
-        } else if mono_ms() >= lead.valid_until.load(Ordering::Acquire) {
-            tracing::warn!(lease, "cannot renew the election lease in time");
-            return;
+        let valid_until = lead.valid_until.load(Ordering::Acquire);
+        match crate::ha::after_round(round, mono_ms(), valid_until) {
+            Keep::Renew => lead.renewed(sent),
+            Keep::Retry => {}
+            Keep::Expired => {
+                tracing::warn!(lease, "the election lease expired at etcd");
+                return;
+            }
+            Keep::TooLate => {
+                tracing::warn!(lease, "cannot renew the election lease in time");
+                return;
+            }
         }
         let spent = Duration::from_millis(mono_ms().saturating_sub(sent));
         tokio::time::sleep(period.saturating_sub(spent)).await;
@@ -248,12 +263,6 @@ async fn bind(config: &Config) -> Result<TcpListener, RunError> {
     }
 }
 
-/// How one term of this master ended.
-enum Term {
-    Shutdown,
-    SteppedDown,
-}
-
 /// Runs a master on the etcd store until `shutdown`: standby, leader when
 /// elected, standby again when the lease is lost.
 pub async fn run(
@@ -261,6 +270,10 @@ pub async fn run(
     options: EtcdOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    prepare_data_dir(&config)?;
+    write_addr_file(&config.data_dir, config.listen)?;
+    tracing::info!(url = %config.ha.advertise, data_dir = %config.data_dir.display(), "drover-master on etcd: campaigning");
+    crate::systemd::ready("standby on etcd: campaigning for leadership");
     let tls = match &config.tls {
         Some(files) => Some(crate::tls::server_config(files)?),
         None => None,
@@ -397,11 +410,7 @@ async fn term(
         campaign.abort();
         kept.abort();
         let _ = client.lease_revoke(lease).await;
-        return Ok(if *stop.borrow() {
-            Term::Shutdown
-        } else {
-            Term::SteppedDown
-        });
+        return Ok(crate::ha::unelected(*stop.borrow()));
     };
     let fence = Fence {
         key: key.key().to_vec(),
@@ -421,7 +430,7 @@ async fn term(
     let master = match opened {
         Ok(m) => m,
         // Deposed while loading, or etcd unavailable: a standby again (and retry).
-        Err(RunError::Store(e @ (StoreError::Fenced | StoreError::Etcd { .. }))) => {
+        Err(e) if crate::ha::steps_down_on(Loading::Store, &e) => {
             tracing::warn!(error = %e, "cannot load the store as leader; stepping down");
             kept.abort();
             let _ = client.lease_revoke(lease).await;
@@ -433,7 +442,7 @@ async fn term(
     let api = {
         let shared = Some((conn.clone(), fence.clone()));
         let (config, tls) = (config.clone(), tls.is_some());
-        tokio::task::spawn_blocking(move || crate::server::api(&config, master, tls, shared))
+        tokio::task::spawn_blocking(move || crate::open::api(&config, master, tls, shared))
             .await
             .map_err(|e| StoreError::Etcd {
                 op: "load the token registry",
@@ -443,7 +452,7 @@ async fn term(
     let api = match api {
         Ok(api) => api,
         // Deposed while loading, or etcd unavailable: a standby again (and retry).
-        Err(RunError::Tokens(e)) => {
+        Err(e) if crate::ha::steps_down_on(Loading::Tokens, &e) => {
             tracing::warn!(error = %e, "cannot load the token registry as leader; stepping down");
             lead.leading.store(false, Ordering::Release);
             kept.abort();
@@ -475,11 +484,5 @@ async fn term(
         .resign(Some(ResignOptions::new().with_leader(key)))
         .await;
     let _ = client.lease_revoke(lease).await;
-    if *stop.borrow() {
-        return served.map(|()| Term::Shutdown);
-    }
-    match served {
-        Ok(()) | Err(RunError::StoreFailed) => Ok(Term::SteppedDown),
-        Err(e) => Err(e),
-    }
+    crate::ha::after_leading(*stop.borrow(), served)
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::audit::AUDIT_FILE;
 use crate::etcd_store::{snapshot_changes, EtcdConn, EtcdOptions, EtcdStore};
-use crate::leader::ELECTION;
+use crate::ha::ELECTION;
 use crate::store::{SqliteStore, Store, StoreError, DB_FILE};
 use crate::tokens::{TokenError, Tokens};
 

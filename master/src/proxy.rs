@@ -10,6 +10,7 @@
 //! long polls there), `/metrics` (each master's own), a request another master
 //! already forwarded (`X-Drover-Proxied-By`: two standbys with stale views never
 //! bounce a request between them), and anything while no leader is known.
+//! Those rules, and what a failed forward tells the client, are `ha`'s.
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::ha::{failure_answer, Failure, LEADER_HEADER};
 use crate::http::{ApiErr, MAX_BODY_BYTES};
 
 /// Set on a forwarded request: the URL of the master that forwarded it.
@@ -26,9 +28,6 @@ pub const PROXIED_HEADER: &str = "x-drover-proxied-by";
 pub const SERVED_BY_HEADER: &str = "x-drover-served-by";
 /// How long the standby waits to connect to the leader.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a forwarded request may take (long polls: their wait on top).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(130);
 
 /// Headers that belong to one connection, not to the request or answer.
 const HOP_BY_HOP: [&str; 9] = [
@@ -61,38 +60,20 @@ pub fn client(ca: Option<&[u8]>) -> Result<reqwest::Client, String> {
     builder.build().map_err(|e| e.to_string())
 }
 
-/// Whether a standby forwards `request` to the leader (the admin API and the
-/// web UI; not agent traffic, `/metrics` or an already forwarded request).
+/// Whether a standby forwards `request` to the leader (`ha::forwardable`).
 pub fn forwardable(request: &Request) -> bool {
-    forwardable_path(request.uri().path()) && !request.headers().contains_key(PROXIED_HEADER)
-}
-
-/// Whether `path` is of the admin API or the web UI (not agent traffic, not
-/// `/metrics`).
-pub fn forwardable_path(path: &str) -> bool {
-    !(is_agent_traffic(path) || path == "/metrics")
-}
-
-/// The agent API's paths (register, heartbeat, assignments, updates, drain).
-fn is_agent_traffic(path: &str) -> bool {
-    if path == "/v1/agents/register" {
-        return true;
-    }
-    let Some(rest) = path.strip_prefix("/v1/agents/") else {
-        return false;
-    };
-    matches!(
-        rest.split_once('/'),
-        Some((_, "heartbeat" | "assignments" | "updates" | "drain"))
+    crate::ha::forwardable(
+        request.uri().path(),
+        request.headers().contains_key(PROXIED_HEADER),
     )
 }
 
-/// Why forwarding failed.
-fn failed(status: StatusCode, code: &str, message: String, leader: &str) -> Response {
+/// Why forwarding failed (`ha::failure_answer`), naming the leader.
+fn failed(failure: Failure, leader: &str, error: impl std::fmt::Display) -> Response {
+    let (status, code, message) = failure_answer(failure, leader, &error.to_string());
     let mut resp = ApiErr::new(status, code, message, None).into_response();
     if let Ok(value) = HeaderValue::from_str(leader) {
-        resp.headers_mut()
-            .insert(crate::leader::LEADER_HEADER, value);
+        resp.headers_mut().insert(LEADER_HEADER, value);
     }
     resp
 }
@@ -122,14 +103,9 @@ pub async fn forward(
         }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let long_poll = parts.uri.query().is_some_and(|q| q.contains("wait_ms"));
     let mut forwarded = http
         .request(parts.method.clone(), format!("{leader}{path}"))
-        .timeout(if long_poll {
-            LONG_POLL_TIMEOUT
-        } else {
-            REQUEST_TIMEOUT
-        })
+        .timeout(crate::ha::forward_timeout(parts.uri.query()))
         .header(PROXIED_HEADER, me)
         .body(body);
     for (name, value) in parts.headers.iter().filter(|(n, _)| end_to_end(n)) {
@@ -137,35 +113,14 @@ pub async fn forward(
     }
     let answer = match forwarded.send().await {
         Ok(a) => a,
-        Err(e) if e.is_connect() => {
-            return Err(failed(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not_leader",
-                format!("this master does not lead and cannot reach the leader {leader} ({e}); retry in a moment"),
-                leader,
-            ))
-        }
-        Err(e) => {
-            return Err(failed(
-                StatusCode::BAD_GATEWAY,
-                "leader_lost",
-                format!("the leader {leader} took the request but did not answer ({e}): it may or may not have been done; check before retrying"),
-                leader,
-            ))
-        }
+        Err(e) if e.is_connect() => return Err(failed(Failure::Unreachable, leader, e)),
+        Err(e) => return Err(failed(Failure::NoAnswer, leader, e)),
     };
     let status = answer.status();
     let headers = answer.headers().clone();
     let bytes = match answer.bytes().await {
         Ok(b) => b,
-        Err(e) => {
-            return Err(failed(
-                StatusCode::BAD_GATEWAY,
-                "leader_lost",
-                format!("the leader {leader} stopped answering ({e}): the request may or may not have been done; check before retrying"),
-                leader,
-            ))
-        }
+        Err(e) => return Err(failed(Failure::StoppedAnswering, leader, e)),
     };
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;

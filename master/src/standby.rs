@@ -21,7 +21,7 @@
 //! from the copy. While this master leads it keeps no copy.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -41,15 +41,15 @@ use crate::store::{StoreError, Writer};
 use crate::tls::PeerCert;
 use crate::tokens::Tokens;
 
-/// How often a standby looks whether the store moved (at the most).
-pub const FOLLOW_INTERVAL: Duration = Duration::from_millis(500);
+pub use crate::ha::FOLLOW_INTERVAL;
+
 /// Answer header: the store batch (change stream index) the copy holds.
 pub const COPY_INDEX_HEADER: &str = "x-drover-copy-index";
 /// Answer header: how long ago (ms) the copy was read from etcd.
 pub const COPY_AGE_HEADER: &str = "x-drover-copy-age-ms";
 /// Request header: `true` lets a standby answer the read from its copy when the
 /// leader cannot.
-pub const ALLOW_STALE_HEADER: &str = "x-drover-allow-stale";
+pub use drover_common::wire::ALLOW_STALE_HEADER;
 
 /// The copy as last read.
 #[derive(Clone)]
@@ -116,27 +116,15 @@ impl Copy {
     }
 }
 
-/// Whether the copy may answer `request`: a GET or HEAD of the admin API or the
-/// web UI that accepts a stale answer, not agent traffic, not `/metrics` (each
-/// master's own) and not a task's logs (read from the agent with keys the leader
-/// holds).
+/// Whether the copy may answer `request` (`ha::copy_may_answer`): a GET or
+/// HEAD that accepts a stale answer, of the admin API or the web UI.
 pub fn readable(request: &Request) -> bool {
-    let path = request.uri().path();
     let stale_ok = request
         .headers()
         .get(ALLOW_STALE_HEADER)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-    stale_ok
-        && matches!(*request.method(), Method::GET | Method::HEAD)
-        && crate::proxy::forwardable_path(path)
-        && !is_task_log(path)
-}
-
-/// `/v1/tasks/{id}/logs/...`: a task's logs, read from its agent.
-fn is_task_log(path: &str) -> bool {
-    path.strip_prefix("/v1/tasks/")
-        .and_then(|rest| rest.split('/').nth(1))
-        == Some("logs")
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    crate::ha::copy_may_answer(read, request.uri().path(), stale_ok)
 }
 
 /// A body-less duplicate of a read (method, URI, headers, client certificate),
@@ -160,7 +148,7 @@ fn read_if_moved(
     have: Option<i64>,
 ) -> Result<Option<Loaded>, StoreError> {
     let store = EtcdStore::reader(conn.clone());
-    if have.is_some_and(|r| r == store.revision().unwrap_or(0)) {
+    if crate::ha::copy_is_current(have, store.revision().unwrap_or(0)) {
         return Ok(None);
     }
     // A large commit half applied: keep the copy there is and look again.
@@ -226,6 +214,7 @@ pub async fn follow(
     loop {
         tokio::time::sleep(pause).await;
         pause = FOLLOW_INTERVAL;
+        // A leader keeps no copy.
         if leading() {
             retire(copy.replace(None)).await;
             continue;
@@ -236,8 +225,7 @@ pub async fn follow(
         let read = tokio::task::spawn_blocking(move || read_if_moved(&conn, &config, have)).await;
         match read {
             Ok(Ok(Some(loaded))) => {
-                // A slow read (a large store) is not repeated back to back.
-                pause = pause.max(began.elapsed() * 4);
+                pause = crate::ha::follow_pause(began.elapsed());
                 tracing::debug!(
                     index = loaded.index,
                     took_ms = began.elapsed().as_millis() as u64,

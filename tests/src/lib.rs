@@ -650,15 +650,7 @@ pub struct Cluster {
 impl Cluster {
     /// Starts a master and the agents, and waits until every agent is registered.
     pub fn start(config: ClusterConfig) -> anyhow::Result<Cluster> {
-        let dir = tempfile::Builder::new().prefix("drover-bb-").tempdir()?;
-        reap::mark_checkout(dir.path())?;
-        // Task processes run as www-data: they must be able to reach their sandbox.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-        std::fs::write(dir.path().join("master.toml"), &config.master_config)?;
-        for sub in ["master", "logs", "sandboxes"] {
-            std::fs::create_dir_all(dir.path().join(sub))?;
-            std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
-        }
+        let dir = cluster_dir("drover-bb-", &config.master_config)?;
         let mut cluster = Cluster {
             dir: Some(dir),
             api: AdminApi::new()?,
@@ -696,8 +688,7 @@ impl Cluster {
             )?;
         }
         cluster.wait_for("every agent to register", WAIT, |c| {
-            let agents = c.agents().ok()?;
-            (agents.iter().filter(|a| a.reachable).count() >= config.agents.len()).then_some(())
+            registered(c, config.agents.len())
         })?;
         Ok(cluster)
     }
@@ -990,12 +981,6 @@ impl Cluster {
         }
         out
     }
-
-    /// Kills every executor left in the sandboxes and whatever they ran (tasks in
-    /// their cgroups included), and removes their cgroups (`reap::sweep`).
-    fn kill_executors(&self) {
-        reap::sweep_and_report("test cluster", self.dir(), &self.sandbox_roots, "drover");
-    }
 }
 
 impl std::ops::Deref for Cluster {
@@ -1011,12 +996,54 @@ impl Drop for Cluster {
         for agent in &mut self.agents {
             agent.kill();
         }
-        self.kill_executors();
-        if let Some(master) = self.master.as_mut() {
-            master.kill();
-        }
+        end_cluster(
+            "test cluster",
+            self.master.as_mut(),
+            &self.dir,
+            &self.sandbox_roots,
+            "drover",
+        );
         keep_temp_dir_if_asked(&mut self.dir);
     }
+}
+
+/// A test cluster's temporary directory (both harnesses, `Cluster` and
+/// `netns::NetCluster`): named `<prefix>...`, marked as this checkout's for the
+/// reaper, 0755 like its `master`, `logs` and `sandboxes` directories (task
+/// processes run as www-data and must reach their sandbox), with `master.toml`.
+fn cluster_dir(prefix: &str, master_config: &str) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    reap::mark_checkout(dir.path())?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    std::fs::write(dir.path().join("master.toml"), master_config)?;
+    for sub in ["master", "logs", "sandboxes"] {
+        std::fs::create_dir_all(dir.path().join(sub))?;
+        std::fs::set_permissions(dir.path().join(sub), std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(dir)
+}
+
+/// Whether at least `n` agents are registered and reachable (a cluster's start
+/// waits for this).
+fn registered(api: &AdminApi, n: usize) -> Option<()> {
+    let agents = api.agents().ok()?;
+    (agents.iter().filter(|a| a.reachable).count() >= n).then_some(())
+}
+
+/// The end of a test cluster once its agents are killed (both harnesses' `Drop`,
+/// pass or fail): the master killed, then whatever the tasks left (executors, task
+/// processes, cgroups under `cgroup_parent`) swept by working directory and cgroup.
+fn end_cluster(
+    what: &str,
+    master: Option<&mut Proc>,
+    dir: &Option<tempfile::TempDir>,
+    roots: &[PathBuf],
+    cgroup_parent: &str,
+) {
+    if let Some(master) = master {
+        master.kill();
+    }
+    reap::sweep_and_report(what, temp_dir_path(dir), roots, cgroup_parent);
 }
 
 /// The path of a cluster's temporary directory (`/nonexistent` once it was kept).

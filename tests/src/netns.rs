@@ -417,12 +417,7 @@ impl NetCluster {
     pub fn start_some(n: usize, running: usize, master_config: &str) -> anyhow::Result<NetCluster> {
         let (claim, lock) = SubnetClaim::take()?;
         let octet = claim.octet;
-        let dir = tempfile::Builder::new().prefix("drover-ft-").tempdir()?;
-        crate::reap::mark_checkout(dir.path())?;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
-        std::fs::create_dir_all(dir.path().join("master"))?;
-        std::fs::create_dir_all(dir.path().join("logs"))?;
-        std::fs::write(dir.path().join("master.toml"), master_config)?;
+        let dir = crate::cluster_dir("drover-ft-", master_config)?;
         let cgroup_parent = format!(
             "drover-t{}-{}",
             std::process::id(),
@@ -452,8 +447,7 @@ impl NetCluster {
             }
         }
         cluster.wait_for("every agent to register", WAIT, |c| {
-            let agents = c.agents().ok()?;
-            (agents.iter().filter(|a| a.reachable).count() >= running).then_some(())
+            crate::registered(c, running)
         })?;
         Ok(cluster)
     }
@@ -883,13 +877,16 @@ impl Drop for NetCluster {
             }
             kill_netns_processes(&agent.ns.name);
         }
-        if let Some(mut master) = self.master.take() {
-            master.kill();
-        }
         // Whatever left its namespace's reach (or runs in none): by working
         // directory and task cgroup.
         let roots: Vec<PathBuf> = self.agents.iter().map(|a| a.sandbox_root.clone()).collect();
-        crate::reap::sweep_and_report("net cluster", self.dir(), &roots, &self.cgroup_parent);
+        crate::end_cluster(
+            "net cluster",
+            self.master.as_mut(),
+            &self.dir,
+            &roots,
+            &self.cgroup_parent,
+        );
         self.remove_cgroups();
         keep_temp_dir_if_asked(&mut self.dir);
     }

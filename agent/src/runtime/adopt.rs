@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use drover_common::layout::Layout;
 use drover_common::state::{mono_ms, now_ms, ExitReason, TaskState};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -14,7 +13,7 @@ use super::watching::{executor_lost, finish, numbered, update_from_status, watch
 use super::{lock, Shared};
 use crate::executor::{self};
 use crate::host::{self, Verdict};
-use crate::sandbox::{classify, Found, SandboxIo};
+use crate::sandbox::{classify, recorded_executor_pid, Found, SandboxIo};
 
 /// Scans the sandbox root: live executors are re-adopted, ended tasks reported once,
 /// orphans cleaned up and reported LOST. Nothing is ever started here.
@@ -113,17 +112,6 @@ async fn retire_old_sandbox(shared: &Shared, id: &str, executor_pid: Option<u32>
         "found in a sandbox of an older agent's layout, whose status the task could have forged; its processes were killed".into(),
     );
     finish(shared, numbered(shared, verdict, 0));
-}
-
-/// The executor pid recorded in the sandbox: the agent's `agent.json` (written for
-/// exclusive tasks only), else the executor's own `status.json`.
-pub(super) fn recorded_executor_pid(layout: &Layout, id: &str) -> Option<u32> {
-    layout.read_meta(id).executor_pid.or_else(|| {
-        layout
-            .read_status(id)
-            .map(|s| s.executor_pid)
-            .filter(|pid| *pid > 0)
-    })
 }
 
 /// Holds a task whose executor may run, watched; the receiver takes its kill requests.

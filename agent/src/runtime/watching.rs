@@ -11,12 +11,12 @@ use drover_common::validate::MAX_PROCESSES;
 use drover_common::wire::{Assignment, ExecutorStatus, ExecutorTask, StatusUpdate};
 use tokio::sync::{mpsc, watch};
 
-use super::adopt::recorded_executor_pid;
 use super::{lock, Shared, Tasks};
 use crate::converge;
 use crate::executor::{self, ExecutorProcess};
 use crate::host::{self, Gone, Verdict};
-use crate::sandbox::SandboxIo;
+
+use crate::sandbox::{recorded_executor_pid, SandboxIo};
 
 /// How long a new executor's readiness pipe is waited for before polling its socket.
 const READY_WAIT: Duration = Duration::from_secs(2);

@@ -25,16 +25,6 @@ use super::model::new_task;
 use super::timers::Timer;
 use super::{Change, Core, CoreError, Now, Reply};
 
-/// A cron job's state in the core.
-#[derive(Clone, Debug)]
-pub(super) struct CronState {
-    pub(super) schedule: Arc<Schedule>,
-    /// The next scheduled firing (wall clock).
-    pub(super) next: Option<UnixMillis>,
-    /// The last scheduled firing handled (stored).
-    pub(super) last_fired: Option<UnixMillis>,
-}
-
 impl Core {
     /// The spec's schedule parsed, or the error naming the field (the validator in
     /// common, with the `cron_seconds` switch).

@@ -6,7 +6,7 @@ use drover_common::spec::JobSpec;
 use drover_common::state::{DesiredState, EventSource, ExitReason, TaskState};
 use drover_common::wire::ActionResponse;
 
-use super::cron::CronState;
+use super::model::CronState;
 use super::model::{constraints_of, need_of, new_task, Job};
 use super::{Change, Core, CoreError, Now, Reply};
 

@@ -4,30 +4,9 @@
 //! (persist, wake an agent's long poll, arm the timer). No I/O, no clock, no
 //! randomness beyond a seeded counter.
 //!
-//! One concern per file, each an `impl Core` block or a small type:
-//! - `events`: the vocabulary with the runtime (Event, Reply, CoreError, Effect, Change)
-//! - `clock`: `Now`, the monotonic and the wall clock reading of an event
-//! - `config`: the thresholds of the lifecycle rules (CoreConfig)
-//! - `model`: Task, Job and Agent records, their stored forms, a job's needs and constraints
-//! - `jobs`: create, kill and restart
-//! - `lifecycle`: status reports, the end of a task, its replacement, THROTTLED, LOST
-//! - `agents`: registration, heartbeats, the sweep that finds silent agents
-//! - `eviction_guard`: no agent-loss replacements while much of the fleet vanished
-//!   at once (the fault is likely the master's or the network's), a rate otherwise
-//! - `reconciliation`: an agent's full task set against the master's, Mesos's rounds
-//! - `timers`: the deadlines armed and what each does when it fires
-//! - `placement`: PENDING tasks onto agents (the scheduler) and the attribute index
-//! - `snapshot`: the stored state and the core rebuilt from it
-//! - `views`: read-only views for the admin API and the agents' assignment sets
-//! - `poll`: the assignment long poll's step (answer now, or wait for what)
-//! - `update`: rolling updates (the record, its views, start and the operators'
-//!   actions); `rollout`: the engine that moves each one batch by batch and rolls
-//!   it back in reverse order
-//! - `maintenance`: host maintenance modes and the drain round
-//! - `disruption`: the SLA budgets a drain keeps each job within
-//! - `probe`: what a drain would do (`--dry-run`), read-only
-//! - `user_grants`: the users a role's tasks may run as, and the jobs flagged for
-//!   running as one no longer granted
+//! One concern per file, each an `impl Core` block or a small type; the files
+//! and their concerns are listed once, in docs/ARCHITECTURE.md ("The master's
+//! core").
 //!
 //! A new concern (preemption, quotas, cron) is a
 //! file of its own here beside these, entered from `handle` through a new `Event`.
@@ -40,8 +19,10 @@ mod cron;
 mod disruption;
 mod events;
 mod eviction_guard;
+mod feasibility;
 mod jobs;
 mod lifecycle;
+mod limits;
 mod maintenance;
 mod model;
 mod placement;

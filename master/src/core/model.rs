@@ -11,7 +11,7 @@ use drover_common::state::{
 use drover_common::wire::{AgentResources, AgentVersions, ProcessStatus};
 use serde::{Deserialize, Serialize};
 
-use super::placement::LimitCache;
+use super::limits::LimitCache;
 use super::{CoreError, HostMaintenance};
 
 /// A task: one run of one instance of a job. Also its stored form.
@@ -187,10 +187,20 @@ pub(super) struct Job {
     /// back can change: the job's limits and constraints, hosts in maintenance.
     pub(super) pending_fixed: bool,
     /// A cron job's schedule and firings; None for other jobs.
-    pub(super) cron: Option<super::cron::CronState>,
+    pub(super) cron: Option<CronState>,
     /// Its active tasks per `limit:N` attribute value, kept up to date between
     /// scheduling passes (None: counted afresh at the next pass that needs them).
     pub(super) limit_cache: Option<LimitCache>,
+}
+
+/// A cron job's state in the core (see `cron`).
+#[derive(Clone, Debug)]
+pub(super) struct CronState {
+    pub(super) schedule: Arc<drover_common::cron::Schedule>,
+    /// The next scheduled firing (wall clock).
+    pub(super) next: Option<UnixMillis>,
+    /// The last scheduled firing handled (stored).
+    pub(super) last_fired: Option<UnixMillis>,
 }
 
 /// What one task of a job needs.

@@ -39,8 +39,9 @@ use std::collections::HashMap;
 use drover_common::state::{DesiredState, EventSource, ExitReason, MonoMillis, TaskState};
 
 use super::disruption::Budget;
+use super::feasibility::misfit_ignoring_resources;
+use super::limits::LimitCounts;
 use super::model::{Agent, Need};
-use super::placement::{misfit_ignoring_resources, LimitCounts};
 use super::timers::Timer;
 use super::{Core, Now};
 

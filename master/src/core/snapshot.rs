@@ -6,8 +6,9 @@ use drover_common::state::{TaskState, UnixMillis};
 
 use drover_common::spec::JobSpec;
 
-use super::cron::{catch_up, CronState};
+use super::cron::catch_up;
 use super::maintenance::Drains;
+use super::model::CronState;
 use super::model::{constraints_of, Agent, Job, JobConfig, Slot};
 use super::quota::Usage;
 use super::timers::Timer;

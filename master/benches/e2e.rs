@@ -55,6 +55,7 @@ fn config(dir: &std::path::Path) -> Config {
         core: CoreConfig::default(),
         store: drover_master::config::StoreChoice::Sqlite,
         ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
+        dns: None,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod dns;
 pub mod etcd_auth;
 pub mod etcd_store;
 mod guard;

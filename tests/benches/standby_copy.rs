@@ -81,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         core: CoreConfig::default(),
         store: StoreChoice::Sqlite,
         ha: HaConfig::for_listen("127.0.0.1:0".parse()?, false),
+        dns: None,
     };
     let copy = Copy::default();
     let mut jobs = 0;

@@ -24,6 +24,7 @@ pub fn config(dir: &Path) -> Config {
         listen,
         store: drover_master::config::StoreChoice::Sqlite,
         ha: drover_master::config::HaConfig::for_listen(listen, false),
+        dns: None,
         data_dir: dir.to_path_buf(),
         insecure: false,
         tls: None,

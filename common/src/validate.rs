@@ -154,7 +154,7 @@ fn announce(v: &mut Errors, job: &JobSpec) {
         return;
     };
     let declared = &job.task.resources.ports;
-    let mut port = |v: &mut Errors, field: &str, name: &str| {
+    let port = |v: &mut Errors, field: &str, name: &str| {
         if v.unknown.ports || declared.iter().any(|p| p == name) {
             return;
         }

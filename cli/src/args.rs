@@ -273,7 +273,8 @@ pub enum AgentCommand {
 pub enum TokenCommand {
     /// Create a token and print it (it is shown only this once).
     Create {
-        /// `admin`, `operator`, `agent`, or job roles (repeatable, e.g. --role
+        /// `admin`, `operator`, `agent`, `discovery` (reads every announced
+        /// service and nothing else), or job roles (repeatable, e.g. --role
         /// www-data --role db) whose jobs the token may create, kill, restart and read.
         #[arg(long = "role", required = true, value_name = "ROLE")]
         roles: Vec<String>,

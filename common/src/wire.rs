@@ -214,6 +214,11 @@ pub struct RegisterRequest {
     pub hostname: String,
     /// `http://host:port` where the agent serves sandbox logs.
     pub address: String,
+    /// The IP address clients reach the host's announced tasks at. Absent: the
+    /// master takes the host of `address` (an IP literal as it is, a host name
+    /// resolved once, at this registration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
     /// The agent's and its executor's versions. Absent from older agents.

@@ -83,6 +83,7 @@ fn job(name: &str, instances: u32) -> serde_json::Value {
 
 fn register_req(id: &str) -> RegisterRequest {
     RegisterRequest {
+        ip: None,
         protocol_version: wire::PROTOCOL_VERSION,
         agent_id: id.to_string(),
         hostname: id.to_string(),

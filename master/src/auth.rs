@@ -26,6 +26,9 @@ pub enum Grant {
     Operator,
     /// Create, update, kill, restart and read the jobs of these roles only.
     Roles { roles: Vec<String> },
+    /// Service discovery: reads every announced service (`/v1/services`) and
+    /// nothing else (a DNS server, a load balancer, a client library).
+    Discovery,
     /// An agent: the agent API for the one agent id it is bound to (bound at its
     /// first registration when created without one).
     Agent {
@@ -40,6 +43,7 @@ impl Grant {
         match self {
             Grant::Admin => "admin".to_string(),
             Grant::Operator => "operator".to_string(),
+            Grant::Discovery => "discovery".to_string(),
             Grant::Roles { roles } => format!("roles:{}", roles.join(",")),
             Grant::Agent { agent_id: Some(id) } => format!("agent:{id}"),
             Grant::Agent { agent_id: None } => "agent:(unbound)".to_string(),
@@ -71,6 +75,9 @@ pub enum Permission {
     ReadAll,
     /// Read the jobs of one role (admin, operator, that role).
     ReadJob { role: String },
+    /// Read the announced services of one role (admin, operator, that role,
+    /// discovery).
+    ReadServices { role: String },
     /// Create, kill or restart the jobs of one role (admin, that role).
     WriteJob { role: String },
     /// Act as this agent (the agent token bound to it; an unbound agent token gets
@@ -89,6 +96,9 @@ impl std::fmt::Display for Permission {
             Permission::ReadAll => write!(f, "read:all (an admin or operator token)"),
             Permission::ReadJob { role } => {
                 write!(f, "jobs:read for role {role} (a token of role {role}, an operator or admin token)")
+            }
+            Permission::ReadServices { role } => {
+                write!(f, "jobs:read for role {role} (a token of role {role}, a discovery, operator or admin token)")
             }
             Permission::WriteJob { role } => {
                 write!(
@@ -115,11 +125,16 @@ impl Principal {
             }
             (Grant::Agent { .. }, _) | (_, Permission::Agent { .. }) => false,
             (Grant::Admin, _) => true,
+            (Grant::Discovery, p) => matches!(p, Permission::ReadServices { .. }),
             (Grant::Operator, p) => matches!(
                 p,
-                Permission::Maintenance | Permission::ReadAll | Permission::ReadJob { .. }
+                Permission::Maintenance
+                    | Permission::ReadAll
+                    | Permission::ReadJob { .. }
+                    | Permission::ReadServices { .. }
             ),
             (Grant::Roles { roles }, Permission::ReadJob { role })
+            | (Grant::Roles { roles }, Permission::ReadServices { role })
             | (Grant::Roles { roles }, Permission::WriteJob { role }) => roles.contains(role),
             (Grant::Roles { .. }, _) => false,
         }

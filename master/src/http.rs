@@ -28,6 +28,7 @@ use crate::runtime::{ApplyError, Master};
 use crate::tokens::{TokenError, TokenInfo, Tokens};
 
 pub mod openapi;
+mod services;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -72,6 +73,12 @@ pub enum Access {
     JobRead,
     /// A token that may write jobs of the path's `:role`.
     JobWrite,
+    /// A token that may read the services of the path's `:role` (a discovery
+    /// token reads every role's).
+    ServiceRead,
+    /// Any admin, operator, role or discovery token; the list is filtered to
+    /// what it may read.
+    ServiceList,
     /// A token that may read jobs of the task's role.
     TaskRead,
     /// An admin or operator token.
@@ -179,6 +186,14 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         (route("GET", "/v1/agents", ReadAll), get(list_agents)),
         // Any reader; a role-scoped token gets its roles' changes only (changes()).
         (route("GET", "/v1/changes", JobList), get(changes)),
+        (
+            route("GET", "/v1/services", ServiceList),
+            get(services::list),
+        ),
+        (
+            route("GET", "/v1/services/:role/:env/:name", ServiceRead),
+            get(services::show),
+        ),
         (route("GET", "/v1/hosts", ReadAll), get(list_hosts)),
         (
             route("POST", "/v1/hosts/cordon", Maintenance),
@@ -1610,7 +1625,7 @@ async fn register(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, ApiErr> {
-    let req: RegisterRequest = read_json(body).await?;
+    let mut req: RegisterRequest = read_json(body).await?;
     if !drover_common::spec::is_valid_name(&req.agent_id) {
         return Err(ApiErr::new(
             StatusCode::BAD_REQUEST,
@@ -1644,6 +1659,7 @@ async fn register(
     {
         api.tokens.set_log_key(&req.agent_id, key)?;
     }
+    services::resolve_agent_ip(&mut req).await;
     ok_reply(api.master.apply(Event::Register(Box::new(req))).await?)
 }
 
@@ -1773,7 +1789,7 @@ async fn list_tokens(State(api): State<Shared>) -> Response {
     json(StatusCode::OK, &api.tokens.list())
 }
 
-/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` (an agent
+/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent" | "discovery"}` (an agent
 /// token may name its `agent_id`) or `{"kind": "roles", "roles": ["www-data"]}`,
 /// and an optional description.
 #[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
@@ -1821,6 +1837,7 @@ impl CreateTokenRequest {
         let grant = match self.kind.as_str() {
             "admin" => Grant::Admin,
             "operator" => Grant::Operator,
+            "discovery" => Grant::Discovery,
             "agent" => {
                 if let Some(id) = self
                     .agent_id
@@ -1857,7 +1874,9 @@ impl CreateTokenRequest {
             }
             other => {
                 return Err(bad_token_request(
-                    format!("kind `{other}` is not one of admin, operator, roles, agent"),
+                    format!(
+                        "kind `{other}` is not one of admin, operator, roles, agent, discovery"
+                    ),
                     "kind",
                 ))
             }

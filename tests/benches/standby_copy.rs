@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: format!("agent-{i:03}"),
             hostname: format!("host-{i:03}"),

@@ -23,6 +23,8 @@
 //! - `maintenance`: host maintenance modes and the drain round
 //! - `disruption`: the SLA budgets a drain keeps each job within
 //! - `probe`: what a drain would do (`--dry-run`), read-only
+//! - `services`: service discovery: which instances are announced, the withdrawal
+//!   and held kill before every master-decided kill, the service views
 //! - `user_grants`: the users a role's tasks may run as, and the jobs flagged for
 //!   running as one no longer granted
 //!
@@ -46,6 +48,7 @@ mod preemption;
 mod probe;
 mod quota;
 mod reconciliation;
+mod services;
 mod snapshot;
 mod stats;
 mod stuck;
@@ -71,6 +74,7 @@ use model::{Agent, Job};
 pub use model::{AgentRecord, JobRecord, Task};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
+pub use services::address_host;
 pub use snapshot::{ConfigRecord, Snapshot};
 pub use stats::MetricsState;
 pub use update::UpdateRecord;

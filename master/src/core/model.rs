@@ -34,6 +34,11 @@ pub struct Task {
     pub replace_at_end: Option<String>,
     #[serde(default)]
     pub agent: Option<String>,
+    /// Set while the master holds this task's kill after withdrawing it from
+    /// service discovery: when it was withdrawn (wall clock). The agent's set keeps
+    /// it desired RUNNING until `announce.drain_delay` later (`core/services.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn_ms: Option<UnixMillis>,
     #[serde(default)]
     pub ports: Vec<(String, u16)>,
     /// The agent's assignment version in which this task was placed on it.
@@ -89,6 +94,10 @@ pub struct AgentRecord {
     pub id: String,
     pub hostname: String,
     pub address: String,
+    /// The IP address its announced tasks are published at (see
+    /// `services::agent_ip`); empty when none is known.
+    #[serde(default)]
+    pub ip: String,
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
     pub version: u64,
@@ -390,6 +399,7 @@ pub(super) fn new_task(
         kill_reason: None,
         replace_at_end: None,
         agent: None,
+        withdrawn_ms: None,
         ports: Vec::new(),
         assigned_version: 0,
         last_seq: None,

@@ -186,6 +186,8 @@ pub(super) enum DrainAnswer {
         super::release_guard,
         super::list_agents,
         super::changes,
+        super::services::list,
+        super::services::show,
         super::list_hosts,
         super::cordon_hosts,
         super::drain_hosts,

@@ -26,6 +26,7 @@ mod placement;
 mod preemption;
 mod quota;
 mod reconciliation;
+mod services;
 mod snapshot;
 mod update;
 mod user_grants;
@@ -65,6 +66,7 @@ fn cfg() -> CoreConfig {
 
 fn agent_req(id: &str, cpu: f64, ram_gib: u64, attrs: &[(&str, &str)]) -> RegisterRequest {
     RegisterRequest {
+        ip: None,
         protocol_version: wire::PROTOCOL_VERSION,
         agent_id: id.to_string(),
         hostname: format!("{id}.example"),

@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode};
@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::etcd_store::{EtcdConn, EtcdOptions, EtcdStore, Fence};
 use crate::http::ApiErr;
-use crate::runtime::{open_store, seed, RunError};
+use crate::runtime::{open_store, seed, Master, RunError};
 use crate::store::StoreError;
 
 /// The election's name (its keys are `/drover-election/<lease id>`).
@@ -53,6 +53,8 @@ pub struct Leadership {
     http: reqwest::Client,
     /// The standby's copy of the state (`standby`).
     copy: Arc<crate::standby::Copy>,
+    /// The state this master served while it last led (the DNS server's).
+    served: RwLock<Option<Arc<Master>>>,
 }
 
 impl Leadership {
@@ -66,7 +68,36 @@ impl Leadership {
             leader: Mutex::new(None),
             http: reqwest::Client::new(),
             copy: Arc::default(),
+            served: RwLock::new(None),
         }
+    }
+
+    /// The state the DNS server answers from: the leader's own while this master
+    /// leads; otherwise its standby copy, or until it has one (a leader that just
+    /// stepped down) the state it last served.
+    pub fn answering(&self) -> Option<Arc<Master>> {
+        let served = || {
+            self.served
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        if self.leading.load(Ordering::Acquire) {
+            if let Some(master) = served() {
+                return Some(master);
+            }
+        }
+        if let Some(copy) = self.copy.master() {
+            // The copy supersedes the state last served: let that go.
+            if served().is_some() {
+                self.served
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+            }
+            return Some(copy);
+        }
+        served()
     }
 
     /// Forwards with `http` (the cluster CA trusted when masters serve TLS).
@@ -307,6 +338,17 @@ pub async fn run(
             move || lead2.leading.load(Ordering::Acquire),
         ))
     };
+    let dns = {
+        let lead = lead.clone();
+        match crate::dns::start_configured(&config, move || lead.answering()).await {
+            Ok(dns) => dns,
+            Err(e) => {
+                follower.abort();
+                copier.abort();
+                return Err(e);
+            }
+        }
+    };
     let result = loop {
         match term(&config, &conn, &lead, tls.clone(), stop_rx.clone()).await {
             Ok(Term::Shutdown) => break Ok(()),
@@ -318,6 +360,9 @@ pub async fn run(
     };
     follower.abort();
     copier.abort();
+    if let Some(dns) = dns {
+        dns.stop().await;
+    }
     result
 }
 
@@ -429,6 +474,7 @@ async fn term(
         }
         Err(e) => return Err(e),
     };
+    *lead.served.write().unwrap_or_else(|p| p.into_inner()) = Some(master.clone());
     lead.leading.store(true, Ordering::Release);
     let api = {
         let shared = Some((conn.clone(), fence.clone()));

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::runtime::Master;
 use drover_common::wire::ServiceView;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{
@@ -59,6 +60,38 @@ pub trait ServiceLookup: Send + Sync + Unpin + 'static {
     fn version(&self) -> Option<Version>;
     /// Every announced service, with the version it was read at.
     fn services(&self) -> Option<(Version, Vec<ServiceView>)>;
+}
+
+/// The version of a master's state.
+fn version_of(master: &Arc<Master>) -> Version {
+    let commit = master.commit_state();
+    Version {
+        source: Arc::as_ptr(master) as usize,
+        epoch: commit.epoch(),
+        index: commit.committed(),
+    }
+}
+
+/// The master answered from, asked at every question: a single master's own, or
+/// on etcd the leader's state while this master leads and its standby copy
+/// otherwise (`leader::Leadership::answering`).
+pub struct FromMaster<F>(pub F);
+
+impl<F> ServiceLookup for FromMaster<F>
+where
+    F: Fn() -> Option<Arc<Master>> + Send + Sync + Unpin + 'static,
+{
+    fn version(&self) -> Option<Version> {
+        (self.0)().map(|m| version_of(&m))
+    }
+
+    fn services(&self) -> Option<(Version, Vec<ServiceView>)> {
+        let master = (self.0)()?;
+        // The version first: a commit in between makes the next question build
+        // again, never the other way round.
+        let version = version_of(&master);
+        Some((version, master.read(|core| core.service_views())))
+    }
 }
 
 /// The records last built.
@@ -271,6 +304,34 @@ async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), BindError>
             Err(e) => return Err(err(e)),
         }
     }
+}
+
+/// The file in the data dir naming the DNS server's address (`dns_listen` with
+/// port 0 picks one).
+pub const ADDR_FILE: &str = "dns.addr";
+
+/// Starts the DNS server of `config` (if it has one) answering from `master`,
+/// and writes its address to `<data_dir>/dns.addr`.
+pub async fn start_configured<F>(
+    config: &crate::config::Config,
+    master: F,
+) -> Result<Option<Running>, crate::runtime::RunError>
+where
+    F: Fn() -> Option<Arc<Master>> + Send + Sync + Unpin + 'static,
+{
+    let Some(dns) = &config.dns else {
+        return Ok(None);
+    };
+    let running = start(dns.listen, dns.zone.clone(), FromMaster(master)).await?;
+    let path = config.data_dir.join(ADDR_FILE);
+    let tmp = config.data_dir.join(".dns.addr.tmp");
+    let written = std::fs::write(&tmp, format!("{}\n", running.addr))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        // As with master.addr: on a full disk the master still answers.
+        tracing::error!(error = %e, path = %path.display(), addr = %running.addr, "cannot write dns.addr");
+    }
+    Ok(Some(running))
 }
 
 /// Starts answering for `zone` from `lookup` on `listen` (UDP and TCP).

@@ -1,14 +1,15 @@
 //! Black-box: zero downtime, measured as a client sees it. A 3-instance HTTP service
-//! announced through Drover (`announce.drain_delay` 2s, the DNS TTL 1s) on three
-//! agents, and two clients sending a steady stream of requests (each over 200/s, a
-//! new connection per request, no retries) while, in turn: a rolling update of all
-//! instances, the drain of a host carrying one instance, a restart of each instance
-//! in turn (`drover job restart KEY/I`), and the kill of one instance. One client
-//! finds the instances through the master's DNS (SRV, re-resolved when the answer's
-//! TTL ends), the other through the API's long poll (`GET /v1/services/...?index=N&
-//! wait_ms=M`). Expected: no failed request in any phase, and no DNS answer naming
-//! an instance after its withdrawal (as the API showed it). Prints per phase and
-//! client the requests sent, failed and the slowest; docs/master.md keeps them.
+//! announced through Drover (`announce.drain_delay` 2s, the DNS TTL 1s) on four
+//! agents (one instance per host), and two clients sending a steady stream of
+//! requests (each over 200/s, a new connection per request, no retries) while, in
+//! turn after a quiet baseline: a rolling update of all instances, the drain of a
+//! host carrying one instance, a restart of each instance in turn (`drover job
+//! restart KEY/I`), and the kill of one instance. One client finds the instances
+//! through the master's DNS (SRV, re-resolved when the answer's TTL ends), the other
+//! through the API's long poll (`GET /v1/services/...?index=N&wait_ms=M`). Expected:
+//! no failed request in any phase, and no DNS answer naming an instance after its
+//! withdrawal (as the API showed it). Prints per phase and client the requests sent,
+//! failed and the slowest; docs/master.md keeps them.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -35,7 +36,13 @@ const SRV_NAME: &str = "_http._tcp.web.test.www-data.drover.";
 const RATE: u32 = 220;
 /// Sending threads per client.
 const WORKERS: u32 = 4;
-const PHASES: [&str; 4] = ["rolling update", "host drain", "restart each", "kill one"];
+const PHASES: [&str; 5] = [
+    "steady (baseline)",
+    "rolling update",
+    "host drain",
+    "restart each",
+    "kill one",
+];
 
 /// What one client saw in one phase.
 #[derive(Clone, Debug, Default)]
@@ -229,6 +236,27 @@ fn announced_during(
     })
 }
 
+/// Prints what each client saw in phase `k` (as it ends, so a failing run shows
+/// the phases before).
+fn print_phase(k: usize, clients: &[&Arc<Client>]) {
+    for client in clients {
+        let s = client.stats.lock().unwrap()[k].clone();
+        println!(
+            "zero downtime: {}, {}: {} sent, {} failed, max {} ms{}",
+            PHASES[k],
+            client.name,
+            s.sent,
+            s.failed,
+            s.max_latency.as_millis(),
+            if s.failures.is_empty() {
+                String::new()
+            } else {
+                format!(" ({:?})", s.failures)
+            }
+        );
+    }
+}
+
 fn run(cluster: &Cluster, args: &[&str]) {
     let output = cluster.drover(args).unwrap();
     assert!(
@@ -238,8 +266,8 @@ fn run(cluster: &Cluster, args: &[&str]) {
     );
 }
 
-/// Waits until the API shows `n` endpoints and every one of the job's instances
-/// that should run is RUNNING.
+/// Waits until the API shows `n` endpoints, `n` of the job's instances are
+/// RUNNING and every task they replaced has ended.
 fn settle(cluster: &mut Cluster, timeline: &Timeline, n: usize, what: &str) {
     cluster
         .wait_for(what, WAIT, |c| {
@@ -253,8 +281,15 @@ fn settle(cluster: &mut Cluster, timeline: &Timeline, n: usize, what: &str) {
                         .is_some_and(|t| t.state == TaskState::Running)
                 })
                 .count();
+            // The tasks replaced have ended too (a restart's replacement runs
+            // while the old task's kill is held for the drain delay).
+            let ended = view
+                .instances
+                .iter()
+                .flat_map(|i| i.history.iter())
+                .all(|t| t.state.is_terminal());
             let shown = timeline.lock().unwrap().last().map(|(_, p)| p.len());
-            (running == n && shown == Some(n)).then_some(())
+            (running == n && ended && shown == Some(n)).then_some(())
         })
         .unwrap();
 }
@@ -268,7 +303,7 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     if !running_as_root("zero-downtime test") {
         return;
     }
-    let mut config = ClusterConfig::agents(3);
+    let mut config = ClusterConfig::agents(4);
     config.master_config =
         format!("{TEST_MASTER_CONFIG}dns_listen = \"127.0.0.1:0\"\ndns_ttl = \"1s\"\n");
     let mut cluster = Cluster::start(config).unwrap();
@@ -306,8 +341,13 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
         }
     }
 
-    // 1. A rolling update of every instance (a new config: more cpu).
+    // 0. Nothing happens: the baseline.
     phase.store(0, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_secs(2));
+
+    // 1. A rolling update of every instance (a new config: more cpu).
+    phase.store(1, Ordering::SeqCst);
+    print_phase(0, &[&by_dns, &by_api]);
     let mut updated: Value = spec.clone();
     updated["task"]["resources"]["cpu"] = json!(0.12);
     let file = cluster.dir().join("web-updated.json");
@@ -331,7 +371,8 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     );
 
     // 2. The drain of the host carrying instance 0.
-    phase.store(1, Ordering::SeqCst);
+    phase.store(2, Ordering::SeqCst);
+    print_phase(1, &[&by_dns, &by_api]);
     let view = job_view(&cluster);
     let agent = view.instances[0]
         .current
@@ -351,7 +392,8 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     run(&cluster, &["host", "activate", &agent]);
 
     // 3. Each instance restarted in turn.
-    phase.store(2, Ordering::SeqCst);
+    phase.store(3, Ordering::SeqCst);
+    print_phase(2, &[&by_dns, &by_api]);
     for i in 0..3 {
         let before = job_view(&cluster).instances[i]
             .current
@@ -375,7 +417,8 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     }
 
     // 4. One instance killed.
-    phase.store(3, Ordering::SeqCst);
+    phase.store(4, Ordering::SeqCst);
+    print_phase(3, &[&by_dns, &by_api]);
     run(&cluster, &["job", "kill", &format!("{KEY}/2")]);
     cluster
         .wait_for("instance 2 to end", WAIT, |c| {
@@ -395,20 +438,13 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     for t in threads {
         t.join().unwrap();
     }
+    print_phase(4, &[&by_dns, &by_api]);
 
-    println!("zero downtime: phase, client: requests sent, failed, slowest");
     let mut problems = Vec::new();
     for client in [&by_dns, &by_api] {
         let stats = client.stats.lock().unwrap();
         for (k, name) in PHASES.iter().enumerate() {
             let s = &stats[k];
-            println!(
-                "zero downtime: {name}, {}: {} sent, {} failed, max {} ms",
-                client.name,
-                s.sent,
-                s.failed,
-                s.max_latency.as_millis()
-            );
             if s.failed > 0 || s.sent == 0 {
                 problems.push(format!("{name} via {}: {s:?}", client.name));
             }

@@ -149,6 +149,8 @@ impl Records {
             }
             let mut node = Node::default();
             let mut by_port: HashMap<&str, Node> = HashMap::new();
+            // An RRset is a set: instances sharing a host give its address once.
+            let mut addresses = std::collections::HashSet::new();
             for endpoint in &service.endpoints {
                 let Ok(ip) = endpoint.ip.parse::<IpAddr>() else {
                     tracing::debug!(role, env, svc, ip = %endpoint.ip, "an endpoint without an IP address is not served");
@@ -158,7 +160,9 @@ impl Records {
                 let Some(target) = name(&[&instance, svc, env, role], domain) else {
                     continue;
                 };
-                node.add_address(address(&service_name, ip, ttl));
+                if addresses.insert(ip) {
+                    node.add_address(address(&service_name, ip, ttl));
+                }
                 let mut own = Node::default();
                 own.add_address(address(&target, ip, ttl));
                 names.insert(LowerName::new(&target), own);
@@ -332,6 +336,7 @@ mod tests {
                         endpoint(0, "10.0.0.1", 31000, Some(31001)),
                         endpoint(1, "10.0.0.2", 31002, None),
                         endpoint(2, "fd00::3", 31004, None),
+                        endpoint(3, "10.0.0.2", 31006, None),
                     ],
                 ),
                 service("www-data", "prod", "idle", vec![]),
@@ -361,6 +366,7 @@ mod tests {
         let a = ask(&r, "web.prod.www-data.drover.", RecordType::A);
         assert_eq!(a.code, ResponseCode::NoError);
         assert!(a.authoritative);
+        // Instances 1 and 3 share a host: its address once.
         assert_eq!(rdatas(&a.answers), ["10.0.0.1", "10.0.0.2"]);
         assert!(a.answers.iter().all(|r| r.ttl == 2));
         let aaaa = ask(&r, "WEB.Prod.www-data.Drover.", RecordType::AAAA);
@@ -378,9 +384,13 @@ mod tests {
                 "0 1 31000 0.Web.prod.www-data.drover.",
                 "0 1 31002 1.Web.prod.www-data.drover.",
                 "0 1 31004 2.Web.prod.www-data.drover.",
+                "0 1 31006 3.Web.prod.www-data.drover.",
             ]
         );
-        assert_eq!(rdatas(&a.additionals), ["10.0.0.1", "10.0.0.2", "fd00::3"]);
+        assert_eq!(
+            rdatas(&a.additionals),
+            ["10.0.0.1", "10.0.0.2", "10.0.0.2", "fd00::3"]
+        );
         let admin = ask(&r, "_admin._tcp.web.prod.www-data.drover.", RecordType::SRV);
         assert_eq!(
             rdatas(&admin.answers),
@@ -400,7 +410,7 @@ mod tests {
             "nobody.drover.",
             "_grpc._tcp.web.prod.www-data.drover.",
             "_http._udp.web.prod.www-data.drover.",
-            "3.web.prod.www-data.drover.",
+            "4.web.prod.www-data.drover.",
             "x.0.web.prod.www-data.drover.",
         ] {
             let a = ask(&r, name, RecordType::A);

@@ -154,3 +154,84 @@ fn an_instance_is_announced_while_running_and_withdrawn_drain_delay_before_its_k
     assert!(announce_ms < 1_000, "{announce_ms} ms");
     assert!(withdraw_ms < 1_000, "{withdraw_ms} ms");
 }
+
+/// The member keys under `/drover-announce/www-data/test/web/` and their JSON.
+fn members(etcd: &mut drover_tests::etcd::EtcdClient) -> Vec<(String, serde_json::Value)> {
+    let resp = etcd
+        .run(async |e| {
+            e.get(
+                "/drover-announce/www-data/test/web/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+        })
+        .unwrap();
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap().to_string(),
+                serde_json::from_slice(kv.value()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_master_on_etcd_announces_serverset_members_and_withdraws_them() {
+    use drover_tests::etcd::{etcd_installed, EtcdSettings};
+    use drover_tests::ha::{HaCluster, HaOptions};
+    if !etcd_installed() || !running_as_root("etcd announce test") {
+        eprintln!("skipped: needs etcd (scripts/setup.sh) and root");
+        return;
+    }
+    let mut options = HaOptions::new(1);
+    options.etcd = EtcdSettings {
+        members: 1,
+        ..EtcdSettings::default()
+    };
+    let c = HaCluster::start_with(options).unwrap();
+    let leader = c.wait_leader(drover_tests::WAIT).unwrap();
+    let api = c.api(leader).unwrap();
+    let created = api.create_job(&announced_job()).unwrap();
+    let task = created["tasks"][0].as_str().unwrap().to_string();
+    let mut etcd = c.etcd.client().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let found = loop {
+        let m = members(&mut etcd);
+        if !m.is_empty() {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "no member key appeared");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let view: ServiceView = api.get(SERVICE).unwrap();
+    assert_eq!(view.endpoints[0].task_id, task);
+    let http = view.endpoints[0].ports["http"];
+    let admin = view.endpoints[0].ports["admin"];
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0].0,
+        "/drover-announce/www-data/test/web/member_0000000000"
+    );
+    assert_eq!(
+        found[0].1,
+        json!({
+            "serviceEndpoint": {"host": "127.0.0.1", "port": http},
+            "additionalEndpoints": {
+                "admin": {"host": "127.0.0.1", "port": admin},
+                "http": {"host": "127.0.0.1", "port": http}
+            },
+            "status": "ALIVE",
+            "shard": 0
+        })
+    );
+    // The kill withdraws it from etcd too, before the task is killed.
+    api.kill_job(KEY).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !members(&mut etcd).is_empty() {
+        assert!(Instant::now() < deadline, "the member key stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(api.task(&task).unwrap().state, TaskState::Killing);
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use drover_common::wire::ServiceView;
-use etcd_client::{Client, DeleteOptions, PutOptions};
+use etcd_client::{Client, GetOptions, PutOptions};
 use serde::Serialize;
 
 use crate::runtime::Master;
@@ -93,7 +93,8 @@ pub fn members(views: &[ServiceView]) -> BTreeMap<String, String> {
 
 /// Keeps the member keys equal to the master's service views, with `lease`, until
 /// the commit stream ends (the master stops) or the task is aborted (leadership
-/// ends). Starts by removing members a previous leader left.
+/// ends). Starts by taking over the members a previous leader left (and removing
+/// those no longer announced).
 pub async fn publish(mut client: Client, master: Arc<Master>, lease: i64) {
     let mut commits = master.commit_state().subscribe();
     let mut published: Option<BTreeMap<String, String>> = None;
@@ -118,16 +119,31 @@ pub async fn publish(mut client: Client, master: Arc<Master>, lease: i64) {
     }
 }
 
+/// Writes every wanted member under `lease` first, then deletes the members a
+/// previous leader left that are not wanted: a member that stays never vanishes,
+/// not even for a moment, at a change of leader.
 async fn replace_all(
     client: &mut Client,
     want: &BTreeMap<String, String>,
     lease: i64,
 ) -> Result<(), etcd_client::Error> {
-    client
-        .delete(ANNOUNCE_PREFIX, Some(DeleteOptions::new().with_prefix()))
-        .await?;
     for (key, value) in want {
         put(client, key, value, lease).await?;
+    }
+    let left = client
+        .get(
+            ANNOUNCE_PREFIX,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await?;
+    let stale: Vec<Vec<u8>> = left
+        .kvs()
+        .iter()
+        .filter(|kv| kv.key_str().is_ok_and(|k| !want.contains_key(k)))
+        .map(|kv| kv.key().to_vec())
+        .collect();
+    for key in stale {
+        client.delete(key, None).await?;
     }
     Ok(())
 }

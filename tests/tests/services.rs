@@ -155,8 +155,8 @@ fn an_instance_is_announced_while_running_and_withdrawn_drain_delay_before_its_k
     assert!(withdraw_ms < 1_000, "{withdraw_ms} ms");
 }
 
-/// The member keys under `/drover-announce/www-data/test/web/` and their JSON.
-fn members(etcd: &mut drover_tests::etcd::EtcdClient) -> Vec<(String, serde_json::Value)> {
+/// The member keys under `/drover-announce/www-data/test/web/`, their JSON and lease.
+fn members(etcd: &mut drover_tests::etcd::EtcdClient) -> Vec<(String, serde_json::Value, i64)> {
     let resp = etcd
         .run(async |e| {
             e.get(
@@ -172,25 +172,26 @@ fn members(etcd: &mut drover_tests::etcd::EtcdClient) -> Vec<(String, serde_json
             (
                 kv.key_str().unwrap().to_string(),
                 serde_json::from_slice(kv.value()).unwrap(),
+                kv.lease(),
             )
         })
         .collect()
 }
 
 #[test]
-fn a_master_on_etcd_announces_serverset_members_and_withdraws_them() {
+fn a_master_on_etcd_announces_serverset_members_and_its_successor_takes_them_over() {
     use drover_tests::etcd::{etcd_installed, EtcdSettings};
     use drover_tests::ha::{HaCluster, HaOptions};
     if !etcd_installed() || !running_as_root("etcd announce test") {
         eprintln!("skipped: needs etcd (scripts/setup.sh) and root");
         return;
     }
-    let mut options = HaOptions::new(1);
+    let mut options = HaOptions::new(2);
     options.etcd = EtcdSettings {
         members: 1,
         ..EtcdSettings::default()
     };
-    let c = HaCluster::start_with(options).unwrap();
+    let mut c = HaCluster::start_with(options).unwrap();
     let leader = c.wait_leader(drover_tests::WAIT).unwrap();
     let api = c.api(leader).unwrap();
     let created = api.create_job(&announced_job()).unwrap();
@@ -226,6 +227,22 @@ fn a_master_on_etcd_announces_serverset_members_and_withdraws_them() {
             "shard": 0
         })
     );
+    // The leader dies: the next one writes the member again under its own lease.
+    let old_lease = found[0].2;
+    c.kill_master(leader);
+    let next = c.wait_leader(drover_tests::WAIT).unwrap();
+    assert_ne!(next, leader);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = members(&mut etcd);
+        if m.len() == 1 && m[0].2 != old_lease {
+            assert_eq!(m[0].1, found[0].1);
+            break;
+        }
+        assert!(Instant::now() < deadline, "not taken over: {m:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let api = c.api(next).unwrap();
     // The kill withdraws it from etcd too, before the task is killed.
     api.kill_job(KEY).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -74,6 +74,9 @@ pub enum Command {
     /// (admin).
     #[command(subcommand)]
     Role(RoleCommand),
+    /// Announced services (jobs with `announce`): list them, show one's endpoints.
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
     /// Open the master's web page of the cluster, a role or a job in a browser
@@ -419,6 +422,25 @@ pub enum QuotaCommand {
         /// The role (all when absent).
         role: Option<String>,
         /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `drover service ...`
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Every announced service the token may read, with its endpoint count.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A service's announced instances: host, IP, ports, task.
+    Show {
+        /// ROLE/ENV/NAME (NAME: `announce.name`, else the job's name).
+        service: String,
+        /// Print the API's JSON instead of text.
         #[arg(long)]
         json: bool,
     },

@@ -499,6 +499,12 @@ async fn term(
         Err(e) => return Err(e),
     };
     let listener = bind(config).await?;
+    // Announced instances as ServerSet members under the election lease.
+    let announcer = conn.spawn(crate::announce_etcd::publish(
+        conn.client(),
+        api.master.clone(),
+        lease,
+    ));
     let keeper = kept.abort_handle();
     let shutdown = {
         let mut stop = stop.clone();
@@ -514,6 +520,7 @@ async fn term(
     let served =
         crate::server::serve_wrapped(api, listener, tls, shutdown, move |r| gated(r, &lead2)).await;
     keeper.abort();
+    announcer.abort();
     lead.leading.store(false, Ordering::Release);
     lead.valid_until.store(0, Ordering::Release);
     // Give leadership up at once so a standby need not wait for the lease.

@@ -3,6 +3,7 @@
 //! commit, a thin async runtime, and the admin and agent HTTP APIs behind bearer
 //! tokens with per-role permissions.
 
+pub mod announce_etcd;
 pub mod audit;
 pub mod auth;
 pub mod config;

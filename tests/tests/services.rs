@@ -258,7 +258,7 @@ fn a_failed_health_check_withdraws_the_instance_drain_delay_before_the_kill() {
     if !running_as_root("service discovery health test") {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    let cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
     let mut job = announced_job();
     job["name"] = json!("sick");
     job["health_check"] = json!({

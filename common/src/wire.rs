@@ -32,6 +32,12 @@ pub struct ExecutorTask {
     /// Port name -> number assigned at placement.
     #[serde(default)]
     pub ports: BTreeMap<String, u16>,
+    /// Set for an announced task (`announce.drain_delay`, when not zero): a failed
+    /// health check is reported at once (a RUNNING status carrying the exit reason,
+    /// on which the master withdraws the instance) and the kill escalation starts
+    /// this many milliseconds later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_delay_ms: Option<u64>,
 }
 
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).

@@ -252,3 +252,66 @@ fn a_master_on_etcd_announces_serverset_members_and_its_successor_takes_them_ove
     }
     assert_eq!(api.task(&task).unwrap().state, TaskState::Killing);
 }
+
+#[test]
+fn a_failed_health_check_withdraws_the_instance_drain_delay_before_the_kill() {
+    if !running_as_root("service discovery health test") {
+        return;
+    }
+    let cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    let mut job = announced_job();
+    job["name"] = json!("sick");
+    job["health_check"] = json!({
+        "type": "shell",
+        "command": "test ! -e \"{{sandbox}}/fail\"",
+        "initial_interval": "1s",
+        "interval": "200ms",
+        "timeout": "1s",
+        "max_consecutive_failures": 0
+    });
+    let created = cluster.create_job(&job).unwrap();
+    let task = created["tasks"][0].as_str().unwrap().to_string();
+    let path = "/v1/services/www-data/test/sick";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster
+        .get::<ServiceView>(path)
+        .unwrap()
+        .endpoints
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "never announced");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sandbox = cluster.sandbox_of(&task).unwrap().join("sandbox");
+    std::fs::write(sandbox.join("fail"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cluster
+        .get::<ServiceView>(path)
+        .unwrap()
+        .endpoints
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "never withdrawn");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let withdrawn = Instant::now();
+    // Withdrawn while still RUNNING, its process alive: the stop waits 2 s.
+    assert_eq!(cluster.task(&task).unwrap().state, TaskState::Running);
+    assert!(!processes_under(&cluster.sandbox_of(&task).unwrap()).is_empty());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t = cluster.task(&task).unwrap();
+        if t.state.is_terminal() {
+            assert_eq!(t.state, TaskState::Failed, "{t:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ended: {t:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        withdrawn.elapsed() >= Duration::from_millis(1_900),
+        "ended {:?} after the withdrawal, before the 2s drain delay",
+        withdrawn.elapsed()
+    );
+    cluster.kill_job("www-data/test/sick").unwrap();
+}

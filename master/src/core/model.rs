@@ -34,9 +34,10 @@ pub struct Task {
     pub replace_at_end: Option<String>,
     #[serde(default)]
     pub agent: Option<String>,
-    /// Set while the master holds this task's kill after withdrawing it from
-    /// service discovery: when it was withdrawn (wall clock). The agent's set keeps
-    /// it desired RUNNING until `announce.drain_delay` later (`core/services.rs`).
+    /// When it was withdrawn from service discovery (wall clock), while that is
+    /// not its state's doing: a kill held for `announce.drain_delay` (a stopping
+    /// state; the agent's set keeps it desired RUNNING until then), or a RUNNING
+    /// task its executor is stopping for a failed health check (`core/services.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub withdrawn_ms: Option<UnixMillis>,
     #[serde(default)]

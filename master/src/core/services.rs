@@ -13,7 +13,11 @@
 //! task keeps `withdrawn_ms` and its agent's assignment set keeps it desired RUNNING
 //! until a `Timer::Withdrawn` fires `drain_delay` later, which clears the hold and
 //! wakes the agent. So no kill reaches an announced task, and clients have
-//! `drain_delay` to drop it first. Agent loss withdraws without a kill: the sweep
+//! `drain_delay` to drop it first. A kill the executor decides (a failed health
+//! check) is told to it in the task (`ExecutorTask::drain_delay_ms`): it reports
+//! the failure at once on a RUNNING status with the exit reason, on which the
+//! master sets `withdrawn_ms` (withdrawn, nothing held), and escalates the delay
+//! later. Agent loss withdraws without a kill: the sweep
 //! that finds the agent unreachable touches its announced tasks so the change is
 //! committed and seen.
 
@@ -54,6 +58,11 @@ impl Core {
             return false;
         };
         if !self.announced(t) {
+            // Withdrawn already (its executor stops it for a failed health check):
+            // this kill is not held.
+            if let Some(t) = self.tasks.get_mut(id) {
+                t.withdrawn_ms = None;
+            }
             return false;
         }
         let delay = self.drain_delay_ms(t);

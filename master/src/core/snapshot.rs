@@ -195,7 +195,7 @@ impl Core {
                 }
                 _ => {}
             }
-            if let (Some(at_wall), false) = (task.withdrawn_ms, state.is_terminal()) {
+            if let (Some(at_wall), true) = (task.withdrawn_ms, state.is_stopping()) {
                 // A held kill goes when its drain delay is over, as before the restart.
                 let delay = core.drain_delay_ms(&task);
                 core.push_timer(

@@ -156,6 +156,11 @@ impl Core {
                         health_check: spec.health_check.clone(),
                         lifecycle: spec.lifecycle.clone(),
                         ports: t.ports.iter().cloned().collect(),
+                        drain_delay_ms: spec
+                            .announce
+                            .as_ref()
+                            .map(|a| a.drain_delay.get().as_millis() as u64)
+                            .filter(|ms| *ms > 0),
                     },
                     started: t.last_seq.is_some(),
                 })

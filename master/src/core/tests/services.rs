@@ -404,3 +404,50 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
+    let (mut w, ids) = running_world(1);
+    let agent = w.core.task(&ids[0]).unwrap().agent.clone().unwrap();
+    // The master tells the executor the drain delay.
+    let set = w.core.assignment_set(&agent).unwrap();
+    assert_eq!(set.assignments[0].task.drain_delay_ms, Some(2_000));
+    let seq = w.seqs.entry(ids[0].clone()).or_insert(0);
+    *seq += 1;
+    let u = StatusUpdate {
+        task_id: ids[0].clone(),
+        seq: *seq,
+        state: TaskState::Running,
+        exit_reason: Some(ExitReason::HealthCheckFailed {
+            last_error: "503".into(),
+        }),
+        message: "health check failed: 503; withdrawn, stopping the task in 2000 ms".into(),
+        timestamp_ms: w.at().wall,
+        processes: Vec::new(),
+    };
+    w.handle(Event::StatusReports {
+        agent,
+        reports: vec![u],
+    })
+    .reply
+    .unwrap();
+    assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
+    assert_eq!(w.state(&ids[0]), TaskState::Running);
+    // A kill now is not held: the task is not announced.
+    w.handle(Event::Kill {
+        job: "www/prod/web".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Shutdown));
+    // It ends FAILED as the executor says and is replaced (a kill aside).
+    w.report(
+        &ids[0],
+        TaskState::Failed,
+        Some(ExitReason::HealthCheckFailed {
+            last_error: "503".into(),
+        }),
+    );
+    assert!(w.state(&ids[0]).is_terminal());
+}

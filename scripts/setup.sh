@@ -15,7 +15,8 @@
 #                            node, npm and chromium (the web UI's build and browser
 #                            suite), the packaging and systemd test tools (dpkg-dev,
 #                            debootstrap, systemd-container, lintian), etcd-server (the
-#                            HA tests start a real 3-member etcd cluster), schemathesis
+#                            HA tests start a real 3-member etcd cluster), bind9-dnsutils
+#                            (`dig`, for the DNS tests), schemathesis
 #                            and its whole dependency tree from PyPI, pinned with hashes
 #                            in scripts/requirements-schemathesis.txt, in a virtualenv
 #                            under /opt (with python3-venv if needed), and rustfmt and
@@ -74,6 +75,8 @@ if [ "$full" = yes ]; then
     need+=(etcd-server)
     installing_etcd=yes
   fi
+  # dig: the DNS tests (tests/tests/dns.rs) ask the master's DNS server with it.
+  command -v dig >/dev/null 2>&1 || need+=(bind9-dnsutils)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then

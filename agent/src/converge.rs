@@ -204,6 +204,7 @@ pub(crate) mod tests {
                 health_check: None,
                 lifecycle: None,
                 ports: Default::default(),
+                drain_delay_ms: None,
             },
             started: false,
         }

@@ -74,6 +74,9 @@ pub enum Command {
     /// (admin).
     #[command(subcommand)]
     Role(RoleCommand),
+    /// Announced services (jobs with `announce`): list them, show one's endpoints.
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Run a master and agents on this host, optionally with a job, until Ctrl-C.
     Dev(DevArgs),
     /// Open the master's web page of the cluster, a role or a job in a browser
@@ -292,7 +295,8 @@ pub enum AgentCommand {
 pub enum TokenCommand {
     /// Create a token and print it (it is shown only this once).
     Create {
-        /// `admin`, `operator`, `agent`, or job roles (repeatable, e.g. --role
+        /// `admin`, `operator`, `agent`, `discovery` (reads every announced
+        /// service and nothing else), or job roles (repeatable, e.g. --role
         /// www-data --role db) whose jobs the token may create, kill, restart and read.
         #[arg(long = "role", required = true, value_name = "ROLE")]
         roles: Vec<String>,
@@ -437,6 +441,25 @@ pub enum QuotaCommand {
         /// The role (all when absent).
         role: Option<String>,
         /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `drover service ...`
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Every announced service the token may read, with its endpoint count.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A service's announced instances: host, IP, ports, task.
+    Show {
+        /// ROLE/ENV/NAME (NAME: `announce.name`, else the job's name).
+        service: String,
+        /// Print the API's JSON instead of text.
         #[arg(long)]
         json: bool,
     },

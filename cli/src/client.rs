@@ -830,7 +830,7 @@ impl Client {
         })
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.send(reqwest::Method::GET, path, &[], None, Resend::Always)
             .await?
             .answer

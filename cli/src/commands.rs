@@ -441,11 +441,11 @@ pub fn token_request(
     agent_id: Option<&str>,
     description: &str,
 ) -> anyhow::Result<CreateTokenRequest> {
-    let special = ["admin", "operator", "agent"];
+    let special = ["admin", "operator", "agent", "discovery"];
     let kind = match roles {
         [one] if special.contains(&one.as_str()) => one.as_str(),
         _ if roles.iter().any(|r| special.contains(&r.as_str())) => bail!(
-            "--role admin, operator or agent stands alone; job roles may be combined (--role www-data --role db)"
+            "--role admin, operator, agent or discovery stands alone; job roles may be combined (--role www-data --role db)"
         ),
         _ => "roles",
     };

@@ -31,6 +31,9 @@ throttle_initial = "2s"
 throttle_max = "20s"
 transient_state_timeout = "60s"
 restart_grace = "5s"
+# Announced services in DNS (docs/master.md, "DNS"): a free port, printed at start
+# and written to master/dns.addr.
+dns_listen = "127.0.0.1:0"
 "#;
 
 /// How long to wait for the daemons to come up.
@@ -121,6 +124,8 @@ struct Cluster {
     agents: Vec<Daemon>,
     sandbox_roots: Vec<PathBuf>,
     executor: PathBuf,
+    /// The master's DNS server (from master/dns.addr).
+    dns: Option<String>,
     /// Held while the cluster runs: marks its agents' port block as taken.
     _port_lock: std::net::TcpListener,
 }
@@ -221,6 +226,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<bool> {
         }
     );
     println!("  logs:     {}", dir.join("logs").display());
+    if let Some(dns) = &cluster.dns {
+        let (host, port) = dns.rsplit_once(':').unwrap_or((dns, "53"));
+        println!(
+            "  DNS:      {dns} (announced services, e.g. dig @{host} -p {port} JOB.ENV.ROLE.drover)"
+        );
+    }
     println!(
         "  token:    {} (admin)",
         dir.join("master").join(ADMIN_TOKEN_FILE).display()
@@ -416,6 +427,7 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
     std::fs::write(&config, DEV_MASTER_CONFIG)?;
     let master_dir = dir.join("master");
     let _ = std::fs::remove_file(master_dir.join("master.addr"));
+    let _ = std::fs::remove_file(master_dir.join("dns.addr"));
     let mut command = Command::new(&bins.master);
     command
         .arg("--config")
@@ -489,6 +501,9 @@ async fn start(bins: &Binaries, dir: &Path, args: &DevArgs) -> anyhow::Result<Cl
         agents,
         sandbox_roots,
         executor: bins.executor.clone(),
+        dns: std::fs::read_to_string(master_dir.join("dns.addr"))
+            .ok()
+            .map(|a| a.trim().to_string()),
         _port_lock: port_lock,
     };
     let want = args.agents as usize;

@@ -16,6 +16,7 @@ pub mod procs;
 pub mod progress;
 pub mod render;
 pub mod roles;
+pub mod services;
 pub mod specfile;
 pub mod sys;
 pub mod table;
@@ -92,6 +93,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Quota(command) => commands::quota(&endpoint, command).await,
         Command::Cron(command) => commands::cron(&endpoint, command).await,
         Command::Role(command) => roles::run(&endpoint, command).await,
+        Command::Service(command) => services::run(&endpoint, command).await,
         Command::Host(command) => hosts::run(&endpoint, command).await,
         Command::Open { key } => {
             if let Some(note) = &endpoint.note {

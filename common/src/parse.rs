@@ -562,6 +562,13 @@ const SLA_POLICY: &[Field] = &[
     nullable("max_disrupted", Kind::U32),
 ];
 
+const ANNOUNCE: &[Field] = &[
+    req("primary_port", Kind::Str),
+    opt("ports", Kind::StrList),
+    nullable("name", Kind::Str),
+    opt("drain_delay", Kind::Duration),
+];
+
 const JOB: &[Field] = &[
     req("role", Kind::Str),
     req("environment", Kind::Str),
@@ -584,6 +591,7 @@ const JOB: &[Field] = &[
         Kind::Enum(&["KILL_EXISTING", "CANCEL_NEW"]),
     ),
     nullable("sla_policy", Kind::Struct(SLA_POLICY)),
+    nullable("announce", Kind::Struct(ANNOUNCE)),
 ];
 
 /// Every field path the schema knows, e.g. `task.processes[].cmdline`; for docs and

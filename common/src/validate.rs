@@ -98,6 +98,7 @@ pub fn token_request(req: CreateTokenRequest) -> Result<(Grant, String), FieldEr
     let grant = match req.kind.as_str() {
         "admin" => Grant::Admin,
         "operator" => Grant::Operator,
+        "discovery" => Grant::Discovery,
         "agent" => {
             if let Some(id) = req.agent_id.as_ref().filter(|id| !is_valid_name(id)) {
                 return Err(refuse(format!("`{id}` is not an agent id"), "agent_id"));
@@ -123,7 +124,7 @@ pub fn token_request(req: CreateTokenRequest) -> Result<(Grant, String), FieldEr
         }
         other => {
             return Err(refuse(
-                format!("kind `{other}` is not one of admin, operator, roles, agent"),
+                format!("kind `{other}` is not one of admin, operator, roles, agent, discovery"),
                 "kind",
             ))
         }
@@ -175,6 +176,7 @@ pub(crate) fn validate_with(
         v.push("update.batch_size", "is 0; use 1 or more".to_string());
     }
     sla_policy(&mut v, job);
+    announce(&mut v, job);
     if let Err(e) = crate::cron::job_schedule(job, cron_seconds) {
         v.push(e.field, e.message);
     }
@@ -238,6 +240,77 @@ fn sla_policy(v: &mut Errors, job: &JobSpec) {
     }
 }
 
+/// The longest `announce.drain_delay`: a kill waits this long before it starts.
+pub const MAX_DRAIN_DELAY_SECS: u64 = 600;
+
+/// `announce`: declared ports (with a hint for a misspelt one), a primary port among
+/// them, and names that can be DNS labels (the service is `NAME.ENV.ROLE` in DNS).
+fn announce(v: &mut Errors, job: &JobSpec) {
+    let Some(a) = &job.announce else {
+        return;
+    };
+    let declared = &job.task.resources.ports;
+    let port = |v: &mut Errors, field: &str, name: &str| {
+        if v.unknown.ports || declared.iter().any(|p| p == name) {
+            return;
+        }
+        let hint = closest(name, declared.iter().map(String::as_str))
+            .map(|near| format!("; did you mean `{near}`?"))
+            .unwrap_or_default();
+        let known = if declared.is_empty() {
+            "the task declares no ports (task.resources.ports)".to_string()
+        } else {
+            format!("declared ports: {}", declared.join(", "))
+        };
+        v.push(
+            field,
+            format!(
+                "`{}` is not a port of task.resources.ports ({known}){hint}",
+                show(name)
+            ),
+        );
+    };
+    port(v, "announce.primary_port", &a.primary_port);
+    for (i, p) in a.ports.iter().enumerate() {
+        port(v, &format!("announce.ports[{i}]"), p);
+    }
+    match &a.name {
+        Some(name) => v.dns_label("announce.name", name, ""),
+        None => v.dns_label(
+            "name",
+            &job.name,
+            "; it is the announced service's name (or set announce.name)",
+        ),
+    }
+    if !v.unknown.role {
+        v.dns_label("role", &job.role, "; announced services need one");
+    }
+    v.dns_label(
+        "environment",
+        &job.environment,
+        "; announced services need one",
+    );
+    if a.drain_delay.get().as_secs() > MAX_DRAIN_DELAY_SECS {
+        v.push(
+            "announce.drain_delay",
+            format!(
+                "is {}; use at most {MAX_DRAIN_DELAY_SECS}s (every kill of the job waits this long)",
+                a.drain_delay
+            ),
+        );
+    }
+}
+
+/// Whether `s` is a DNS label as service discovery publishes it (RFC 1123, lower
+/// case): 1 to 63 of a-z 0-9 and `-`, not starting or ending with `-`.
+pub fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// Collects errors.
 struct Errors {
     list: Vec<FieldError>,
@@ -257,6 +330,19 @@ impl Errors {
             self.push(
                 field,
                 format!("`{}` is not a valid name; {NAME_RULE}", show(value)),
+            );
+        }
+    }
+
+    /// A DNS label (see [`is_dns_label`]); `why` ends the message.
+    fn dns_label(&mut self, field: &str, value: &str, why: &str) {
+        if !is_dns_label(value) {
+            self.push(
+                field,
+                format!(
+                    "`{}` is not a DNS label{why}: use 1 to 63 of a-z 0-9 and `-`, not starting or ending with `-`, e.g. web-api",
+                    show(value)
+                ),
             );
         }
     }

@@ -32,6 +32,12 @@ pub struct ExecutorTask {
     /// Port name -> number assigned at placement.
     #[serde(default)]
     pub ports: BTreeMap<String, u16>,
+    /// Set for an announced task (`announce.drain_delay`, when not zero): a failed
+    /// health check is reported at once (a RUNNING status carrying the exit reason,
+    /// on which the master withdraws the instance) and the kill escalation starts
+    /// this many milliseconds later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_delay_ms: Option<u64>,
 }
 
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).
@@ -392,6 +398,11 @@ pub struct RegisterRequest {
     pub hostname: String,
     /// `http://host:port` where the agent serves sandbox logs.
     pub address: String,
+    /// The IP address clients reach the host's announced tasks at. Absent: the
+    /// master takes the host of `address` (an IP literal as it is, a host name
+    /// resolved once, at this registration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
     /// The agent's and its executor's versions. Absent from older agents.
@@ -1148,6 +1159,9 @@ pub enum Grant {
     Operator,
     /// Create, update, kill, restart and read the jobs of these roles only.
     Roles { roles: Vec<String> },
+    /// Service discovery: reads every announced service (`/v1/services`) and
+    /// nothing else (a DNS server, a load balancer, a client library).
+    Discovery,
     /// An agent: the agent API for the one agent id it is bound to (bound at its
     /// first registration when created without one).
     Agent {
@@ -1162,6 +1176,7 @@ impl Grant {
         match self {
             Grant::Admin => "admin".to_string(),
             Grant::Operator => "operator".to_string(),
+            Grant::Discovery => "discovery".to_string(),
             Grant::Roles { roles } => format!("roles:{}", roles.join(",")),
             Grant::Agent { agent_id: Some(id) } => format!("agent:{id}"),
             Grant::Agent { agent_id: None } => "agent:(unbound)".to_string(),
@@ -1186,7 +1201,7 @@ pub struct TokenInfo {
     pub revoked_ms: Option<u64>,
 }
 
-/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent"}` (an agent
+/// Body of POST /v1/tokens: `{"kind": "admin" | "operator" | "agent" | "discovery"}` (an agent
 /// token may name its `agent_id`) or `{"kind": "roles", "roles": ["www-data"]}`,
 /// and an optional description.
 // `validate::token_request` checks it.

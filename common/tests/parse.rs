@@ -146,7 +146,12 @@ fn full_job() -> JobSpec {
             min_time: Duration::from_secs(10),
             max_disrupted: None,
         }),
-        announce: None,
+        announce: Some(drover_common::spec::Announce {
+            primary_port: "http".into(),
+            ports: vec!["admin".into()],
+            name: Some("hello-web".into()),
+            drain_delay: Duration::from_secs(3),
+        }),
     }
 }
 

@@ -596,3 +596,100 @@ fn a_quota_request_sets_resources_absent_ones_zero_or_removes_alone() {
         assert!(err.message.contains("0 or more cores"), "{}", err.message);
     }
 }
+
+fn announce(primary: &str, ports: &[&str]) -> drover_common::spec::Announce {
+    drover_common::spec::Announce {
+        primary_port: primary.to_string(),
+        ports: ports.iter().map(|p| p.to_string()).collect(),
+        name: None,
+        drain_delay: Duration::from_secs(5),
+    }
+}
+
+#[test]
+fn announce_names_declared_ports_with_a_suggestion() {
+    assert_eq!(
+        fields_after(|j| j.announce = Some(announce("http", &["admin"]))),
+        Vec::<String>::new()
+    );
+    let m = message_after(|j| j.announce = Some(announce("htp", &[])));
+    assert!(
+        m.contains("`htp` is not a port") && m.contains("did you mean `http`"),
+        "{m}"
+    );
+    assert_eq!(
+        fields_after(|j| j.announce = Some(announce("http", &["admni", "grpc"]))),
+        vec!["announce.ports[0]", "announce.ports[1]"]
+    );
+    let m = message_after(|j| {
+        j.task.resources.ports.clear();
+        j.task.processes[1].cmdline = "./serve".to_string();
+        j.health_check = None;
+        j.lifecycle = None;
+        j.announce = Some(announce("http", &[]));
+    });
+    assert!(m.contains("declares no ports"), "{m}");
+}
+
+#[test]
+fn announced_names_are_dns_labels() {
+    let m = message_after(|j| {
+        let mut a = announce("http", &[]);
+        a.name = Some("Web_API".to_string());
+        j.announce = Some(a);
+    });
+    assert!(m.contains("not a DNS label"), "{m}");
+    // Without announce.name the job's name is announced.
+    assert_eq!(
+        fields_after(|j| {
+            j.name = "hello_world".to_string();
+            j.announce = Some(announce("http", &[]));
+        }),
+        vec!["name"]
+    );
+    // Role and environment are part of the service's DNS name.
+    assert_eq!(
+        fields_after(|j| {
+            j.role = "www_data".to_string();
+            j.constraints.remove("dedicated");
+            j.environment = "Prod".to_string();
+            j.announce = Some(announce("http", &[]));
+        }),
+        vec!["role", "environment"]
+    );
+    // Not announced: the same names are fine.
+    assert_eq!(
+        fields_after(|j| j.name = "hello_world".to_string()),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn the_drain_delay_is_bounded() {
+    let m = message_after(|j| {
+        let mut a = announce("http", &[]);
+        a.drain_delay = Duration::from_secs(3600);
+        j.announce = Some(a);
+    });
+    assert!(m.contains("at most 600s"), "{m}");
+}
+
+#[test]
+fn announce_parses_with_its_default_drain_delay() {
+    let mut text = serde_yaml::to_string(&base()).unwrap();
+    text.push_str("announce: {primary_port: http, ports: [admin]}\n");
+    let job = parse_job("job.yaml", &text).unwrap();
+    let a = job.announce.unwrap();
+    assert_eq!(a.drain_delay, Duration::from_secs(5));
+    assert_eq!(a.ports, vec!["admin"]);
+    let err = parse_job(
+        "job.yaml",
+        &format!(
+            "{}announce: {{primary_port: http, prots: [admin]}}\n",
+            serde_yaml::to_string(&base()).unwrap()
+        ),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("prots"), "{err}");
+}

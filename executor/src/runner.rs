@@ -478,6 +478,7 @@ impl Runner {
             finalization_wait: task.task.finalization_wait.get(),
             recovery_timeout: opts.recovery_timeout,
             standalone: opts.standalone,
+            drain_delay: Duration::from_millis(task.drain_delay_ms.unwrap_or(0)),
         };
         Ok(Runner {
             sup: Supervisor::new(machine, config),

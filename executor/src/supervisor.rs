@@ -100,6 +100,9 @@ pub struct Config {
     pub recovery_timeout: Duration,
     /// No recovery timeout.
     pub standalone: bool,
+    /// An announced task's drain delay: a failed health check is reported first
+    /// (the master withdraws the instance) and the escalation waits this long.
+    pub drain_delay: Duration,
 }
 
 struct Health {
@@ -129,6 +132,8 @@ pub struct Supervisor {
     report_due: bool,
     /// What SIGKILL could not kill, said in the terminal status.
     kill_left: Option<String>,
+    /// A failed health check's escalation waits until then (`Config::drain_delay`).
+    drain_until: Option<Millis>,
 }
 
 impl Supervisor {
@@ -161,6 +166,7 @@ impl Supervisor {
             last_emit: None,
             report_due: false,
             kill_left: None,
+            drain_until: None,
         }
     }
 
@@ -245,6 +251,13 @@ impl Supervisor {
                 io,
             );
         }
+        if self.drain_until.is_some_and(|at| now >= at) {
+            self.drain_until = None;
+            if self.escalation.is_none() {
+                self.start_escalation(now, true, io);
+                changed = true;
+            }
+        }
         // Start what the machine allows (regular processes only when no escalation
         // runs; final processes during finalization).
         if self.escalation.is_none() || self.machine.phase() == Phase::Finalizing {
@@ -267,7 +280,7 @@ impl Supervisor {
             }
             changed = true;
         }
-        if self.escalation.is_none() {
+        if self.escalation.is_none() && self.drain_until.is_none() {
             self.maybe_check_health(now, io);
         }
         let residue_wait = self.waiting_on_residue();
@@ -317,7 +330,7 @@ impl Supervisor {
             return;
         };
         h.in_flight = false;
-        if self.escalation.is_some() || self.state.is_terminal() {
+        if self.escalation.is_some() || self.drain_until.is_some() || self.state.is_terminal() {
             return;
         }
         match h.tracker.record(now, result) {
@@ -334,9 +347,24 @@ impl Supervisor {
                 }
             }
             Verdict::Unhealthy { last_error } => {
-                self.health_failure = Some(ExitReason::HealthCheckFailed {
+                let reason = ExitReason::HealthCheckFailed {
                     last_error: last_error.clone(),
-                });
+                };
+                self.health_failure = Some(reason.clone());
+                let delay = self.config.drain_delay.as_millis() as Millis;
+                if delay > 0 && self.state == TaskState::Running {
+                    // Announced: said first (the master withdraws the instance),
+                    // stopped `drain_delay` later.
+                    self.emit(
+                        now,
+                        TaskState::Running,
+                        Some(reason),
+                        format!("health check failed: {last_error}; withdrawn, stopping the task in {delay} ms"),
+                        io,
+                    );
+                    self.drain_until = Some(now + delay);
+                    return;
+                }
                 self.emit_same(
                     now,
                     format!("health check failed: {last_error}; stopping the task"),
@@ -415,11 +443,15 @@ impl Supervisor {
     /// When [`Supervisor::tick`] must run next at the latest.
     pub fn next_deadline(&self, now: Millis) -> Millis {
         let mut next = now + IDLE;
+        if let Some(at) = self.drain_until {
+            next = next.min(at);
+        }
         if self.escalation.is_none() {
             if let Some(t) = self.machine.next_wakeup(now) {
                 next = next.min(t);
             }
-            if let Some(h) = &self.health {
+            // No health check while a failed one's drain delay runs.
+            if let Some(h) = self.health.as_ref().filter(|_| self.drain_until.is_none()) {
                 next = next.min(h.next_at);
             }
         } else if self.machine.phase() == Phase::Finalizing {

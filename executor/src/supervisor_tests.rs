@@ -15,6 +15,7 @@ fn config() -> Config {
         finalization_wait: Duration::from_secs(30),
         recovery_timeout: Duration::from_secs(60),
         standalone: false,
+        drain_delay: Duration::ZERO,
     }
 }
 
@@ -491,4 +492,52 @@ fn a_disk_limit_reported_before_the_exit_it_caused_is_the_tasks_end() {
     run_until(&mut s, &mut io, 10, 100);
     assert_eq!(s.state(), TaskState::Failed);
     assert_eq!(io.last_reason(), Some(reason));
+}
+
+#[test]
+fn an_announced_task_reports_its_health_failure_and_stops_after_the_drain_delay() {
+    let config = Config {
+        health_check: Some(health_check()),
+        drain_delay: Duration::from_secs(2),
+        ..config()
+    };
+    let (mut s, mut io) = begun_with_one_process(config);
+    s.tick(0, &mut io);
+    s.health_result(1, Ok(()), &mut io);
+    assert_eq!(s.state(), TaskState::Running);
+    s.health_result(11_000, Err("503".into()), &mut io);
+    s.health_result(12_000, Err("refused".into()), &mut io);
+    // Said at once: a RUNNING status carrying the reason (the master withdraws).
+    assert_eq!(s.state(), TaskState::Running);
+    assert_eq!(
+        io.last_reason(),
+        Some(ExitReason::HealthCheckFailed {
+            last_error: "refused".into()
+        })
+    );
+    assert!(!io.has(|c| matches!(c, Command::Terminate { .. })));
+    s.tick(12_000, &mut io);
+    let next = s.next_deadline(12_000);
+    assert!(
+        next > 12_000 && next <= 14_000,
+        "wakes for the delay's end, never spins: {next}"
+    );
+    let checks = io.count(&Command::CheckHealth);
+    run_until(&mut s, &mut io, 12_010, 13_990);
+    assert!(
+        !io.has(|c| matches!(c, Command::Terminate { .. })),
+        "nothing stopped during the drain delay"
+    );
+    assert_eq!(io.count(&Command::CheckHealth), checks, "no more checks");
+    s.tick(14_000, &mut io);
+    assert!(io.has(|c| matches!(c, Command::Terminate { .. })));
+    s.process_exited(0, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 14_010, 15_000);
+    assert_eq!(s.state(), TaskState::Failed);
+    assert_eq!(
+        io.last_reason(),
+        Some(ExitReason::HealthCheckFailed {
+            last_error: "refused".into()
+        })
+    );
 }

@@ -44,6 +44,7 @@ fn cluster(now: u64) -> Core {
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: agent_id(i),
             hostname: format!("host-{i:05}"),

@@ -55,6 +55,7 @@ fn config(dir: &std::path::Path) -> Config {
         core: CoreConfig::default(),
         store: drover_master::config::StoreChoice::Sqlite,
         ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
+        dns: None,
     }
 }
 
@@ -82,6 +83,7 @@ fn job(name: &str, instances: u32) -> serde_json::Value {
 
 fn register_req(id: &str) -> RegisterRequest {
     RegisterRequest {
+        ip: None,
         protocol_version: wire::PROTOCOL_VERSION,
         agent_id: id.to_string(),
         hostname: id.to_string(),

@@ -37,6 +37,7 @@ fn cluster() -> Core {
     let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: format!("agent-{i:05}"),
             hostname: format!("host-{i:05}"),

@@ -110,6 +110,7 @@ fn main() {
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: format!("agent-{i:04}"),
             hostname: format!("host-{i:04}"),

@@ -40,6 +40,9 @@ pub enum Permission {
     ReadAll,
     /// Read the jobs of one role (admin, operator, that role).
     ReadJob { role: String },
+    /// Read the announced services of one role (admin, operator, that role,
+    /// discovery).
+    ReadServices { role: String },
     /// Create, kill or restart the jobs of one role (admin, that role).
     WriteJob { role: String },
     /// Act as this agent (the agent token bound to it; an unbound agent token gets
@@ -58,6 +61,9 @@ impl std::fmt::Display for Permission {
             Permission::ReadAll => write!(f, "read:all (an admin or operator token)"),
             Permission::ReadJob { role } => {
                 write!(f, "jobs:read for role {role} (a token of role {role}, an operator or admin token)")
+            }
+            Permission::ReadServices { role } => {
+                write!(f, "jobs:read for role {role} (a token of role {role}, a discovery, operator or admin token)")
             }
             Permission::WriteJob { role } => {
                 write!(
@@ -84,11 +90,16 @@ impl Principal {
             }
             (Grant::Agent { .. }, _) | (_, Permission::Agent { .. }) => false,
             (Grant::Admin, _) => true,
+            (Grant::Discovery, p) => matches!(p, Permission::ReadServices { .. }),
             (Grant::Operator, p) => matches!(
                 p,
-                Permission::Maintenance | Permission::ReadAll | Permission::ReadJob { .. }
+                Permission::Maintenance
+                    | Permission::ReadAll
+                    | Permission::ReadJob { .. }
+                    | Permission::ReadServices { .. }
             ),
             (Grant::Roles { roles }, Permission::ReadJob { role })
+            | (Grant::Roles { roles }, Permission::ReadServices { role })
             | (Grant::Roles { roles }, Permission::WriteJob { role }) => roles.contains(role),
             (Grant::Roles { .. }, _) => false,
         }

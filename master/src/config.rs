@@ -10,6 +10,7 @@ use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
+use crate::dns::Zone;
 use crate::etcd_store::EtcdOptions;
 use crate::tls::TlsFiles;
 
@@ -152,6 +153,18 @@ pub struct Args {
     /// unfinished update may need (the newest N).
     #[arg(long, value_name = "N")]
     pub config_history: Option<usize>,
+    /// Answer DNS for the announced services on this address, UDP and TCP (off
+    /// unless set; port 0 picks a free one, see <data_dir>/dns.addr).
+    #[arg(long, value_name = "ADDR")]
+    pub dns_listen: Option<String>,
+    /// The domain the DNS server answers for (default `drover.`); names outside
+    /// it are refused.
+    #[arg(long, value_name = "DOMAIN")]
+    pub dns_domain: Option<String>,
+    /// TTL of DNS answers, whole seconds (default 2s; keep it well below the jobs'
+    /// announce.drain_delay).
+    #[arg(long, value_name = "DURATION")]
+    pub dns_ttl: Option<String>,
 }
 
 /// What `drover-master` does instead of serving.
@@ -216,6 +229,9 @@ struct FileConfig {
     quarantine_window: Option<String>,
     quarantine_jobs: Option<u32>,
     config_history: Option<usize>,
+    dns_listen: Option<String>,
+    dns_domain: Option<String>,
+    dns_ttl: Option<String>,
 }
 
 /// The validated configuration.
@@ -232,7 +248,23 @@ pub struct Config {
     pub store: StoreChoice,
     /// Election settings (used on etcd only).
     pub ha: HaConfig,
+    /// The DNS server, if one runs.
+    pub dns: Option<DnsConfig>,
 }
+
+/// The DNS server's settings (`dns_listen`, `dns_domain`, `dns_ttl`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// UDP and TCP address.
+    pub listen: SocketAddr,
+    /// The domain answered for, with the answers' TTL.
+    pub zone: Zone,
+}
+
+/// The default DNS domain.
+pub const DEFAULT_DNS_DOMAIN: &str = "drover.";
+/// The default TTL of DNS answers (ms).
+pub const DEFAULT_DNS_TTL_MS: u64 = 2_000;
 
 /// Where the master keeps its state.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -559,6 +591,11 @@ impl Config {
             }
             ha.advertise = url;
         }
+        let dns = dns_config(
+            args.dns_listen.or(file.dns_listen),
+            args.dns_domain.or(file.dns_domain),
+            args.dns_ttl.or(file.dns_ttl),
+        )?;
         Ok(Config {
             listen,
             data_dir,
@@ -567,8 +604,41 @@ impl Config {
             core,
             store,
             ha,
+            dns,
         })
     }
+}
+
+/// The DNS settings: None unless `dns_listen` is set; the domain and TTL are
+/// checked even then, so a typo is found before the day it is turned on.
+fn dns_config(
+    listen: Option<String>,
+    domain: Option<String>,
+    ttl: Option<String>,
+) -> Result<Option<DnsConfig>, ConfigError> {
+    let ttl_ms = duration("dns_ttl", ttl, DEFAULT_DNS_TTL_MS)?;
+    if ttl_ms % 1000 != 0 || ttl_ms > 3_600_000 {
+        return Err(ConfigError::Field {
+            field: "dns_ttl",
+            message: "must be whole seconds from 0s to 1h (DNS TTLs are seconds), e.g. 2s"
+                .to_string(),
+        });
+    }
+    let domain = domain.unwrap_or_else(|| DEFAULT_DNS_DOMAIN.to_string());
+    let zone = Zone::new(&domain, (ttl_ms / 1000) as u32).ok_or_else(|| ConfigError::Field {
+        field: "dns_domain",
+        message: format!("`{domain}` is not a domain name; write e.g. drover. or svc.example.com."),
+    })?;
+    let Some(text) = listen else {
+        return Ok(None);
+    };
+    let listen: SocketAddr = text.parse().map_err(|_| ConfigError::Field {
+        field: "dns_listen",
+        message: format!(
+            "`{text}` is not an address; write host:port, e.g. 127.0.0.1:5353 (port 0 picks a free one)"
+        ),
+    })?;
+    Ok(Some(DnsConfig { listen, zone }))
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -746,6 +816,43 @@ mod tests {
         let file: FileConfig =
             toml::from_str("listen = \"10.0.0.1:7070\"\ninsecure = true").unwrap();
         assert!(Config::merge(args(), file).is_ok());
+    }
+
+    #[test]
+    fn dns_is_off_by_default_and_its_keys_are_checked() {
+        let c = Config::merge(args(), FileConfig::default()).unwrap();
+        assert_eq!(c.dns, None);
+        let file: FileConfig = toml::from_str(
+            "dns_listen = \"127.0.0.1:5353\"\ndns_domain = \"svc.example\"\ndns_ttl = \"3s\"",
+        )
+        .unwrap();
+        let dns = Config::merge(args(), file).unwrap().dns.unwrap();
+        assert_eq!(dns.listen.port(), 5353);
+        assert_eq!(dns.zone.domain.to_string(), "svc.example.");
+        assert_eq!(dns.zone.ttl, 3);
+        let mut a = args();
+        a.dns_listen = Some("127.0.0.1:0".into());
+        let dns = Config::merge(a.clone(), FileConfig::default())
+            .unwrap()
+            .dns
+            .unwrap();
+        assert_eq!(dns.zone.domain.to_string(), DEFAULT_DNS_DOMAIN);
+        assert_eq!(dns.zone.ttl, 2);
+        for (field, value) in [
+            ("dns_ttl", "1500ms"),
+            ("dns_ttl", "2h"),
+            ("dns_domain", "a..b"),
+            ("dns_listen", "port 53"),
+        ] {
+            let mut a = a.clone();
+            match field {
+                "dns_ttl" => a.dns_ttl = Some(value.into()),
+                "dns_domain" => a.dns_domain = Some(value.into()),
+                _ => a.dns_listen = Some(value.into()),
+            }
+            let e = Config::merge(a, FileConfig::default()).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{value}: {e}");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ mod logs;
 mod meta;
 pub mod openapi;
 mod params;
+mod services;
 mod tokens;
 mod updates;
 
@@ -124,6 +125,14 @@ fn routes() -> Vec<(RouteDef, MethodRouter<Shared>)> {
         ),
         // Any reader; a role-scoped token gets its roles' changes only (changes()).
         (route("GET", "/v1/changes", JobList), get(jobs::changes)),
+        (
+            route("GET", "/v1/services", ServiceList),
+            get(services::list),
+        ),
+        (
+            route("GET", "/v1/services/:role/:env/:name", ServiceRead),
+            get(services::show),
+        ),
         (route("GET", "/v1/hosts", ReadAll), get(hosts::list_hosts)),
         (
             route("POST", "/v1/hosts/cordon", Maintenance),

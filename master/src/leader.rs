@@ -22,7 +22,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode};
@@ -37,7 +37,7 @@ use crate::config::Config;
 use crate::etcd_store::{EtcdConn, EtcdOptions, EtcdStore, Fence};
 use crate::ha::{Gate, Keep, Loading, Round, Standby, Standing, Term};
 use crate::http::ApiErr;
-use crate::runtime::{open_store, prepare_data_dir, seed, write_addr_file, RunError};
+use crate::runtime::{open_store, prepare_data_dir, seed, write_addr_file, Master, RunError};
 use crate::store::StoreError;
 
 pub use crate::ha::{ELECTION, LEADER_HEADER};
@@ -54,6 +54,8 @@ pub struct Leadership {
     http: reqwest::Client,
     /// The standby's copy of the state (`standby`).
     copy: Arc<crate::standby::Copy>,
+    /// The state this master served while it last led (the DNS server's).
+    served: RwLock<Option<Arc<Master>>>,
 }
 
 impl Leadership {
@@ -67,7 +69,36 @@ impl Leadership {
             leader: Mutex::new(None),
             http: reqwest::Client::new(),
             copy: Arc::default(),
+            served: RwLock::new(None),
         }
+    }
+
+    /// The state the DNS server answers from: the leader's own while this master
+    /// leads; otherwise its standby copy, or until it has one (a leader that just
+    /// stepped down) the state it last served.
+    pub fn answering(&self) -> Option<Arc<Master>> {
+        let served = || {
+            self.served
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        if self.leading.load(Ordering::Acquire) {
+            if let Some(master) = served() {
+                return Some(master);
+            }
+        }
+        if let Some(copy) = self.copy.master() {
+            // The copy supersedes the state last served: let that go.
+            if served().is_some() {
+                self.served
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+            }
+            return Some(copy);
+        }
+        served()
     }
 
     /// Forwards with `http` (the cluster CA trusted when masters serve TLS).
@@ -320,6 +351,17 @@ pub async fn run(
             move || lead2.leading.load(Ordering::Acquire),
         ))
     };
+    let dns = {
+        let lead = lead.clone();
+        match crate::dns::start_configured(&config, move || lead.answering()).await {
+            Ok(dns) => dns,
+            Err(e) => {
+                follower.abort();
+                copier.abort();
+                return Err(e);
+            }
+        }
+    };
     let result = loop {
         match term(&config, &conn, &lead, tls.clone(), stop_rx.clone()).await {
             Ok(Term::Shutdown) => break Ok(()),
@@ -331,6 +373,9 @@ pub async fn run(
     };
     follower.abort();
     copier.abort();
+    if let Some(dns) = dns {
+        dns.stop().await;
+    }
     result
 }
 
@@ -438,6 +483,7 @@ async fn term(
         }
         Err(e) => return Err(e),
     };
+    *lead.served.write().unwrap_or_else(|p| p.into_inner()) = Some(master.clone());
     lead.leading.store(true, Ordering::Release);
     let api = {
         let shared = Some((conn.clone(), fence.clone()));
@@ -462,6 +508,12 @@ async fn term(
         Err(e) => return Err(e),
     };
     let listener = bind(config).await?;
+    // Announced instances as ServerSet members under the election lease.
+    let announcer = conn.spawn(crate::announce_etcd::publish(
+        conn.client(),
+        api.master.clone(),
+        lease,
+    ));
     let keeper = kept.abort_handle();
     let shutdown = {
         let mut stop = stop.clone();
@@ -477,6 +529,7 @@ async fn term(
     let served =
         crate::server::serve_wrapped(api, listener, tls, shutdown, move |r| gated(r, &lead2)).await;
     keeper.abort();
+    announcer.abort();
     lead.leading.store(false, Ordering::Release);
     lead.valid_until.store(0, Ordering::Release);
     // Give leadership up at once so a standby need not wait for the lease.

@@ -3,10 +3,12 @@
 //! commit, a thin async runtime, and the admin and agent HTTP APIs behind bearer
 //! tokens with per-role permissions.
 
+pub mod announce_etcd;
 pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod core;
+pub mod dns;
 pub mod etcd_auth;
 pub mod etcd_store;
 pub mod ha;

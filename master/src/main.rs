@@ -8,12 +8,24 @@ use clap::Parser;
 use drover_master::{Args, Config};
 use tokio::signal::unix::{signal, SignalKind};
 
+/// RUST_LOG, else `info`; hickory's DNS server logs every question at info, so
+/// it is held to warnings unless RUST_LOG names it.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let given = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if given.contains("hickory") {
+        return filter;
+    }
+    match "hickory_server=warn".parse() {
+        Ok(quiet) => filter.add_directive(quiet),
+        Err(_) => filter,
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .init();
     let mut args = Args::parse();

@@ -114,9 +114,17 @@ pub async fn run_single(
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "drover-master listening");
     // The store is loaded and the listener bound: connections from now on queue
     // until `serve` accepts them a moment later.
+    let dns = {
+        let master = api.master.clone();
+        crate::dns::start_configured(&config, move || Some(master.clone())).await?
+    };
     let status = api.master.status();
     crate::systemd::ready(&format!("serving on {addr}; {status}"));
-    serve(api, listener, tls, shutdown).await
+    let served = serve(api, listener, tls, shutdown).await;
+    if let Some(dns) = dns {
+        dns.stop().await;
+    }
+    served
 }
 
 /// A master running inside this process (tests, benches, embedding).
@@ -127,6 +135,9 @@ pub struct Handle {
     pub master: Arc<Master>,
     /// The token registry, e.g. for tests to create tokens.
     pub tokens: Arc<Tokens>,
+    /// The DNS server's address, when `dns_listen` is set.
+    pub dns: Option<SocketAddr>,
+    dns_server: Option<crate::dns::Running>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<tokio::task::JoinHandle<Result<(), RunError>>>,
 }
@@ -136,6 +147,9 @@ impl Handle {
     pub async fn stop(mut self) -> Result<(), RunError> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
+        }
+        if let Some(dns) = self.dns_server.take() {
+            dns.stop().await;
         }
         match self.join.take() {
             Some(j) => j.await.unwrap_or(Ok(())),
@@ -162,6 +176,10 @@ pub async fn start(config: Config) -> Result<Handle, RunError> {
 pub async fn start_with(config: Config, store: Option<Box<dyn Store>>) -> Result<Handle, RunError> {
     let (api, listener, addr, tls) = open_and_bind(&config, store).await?;
     let (master, tokens) = (api.master.clone(), api.tokens.clone());
+    let dns_server = {
+        let master = master.clone();
+        crate::dns::start_configured(&config, move || Some(master.clone())).await?
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let join = tokio::spawn(serve(api, listener, tls, async move {
         let _ = rx.await;
@@ -170,6 +188,8 @@ pub async fn start_with(config: Config, store: Option<Box<dyn Store>>) -> Result
         addr,
         master,
         tokens,
+        dns: dns_server.as_ref().map(|d| d.addr),
+        dns_server,
         stop: Some(tx),
         join: Some(join),
     })

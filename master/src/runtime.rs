@@ -68,6 +68,8 @@ pub enum RunError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Dns(#[from] crate::dns::BindError),
     #[error("http server failed: {0}")]
     Serve(std::io::Error),
     #[error("the store failed while running; restart the master to reload the committed state")]

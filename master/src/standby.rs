@@ -86,6 +86,15 @@ impl Copy {
         )
     }
 
+    /// The copy's master (the DNS server answers from it).
+    pub fn master(&self) -> Option<Arc<Master>> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|l| l.master.clone())
+    }
+
     /// (store batch, age in ms) of the copy, for `/health`.
     pub fn describe(&self) -> Option<(u64, u64)> {
         self.get()

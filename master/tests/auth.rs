@@ -145,7 +145,8 @@ async fn every_route_needs_the_right_token() {
         let what = format!("{} {}", def.method, def.path);
         let (wrong, right): (Option<&str>, &str) = match def.access {
             Access::Public => (None, &www),
-            Access::JobList => (Some(&agent1), &www),
+            Access::JobList | Access::ServiceList => (Some(&agent1), &www),
+            Access::ServiceRead => (Some(&db), &www),
             Access::JobCreate | Access::JobRead | Access::JobWrite | Access::TaskRead => {
                 (Some(&db), &www)
             }
@@ -200,6 +201,12 @@ async fn every_route_needs_the_right_token() {
             // Allowed, and proxied to the fake agent, which serves no logs.
             assert_eq!(s, 502, "{what} with the right token: {v}");
             assert_eq!(v["error"]["code"], "agent_unreachable", "{what}: {v}");
+            continue;
+        }
+        if def.path.starts_with("/v1/services/") {
+            // Allowed; www/prod/hello announces nothing.
+            assert_eq!(s, 404, "{what} with the right token: {v}");
+            assert_eq!(v["error"]["code"], "not_found", "{what}: {v}");
             continue;
         }
         assert!(
@@ -554,5 +561,49 @@ async fn huge_instance_sets_are_cheap_and_errors_name_the_first_bad_instance() {
     let (s, v) = c.post("/v1/jobs", &dash).await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(v["error"]["field"], "name");
+    h.stop().await.unwrap();
+}
+
+/// A discovery token reads every role's services and nothing else.
+#[tokio::test]
+async fn a_discovery_token_reads_services_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = start(dir.path()).await;
+    let c = Client::new(&h);
+    let (s, v) = c.post("/v1/tokens", &json!({"kind": "discovery"})).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["kind"], "discovery", "{v}");
+    let discovery = v["token"].as_str().unwrap().to_string();
+    let (s, v) = send(&c, "GET", "/v1/services", Some(&discovery), &Value::Null).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = send(
+        &c,
+        "GET",
+        "/v1/services/db/prod/x",
+        Some(&discovery),
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(s, 404, "allowed, and there is no such service: {v}");
+    for path in [
+        "/v1/jobs",
+        "/v1/jobs/www/prod/hello",
+        "/v1/changes?wait_ms=0",
+        "/v1/agents",
+        "/v1/tasks/x-0-000000000000",
+        "/v1/cluster",
+    ] {
+        let (s, v) = send(&c, "GET", path, Some(&discovery), &Value::Null).await;
+        assert_eq!(s, 403, "GET {path} with a discovery token: {v}");
+    }
+    let (s, v) = send(
+        &c,
+        "POST",
+        "/v1/jobs",
+        Some(&discovery),
+        &job("x", 1, false),
+    )
+    .await;
+    assert_eq!(s, 403, "{v}");
     h.stop().await.unwrap();
 }

@@ -33,6 +33,7 @@ fn task(id: &str, state: TaskState) -> Task {
     }
     Task {
         id: id.to_string(),
+        withdrawn_ms: None,
         job: "www/prod/a".to_string(),
         instance: 0,
         gen: 0,
@@ -61,6 +62,7 @@ fn task(id: &str, state: TaskState) -> Task {
 
 fn agent() -> AgentRecord {
     AgentRecord {
+        ip: String::new(),
         id: "agent-1".to_string(),
         hostname: "h".to_string(),
         address: "http://h:1".to_string(),

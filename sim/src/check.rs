@@ -529,6 +529,36 @@ fn invariants(w: &World) -> Result<Option<String>, String> {
             ));
         }
     }
+    // Service discovery: every announced instance is RUNNING, and no announced
+    // task's agent is told to kill it (the kill waits for the withdrawal).
+    for v in core.service_views() {
+        for e in &v.endpoints {
+            let Some(t) = core.task(&e.task_id) else {
+                return Err(format!(
+                    "{}/{}: announced task {} is unknown",
+                    v.job, e.instance, e.task_id
+                ));
+            };
+            if t.status.state != drover_common::state::TaskState::Running {
+                return Err(format!(
+                    "announced instance {}/{} ({}) is {}, not RUNNING",
+                    v.job, e.instance, e.task_id, t.status.state
+                ));
+            }
+            let agent = t.agent.as_deref().unwrap_or_default();
+            let killed = core.assignment_set(agent).is_some_and(|s| {
+                s.assignments
+                    .iter()
+                    .any(|x| x.task.task_id == e.task_id && x.desired == DesiredState::Shutdown)
+            });
+            if killed {
+                return Err(format!(
+                    "announced instance {}/{} ({}) is sent a kill",
+                    v.job, e.instance, e.task_id
+                ));
+            }
+        }
+    }
     // Every DRAINED host is empty.
     for h in core.host_views() {
         if h.mode == MaintenanceMode::Drained && h.tasks_left > 0 {

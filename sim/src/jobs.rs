@@ -82,6 +82,9 @@ fn job_json(rng: &mut Rng, n: u64) -> (String, bool) {
     if service && rng.chance(300) {
         extra.push_str(r#","sla_policy":{"max_disrupted":1}"#);
     }
+    if service && rng.chance(400) {
+        extra.push_str(r#","announce":{"primary_port":"http","drain_delay":"1s"}"#);
+    }
     let reschedule = !rng.chance(100);
     let delay = if rng.chance(200) { "3s" } else { "0s" };
     let text = format!(

@@ -1164,6 +1164,7 @@ impl World {
     fn agent_register(&mut self, i: usize) {
         let a = &self.agents[i];
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: a.id.clone(),
             hostname: format!("{}.sim", a.id),

@@ -58,6 +58,7 @@ fn main() -> anyhow::Result<()> {
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: format!("agent-{i:03}"),
             hostname: format!("host-{i:03}"),
@@ -81,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         core: CoreConfig::default(),
         store: StoreChoice::Sqlite,
         ha: HaConfig::for_listen("127.0.0.1:0".parse()?, false),
+        dns: None,
     };
     let copy = Copy::default();
     let mut jobs = 0;

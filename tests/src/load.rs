@@ -128,6 +128,7 @@ impl Ctx {
 
     async fn register(&self) -> bool {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: self.agent.id.clone(),
             hostname: format!("{}.sim", self.agent.id),

@@ -40,6 +40,10 @@ fn drover_dev_runs_hello_world_until_running_and_cleans_up() {
     assert!(stdout.contains("Drover dev cluster is up"), "{text}");
     assert!(stdout.contains("API:      https://127.0.0.1:"), "{text}");
     assert!(
+        stdout.contains("DNS:      127.0.0.1:"),
+        "drover dev serves DNS: {text}"
+    );
+    assert!(
         stdout.contains("RUNNING"),
         "prints the task's state changes: {text}"
     );

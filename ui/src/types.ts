@@ -167,3 +167,24 @@ export interface ChangesView {
 export interface ApiErrorBody {
   error: { code: string; message: string; field?: string | null };
 }
+
+/** One announced instance (wire.rs ServiceEndpoint). */
+export interface ServiceEndpoint {
+  instance: number;
+  host: string;
+  ip: string;
+  ports: Record<string, number>;
+  task_id: string;
+  since: number;
+}
+
+/** GET /v1/services/{role}/{env}/{name} (wire.rs ServiceView). */
+export interface ServiceView {
+  role: string;
+  environment: string;
+  name: string;
+  job: string;
+  primary_port: string;
+  index: number;
+  endpoints: ServiceEndpoint[];
+}

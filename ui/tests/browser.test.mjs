@@ -2,8 +2,8 @@
 // a real `drover dev` cluster: sign in with the URL `drover dev` prints, navigate
 // role -> job -> task, see a task go RUNNING without a reload, restart and kill
 // instances and drain and activate a host from the page (each confirmed in the
-// dialog), keyboard use, labels and contrast, and the first paint of a job page with
-// 1,000 instances. Screenshots go to target/ui-artifacts/.
+// dialog), keyboard use, labels and contrast, a job's announced endpoints, and the
+// first paint of a job page with 1,000 instances. Screenshots go to target/ui-artifacts/.
 // Run: (cd ui && npm run browser-test) after `cargo build --workspace --bins`;
 // scripts/test.sh does.
 
@@ -286,6 +286,24 @@ describe("web UI", { timeout: 110_000 }, () => {
     await row.getByRole("button", { name: /^activate dev-agent-1/i }).click();
     await page.locator("#confirm-ok").click();
     await row.locator("td.mode").getByText("NONE", { exact: true }).waitFor({ timeout: LIVE });
+    await page.context().close();
+  });
+
+  it("shows a job's announced endpoints", async () => {
+    await cluster.createJob(
+      "front",
+      sleeper("front", 1, "announce: {primary_port: http, drain_delay: 0s}\n").replace(
+        "disk: 8MiB}",
+        "disk: 8MiB, ports: [http]}",
+      ),
+    );
+    const page = await signedIn();
+    await page.goto(new URL("/ui/jobs/www-data/devel/front", cluster.api).href);
+    await page
+      .getByRole("table", { name: "Announced endpoints" })
+      .getByRole("row", { name: /http=\d+ \(primary\)/ })
+      .waitFor({ timeout: LIVE });
+    await shot(page, "12-job-announced-endpoints");
     await page.context().close();
   });
 

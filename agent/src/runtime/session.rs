@@ -88,6 +88,7 @@ pub(super) async fn registrar(shared: Arc<Shared>) {
     let mut backoff = Backoff::new(shared.cfg.max_backoff);
     loop {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: PROTOCOL_VERSION,
             agent_id: shared.agent_id.clone(),
             hostname: shared.cfg.hostname.clone(),

@@ -293,6 +293,7 @@ pub fn assignment(task_id: &str, mode: &str) -> Assignment {
             health_check: None,
             lifecycle: None,
             ports: Default::default(),
+            drain_delay_ms: None,
         },
         started: false,
     }

@@ -8,7 +8,7 @@ use drover_common::wire::{
 
 use super::model::{cpu_to_milli, Agent};
 use super::timers::Timer;
-use super::{AgentRecord, Core, CoreError, Now, Reply};
+use super::{services, AgentRecord, Core, CoreError, Now, Reply};
 
 impl Core {
     pub(super) fn register(&mut self, req: RegisterRequest, now: Now) -> Result<Reply, CoreError> {
@@ -22,6 +22,7 @@ impl Core {
             Some(&idx) => {
                 let a = &mut self.agents[idx as usize];
                 a.rec.hostname = req.hostname;
+                a.rec.ip = services::agent_ip(req.ip.as_deref(), &req.address);
                 a.rec.address = req.address;
                 if a.rec.attributes != req.attributes {
                     self.index_dirty = true;
@@ -39,6 +40,7 @@ impl Core {
                     AgentRecord {
                         id: req.agent_id.clone(),
                         hostname: req.hostname,
+                        ip: services::agent_ip(req.ip.as_deref(), &req.address),
                         address: req.address,
                         resources: req.resources,
                         attributes: req.attributes,
@@ -65,6 +67,7 @@ impl Core {
         self.capacity_changed = true;
         self.dirty_agents.insert(idx);
         if returned {
+            self.touch_announced_on(idx);
             self.evaluate_guard(now);
         }
         Ok(Reply::Registered(RegisterResponse {
@@ -101,6 +104,7 @@ impl Core {
             returned
         };
         if returned {
+            self.touch_announced_on(idx);
             self.evaluate_guard(now);
         }
         if let Some(reports) = req.tasks {
@@ -133,6 +137,8 @@ impl Core {
         }
         self.evaluate_guard(now);
         for idx in lost {
+            // Withdrawn from service discovery now, committed with this sweep.
+            self.touch_announced_on(idx as u32);
             self.arm_partition_timers(idx, now);
         }
     }

@@ -183,6 +183,11 @@ impl Core {
         if state.is_terminal() || state.is_stopping() {
             return false;
         }
+        // Withdrawn from service discovery first; the kill waits `drain_delay`.
+        let held = self.withdraw_before_kill(id, now);
+        let Some(task) = self.tasks.get_mut(id) else {
+            return false;
+        };
         task.desired = DesiredState::Shutdown;
         task.kill_reason = Some(reason.clone());
         if matches!(state, TaskState::Pending | TaskState::Throttled) {
@@ -203,7 +208,7 @@ impl Core {
         {
             return false;
         }
-        let agent = task.agent.clone();
+        let agent = task.agent.clone().filter(|_| !held);
         self.mark(id);
         if let Some(idx) = agent.and_then(|a| self.agent_idx.get(&a).copied()) {
             self.bump_agent(idx);

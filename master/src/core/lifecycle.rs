@@ -89,6 +89,15 @@ impl Core {
                 task.running_since = Some(now.wall);
                 task.running_mono = Some(now.mono);
             }
+            // An announced task's executor stops it for a failed health check after
+            // its drain delay: withdrawn now (ended, as usual, when it reports so).
+            TaskState::Running
+                if from == TaskState::Running
+                    && task.withdrawn_ms.is_none()
+                    && matches!(u.exit_reason, Some(ExitReason::HealthCheckFailed { .. })) =>
+            {
+                task.withdrawn_ms = Some(now.wall);
+            }
             s if s.is_terminal() && !from.is_terminal() => {
                 let (to, reason) = if from.is_stopping() {
                     let reason = task.kill_reason.clone().or(u.exit_reason);

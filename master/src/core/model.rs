@@ -34,6 +34,12 @@ pub struct Task {
     pub replace_at_end: Option<String>,
     #[serde(default)]
     pub agent: Option<String>,
+    /// When it was withdrawn from service discovery (wall clock), while that is
+    /// not its state's doing: a kill held for `announce.drain_delay` (a stopping
+    /// state; the agent's set keeps it desired RUNNING until then), or a RUNNING
+    /// task its executor is stopping for a failed health check (`core/services.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn_ms: Option<UnixMillis>,
     #[serde(default)]
     pub ports: Vec<(String, u16)>,
     /// The agent's assignment version in which this task was placed on it.
@@ -89,6 +95,10 @@ pub struct AgentRecord {
     pub id: String,
     pub hostname: String,
     pub address: String,
+    /// The IP address its announced tasks are published at (see
+    /// `services::agent_ip`); empty when none is known.
+    #[serde(default)]
+    pub ip: String,
     pub resources: AgentResources,
     pub attributes: BTreeMap<String, String>,
     pub version: u64,
@@ -400,6 +410,7 @@ pub(super) fn new_task(
         kill_reason: None,
         replace_at_end: None,
         agent: None,
+        withdrawn_ms: None,
         ports: Vec::new(),
         assigned_version: 0,
         last_seq: None,

@@ -375,6 +375,15 @@ impl Core {
 
     /// Kills `victim` through PREEMPTING for `by`; its replacement waits PENDING.
     fn preempt_task(&mut self, victim: &str, by: &str, now: Now) {
+        if self
+            .tasks
+            .get(victim)
+            .is_none_or(|t| t.status.state.is_terminal() || t.status.state.is_stopping())
+        {
+            return;
+        }
+        // Withdrawn from service discovery first; the kill waits `drain_delay`.
+        let held = self.withdraw_before_kill(victim, now);
         let Some(task) = self.tasks.get_mut(victim) else {
             return;
         };
@@ -394,7 +403,7 @@ impl Core {
         }
         task.desired = DesiredState::Shutdown;
         task.kill_reason = Some(ExitReason::Preempted { by: by.to_string() });
-        let agent = task.agent.clone();
+        let agent = task.agent.clone().filter(|_| !held);
         self.mark(victim);
         if let Some(idx) = agent.and_then(|a| self.agent_idx.get(&a).copied()) {
             self.bump_agent(idx);

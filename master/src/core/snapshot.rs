@@ -196,6 +196,16 @@ impl Core {
                 }
                 _ => {}
             }
+            if let (Some(at_wall), true) = (task.withdrawn_ms, state.is_stopping()) {
+                // A held kill goes when its drain delay is over, as before the restart.
+                let delay = core.drain_delay_ms(&task);
+                core.push_timer(
+                    now.mono_of(at_wall, delay) + delay,
+                    Timer::Withdrawn {
+                        task: task.id.clone(),
+                    },
+                );
+            }
             core.tasks.insert(task.id.clone(), Box::new(task));
         }
         for job in core.jobs.values_mut() {

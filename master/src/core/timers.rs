@@ -29,6 +29,8 @@ pub(super) enum Timer {
     Cron { job: String, at_wall: UnixMillis },
     /// An updated instance of the job has been watched long enough.
     UpdateWatch { job: String },
+    /// The task's kill was held for its `announce.drain_delay`; it goes now.
+    Withdrawn { task: String },
     /// A drain's deadline passes or a replacement becomes healthy: the drain round
     /// that runs after every event looks again.
     Drain,
@@ -148,6 +150,7 @@ impl Core {
             Timer::Cron { job, at_wall } => self.cron_timer(&job, at_wall, now),
             Timer::UpdateWatch { job } => self.poke_update(&job),
             Timer::Drain => self.drains.fired(),
+            Timer::Withdrawn { task } => self.release_kill(&task),
         }
     }
 }

@@ -134,9 +134,14 @@ impl Core {
                 let t = self.tasks.get(id)?;
                 let job = self.jobs.get(&t.job)?;
                 let spec = job.spec_of(&t.config);
+                // A kill held for the drain delay is not the agent's yet.
+                let desired = match t.withdrawn_ms {
+                    Some(_) => DesiredState::Running,
+                    None => t.desired,
+                };
                 Some(Assignment {
-                    desired: t.desired,
-                    kill_reason: match t.desired {
+                    desired,
+                    kill_reason: match desired {
                         DesiredState::Shutdown => t.kill_reason.clone(),
                         DesiredState::Running => None,
                     },
@@ -151,6 +156,11 @@ impl Core {
                         health_check: spec.health_check.clone(),
                         lifecycle: spec.lifecycle.clone(),
                         ports: t.ports.iter().cloned().collect(),
+                        drain_delay_ms: spec
+                            .announce
+                            .as_ref()
+                            .map(|a| a.drain_delay.get().as_millis() as u64)
+                            .filter(|ms| *ms > 0),
                     },
                     started: t.last_seq.is_some(),
                 })

@@ -40,7 +40,8 @@ pub(super) async fn register(
     headers: axum::http::HeaderMap,
     body: Body,
 ) -> Result<Response, ApiErr> {
-    let req: RegisterRequest = read_json(body).await?;
+    let mut req: RegisterRequest = read_json(body).await?;
+    super::services::resolve_agent_ip(&mut req).await;
     if !drover_common::spec::is_valid_name(&req.agent_id) {
         return Err(ApiErr::new(
             StatusCode::BAD_REQUEST,

@@ -36,6 +36,12 @@ pub enum Access {
     JobWrite,
     /// A token that may read jobs of the task's role.
     TaskRead,
+    /// A token that may read the services of the path's `:role` (a discovery
+    /// token reads every role's).
+    ServiceRead,
+    /// Any admin, operator, role or discovery token; the list is filtered to
+    /// what it may read.
+    ServiceList,
     /// An admin or operator token.
     ReadAll,
     /// An admin or operator token (removing and allowing agents).
@@ -121,9 +127,16 @@ pub fn require(who: &Principal, permission: &Permission) -> Result<(), ApiErr> {
 /// handler finishes the check; `AgentRegister` is handled by its handler).
 fn permission_of(access: Access, param: impl Fn(&str) -> String) -> Option<Permission> {
     match access {
-        Access::Public | Access::JobList | Access::JobCreate | Access::TaskRead => None,
+        Access::Public
+        | Access::JobList
+        | Access::JobCreate
+        | Access::TaskRead
+        | Access::ServiceList => None,
         Access::AgentRegister => None,
         Access::JobRead => Some(Permission::ReadJob {
+            role: param("role"),
+        }),
+        Access::ServiceRead => Some(Permission::ReadServices {
             role: param("role"),
         }),
         Access::JobWrite => Some(Permission::WriteJob {
@@ -144,6 +157,8 @@ fn permission_of(access: Access, param: impl Fn(&str) -> String) -> Option<Permi
 /// Checks `who` against `access`; the 403 if it fails.
 fn check(who: &Principal, access: Access, params: &[(String, String)]) -> Result<(), ApiErr> {
     let is_agent = matches!(who.grant, Grant::Agent { .. });
+    // A discovery token reads services and nothing else.
+    let discovery = who.grant == Grant::Discovery;
     match access {
         Access::AgentRegister if !is_agent => Err(ApiErr::new(
             StatusCode::FORBIDDEN,
@@ -155,9 +170,10 @@ fn check(who: &Principal, access: Access, params: &[(String, String)]) -> Result
             ),
             Some("permission"),
         )),
-        Access::JobList | Access::JobCreate | Access::TaskRead if is_agent => {
+        Access::JobList | Access::JobCreate | Access::TaskRead if is_agent || discovery => {
             Err(forbidden(who, &Permission::ReadAll))
         }
+        Access::ServiceList if is_agent => Err(forbidden(who, &Permission::ReadAll)),
         _ => {
             let param = |name: &str| {
                 params

@@ -16,7 +16,7 @@ use utoipa::openapi::OpenApi as Contract;
 use utoipa::{Modify, OpenApi};
 
 use super::guard::{Access, RouteDef};
-use super::{agent_api, cluster, exec, hosts, jobs, logs, meta, tokens, updates};
+use super::{agent_api, cluster, exec, hosts, jobs, logs, meta, services, tokens, updates};
 
 /// The contract, as derived by utoipa from the annotated handlers.
 #[derive(OpenApi)]
@@ -57,6 +57,8 @@ use super::{agent_api, cluster, exec, hosts, jobs, logs, meta, tokens, updates};
         cluster::release_guard,
         cluster::list_agents,
         jobs::changes,
+        services::list,
+        services::show,
         hosts::list_hosts,
         hosts::cordon_hosts,
         hosts::drain_hosts,

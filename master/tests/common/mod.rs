@@ -24,6 +24,7 @@ pub fn config(dir: &Path) -> Config {
         listen,
         store: drover_master::config::StoreChoice::Sqlite,
         ha: drover_master::config::HaConfig::for_listen(listen, false),
+        dns: None,
         data_dir: dir.to_path_buf(),
         insecure: false,
         tls: None,
@@ -149,6 +150,7 @@ impl Client {
 /// The body of a registration of agent `id` (small resources).
 pub fn register_body(id: &str) -> Value {
     serde_json::to_value(RegisterRequest {
+        ip: None,
         protocol_version: wire::PROTOCOL_VERSION,
         agent_id: id.to_string(),
         hostname: "h".to_string(),
@@ -186,6 +188,7 @@ pub struct FakeAgent {
 impl FakeAgent {
     pub async fn register(c: &Client, id: &str, cpu: f64) -> FakeAgent {
         let req = RegisterRequest {
+            ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
             agent_id: id.to_string(),
             hostname: "localhost".to_string(),

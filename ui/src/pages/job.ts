@@ -1,12 +1,13 @@
 // A job: its instances (paged, filterable by state) with kill and restart actions,
 // its configs, its update in progress or last update with its history, and recent
-// task events. Redrawn from the change stream when one of its tasks changes.
+// task events, and for a job with `announce` its announced endpoints. Redrawn from
+// the change stream when one of its tasks changes.
 
 import { ApiError, get, jobPath, post } from "../api";
 import { badge, confirmAction, counts, h, link, notify, pager, table, time } from "../dom";
 import type { Ctx, Page } from "../page";
 import { refresher } from "../page";
-import type { InstanceView, JobView, TaskEvent } from "../types";
+import type { InstanceView, JobView, ServiceView, TaskEvent } from "../types";
 import { ALL_STATES } from "../types";
 import { errorBox } from "./common";
 
@@ -32,6 +33,7 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
     body,
   );
   let view: JobView | null = null;
+  let service: ServiceView | null = null;
   let page = 0;
   let filter = "";
 
@@ -120,6 +122,7 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
             draw();
           })
         : "",
+      service ? serviceSection(service) : "",
       updateSection(v),
       configsSection(v),
       eventsSection(v),
@@ -134,6 +137,13 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
   const refresh = refresher(async () => {
     try {
       view = await get<JobView>(jobPath(key));
+      const announce = (view.spec as { announce?: { name?: string } | null }).announce;
+      service = null;
+      if (announce) {
+        const svc = announce.name ?? name;
+        const path = `/v1/services/${[role, env, svc].map(encodeURIComponent).join("/")}`;
+        service = await get<ServiceView>(path).catch(() => null);
+      }
       draw();
     } catch (e) {
       body.replaceChildren(errorBox(e));
@@ -186,6 +196,39 @@ function instanceRow(i: InstanceView, act: (verb: "kill" | "restart", instances:
           ]
         : "",
     ),
+  );
+}
+
+/** The job's announced endpoints (service discovery, docs/job-spec.md `announce`). */
+function serviceSection(s: ServiceView): HTMLElement {
+  return h(
+    "section",
+    {},
+    h("h2", { id: "endpoints" }, `Announced endpoints: ${s.role}/${s.environment}/${s.name}`),
+    s.endpoints.length === 0
+      ? h("p", { class: "note" }, "No instance is announced (an instance is while its task is RUNNING).")
+      : table(
+          "Announced endpoints",
+          ["INSTANCE", "HOST", "IP", "PORTS", "TASK", "SINCE"],
+          s.endpoints.map((e) =>
+            h(
+              "tr",
+              {},
+              h("td", {}, String(e.instance)),
+              h("td", {}, e.host),
+              h("td", { class: "mono" }, e.ip || "-"),
+              h(
+                "td",
+                { class: "mono" },
+                Object.entries(e.ports)
+                  .map(([n, p]) => (n === s.primary_port ? `${n}=${p} (primary)` : `${n}=${p}`))
+                  .join(" "),
+              ),
+              h("td", { class: "mono" }, link(`/ui/tasks/${encodeURIComponent(e.task_id)}`, e.task_id)),
+              h("td", {}, time(e.since)),
+            ),
+          ),
+        ),
   );
 }
 

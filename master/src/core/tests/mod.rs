@@ -27,6 +27,7 @@ mod poll;
 mod preemption;
 mod quota;
 mod reconciliation;
+mod services;
 mod snapshot;
 mod update;
 mod user_grants;
@@ -66,6 +67,7 @@ fn cfg() -> CoreConfig {
 
 fn agent_req(id: &str, cpu: f64, ram_gib: u64, attrs: &[(&str, &str)]) -> RegisterRequest {
     RegisterRequest {
+        ip: None,
         protocol_version: wire::PROTOCOL_VERSION,
         agent_id: id.to_string(),
         hostname: format!("{id}.example"),

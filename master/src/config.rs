@@ -261,6 +261,13 @@ pub struct DnsConfig {
     pub zone: Zone,
 }
 
+impl Config {
+    /// What `dns::start_configured` takes: the DNS listener and zone, if any.
+    pub fn dns_server(&self) -> Option<(SocketAddr, Zone)> {
+        self.dns.as_ref().map(|d| (d.listen, d.zone.clone()))
+    }
+}
+
 /// The default DNS domain.
 pub const DEFAULT_DNS_DOMAIN: &str = "drover.";
 /// The default TTL of DNS answers (ms).

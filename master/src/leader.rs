@@ -353,7 +353,11 @@ pub async fn run(
     };
     let dns = {
         let lead = lead.clone();
-        match crate::dns::start_configured(&config, move || lead.answering()).await {
+        match crate::dns::start_configured(config.dns_server(), &config.data_dir, move || {
+            lead.answering()
+        })
+        .await
+        {
             Ok(dns) => dns,
             Err(e) => {
                 follower.abort();

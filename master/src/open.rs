@@ -116,7 +116,10 @@ pub async fn run_single(
     // until `serve` accepts them a moment later.
     let dns = {
         let master = api.master.clone();
-        crate::dns::start_configured(&config, move || Some(master.clone())).await?
+        crate::dns::start_configured(config.dns_server(), &config.data_dir, move || {
+            Some(master.clone())
+        })
+        .await?
     };
     let status = api.master.status();
     crate::systemd::ready(&format!("serving on {addr}; {status}"));
@@ -178,7 +181,10 @@ pub async fn start_with(config: Config, store: Option<Box<dyn Store>>) -> Result
     let (master, tokens) = (api.master.clone(), api.tokens.clone());
     let dns_server = {
         let master = master.clone();
-        crate::dns::start_configured(&config, move || Some(master.clone())).await?
+        crate::dns::start_configured(config.dns_server(), &config.data_dir, move || {
+            Some(master.clone())
+        })
+        .await?
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let join = tokio::spawn(serve(api, listener, tls, async move {

@@ -68,8 +68,11 @@ pub enum RunError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Dns(#[from] crate::dns::BindError),
+    #[error("cannot listen for DNS on {addr}: {source}; pick another dns_listen address")]
+    Dns {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("http server failed: {0}")]
     Serve(std::io::Error),
     #[error("the store failed while running; restart the master to reload the committed state")]

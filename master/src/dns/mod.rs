@@ -259,6 +259,15 @@ pub struct BindError {
     pub source: std::io::Error,
 }
 
+impl From<BindError> for crate::runtime::RunError {
+    fn from(e: BindError) -> Self {
+        crate::runtime::RunError::Dns {
+            addr: e.addr,
+            source: e.source,
+        }
+    }
+}
+
 /// A running DNS server.
 pub struct Running {
     /// The bound address (UDP and TCP).
@@ -310,21 +319,22 @@ async fn bind(listen: SocketAddr) -> Result<(UdpSocket, TcpListener), BindError>
 /// port 0 picks one).
 pub const ADDR_FILE: &str = "dns.addr";
 
-/// Starts the DNS server of `config` (if it has one) answering from `master`,
-/// and writes its address to `<data_dir>/dns.addr`.
+/// Starts the DNS server configured by `dns_listen` and its zone (if any)
+/// answering from `master`, and writes its address to `<data_dir>/dns.addr`.
 pub async fn start_configured<F>(
-    config: &crate::config::Config,
+    dns: Option<(SocketAddr, Zone)>,
+    data_dir: &std::path::Path,
     master: F,
 ) -> Result<Option<Running>, crate::runtime::RunError>
 where
     F: Fn() -> Option<Arc<Master>> + Send + Sync + Unpin + 'static,
 {
-    let Some(dns) = &config.dns else {
+    let Some((listen, zone)) = dns else {
         return Ok(None);
     };
-    let running = start(dns.listen, dns.zone.clone(), FromMaster(master)).await?;
-    let path = config.data_dir.join(ADDR_FILE);
-    let tmp = config.data_dir.join(".dns.addr.tmp");
+    let running = start(listen, zone, FromMaster(master)).await?;
+    let path = data_dir.join(ADDR_FILE);
+    let tmp = data_dir.join(".dns.addr.tmp");
     let written = std::fs::write(&tmp, format!("{}\n", running.addr))
         .and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = written {

@@ -23,6 +23,7 @@ mod guard;
 mod hosts;
 mod jobs;
 mod logs;
+mod longpoll;
 mod meta;
 pub mod openapi;
 mod params;

@@ -3,7 +3,7 @@
 //! change stream `GET /v1/changes`.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::ops::ControlFlow;
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -14,15 +14,13 @@ use drover_common::parse::parse_job_json_with;
 use drover_common::wire::{self, ApiError, ApiErrorBody, FieldError, InstancesRequest};
 
 use super::api::{Api, Shared};
-use super::body::{
-    json, key_of, ok_reply, query_u64, read_body, DEFAULT_WAIT_MS, MAX_BODY_BYTES, MAX_WAIT_MS,
-};
-use super::error::{shutting_down, unexpected, ApiErr};
+use super::body::{json, key_of, ok_reply, query_u64, read_body, MAX_BODY_BYTES};
+use super::error::{unexpected, ApiErr};
 use super::guard::{forbidden, require};
+use super::longpoll::{until_news, wait_ms};
 use super::params;
 use crate::auth::{Grant, Permission, Principal};
 use crate::core::{ChangeFilter, Event, Reply};
-use crate::runtime::ApplyError;
 
 #[utoipa::path(
     post,
@@ -344,9 +342,7 @@ pub(super) async fn changes(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiErr> {
     let after = query_u64(&q, "index")?.unwrap_or(0);
-    let wait_ms = query_u64(&q, "wait_ms")?
-        .unwrap_or(DEFAULT_WAIT_MS)
-        .min(MAX_WAIT_MS);
+    let wait_ms = wait_ms(&q)?;
     let job = q.get("job").cloned();
     let filter = if who.reads_all() {
         // `job=` asks for that job's changes only: agents' changes would wake a
@@ -371,37 +367,19 @@ pub(super) async fn changes(
         }
     };
     let m = &api.master;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut commits = m.commit_state().subscribe();
-    let mut stopping = m.stopping();
-    loop {
-        if *stopping.borrow_and_update() {
-            return Err(shutting_down(
-                "ask again with the same index after it restarted",
-            ));
-        }
-        if m.commit_state().failed() {
-            return Err(ApplyError::StoreFailed.into());
-        }
-        commits.borrow_and_update();
-        let committed = m.commit_state().committed();
+    let view = until_news(m, wait_ms, |committed| {
         let reset = after > committed;
         let from = if reset { 0 } else { after };
         let mut view = m.read(|c| c.changes_since(from, committed, &filter));
         view.reset = reset;
         let empty = view.tasks.is_empty() && view.agents.is_empty() && view.updates.is_empty();
-        if !empty || reset || tokio::time::Instant::now() >= deadline {
-            crate::metrics::METRICS.change_polls.inc();
-            return Ok(json(StatusCode::OK, &view));
+        if !empty || reset {
+            ControlFlow::Break(view)
+        } else {
+            ControlFlow::Continue(view)
         }
-        tokio::select! {
-            r = commits.changed() => {
-                if r.is_err() {
-                    return Err(ApplyError::StoreFailed.into());
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = stopping.changed() => {}
-        }
-    }
+    })
+    .await?;
+    crate::metrics::METRICS.change_polls.inc();
+    Ok(json(StatusCode::OK, &view))
 }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -15,10 +16,11 @@ use drover_common::wire::{self, ApiErrorBody, RegisterRequest, ServiceView};
 use utoipa::IntoParams;
 
 use super::api::Shared;
-use super::body::{json, query_u64, DEFAULT_WAIT_MS, MAX_WAIT_MS};
-use super::error::{shutting_down, ApiErr};
+use super::body::{json, query_u64};
+use super::error::ApiErr;
+use super::longpoll::{until_news, wait_ms};
 use crate::auth::{Grant, Permission, Principal};
-use crate::runtime::{ApplyError, Master};
+use crate::runtime::Master;
 
 /// How long registration waits for a host name's address.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -125,43 +127,21 @@ async fn wait_for<T>(
     read: impl Fn(&crate::core::Core) -> Option<(u64, T)>,
 ) -> Result<Option<T>, ApiErr> {
     let after = query_u64(q, "index")?;
-    let wait_ms = query_u64(q, "wait_ms")?
-        .unwrap_or(DEFAULT_WAIT_MS)
-        .min(MAX_WAIT_MS);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-    let mut commits = m.commit_state().subscribe();
-    let mut stopping = m.stopping();
-    loop {
-        if *stopping.borrow_and_update() {
-            return Err(shutting_down(
-                "ask again with the same index after it restarted",
-            ));
-        }
-        if m.commit_state().failed() {
-            return Err(ApplyError::StoreFailed.into());
-        }
-        commits.borrow_and_update();
-        let committed = m.commit_state().committed();
+    until_news(m, wait_ms(q)?, |committed| {
         let Some((index, answer)) = m.read(&read) else {
-            return Ok(None);
+            return ControlFlow::Break(None);
         };
         // An index past the committed one is a change being committed: wait for
         // it, so nothing uncommitted is answered as new. A client ahead of this
         // master (after a restore) gets the view at once.
         let fresh = after.is_none_or(|n| (index > n && index <= committed) || n > committed);
-        if fresh || tokio::time::Instant::now() >= deadline {
-            return Ok(Some(answer));
+        if fresh {
+            ControlFlow::Break(Some(answer))
+        } else {
+            ControlFlow::Continue(Some(answer))
         }
-        tokio::select! {
-            r = commits.changed() => {
-                if r.is_err() {
-                    return Err(ApplyError::StoreFailed.into());
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = stopping.changed() => {}
-        }
-    }
+    })
+    .await
 }
 
 /// Registration: the IP the agent's announced tasks are published at, when the

@@ -512,8 +512,11 @@ async fn term(
         Err(e) => return Err(e),
     };
     let listener = bind(config).await?;
-    // Announced instances as ServerSet members under the election lease.
-    let announcer = conn.spawn(crate::announce_etcd::publish(
+    // Announced instances as ServerSet members under the election lease. On the
+    // master's runtime, not the connection's: `publish` takes the master's lock,
+    // whose holder may be waiting for the store thread, which needs the
+    // connection's one worker free to reach etcd.
+    let announcer = tokio::spawn(crate::announce_etcd::publish(
         conn.client(),
         api.master.clone(),
         lease,

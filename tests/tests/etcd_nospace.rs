@@ -65,7 +65,9 @@ fn a_master_on_a_full_etcd_goes_read_only_and_resumes_once_etcd_has_room() -> an
 
     // Writes are refused with 507, naming etcd and what frees it; nothing stored.
     let spec = command_job("refused", 1, true, "exec sleep 100000");
-    let (status, body) = api.post("/v1/jobs", &spec)?;
+    let (status, body) = api
+        .post("/v1/jobs", &spec)
+        .map_err(|e| e.context(c.diagnostics()))?;
     assert_eq!(status, 507, "{body}");
     assert_eq!(body["error"]["code"], "read_only", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();

@@ -121,6 +121,8 @@ impl EtcdConn {
     }
 
     /// Runs `fut` on the connection's runtime (where the client's connections live).
+    /// `fut` must never block on the master's lock: the lock's holder may be
+    /// waiting for a store request that needs this runtime's one worker.
     pub fn spawn<F>(&self, fut: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: std::future::Future + Send + 'static,

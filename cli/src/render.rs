@@ -96,7 +96,7 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
         out.push_str(&format!("{}\n", cron_line(cron)));
     }
     if let Some(user) = &view.ungranted_user {
-        out.push_str(&crate::roles::ungranted_line(&view.spec.role, user));
+        out.push_str(&ungranted_line(&view.spec.role, user));
     }
     // Which config each instance runs, as hash and ranges.
     let mut by_config: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
@@ -451,6 +451,14 @@ pub fn timestamp(ms: UnixMillis) -> String {
 /// `08:30:00.123` in UTC.
 pub fn time_of_day(ms: UnixMillis) -> String {
     timestamp(ms)[11..].to_string()
+}
+
+/// The line of `drover job status` for a job running as `user`, which `role` is
+/// not granted (any longer).
+pub fn ungranted_line(role: &str, user: &str) -> String {
+    format!(
+        "FLAGGED: runs as user {user}, which role {role} is not granted: it runs on, but its next update, restart or rollback is refused (an admin grants it with `drover role grant-user {role} {user}`)\n"
+    )
 }
 
 /// A `--start-at` time: absolute, or relative to when the command runs.

@@ -46,14 +46,6 @@ pub fn role_details(view: &RoleView) -> String {
     out
 }
 
-/// The line of `drover job status` for a job running as `user`, which `role` is
-/// not granted (any longer).
-pub fn ungranted_line(role: &str, user: &str) -> String {
-    format!(
-        "FLAGGED: runs as user {user}, which role {role} is not granted: it runs on, but its next update, restart or rollback is refused (an admin grants it with `drover role grant-user {role} {user}`)\n"
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,7 +67,7 @@ mod tests {
         let text = role_details(&view);
         assert!(text.contains("Granted: backup, daemon"), "{text}");
         assert!(text.contains("FLAGGED: job www/prod/app"), "{text}");
-        let line = ungranted_line("www", "daemon");
+        let line = crate::render::ungranted_line("www", "daemon");
         assert!(line.contains("drover role grant-user www daemon"), "{line}");
     }
 }

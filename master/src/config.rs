@@ -10,7 +10,7 @@ use drover_common::units::{setting, Duration};
 use serde::Deserialize;
 
 use crate::core::CoreConfig;
-use crate::dns::Zone;
+use crate::dns::answer::Zone;
 use crate::etcd_store::EtcdOptions;
 use crate::tls::TlsFiles;
 

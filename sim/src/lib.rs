@@ -10,6 +10,7 @@
 pub mod chaos;
 pub mod check;
 pub mod jobs;
+pub mod memory;
 pub mod rng;
 pub mod store;
 pub mod world;
@@ -101,7 +102,11 @@ pub fn run(seed: u64, steps: u64, faults: Faults) -> Result<Outcome, Failure> {
 
 /// `run`, printing every trace line when `print`.
 pub fn run_traced(seed: u64, steps: u64, faults: Faults, print: bool) -> Result<Outcome, Failure> {
-    let mut w = World::new(seed, faults);
+    let hooks = world::Hooks {
+        act: chaos::act,
+        watch: check::watch,
+    };
+    let mut w = World::new(seed, faults, hooks);
     w.trace.print = print;
     while w.stats.steps < steps {
         match w.step() {

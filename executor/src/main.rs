@@ -1,6 +1,6 @@
 //! The `drover-executor` binary: parses the command line and hands over to the
-//! library (`run` a task, `zygote` to serve an agent's fork requests, or `cleanup`
-//! after a crashed executor).
+//! library (`run` a task, `zygote` to serve an agent's fork requests, `cleanup`
+//! after a crashed executor, or `exec` a command in a task for `drover task exec`).
 //!
 //! The parser is hand-written rather than clap: clap alone is about a quarter
 //! megabyte of code, and every host runs one executor per task.

@@ -23,6 +23,7 @@ use crate::jobs::{self, Behaviour, SimJob};
 use crate::memory::{fingerprint, Acked, Checker, Ledger};
 use crate::rng::Rng;
 use crate::store::MemStore;
+use crate::trace::Trace;
 
 /// The start of simulated time (true time, ms).
 const T0: u64 = 1_000_000;
@@ -345,7 +346,7 @@ pub struct World {
     pub checker: Checker,
     pub ledger: Ledger,
     pub stats: Stats,
-    pub trace: crate::Trace,
+    pub trace: Trace,
     faults: Faults,
     hooks: Hooks,
 }
@@ -423,7 +424,7 @@ impl World {
             checker: Checker::default(),
             ledger: Ledger::default(),
             stats: Stats::default(),
-            trace: crate::Trace::default(),
+            trace: Trace::default(),
             faults,
             hooks,
         };

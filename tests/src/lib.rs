@@ -1038,10 +1038,10 @@ fn start_agents<H: Harness>(cluster: &mut H, running: usize) -> anyhow::Result<(
 }
 
 /// The first half of a test cluster's start (both harnesses; the second is
-/// [`start_agents`]), and a restart: starts its master in `dir`
-/// ([`spawn_master_with_env`]), points `api`
-/// at the address `url` makes of the one it bound, waits until it answers `/health`
-/// and takes the admin token it wrote. Returns the process and its bound address.
+/// [`start_agents`]), and its master's restart: starts the master in `dir`
+/// ([`spawn_master_with_env`]), points `api` at the address `url` makes of the one
+/// it bound, waits until it answers `/health` and takes the admin token it wrote.
+/// Returns the process and its bound address.
 fn start_master(
     dir: &Path,
     listen: &str,

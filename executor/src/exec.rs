@@ -150,25 +150,61 @@ fn same_ns(pid: u32, ns: &str) -> bool {
     }
 }
 
+/// Why `drover task exec` could not run its command in the task.
+#[derive(Debug, thiserror::Error)]
+enum EnterError {
+    #[error("{0} is not a task directory")]
+    NotTaskDir(PathBuf),
+    #[error("process {pid} of task {task_id} is gone")]
+    Gone { pid: u32, task_id: String },
+    #[error("process {pid} is not in task {task_id}'s cgroup")]
+    NotInCgroup { pid: u32, task_id: String },
+    #[error("cannot read the user of process {0}")]
+    User(u32),
+    #[error("cannot join the task's cgroup ({file}): {source}")]
+    JoinCgroup {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot enter the namespaces of task {task_id}: {source}")]
+    Namespaces {
+        task_id: String,
+        source: nix::errno::Errno,
+    },
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+    #[error("cannot pass signals on: {0}")]
+    Signals(std::io::Error),
+    #[error("waiting for the command: {0}")]
+    Wait(nix::errno::Errno),
+}
+
 /// Enters the task, forks the command and waits for it (the parent's part); the
 /// child never returns.
-fn enter(opts: &ExecOptions) -> Result<i32, String> {
+fn enter(opts: &ExecOptions) -> Result<i32, EnterError> {
     let task_id = opts
         .task_dir
         .file_name()
         .and_then(|n| n.to_str())
         .filter(|n| drover_common::spec::is_valid_name(n))
-        .ok_or_else(|| format!("{} is not a task directory", opts.task_dir.display()))?
+        .ok_or_else(|| EnterError::NotTaskDir(opts.task_dir.clone()))?
         .to_string();
     let pid = opts.pid;
-    let gone = || format!("process {pid} of task {task_id} is gone");
+    let gone = || EnterError::Gone {
+        pid,
+        task_id: task_id.clone(),
+    };
     let pidfd = crate::sys::pidfd_open(pid as libc::pid_t).map_err(|_| gone())?;
     let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}")).map_err(|_| gone());
     let cgroups = String::from_utf8_lossy(&read("cgroup")?).into_owned();
-    let procs = cgroup_procs(&cgroups, &opts.cgroup_root, &task_id)
-        .ok_or_else(|| format!("process {pid} is not in task {task_id}'s cgroup"))?;
-    let (uid, gid, groups) = parse_status(&String::from_utf8_lossy(&read("status")?))
-        .ok_or_else(|| format!("cannot read the user of process {pid}"))?;
+    let procs = cgroup_procs(&cgroups, &opts.cgroup_root, &task_id).ok_or_else(|| {
+        EnterError::NotInCgroup {
+            pid,
+            task_id: task_id.clone(),
+        }
+    })?;
+    let (uid, gid, groups) =
+        parse_status(&String::from_utf8_lossy(&read("status")?)).ok_or(EnterError::User(pid))?;
     let env = parse_environ(&read("environ")?);
     let mut flags = CloneFlags::empty();
     for (ns, flag) in [
@@ -185,16 +221,20 @@ fn enter(opts: &ExecOptions) -> Result<i32, String> {
         return Err(gone());
     }
     for file in &procs {
-        std::fs::write(file, b"0")
-            .map_err(|e| format!("cannot join the task's cgroup ({}): {e}", file.display()))?;
+        std::fs::write(file, b"0").map_err(|source| EnterError::JoinCgroup {
+            file: file.clone(),
+            source,
+        })?;
     }
     if !flags.is_empty() {
-        nix::sched::setns(pidfd.as_fd(), flags)
-            .map_err(|e| format!("cannot enter the namespaces of task {task_id}: {e}"))?;
+        nix::sched::setns(pidfd.as_fd(), flags).map_err(|source| EnterError::Namespaces {
+            task_id: task_id.clone(),
+            source,
+        })?;
     }
     drop(pidfd);
     let sandbox = drover_common::layout::TaskDir::new(&opts.task_dir).sandbox();
-    let child = crate::sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))?;
+    let child = crate::sys::fork_single_threaded().map_err(EnterError::Fork)?;
     let Some(child) = child else {
         let code = child_exec(opts, uid, gid, &groups, &env, &sandbox);
         std::process::exit(code);
@@ -210,14 +250,14 @@ fn enter(opts: &ExecOptions) -> Result<i32, String> {
             libc::SIGUSR2,
         ],
     )
-    .map_err(|e| format!("cannot pass signals on: {e}"))?;
+    .map_err(EnterError::Signals)?;
     use nix::sys::wait::{waitpid, WaitStatus};
     loop {
         match waitpid(child, None) {
             Ok(WaitStatus::Exited(_, code)) => return Ok(code),
             Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(format!("waiting for the command: {e}")),
+            Err(e) => return Err(EnterError::Wait(e)),
         }
     }
 }

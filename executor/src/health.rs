@@ -3,6 +3,7 @@
 //! HTTP/1.1 client over a tokio TcpStream (also used for the lifecycle POSTs), TCP
 //! connect, and a shell command.
 
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,6 +13,65 @@ use crate::machine::Millis;
 
 /// The largest HTTP response we read; a health answer is a few bytes.
 const MAX_RESPONSE: usize = 16 * 1024;
+
+/// Why a check (or a lifecycle POST) failed; its text is the `last_error` a task's
+/// status carries. `request` reads like `GET http://127.0.0.1:8080/health`.
+#[derive(Debug, thiserror::Error)]
+pub enum HealthError {
+    #[error("{request}: {source}")]
+    Http {
+        request: String,
+        source: std::io::Error,
+    },
+    #[error("{request} timed out after {timeout:?}")]
+    HttpTimedOut { request: String, timeout: Duration },
+    #[error("{request}: answer longer than {max} bytes", max = MAX_RESPONSE)]
+    TooLong { request: String },
+    #[error("{request}: malformed HTTP answer")]
+    Malformed { request: String },
+    #[error("{request} answered {code} (expected {expected})")]
+    WrongCode {
+        request: String,
+        code: u16,
+        expected: u16,
+    },
+    /// `body` is the trimmed answer, cut at 100 bytes.
+    #[error("{request} answered `{body}` (expected `{expected}`)")]
+    WrongBody {
+        request: String,
+        body: String,
+        expected: String,
+    },
+    #[error("connect to 127.0.0.1:{port}: {source}")]
+    Connect { port: u16, source: std::io::Error },
+    #[error("connect to 127.0.0.1:{port} timed out after {timeout:?}")]
+    ConnectTimedOut { port: u16, timeout: Duration },
+    #[error("cannot run health command `{shown}`: {source}")]
+    ShellSpawn {
+        shown: String,
+        source: std::io::Error,
+    },
+    #[error("health command `{shown}` exited with {status}")]
+    ShellExited { shown: String, status: ExitStatus },
+    #[error("health command `{shown}`: {source}")]
+    ShellWait {
+        shown: String,
+        source: std::io::Error,
+    },
+    #[error("health command `{shown}` timed out after {timeout:?}")]
+    ShellTimedOut { shown: String, timeout: Duration },
+}
+
+#[cfg(test)]
+impl HealthError {
+    /// A refused TCP check on `port`, as tests give a failure.
+    pub(crate) fn refused(port: u16) -> HealthError {
+        HealthError::Connect {
+            port,
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        }
+    }
+}
 
 /// What a check result changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,8 +120,8 @@ impl HealthTracker {
         self.healthy
     }
 
-    /// Counts one check result at `now`.
-    pub fn record(&mut self, now: Millis, result: Result<(), String>) -> Verdict {
+    /// Counts one check result at `now`; a failure is kept as its text.
+    pub fn record(&mut self, now: Millis, result: Result<(), HealthError>) -> Verdict {
         match result {
             Ok(()) => {
                 self.failures = 0;
@@ -79,7 +139,9 @@ impl HealthTracker {
                 }
                 self.failures = self.failures.saturating_add(1);
                 if self.failures > self.max_consecutive_failures {
-                    Verdict::Unhealthy { last_error }
+                    Verdict::Unhealthy {
+                        last_error: last_error.to_string(),
+                    }
                 } else {
                     Verdict::Unchanged
                 }
@@ -96,24 +158,29 @@ pub struct HttpResponse {
 }
 
 /// Sends one HTTP/1.1 request to `127.0.0.1:port` and reads the answer, all within
-/// `timeout`. Errors are human sentences naming the address.
+/// `timeout`. Errors name the request and its address.
 pub async fn http_request(
     port: u16,
     method: &str,
     path: &str,
     timeout: Duration,
-) -> Result<HttpResponse, String> {
+) -> Result<HttpResponse, HealthError> {
     let addr = format!("127.0.0.1:{port}");
     match tokio::time::timeout(timeout, http_exchange(&addr, method, path)).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "{method} http://{addr}{path} timed out after {timeout:?}"
-        )),
+        Err(_) => Err(HealthError::HttpTimedOut {
+            request: format!("{method} http://{addr}{path}"),
+            timeout,
+        }),
     }
 }
 
-async fn http_exchange(addr: &str, method: &str, path: &str) -> Result<HttpResponse, String> {
-    let io_err = |e: std::io::Error| format!("{method} http://{addr}{path}: {e}");
+async fn http_exchange(addr: &str, method: &str, path: &str) -> Result<HttpResponse, HealthError> {
+    let shown = || format!("{method} http://{addr}{path}");
+    let io_err = |source| HealthError::Http {
+        request: shown(),
+        source,
+    };
     let mut stream = TcpStream::connect(addr).await.map_err(io_err)?;
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: drover-executor\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -128,16 +195,13 @@ async fn http_exchange(addr: &str, method: &str, path: &str) -> Result<HttpRespo
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX_RESPONSE {
-            return Err(format!(
-                "{method} http://{addr}{path}: answer longer than {MAX_RESPONSE} bytes"
-            ));
+            return Err(HealthError::TooLong { request: shown() });
         }
         if let Some(resp) = parse_response(&buf, true) {
             return Ok(resp);
         }
     }
-    parse_response(&buf, false)
-        .ok_or_else(|| format!("{method} http://{addr}{path}: malformed HTTP answer"))
+    parse_response(&buf, false).ok_or_else(|| HealthError::Malformed { request: shown() })
 }
 
 /// Parses a status line, headers and body. With `need_complete`, returns None until
@@ -176,26 +240,30 @@ pub async fn check_http(
     expected_code: u16,
     expected_body: &str,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), HealthError> {
     let resp = http_request(port, "GET", endpoint, timeout).await?;
+    let request = || format!("GET http://127.0.0.1:{port}{endpoint}");
     if resp.code != expected_code {
-        return Err(format!(
-            "GET http://127.0.0.1:{port}{endpoint} answered {} (expected {expected_code})",
-            resp.code
-        ));
+        return Err(HealthError::WrongCode {
+            request: request(),
+            code: resp.code,
+            expected: expected_code,
+        });
     }
     if resp.body.trim() != expected_body.trim() {
         let mut body = resp.body.trim().to_string();
         body.truncate(100);
-        return Err(format!(
-            "GET http://127.0.0.1:{port}{endpoint} answered `{body}` (expected `{expected_body}`)"
-        ));
+        return Err(HealthError::WrongBody {
+            request: request(),
+            body,
+            expected: expected_body.to_string(),
+        });
     }
     Ok(())
 }
 
 /// A TCP health check: connect within `timeout`.
-pub async fn check_tcp(port: u16, timeout: Duration) -> Result<(), String> {
+pub async fn check_tcp(port: u16, timeout: Duration) -> Result<(), HealthError> {
     check_tcp_with(port, timeout, TcpStream::connect(("127.0.0.1", port))).await
 }
 
@@ -206,7 +274,7 @@ pub async fn check_tcp_inside(
     prober: crate::portfwd::Prober,
     port: u16,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), HealthError> {
     check_tcp_with(port, timeout, prober.connect(port)).await
 }
 
@@ -214,13 +282,11 @@ async fn check_tcp_with(
     port: u16,
     timeout: Duration,
     connect: impl std::future::Future<Output = std::io::Result<TcpStream>>,
-) -> Result<(), String> {
+) -> Result<(), HealthError> {
     match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("connect to 127.0.0.1:{port}: {e}")),
-        Err(_) => Err(format!(
-            "connect to 127.0.0.1:{port} timed out after {timeout:?}"
-        )),
+        Ok(Err(source)) => Err(HealthError::Connect { port, source }),
+        Err(_) => Err(HealthError::ConnectTimedOut { port, timeout }),
     }
 }
 
@@ -231,10 +297,12 @@ pub async fn check_shell(
     mut command: crate::spawn::TaskCommand,
     shown: &str,
     timeout: Duration,
-) -> Result<(), String> {
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot run health command `{shown}`: {e}"))?;
+) -> Result<(), HealthError> {
+    let shown = || shown.to_string();
+    let mut child = command.spawn().map_err(|source| HealthError::ShellSpawn {
+        shown: shown(),
+        source,
+    })?;
     let mut group = KillGroupOnDrop(child.id());
     match tokio::time::timeout(timeout, child.wait()).await {
         Ok(waited) => {
@@ -242,16 +310,23 @@ pub async fn check_shell(
             group.0 = None;
             match waited {
                 Ok(status) if status.success() => Ok(()),
-                Ok(status) => Err(format!("health command `{shown}` exited with {status}")),
-                Err(e) => Err(format!("health command `{shown}`: {e}")),
+                Ok(status) => Err(HealthError::ShellExited {
+                    shown: shown(),
+                    status,
+                }),
+                Err(source) => Err(HealthError::ShellWait {
+                    shown: shown(),
+                    source,
+                }),
             }
         }
         Err(_) => {
             drop(group);
             let _ = child.wait().await;
-            Err(format!(
-                "health command `{shown}` timed out after {timeout:?}"
-            ))
+            Err(HealthError::ShellTimedOut {
+                shown: shown(),
+                timeout,
+            })
         }
     }
 }
@@ -278,7 +353,10 @@ mod tests {
     fn running_needs_min_consecutive_successes() {
         let mut t = HealthTracker::new(0, Duration::from_secs(10), 0, 2);
         assert_eq!(t.record(1, Ok(())), Verdict::Unchanged);
-        assert_eq!(t.record(2, Err("x".into())), Verdict::Unchanged);
+        assert_eq!(
+            t.record(2, Err(HealthError::refused(1))),
+            Verdict::Unchanged
+        );
         assert_eq!(t.record(3, Ok(())), Verdict::Unchanged);
         assert_eq!(t.record(4, Ok(())), Verdict::BecameHealthy);
         assert!(t.is_healthy());
@@ -288,13 +366,19 @@ mod tests {
     fn failures_during_initial_interval_do_not_count() {
         let mut t = HealthTracker::new(0, Duration::from_secs(10), 1, 1);
         for now in [1_000, 5_000, 9_999] {
-            assert_eq!(t.record(now, Err("down".into())), Verdict::Unchanged);
+            assert_eq!(
+                t.record(now, Err(HealthError::refused(1))),
+                Verdict::Unchanged
+            );
         }
-        assert_eq!(t.record(10_000, Err("down".into())), Verdict::Unchanged);
         assert_eq!(
-            t.record(11_000, Err("still down".into())),
+            t.record(10_000, Err(HealthError::refused(1))),
+            Verdict::Unchanged
+        );
+        assert_eq!(
+            t.record(11_000, Err(HealthError::refused(2))),
             Verdict::Unhealthy {
-                last_error: "still down".into()
+                last_error: "connect to 127.0.0.1:2: connection refused".into()
             }
         );
     }
@@ -302,11 +386,17 @@ mod tests {
     #[test]
     fn a_success_resets_the_failure_count() {
         let mut t = HealthTracker::new(0, Duration::ZERO, 1, 1);
-        assert_eq!(t.record(1, Err("a".into())), Verdict::Unchanged);
+        assert_eq!(
+            t.record(1, Err(HealthError::refused(1))),
+            Verdict::Unchanged
+        );
         assert_eq!(t.record(2, Ok(())), Verdict::BecameHealthy);
-        assert_eq!(t.record(3, Err("b".into())), Verdict::Unchanged);
+        assert_eq!(
+            t.record(3, Err(HealthError::refused(2))),
+            Verdict::Unchanged
+        );
         assert!(matches!(
-            t.record(4, Err("c".into())),
+            t.record(4, Err(HealthError::refused(3))),
             Verdict::Unhealthy { .. }
         ));
     }
@@ -338,7 +428,10 @@ mod tests {
         let closed = tokio::net::TcpSocket::new_v4().unwrap();
         closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let port = closed.local_addr().unwrap().port();
-        let err = check_tcp(port, Duration::from_secs(5)).await.unwrap_err();
+        let err = check_tcp(port, Duration::from_secs(5))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     }
 
@@ -349,11 +442,15 @@ mod tests {
         let iso = crate::spawn::Isolation::default();
         let cmd = |line: &str| crate::spawn::check_command(line, dir.path(), &[], &iso);
         check_shell(cmd("true"), "true", t).await.unwrap();
-        let err = check_shell(cmd("false"), "false", t).await.unwrap_err();
+        let err = check_shell(cmd("false"), "false", t)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("`false` exited"), "{err}");
         let err = check_shell(cmd("sleep 10"), "sleep 10", Duration::from_millis(100))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("timed out"), "{err}");
     }
 
@@ -375,7 +472,10 @@ mod tests {
         });
         let t = Duration::from_secs(5);
         check_http(port, "/health", 200, "ok", t).await.unwrap();
-        let err = check_http(port, "/health", 200, "ok", t).await.unwrap_err();
+        let err = check_http(port, "/health", 200, "ok", t)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("sick"), "{err}");
     }
 }

@@ -28,4 +28,4 @@ pub mod sys;
 pub mod users;
 pub mod zygote;
 
-pub use runner::{run, Options};
+pub use runner::{run, Options, Usage};

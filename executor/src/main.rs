@@ -1,6 +1,6 @@
 //! The `drover-executor` binary: parses the command line and hands over to the
-//! library (`run` a task, `zygote` to serve an agent's fork requests, or `cleanup`
-//! after a crashed executor).
+//! library (`run` a task, `zygote` to serve an agent's fork requests, `cleanup`
+//! after a crashed executor, or `exec` a command in a task for `drover task exec`).
 //!
 //! The parser is hand-written rather than clap: clap alone is about a quarter
 //! megabyte of code, and every host runs one executor per task.
@@ -41,8 +41,7 @@ usage:
       environment) in its sandbox/, for `drover task exec`; exits with CMD's status
 ";
 
-/// A command-line mistake: the message says which argument and what to do.
-struct Usage(String);
+use drover_executor::Usage;
 
 fn value<T: std::str::FromStr>(
     args: &mut impl Iterator<Item = String>,
@@ -124,7 +123,7 @@ fn zygote(mut args: impl Iterator<Item = String>) -> Result<ExitCode, Usage> {
         }
     }
     let socket_fd = socket_fd.ok_or_else(|| Usage("zygote needs --socket-fd N".into()))?;
-    let parse = |args: &[String]| parse_run(args.iter().cloned()).map_err(|Usage(msg)| msg);
+    let parse = |args: &[String]| parse_run(args.iter().cloned());
     match drover_executor::zygote::serve(socket_fd, parse) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {

@@ -112,12 +112,23 @@ impl Drop for Forwarding {
     }
 }
 
+/// Why the forwarding of a task's ports did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cannot open the executor's network namespace: {0}")]
+    OwnNamespace(io::Error),
+    #[error(
+        "cannot listen on port {port} to forward it into the task's network namespace: {source}"
+    )]
+    Listen { port: u16, source: io::Error },
+}
+
 /// Listens on the host on each of `ports` and forwards every connection into the
 /// task's namespaces `ns` (to `127.0.0.1` on the same port), until the returned
 /// [`Forwarding`] is stopped. Fails, naming the port, when one cannot be listened on.
-pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<Forwarding, String> {
-    let own = std::fs::File::open("/proc/thread-self/ns/net")
-        .map_err(|e| format!("cannot open the executor's network namespace: {e}"))?;
+pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<Forwarding, ForwardError> {
+    let own =
+        std::fs::File::open("/proc/thread-self/ns/net").map_err(ForwardError::OwnNamespace)?;
     let inside = Arc::new(Inside {
         ns,
         own: own.into(),
@@ -125,9 +136,10 @@ pub fn start(ports: &[u16], ns: Arc<TaskNamespaces>) -> Result<Forwarding, Strin
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut listeners = Vec::with_capacity(ports.len());
     for &port in ports {
-        listeners.push((port, listen(port).map_err(|e| {
-            format!("cannot listen on port {port} to forward it into the task's network namespace: {e}")
-        })?));
+        listeners.push((
+            port,
+            listen(port).map_err(|source| ForwardError::Listen { port, source })?,
+        ));
     }
     let accepting = listeners
         .into_iter()

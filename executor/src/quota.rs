@@ -52,6 +52,30 @@ pub struct ProjectQuota {
     projid: u32,
 }
 
+/// Why a task's disk limit cannot be a project quota (the caller falls back to the
+/// scan and says why in the task's first status).
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error("cannot open the task directory: {0}")]
+    OpenDir(io::Error),
+    #[error("cannot stat the task directory: {0}")]
+    StatDir(io::Error),
+    #[error("the task directory's inode number {0} does not fit a 32-bit project id")]
+    InodeTooLarge(u64),
+    #[error("project quotas are off on this file system")]
+    Off,
+    #[error("no quotactl_fd (Linux 5.14)")]
+    NoQuotactl,
+    #[error("no project quota: quotactl_fd(Q_SETQUOTA, PRJQUOTA): {0}")]
+    SetQuota(io::Error),
+    #[error("cannot set project id {projid} on {path}: {source}")]
+    Label {
+        projid: u32,
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+}
+
 fn open_dir(path: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -60,42 +84,38 @@ fn open_dir(path: &Path) -> io::Result<File> {
 }
 
 /// The project id of the task directory `dir`: its inode number, when it fits.
-fn project_id(dir: &File) -> Result<u32, String> {
-    let ino = dir
-        .metadata()
-        .map_err(|e| format!("cannot stat the task directory: {e}"))?
-        .ino();
+fn project_id(dir: &File) -> Result<u32, QuotaError> {
+    let ino = dir.metadata().map_err(QuotaError::StatDir)?.ino();
     u32::try_from(ino)
         .ok()
         .filter(|&id| id != 0)
-        .ok_or_else(|| {
-            format!("the task directory's inode number {ino} does not fit a 32-bit project id")
-        })
+        .ok_or(QuotaError::InodeTooLarge(ino))
 }
 
 impl ProjectQuota {
     /// Limits what is created under `dirs` (inside `task_dir`) to `limit` bytes plus
     /// [`MARGIN`]; an error says why the filesystem cannot (the caller falls back to
     /// the scan).
-    pub fn enable(task_dir: &Path, dirs: &[&Path], limit: u64) -> Result<ProjectQuota, String> {
-        let dir = open_dir(task_dir).map_err(|e| format!("cannot open the task directory: {e}"))?;
+    pub fn enable(task_dir: &Path, dirs: &[&Path], limit: u64) -> Result<ProjectQuota, QuotaError> {
+        let dir = open_dir(task_dir).map_err(QuotaError::OpenDir)?;
         let projid = project_id(&dir)?;
         sys::set_project_limit(dir.as_fd(), projid, limit.saturating_add(MARGIN)).map_err(|e| {
             match e.raw_os_error() {
-                Some(libc::ESRCH) => "project quotas are off on this file system".to_string(),
-                Some(libc::ENOSYS) => "no quotactl_fd (Linux 5.14)".to_string(),
-                _ => format!("no project quota: quotactl_fd(Q_SETQUOTA, PRJQUOTA): {e}"),
+                Some(libc::ESRCH) => QuotaError::Off,
+                Some(libc::ENOSYS) => QuotaError::NoQuotactl,
+                _ => QuotaError::SetQuota(e),
             }
         })?;
         let quota = ProjectQuota { dir, projid };
         for path in dirs {
             let labelled = open_dir(path).and_then(|d| sys::set_project(d.as_fd(), projid));
-            if let Err(e) = labelled {
+            if let Err(source) = labelled {
                 quota.remove();
-                return Err(format!(
-                    "cannot set project id {projid} on {}: {e}",
-                    path.display()
-                ));
+                return Err(QuotaError::Label {
+                    projid,
+                    path: path.to_path_buf(),
+                    source,
+                });
             }
         }
         Ok(quota)
@@ -171,7 +191,7 @@ mod tests {
             }
             Err(e) => {
                 eprintln!("{e}");
-                assert!(e.contains("project"), "{e}");
+                assert!(e.to_string().contains("project"), "{e}");
                 assert!(!remove_left(dir.path(), &sandbox).unwrap_or(false));
             }
         }

@@ -29,6 +29,12 @@ use crate::sandbox::{self, Checkpoint, Layout, RotatingLog, TaskUser};
 use crate::spawn::{self, Isolation};
 use crate::supervisor::{self, Command, Supervisor};
 
+/// A mistake on the executor's command line: the message says which argument and
+/// what to do (for `run`'s, also the zygote's answer to a bad request).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
 /// The executor's settings (its command line).
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -97,6 +103,8 @@ pub enum SetupError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Forward(crate::portfwd::ForwardError),
     #[error("{0}")]
     Other(String),
 }
@@ -118,7 +126,7 @@ enum Event {
         idx: usize,
         status: std::io::Result<std::process::ExitStatus>,
     },
-    Health(Result<(), String>),
+    Health(Result<(), health::HealthError>),
     Client(ClientEvent),
     Posted(String),
 }
@@ -417,7 +425,7 @@ impl Runner {
                 let ports: Vec<u16> = task.ports.values().copied().collect();
                 Some(
                     crate::portfwd::start(&ports, ns.clone())
-                        .map_err(|e| fail(SetupError::Other(e), &layout))?,
+                        .map_err(|e| fail(SetupError::Forward(e), &layout))?,
                 )
             }
             None => None,
@@ -950,9 +958,9 @@ impl RunnerIo {
         let cmdline = self.cmdlines[idx].clone();
         self.spawned += 1;
         let mut cmd = spawn::task_command(&cmdline, &self.layout.work, &self.env, &self.iso)
-            .map_err(|error| ExitReason::FailedToStart {
+            .map_err(|e| ExitReason::FailedToStart {
                 process: name.clone(),
-                error,
+                error: e.to_string(),
             })?;
         match cmd.spawn() {
             Ok(mut child) => {

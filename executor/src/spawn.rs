@@ -23,6 +23,22 @@ use std::sync::Arc;
 use crate::ns::TaskNamespaces;
 use crate::sandbox::TaskUser;
 
+/// Why a task's program cannot be started: the failed-to-start message, naming the
+/// path that is missing or not executable.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgramError {
+    #[error("{path}: binary not found")]
+    NotFound { path: PathBuf },
+    #[error("{path}: {source}")]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error("{path}: is a directory")]
+    Directory { path: PathBuf },
+    #[error("{path}: permission denied (not executable)")]
+    NotExecutable { path: PathBuf },
+    #[error("`{program}`: command not found (PATH {path})", path = DEFAULT_PATH)]
+    NotInPath { program: String },
+}
+
 /// Where and as whom a child starts, prepared before cloning so the child only makes
 /// raw system calls (no allocation after the clone).
 #[derive(Clone, Debug, Default)]
@@ -132,7 +148,7 @@ pub fn task_command(
     cwd: &Path,
     env: &[(String, String)],
     isolation: &Isolation,
-) -> Result<TaskCommand, String> {
+) -> Result<TaskCommand, ProgramError> {
     check_program(cmdline, cwd)?;
     let (program, argv) = match direct_argv(cmdline) {
         Some(words) if words[0].contains('/') => (
@@ -408,7 +424,7 @@ fn receiver(fd: OwnedFd) -> io::Result<tokio::net::unix::pipe::Receiver> {
 
 /// The first executable regular file named `program` in [`DEFAULT_PATH`], as
 /// `execvp` would find it.
-fn find_in_path(program: &str) -> Result<PathBuf, String> {
+fn find_in_path(program: &str) -> Result<PathBuf, ProgramError> {
     let mut not_executable = None;
     for dir in DEFAULT_PATH.split(':') {
         let path = Path::new(dir).join(program);
@@ -419,8 +435,10 @@ fn find_in_path(program: &str) -> Result<PathBuf, String> {
         }
     }
     Err(match not_executable {
-        Some(path) => format!("{}: permission denied (not executable)", path.display()),
-        None => format!("`{program}`: command not found (PATH {DEFAULT_PATH})"),
+        Some(path) => ProgramError::NotExecutable { path },
+        None => ProgramError::NotInPath {
+            program: program.to_string(),
+        },
     })
 }
 
@@ -430,7 +448,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// Checks the program a cmdline runs before starting it, so that "not found" and
 /// "permission denied" name the path instead of surfacing as exit code 127/126.
 /// Only commands given as a path are checked; others are left to the shell.
-pub fn check_program(cmdline: &str, cwd: &Path) -> Result<(), String> {
+pub fn check_program(cmdline: &str, cwd: &Path) -> Result<(), ProgramError> {
     let mut words = cmdline.split_whitespace();
     let mut first = words.next().unwrap_or("");
     if first == "exec" {
@@ -441,15 +459,10 @@ pub fn check_program(cmdline: &str, cwd: &Path) -> Result<(), String> {
     }
     let path = cwd.join(first);
     match std::fs::metadata(&path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            Err(format!("{}: binary not found", path.display()))
-        }
-        Err(e) => Err(format!("{}: {e}", path.display())),
-        Ok(m) if m.is_dir() => Err(format!("{}: is a directory", path.display())),
-        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err(format!(
-            "{}: permission denied (not executable)",
-            path.display()
-        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ProgramError::NotFound { path }),
+        Err(source) => Err(ProgramError::Unreadable { path, source }),
+        Ok(m) if m.is_dir() => Err(ProgramError::Directory { path }),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err(ProgramError::NotExecutable { path }),
         Ok(_) => Ok(()),
     }
 }
@@ -488,11 +501,15 @@ mod tests {
     #[test]
     fn missing_and_non_executable_programs_name_the_path() {
         let dir = tempfile::tempdir().unwrap();
-        let err = check_program("./nope --flag", dir.path()).unwrap_err();
+        let err = check_program("./nope --flag", dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("nope: binary not found"), "{err}");
         let file = dir.path().join("script");
         std::fs::write(&file, "#!/bin/sh\n").unwrap();
-        let err = check_program("exec ./script", dir.path()).unwrap_err();
+        let err = check_program("exec ./script", dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("permission denied"), "{err}");
         assert!(check_program("sleep 10", dir.path()).is_ok());
         assert!(check_program("/bin/sh -c true", dir.path()).is_ok());
@@ -544,15 +561,21 @@ mod tests {
     fn a_bare_program_is_resolved_in_path_or_named_as_not_found() {
         let dir = tempfile::tempdir().unwrap();
         assert!(find_in_path("sh").unwrap().is_absolute());
-        let err = find_in_path("drover-no-such-program").unwrap_err();
+        let err = find_in_path("drover-no-such-program")
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("`drover-no-such-program`: command not found"),
             "{err}"
         );
         let iso = Isolation::default();
-        let err = task_command("drover-no-such-program --x", dir.path(), &[], &iso).unwrap_err();
+        let err = task_command("drover-no-such-program --x", dir.path(), &[], &iso)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("command not found"), "{err}");
-        let err = task_command("./missing", dir.path(), &[], &iso).unwrap_err();
+        let err = task_command("./missing", dir.path(), &[], &iso)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing: binary not found"), "{err}");
     }
 

@@ -18,7 +18,7 @@ use drover_common::spec::{HealthCheck, HttpLifecycle};
 use drover_common::state::{ExitReason, TaskState};
 use drover_common::wire::{EscalationSteps, ProcessStatus};
 
-use crate::health::{HealthTracker, Verdict};
+use crate::health::{HealthError, HealthTracker, Verdict};
 use crate::machine::{Escalation, Machine, Millis, Phase, Step};
 
 /// How often the runner looks for processes that outlived their parent while it
@@ -325,7 +325,7 @@ impl Supervisor {
 
     /// A health check's result: RUNNING once healthy, the escalation (and FAILED in
     /// the end) once unhealthy. Ignored once the escalation began.
-    pub fn health_result(&mut self, now: Millis, result: Result<(), String>, io: &mut dyn Io) {
+    pub fn health_result(&mut self, now: Millis, result: Result<(), HealthError>, io: &mut dyn Io) {
         let Some(h) = self.health.as_mut() else {
             return;
         };

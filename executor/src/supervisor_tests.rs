@@ -221,9 +221,9 @@ fn a_health_failure_beats_the_process_outcome_and_a_kill_beats_both() {
         s.health_result(1, Ok(()), &mut io);
         assert_eq!(s.state(), TaskState::Running);
         // After the initial interval, two failures in a row are one too many.
-        s.health_result(11_000, Err("503".into()), &mut io);
+        s.health_result(11_000, Err(HealthError::refused(1)), &mut io);
         assert_eq!(s.state(), TaskState::Running);
-        s.health_result(12_000, Err("refused".into()), &mut io);
+        s.health_result(12_000, Err(HealthError::refused(2)), &mut io);
         assert!(io.has(|c| matches!(c, Command::Terminate { .. })));
         assert_eq!(
             s.state(),
@@ -241,7 +241,7 @@ fn a_health_failure_beats_the_process_outcome_and_a_kill_beats_both() {
             (
                 TaskState::Failed,
                 ExitReason::HealthCheckFailed {
-                    last_error: "refused".into(),
+                    last_error: "connect to 127.0.0.1:2: connection refused".into(),
                 },
             )
         };
@@ -427,8 +427,8 @@ fn a_failed_health_check_reports_the_steps_of_its_stop() {
         ..config()
     };
     let (mut s, mut io) = begun_with_one_process(config);
-    s.health_result(11_000, Err("503".into()), &mut io);
-    s.health_result(12_000, Err("503".into()), &mut io);
+    s.health_result(11_000, Err(HealthError::refused(1)), &mut io);
+    s.health_result(12_000, Err(HealthError::refused(1)), &mut io);
     s.process_exited(0, ExitReason::Signal { signal: 15 });
     run_until(&mut s, &mut io, 12_250, 13_000);
     assert_eq!(s.state(), TaskState::Failed);
@@ -505,14 +505,14 @@ fn an_announced_task_reports_its_health_failure_and_stops_after_the_drain_delay(
     s.tick(0, &mut io);
     s.health_result(1, Ok(()), &mut io);
     assert_eq!(s.state(), TaskState::Running);
-    s.health_result(11_000, Err("503".into()), &mut io);
-    s.health_result(12_000, Err("refused".into()), &mut io);
+    s.health_result(11_000, Err(HealthError::refused(1)), &mut io);
+    s.health_result(12_000, Err(HealthError::refused(2)), &mut io);
     // Said at once: a RUNNING status carrying the reason (the master withdraws).
     assert_eq!(s.state(), TaskState::Running);
     assert_eq!(
         io.last_reason(),
         Some(ExitReason::HealthCheckFailed {
-            last_error: "refused".into()
+            last_error: "connect to 127.0.0.1:2: connection refused".into()
         })
     );
     assert!(!io.has(|c| matches!(c, Command::Terminate { .. })));
@@ -537,7 +537,7 @@ fn an_announced_task_reports_its_health_failure_and_stops_after_the_drain_delay(
     assert_eq!(
         io.last_reason(),
         Some(ExitReason::HealthCheckFailed {
-            last_error: "refused".into()
+            last_error: "connect to 127.0.0.1:2: connection refused".into()
         })
     );
 }

@@ -26,7 +26,7 @@ use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::runner::Options;
+use crate::runner::{Options, Usage};
 
 /// Largest request accepted (a run command line is a few hundred bytes).
 const MAX_MESSAGE: usize = 64 * 1024;
@@ -58,13 +58,37 @@ pub enum ZygoteError {
     },
 }
 
+/// Why a request forked nothing: the text of the `failed` answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("unreadable request: {0}")]
+    Unreadable(serde_json::Error),
+    #[error(
+        "a request carries {fds} or {more} descriptors (readiness pipe, stderr, optionally the agent's connection)",
+        fds = REQUEST_FDS,
+        more = REQUEST_FDS + 1
+    )]
+    Descriptors,
+    #[error("the arguments must start with `run`")]
+    NotRun,
+    #[error(transparent)]
+    Usage(#[from] Usage),
+    #[error("task directory {path}: {source}")]
+    TaskDir {
+        path: std::path::PathBuf,
+        source: io::Error,
+    },
+    #[error("fork: {0}")]
+    Fork(io::Error),
+}
+
 /// Serves fork requests on the inherited socket `socket_fd` until the agent closes its
 /// end. `parse` turns the arguments after `run` into executor options (it must not do
 /// I/O; a mistake is answered as `failed`). Returns in the zygote only; a forked child
 /// runs the task and exits with `run`'s code.
 pub fn serve(
     socket_fd: RawFd,
-    parse: impl Fn(&[String]) -> Result<Options, String>,
+    parse: impl Fn(&[String]) -> Result<Options, Usage>,
 ) -> Result<(), ZygoteError> {
     let socket = crate::sys::adopt_fd(socket_fd).map_err(|source| ZygoteError::Socket {
         fd: socket_fd,
@@ -138,7 +162,12 @@ pub fn serve(
                 last_fork = Some(std::time::Instant::now());
                 (ZygoteReply::Started { pid }, pidfd)
             }
-            Err(error) => (ZygoteReply::Failed { error }, None),
+            Err(e) => (
+                ZygoteReply::Failed {
+                    error: e.to_string(),
+                },
+                None,
+            ),
         };
         if !reply(&socket, &answer, pidfd.as_ref().map(|f| f.as_fd()))? {
             return Ok(());
@@ -153,30 +182,28 @@ fn start(
     fds: Vec<OwnedFd>,
     socket: &OwnedFd,
     null: &File,
-    parse: &impl Fn(&[String]) -> Result<Options, String>,
+    parse: &impl Fn(&[String]) -> Result<Options, Usage>,
     migration_warm: bool,
-) -> Result<(u32, Option<OwnedFd>), String> {
-    let request: ZygoteRequest =
-        serde_json::from_slice(message).map_err(|e| format!("unreadable request: {e}"))?;
+) -> Result<(u32, Option<OwnedFd>), StartError> {
+    let request: ZygoteRequest = serde_json::from_slice(message).map_err(StartError::Unreadable)?;
     let mut fds = fds.into_iter();
     let (Some(ready), Some(stderr), agent, None) = (fds.next(), fds.next(), fds.next(), fds.next())
     else {
-        return Err(format!(
-            "a request carries {REQUEST_FDS} or {} descriptors (readiness pipe, stderr, optionally the agent's connection)",
-            REQUEST_FDS + 1
-        ));
+        return Err(StartError::Descriptors);
     };
     let args = match request.args.split_first() {
         Some((cmd, rest)) if cmd == "run" => rest,
-        _ => return Err("the arguments must start with `run`".into()),
+        _ => return Err(StartError::NotRun),
     };
     let mut opts = parse(args)?;
     opts.migration_warm = migration_warm;
     // Opened here so that a missing task directory is answered instead of failing in
     // the child; root's, so it is opened by path, but never through a symlink.
-    let sandbox = open_dir_nofollow(&opts.sandbox)
-        .map_err(|e| format!("task directory {}: {e}", opts.sandbox.display()))?;
-    match crate::child::fork_process().map_err(|e| format!("fork: {e}"))? {
+    let sandbox = open_dir_nofollow(&opts.sandbox).map_err(|source| StartError::TaskDir {
+        path: opts.sandbox.clone(),
+        source,
+    })?;
+    match crate::child::fork_process().map_err(StartError::Fork)? {
         Some(pid) => {
             // The child is not reaped before this (SIGCHLD is blocked and only the
             // main loop reaps), so `pid` is still the child.

@@ -1,5 +1,6 @@
-//! The invariants, checked after every step of a run, and the ledger of what the
-//! master acknowledged (checked against every core loaded from the store).
+//! The invariants, checked after every step of a run and at the moments the world
+//! tells ([`crate::world::Seen`]), and the ledger of what the master acknowledged
+//! (in [`crate::memory`]) checked against every core loaded from the store.
 //!
 //! - no acknowledged write lost: a status the master acknowledged (`StatusAck`),
 //!   a job it said it created, a kill, a maintenance request and an update it
@@ -21,75 +22,8 @@ use drover_common::state::{DesiredState, TaskState};
 use drover_common::wire::{InstanceUpdateState, MaintenanceMode};
 use drover_master::core::{Change, Core};
 
-use crate::jobs::SimJob;
-use crate::world::{Acked, World};
-
-/// What the master acknowledged.
-#[derive(Debug, Default)]
-pub struct Ledger {
-    statuses: BTreeMap<String, u64>,
-    jobs: BTreeSet<String>,
-    kills: BTreeSet<String>,
-    /// Host -> out of service (cordon or drain) or back in (activate).
-    maintenance: BTreeMap<String, bool>,
-    updates: BTreeSet<String>,
-}
-
-impl Ledger {
-    pub fn ack_status(&mut self, task: &str, seq: u64) {
-        let e = self.statuses.entry(task.to_string()).or_insert(0);
-        *e = (*e).max(seq);
-    }
-
-    pub fn ack(&mut self, a: Acked) {
-        match a {
-            Acked::Job(key) => {
-                self.jobs.insert(key);
-            }
-            Acked::Killed(tasks) => self.kills.extend(tasks),
-            Acked::Maintenance(hosts, out) => {
-                for h in hosts {
-                    self.maintenance.insert(h, out);
-                }
-            }
-            Acked::Update(job) => {
-                self.updates.insert(job);
-            }
-        }
-    }
-
-    /// A committed batch deleted these (history pruning): nothing to find.
-    fn forget_task(&mut self, id: &str) {
-        self.statuses.remove(id);
-        self.kills.remove(id);
-    }
-
-    fn forget_job(&mut self, key: &str) {
-        self.jobs.remove(key);
-        self.updates.remove(key);
-    }
-}
-
-/// Per-run state of the checks.
-#[derive(Debug, Default)]
-pub struct Checker {
-    /// Task id -> the agent it was last placed on (to see new placements).
-    placed: BTreeMap<String, String>,
-    /// Exclusive tasks the master was stopping after the last step it ran.
-    stopping: BTreeSet<String>,
-    /// Each task's state in the latest batch that wrote it.
-    last_state: BTreeMap<String, TaskState>,
-    /// Task ids ever started on an executor.
-    started: BTreeSet<String>,
-    /// Committed state per task (transitions).
-    committed_state: BTreeMap<String, TaskState>,
-    /// Committed cron firings per job.
-    cron_fired: BTreeMap<String, BTreeSet<u64>>,
-    /// Committed update records per job: (id, state terminal, next, back_next).
-    updates: BTreeMap<String, (String, bool, usize, usize)>,
-    /// The master's tasks when it crashed with nothing uncommitted.
-    pub before_crash: Option<Vec<TaskPrint>>,
-}
+use crate::memory::fingerprint;
+use crate::world::{Seen, World};
 
 fn reachable(from: TaskState, to: TaskState) -> bool {
     let mut seen = vec![from];
@@ -105,38 +39,22 @@ fn reachable(from: TaskState, to: TaskState) -> bool {
     seen.contains(&to)
 }
 
-/// A task as the store must keep it: id, state, desired state, agent, last seq.
-pub type TaskPrint = (String, TaskState, DesiredState, Option<String>, Option<u64>);
-
 /// An exclusive instance's running copies: (task, host, stop requested).
 type Copies<'a> = BTreeMap<(&'a str, u32), Vec<(&'a str, &'a str, bool)>>;
 
-/// Every task of every job the core holds: id, state, desired, agent, last seq.
-pub fn fingerprint(core: &Core, jobs: &[SimJob]) -> Vec<TaskPrint> {
-    let mut out = Vec::new();
-    for j in jobs {
-        let Some(view) = core.job_view(&j.key) else {
-            continue;
-        };
-        for inst in view.instances {
-            for t in inst.current.iter().chain(inst.history.iter()) {
-                let seq = core.task(&t.task_id).and_then(|t| t.last_seq);
-                out.push((
-                    t.task_id.clone(),
-                    t.state,
-                    t.desired,
-                    t.agent_id.clone(),
-                    seq,
-                ));
-            }
-        }
+/// The invariants at moment `seen` of a run ([`crate::world::Hooks::watch`]).
+pub fn watch(w: &mut World, seen: Seen<'_>) -> Result<(), String> {
+    match seen {
+        Seen::Step => after_step(w),
+        Seen::Batch(changes) => on_batch(w, changes),
+        Seen::Commit(changes) => on_commit(w, changes),
+        Seen::Load(core) => after_load(w, core),
+        Seen::Start(agent, id) => on_start(w, agent, id),
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
 }
 
 /// A core just loaded from the store holds everything acknowledged.
-pub fn after_load(w: &World, core: &Core) -> Result<(), String> {
+fn after_load(w: &World, core: &Core) -> Result<(), String> {
     let l = &w.ledger;
     for (task, seq) in &l.statuses {
         if let Some(t) = core.task(task) {
@@ -216,7 +134,7 @@ pub fn after_load(w: &World, core: &Core) -> Result<(), String> {
 
 /// A batch the core emitted (before it is committed): new placements go to hosts
 /// in service only.
-pub fn on_batch(w: &mut World, changes: &[Change]) -> Result<(), String> {
+fn on_batch(w: &mut World, changes: &[Change]) -> Result<(), String> {
     let Some(core) = w.master.core.as_ref() else {
         return Ok(());
     };
@@ -304,7 +222,7 @@ pub fn on_batch(w: &mut World, changes: &[Change]) -> Result<(), String> {
 
 /// A commit: states move along the table, updates keep their order, cron
 /// firings never repeat.
-pub fn on_commit(w: &mut World, changes: &[Change]) -> Result<(), String> {
+fn on_commit(w: &mut World, changes: &[Change]) -> Result<(), String> {
     let c = &mut w.checker;
     let t = w.t;
     let t_now = w.t;
@@ -413,7 +331,7 @@ pub fn on_commit(w: &mut World, changes: &[Change]) -> Result<(), String> {
 /// An executor starts task `id` on agent `i`: never the same task twice.
 /// A host whose disk was wiped may run a task again that the master never heard
 /// of; once the master stored a report on it, never.
-pub fn on_start(w: &mut World, i: usize, id: &str) -> Result<(), String> {
+fn on_start(w: &mut World, i: usize, id: &str) -> Result<(), String> {
     let reported = w
         .master
         .store
@@ -429,7 +347,7 @@ pub fn on_start(w: &mut World, i: usize, id: &str) -> Result<(), String> {
 }
 
 /// The invariants that hold after every step.
-pub fn after_step(w: &mut World) -> Result<(), String> {
+fn after_step(w: &mut World) -> Result<(), String> {
     let overlap = invariants(w)?;
     if let Some(core) = w.master.core.as_ref() {
         let mut stopping = BTreeSet::new();

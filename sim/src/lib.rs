@@ -10,55 +10,16 @@
 pub mod chaos;
 pub mod check;
 pub mod jobs;
+pub mod memory;
 pub mod rng;
 pub mod store;
+pub mod trace;
 pub mod world;
 
-use std::collections::VecDeque;
 use std::fmt;
 
+pub use trace::Trace;
 pub use world::{Faults, Stats, World};
-
-/// Lines of trace kept for a failure report.
-const TAIL: usize = 40;
-
-/// The trace of a run: a hash of every line and the last lines.
-#[derive(Debug, Default)]
-pub struct Trace {
-    hash: u64,
-    tail: VecDeque<String>,
-    /// Print every line as it happens (`--trace`).
-    pub print: bool,
-}
-
-impl Trace {
-    /// Adds a line at true time `t`.
-    pub fn line(&mut self, t: u64, text: String) {
-        let line = format!("{t:>9} {text}");
-        let mut h = if self.hash == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.hash
-        };
-        for b in line.bytes().chain(std::iter::once(b'\n')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.hash = h;
-        if self.print {
-            println!("{line}");
-        }
-        if self.tail.len() == TAIL {
-            self.tail.pop_front();
-        }
-        self.tail.push_back(line);
-    }
-
-    /// The hash of every line so far.
-    pub fn hash(&self) -> u64 {
-        self.hash
-    }
-}
 
 /// A finished run.
 #[derive(Debug)]
@@ -101,7 +62,11 @@ pub fn run(seed: u64, steps: u64, faults: Faults) -> Result<Outcome, Failure> {
 
 /// `run`, printing every trace line when `print`.
 pub fn run_traced(seed: u64, steps: u64, faults: Faults, print: bool) -> Result<Outcome, Failure> {
-    let mut w = World::new(seed, faults);
+    let hooks = world::Hooks {
+        act: chaos::act,
+        watch: check::watch,
+    };
+    let mut w = World::new(seed, faults, hooks);
     w.trace.print = print;
     while w.stats.steps < steps {
         match w.step() {
@@ -114,7 +79,7 @@ pub fn run_traced(seed: u64, steps: u64, faults: Faults, print: bool) -> Result<
                     step: w.stats.steps,
                     sim_ms: w.stats.sim_ms,
                     what,
-                    tail: w.trace.tail.iter().cloned().collect(),
+                    tail: w.trace.tail(),
                 });
             }
         }

@@ -19,10 +19,11 @@ use drover_master::core::{
     Change, Core, CoreConfig, CoreError, Effect, Event, MaintenanceOp, Now, Reply, UpdateAction,
 };
 
-use crate::check::{Checker, Ledger};
 use crate::jobs::{self, Behaviour, SimJob};
+use crate::memory::{fingerprint, Acked, Checker, Ledger};
 use crate::rng::Rng;
 use crate::store::MemStore;
+use crate::trace::Trace;
 
 /// The start of simulated time (true time, ms).
 const T0: u64 = 1_000_000;
@@ -227,15 +228,6 @@ enum ReplyTo {
     Operator(Acked),
 }
 
-/// An operator request the master acknowledged.
-#[derive(Clone, Debug)]
-pub enum Acked {
-    Job(String),
-    Killed(Vec<String>),
-    Maintenance(Vec<String>, bool),
-    Update(String),
-}
-
 /// What a reply becomes once committed (None: nothing to send).
 type AckOf = Box<dyn FnOnce(&Reply) -> Option<ReplyTo>>;
 
@@ -311,6 +303,32 @@ impl Default for Faults {
     }
 }
 
+/// What acts on the world and what watches it, from inside its steps: the random
+/// acts (`chaos::act`) and the invariants (`check::watch`), given by the run
+/// (lib.rs), so that the world knows neither.
+#[derive(Clone, Copy)]
+pub struct Hooks {
+    /// Called at every chaos event (then the next is scheduled).
+    pub act: fn(&mut World) -> Result<(), String>,
+    /// Told each [`Seen`] as it happens; an error is a broken invariant.
+    pub watch: fn(&mut World, Seen<'_>) -> Result<(), String>,
+}
+
+/// A moment the invariants are checked at.
+#[derive(Clone, Copy)]
+pub enum Seen<'a> {
+    /// The end of a step.
+    Step,
+    /// A batch the master's core emitted, before it is committed.
+    Batch(&'a [Change]),
+    /// Batches committed to the store (all their changes).
+    Commit(&'a [Change]),
+    /// A core just loaded from the store, before it serves.
+    Load(&'a Core),
+    /// An executor of agent `.0` starts task `.1`.
+    Start(usize, &'a str),
+}
+
 /// The whole simulated cluster.
 pub struct World {
     pub t: u64,
@@ -328,13 +346,14 @@ pub struct World {
     pub checker: Checker,
     pub ledger: Ledger,
     pub stats: Stats,
-    pub trace: crate::Trace,
+    pub trace: Trace,
     faults: Faults,
+    hooks: Hooks,
 }
 
 impl World {
-    /// A cluster of 4-7 hosts for `seed`.
-    pub fn new(seed: u64, faults: Faults) -> World {
+    /// A cluster of 4-7 hosts for `seed`, acted on and watched by `hooks`.
+    pub fn new(seed: u64, faults: Faults, hooks: Hooks) -> World {
         let mut rng = Rng::new(seed);
         let n = rng.range(4, 7) as usize;
         let mut agents = Vec::new();
@@ -405,8 +424,9 @@ impl World {
             checker: Checker::default(),
             ledger: Ledger::default(),
             stats: Stats::default(),
-            trace: crate::Trace::default(),
+            trace: Trace::default(),
             faults,
+            hooks,
         };
         w.master_wake();
         for i in 0..n {
@@ -432,14 +452,14 @@ impl World {
         self.stats.sim_ms = t - T0;
         self.dispatch(ev)?;
         self.serve_polls();
-        crate::check::after_step(self)?;
+        (self.hooks.watch)(self, Seen::Step)?;
         Ok(true)
     }
 
     fn dispatch(&mut self, ev: Ev) -> Result<(), String> {
         match ev {
             Ev::Chaos => {
-                crate::chaos::act(self)?;
+                (self.hooks.act)(self)?;
                 let next = self.t + self.rng.range(20, 400);
                 self.at(next, Ev::Chaos);
             }
@@ -574,7 +594,7 @@ impl World {
         for e in out.effects {
             match e {
                 Effect::Persist { seq, changes } => {
-                    crate::check::on_batch(self, &changes)?;
+                    (self.hooks.watch)(self, Seen::Batch(&changes))?;
                     self.master.queue.push(Batch { seq, changes });
                     self.start_commit();
                 }
@@ -652,7 +672,7 @@ impl World {
         // Answers first: a job created and removed (cron deschedule) in one group
         // commit leaves the ledger with the removal.
         self.deliver();
-        crate::check::on_commit(self, &changes)?;
+        (self.hooks.watch)(self, Seen::Commit(&changes))?;
         self.start_commit();
         Ok(())
     }
@@ -691,7 +711,7 @@ impl World {
         // earlier load.
         let seed = self.rng.next_u64();
         let core = Core::load(sim_config(), snapshot, now, seed);
-        crate::check::after_load(self, &core)?;
+        (self.hooks.watch)(self, Seen::Load(&core))?;
         self.master.core = Some(core);
         self.master_wake();
         Ok(())
@@ -713,7 +733,7 @@ impl World {
                 // hold changes of its own, e.g. a cron catch-up, that the next
                 // event's batch carries: not committed, not acknowledged).
                 let store = &self.master.store;
-                let print = crate::check::fingerprint(core, &self.jobs)
+                let print = fingerprint(core, &self.jobs)
                     .into_iter()
                     .filter(|t| {
                         store.task(&t.0).is_some_and(|s| {
@@ -1374,7 +1394,7 @@ impl World {
                 HostAction::Start(a) => {
                     let id = a.task.task_id.clone();
                     let job = format!("{}/{}/{}", a.task.role, a.task.environment, a.task.name);
-                    crate::check::on_start(self, i, &id)?;
+                    (self.hooks.watch)(self, Seen::Start(i, &id))?;
                     self.stats.tasks_started += 1;
                     let r = &a.task.task.resources;
                     let behaviour = Behaviour::of(

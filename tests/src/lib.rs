@@ -668,7 +668,6 @@ impl Cluster {
         if config.tls {
             cluster.make_certificates(config.agents.len())?;
         }
-        cluster.start_master()?;
         let base = u32::from(
             cluster
                 .port_lock
@@ -680,16 +679,14 @@ impl Cluster {
         let per_agent = (PORT_BLOCK - 1) / n.max(1);
         for (k, attributes) in config.agents.iter().enumerate() {
             let low = base + k as u32 * per_agent;
-            cluster.start_agent(
-                k,
-                attributes,
+            cluster.agent_starts.push((
+                attributes.clone(),
                 (low as u16, (low + per_agent - 1) as u16),
-                &config.agent_config,
-            )?;
+                config.agent_config.clone(),
+            ));
         }
-        cluster.wait_for("every agent to register", WAIT, |c| {
-            registered(c, config.agents.len())
-        })?;
+        cluster.start_master()?;
+        start_agents(&mut cluster, config.agents.len())?;
         Ok(cluster)
     }
 
@@ -707,27 +704,31 @@ impl Cluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let (master, addr) = spawn_master_with_env(self.dir(), &self.listen, &self.master_env)?;
-        let addr = addr.trim_start_matches("http://").to_string();
         let scheme = if self.tls { "https" } else { "http" };
-        self.api.url = format!("{scheme}://{addr}");
+        let (master, addr) = start_master(
+            temp_dir_path(&self.dir),
+            &self.listen,
+            &self.master_env,
+            &mut self.api,
+            |addr| {
+                let addr = addr.trim_start_matches("http://");
+                Ok(format!("{scheme}://{addr}"))
+            },
+        )?;
         // A restarted master must come back on the same address for the agents.
-        self.listen = addr;
+        self.listen = addr.trim_start_matches("http://").to_string();
         self.master = Some(master);
-        self.wait_for("the master to answer /health", WAIT, |c| {
-            c.healthy().then_some(())
-        })?;
-        let master_dir = self.dir().join("master");
-        self.api.use_admin_token(&master_dir)
+        Ok(())
     }
 
-    fn start_agent(
-        &mut self,
-        k: usize,
-        attributes: &[(String, String)],
-        ports: (u16, u16),
-        config: &str,
-    ) -> anyhow::Result<()> {
+    /// Starts agent `k` for the first time, as `agent_starts[k]` says: its sandbox
+    /// root (0755) and, without TLS, its agent token.
+    fn start_agent(&mut self, k: usize) -> anyhow::Result<()> {
+        let (attributes, ports, config) = self
+            .agent_starts
+            .get(k)
+            .cloned()
+            .ok_or_else(|| anyhow!("no agent {k}"))?;
         let root = self.dir().join("sandboxes").join(format!("agent-{k}"));
         std::fs::create_dir_all(&root)?;
         if !self.tls {
@@ -735,11 +736,9 @@ impl Cluster {
                 .give_agent_token(&self.dir().join(format!("agent-{k}")))?;
         }
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755))?;
-        let agent = self.spawn_agent(k, attributes, ports, config)?;
+        let agent = self.spawn_agent(k, &attributes, ports, &config)?;
         self.agents.push(agent);
         self.sandbox_roots.push(root);
-        self.agent_starts
-            .push((attributes.to_vec(), ports, config.to_string()));
         Ok(())
     }
 
@@ -991,20 +990,78 @@ impl std::ops::Deref for Cluster {
     }
 }
 
+impl Harness for Cluster {
+    fn start_agent(&mut self, k: usize) -> anyhow::Result<()> {
+        Cluster::start_agent(self, k)
+    }
+
+    fn diagnostics(&mut self) -> String {
+        Cluster::diagnostics(self)
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for agent in &mut self.agents {
-            agent.kill();
-        }
         end_cluster(
             "test cluster",
+            self.agents.iter_mut(),
             self.master.as_mut(),
-            &self.dir,
+            &mut self.dir,
             &self.sandbox_roots,
-            "drover",
+            reap::Parent::Shared("drover"),
         );
-        keep_temp_dir_if_asked(&mut self.dir);
     }
+}
+
+/// A test cluster as the start both harnesses share sees it ([`start_agents`]).
+trait Harness: std::ops::Deref<Target = AdminApi> {
+    /// Starts agent `k`, prepared before.
+    fn start_agent(&mut self, k: usize) -> anyhow::Result<()>;
+    /// The log tails and views printed when a wait times out.
+    fn diagnostics(&mut self) -> String;
+}
+
+/// The second half of a test cluster's start (both harnesses; the first is
+/// [`start_master`]): agents `0..running`, then the wait until that many are
+/// registered and reachable.
+fn start_agents<H: Harness>(cluster: &mut H, running: usize) -> anyhow::Result<()> {
+    for k in 0..running {
+        cluster.start_agent(k)?;
+    }
+    poll_for(
+        cluster,
+        "every agent to register",
+        WAIT,
+        |c| registered(c, running),
+        H::diagnostics,
+    )
+}
+
+/// The first half of a test cluster's start (both harnesses; the second is
+/// [`start_agents`]), and its master's restart: starts the master in `dir`
+/// ([`spawn_master_with_env`]), points `api` at the address `url` makes of the one
+/// it bound, waits until it answers `/health` and takes the admin token it wrote.
+/// Returns the process and its bound address.
+fn start_master(
+    dir: &Path,
+    listen: &str,
+    env: &[(String, String)],
+    api: &mut AdminApi,
+    url: impl FnOnce(&str) -> anyhow::Result<String>,
+) -> anyhow::Result<(Proc, String)> {
+    let (master, addr) = spawn_master_with_env(dir, listen, env)?;
+    api.url = url(&addr)?;
+    let mut started = (&*api, master);
+    poll_for(
+        &mut started,
+        "the master to answer /health",
+        WAIT,
+        |(api, _)| api.healthy().then_some(()),
+        |(_, master)| format!("--- master log:\n{}\n", master.log_tail()),
+    )?;
+    let (_, master) = started;
+    api.use_admin_token(&dir.join("master"))?;
+    Ok((master, addr))
 }
 
 /// A test cluster's temporary directory (both harnesses, `Cluster` and
@@ -1030,20 +1087,27 @@ fn registered(api: &AdminApi, n: usize) -> Option<()> {
     (agents.iter().filter(|a| a.reachable).count() >= n).then_some(())
 }
 
-/// The end of a test cluster once its agents are killed (both harnesses' `Drop`,
-/// pass or fail): the master killed, then whatever the tasks left (executors, task
-/// processes, cgroups under `cgroup_parent`) swept by working directory and cgroup.
-fn end_cluster(
+/// The end of a test cluster (both harnesses' `Drop`, pass or fail): its agents
+/// killed first (an agent would start executors again), then the master, then
+/// whatever the tasks left swept by working directory and cgroup (executors, task
+/// processes, the task cgroups under the agents' `parent`, and the parent itself when
+/// it is the cluster's own); the directory goes too unless `DROVER_KEEP_TEST_DIRS`.
+fn end_cluster<'a>(
     what: &str,
+    agents: impl Iterator<Item = &'a mut Proc>,
     master: Option<&mut Proc>,
-    dir: &Option<tempfile::TempDir>,
+    dir: &mut Option<tempfile::TempDir>,
     roots: &[PathBuf],
-    cgroup_parent: &str,
+    parent: reap::Parent<'_>,
 ) {
+    for agent in agents {
+        agent.kill();
+    }
     if let Some(master) = master {
         master.kill();
     }
-    reap::sweep_and_report(what, temp_dir_path(dir), roots, cgroup_parent);
+    reap::sweep_cluster(what, temp_dir_path(dir), roots, parent);
+    keep_temp_dir_if_asked(dir);
 }
 
 /// The path of a cluster's temporary directory (`/nonexistent` once it was kept).

@@ -28,10 +28,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::{
-    bin, keep_temp_dir_if_asked, log_tail, poll_for, process_alive, spawn_master, temp_dir_path,
-    AdminApi, Proc, WAIT,
-};
+use crate::reap::Parent;
+use crate::{bin, log_tail, poll_for, process_alive, temp_dir_path, AdminApi, Proc, WAIT};
 
 /// Where subnet claims live: `<a>.pid` holds the pid of the test process using
 /// `10.<a>.0.0/16`.
@@ -186,53 +184,6 @@ fn remove_unreachable_route(octet: u8, k: usize) {
     ]);
 }
 
-/// Removes the task cgroups of clusters whose test process died without its Drop
-/// (`drover-t<pid>-<n>` with `<pid>` gone): kills what is left in them, then rmdirs.
-fn sweep_stale_cgroups() {
-    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
-    };
-    for controller in controllers.flatten() {
-        let Ok(parents) = std::fs::read_dir(controller.path()) else {
-            continue;
-        };
-        for parent in parents.flatten() {
-            let name = parent.file_name().to_string_lossy().to_string();
-            let Some(owner) = name
-                .strip_prefix("drover-t")
-                .and_then(|rest| rest.split('-').next())
-                .and_then(|pid| pid.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if process_alive(owner) {
-                continue;
-            }
-            empty_and_remove(&parent.path(), Duration::from_secs(2));
-        }
-    }
-}
-
-/// SIGKILLs what runs in each child cgroup of `parent`, removes the children
-/// (retrying for up to `wait` each while the kernel finishes the kills), then
-/// `parent` itself.
-fn empty_and_remove(parent: &Path, wait: Duration) {
-    if let Ok(children) = std::fs::read_dir(parent) {
-        for child in children.flatten().filter(|c| c.path().is_dir()) {
-            let procs =
-                std::fs::read_to_string(child.path().join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            let deadline = Instant::now() + wait;
-            while std::fs::remove_dir(child.path()).is_err() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(parent);
-}
-
 /// A claimed `10.<octet>.0.0/16`, released (claim file removed) on Drop.
 #[derive(Debug)]
 pub(crate) struct SubnetClaim {
@@ -246,7 +197,7 @@ impl SubnetClaim {
         let lock = File::create(Path::new(CLAIMS_DIR).join("lock"))?;
         let lock = Flock::lock(lock, FlockArg::LockExclusive)
             .map_err(|(_, e)| anyhow!("cannot lock {CLAIMS_DIR}/lock: {e}"))?;
-        sweep_stale_cgroups();
+        crate::reap::sweep_stale_parents();
         let in_use = Command::new("ip")
             .args(["-o", "-4", "addr", "show"])
             .output()
@@ -442,13 +393,8 @@ impl NetCluster {
         for (k, ns) in namespaces.into_iter().enumerate() {
             let agent = cluster.write_agent_config(k, ns)?;
             cluster.agents.push(agent);
-            if k < running {
-                cluster.start_agent(k)?;
-            }
         }
-        cluster.wait_for("every agent to register", WAIT, |c| {
-            crate::registered(c, running)
-        })?;
+        crate::start_agents(&mut cluster, running)?;
         Ok(cluster)
     }
 
@@ -467,19 +413,17 @@ impl NetCluster {
     }
 
     fn start_master(&mut self) -> anyhow::Result<()> {
-        let (master, addr) = spawn_master(self.dir(), &format!("0.0.0.0:{}", self.port))?;
-        let port = addr
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .ok_or_else(|| anyhow!("the master wrote `{addr}` to master.addr, not host:port"))?;
-        self.port = port;
-        self.api.url = format!("https://127.0.0.1:{port}");
+        let (master, addr) = crate::start_master(
+            temp_dir_path(&self.dir),
+            &format!("0.0.0.0:{}", self.port),
+            &[],
+            &mut self.api,
+            |addr| Ok(format!("https://127.0.0.1:{}", master_port(addr)?)),
+        )?;
+        // A restarted master must come back on the same port for the agents.
+        self.port = master_port(&addr)?;
         self.master = Some(master);
-        self.wait_for("the master to answer /health", WAIT, |c| {
-            c.healthy().then_some(())
-        })?;
-        let master_dir = self.dir().join("master");
-        self.api.use_admin_token(&master_dir)
+        Ok(())
     }
 
     fn write_agent_config(&self, k: usize, ns: NetNs) -> anyhow::Result<NetAgent> {
@@ -846,19 +790,6 @@ rack = "r{k}"
         }
         Ok(None)
     }
-
-    /// Removes this cluster's task cgroups (after everything in them was killed).
-    fn remove_cgroups(&self) {
-        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return;
-        };
-        for controller in controllers.flatten() {
-            let parent = controller.path().join(&self.cgroup_parent);
-            if parent.is_dir() {
-                empty_and_remove(&parent, Duration::from_secs(5));
-            }
-        }
-    }
 }
 
 impl std::ops::Deref for NetCluster {
@@ -869,27 +800,40 @@ impl std::ops::Deref for NetCluster {
     }
 }
 
+impl crate::Harness for NetCluster {
+    fn start_agent(&mut self, k: usize) -> anyhow::Result<()> {
+        NetCluster::start_agent(self, k)
+    }
+
+    fn diagnostics(&mut self) -> String {
+        NetCluster::diagnostics(self)
+    }
+}
+
 impl Drop for NetCluster {
     fn drop(&mut self) {
-        for agent in &mut self.agents {
-            if let Some(mut proc) = agent.proc.take() {
-                proc.kill();
-            }
+        // Everything in the agents' namespaces first (the agents too); then the end
+        // every cluster has, for whatever left a namespace's reach or runs in none.
+        for agent in &self.agents {
             kill_netns_processes(&agent.ns.name);
         }
-        // Whatever left its namespace's reach (or runs in none): by working
-        // directory and task cgroup.
         let roots: Vec<PathBuf> = self.agents.iter().map(|a| a.sandbox_root.clone()).collect();
         crate::end_cluster(
             "net cluster",
+            self.agents.iter_mut().filter_map(|a| a.proc.as_mut()),
             self.master.as_mut(),
-            &self.dir,
+            &mut self.dir,
             &roots,
-            &self.cgroup_parent,
+            Parent::Own(&self.cgroup_parent),
         );
-        self.remove_cgroups();
-        keep_temp_dir_if_asked(&mut self.dir);
     }
+}
+
+/// The port of the master's bound address `addr` (`host:port`, from `master.addr`).
+fn master_port(addr: &str) -> anyhow::Result<u16> {
+    addr.rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .ok_or_else(|| anyhow!("the master wrote `{addr}` to master.addr, not host:port"))
 }
 
 /// Walks a task's events: each step stays in its state or is a legal transition of

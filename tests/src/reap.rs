@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::{is_executor, processes_under};
+use crate::{is_executor, process_alive, processes_under};
 
 /// How long a sweep keeps killing before it gives up (and says so).
 const SWEEP_FOR: Duration = Duration::from_secs(10);
@@ -39,15 +39,21 @@ fn sandboxes(roots: &[PathBuf]) -> Vec<PathBuf> {
 /// hierarchy (`<root>/<controller>/<parent>/<id>`) on v1.
 pub fn task_cgroups(parent: &str, task_id: &str) -> Vec<PathBuf> {
     let parent = parent.trim_matches('/');
+    cgroup_bases()
+        .into_iter()
+        .map(|base| base.join(parent).join(task_id))
+        .filter(|path| path.join("cgroup.procs").is_file())
+        .collect()
+}
+
+/// Where cgroup paths start: the mount (cgroup v2's root) and each directory in it
+/// (v1's controller hierarchies).
+fn cgroup_bases() -> Vec<PathBuf> {
     let mut bases = vec![PathBuf::from(CGROUP_ROOT)];
     if let Ok(entries) = std::fs::read_dir(CGROUP_ROOT) {
         bases.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
     }
     bases
-        .into_iter()
-        .map(|base| base.join(parent).join(task_id))
-        .filter(|path| path.join("cgroup.procs").is_file())
-        .collect()
 }
 
 /// The processes in cgroup `dir` and its children.
@@ -112,7 +118,7 @@ pub fn sweep(dir: &Path, roots: &[PathBuf], cgroup_parent: &str) -> Vec<String> 
         for cgroup in &cgroups {
             left.extend(cgroup_pids(cgroup));
         }
-        left.retain(|pid| *pid != std::process::id() && crate::process_alive(*pid));
+        left.retain(|pid| *pid != std::process::id() && process_alive(*pid));
         left.sort_unstable();
         left.dedup();
         if left.is_empty() || Instant::now() > deadline {
@@ -147,6 +153,77 @@ pub fn sweep_and_report(what: &str, dir: &Path, roots: &[PathBuf], cgroup_parent
     for failure in sweep(dir, roots, cgroup_parent) {
         eprintln!("{what}: cleanup: {failure}");
     }
+}
+
+/// The cgroup parent a test cluster's agents put their tasks' cgroups under.
+#[derive(Clone, Copy, Debug)]
+pub enum Parent<'a> {
+    /// Shared with other clusters (`drover`): only this cluster's task cgroups go.
+    Shared(&'a str),
+    /// The cluster's own (a net cluster's `drover-t<pid>-<n>`): it goes whole.
+    Own(&'a str),
+}
+
+/// The sweep at a test cluster's end, after its daemons were killed:
+/// [`sweep_and_report`], then the cluster's own cgroup parent removed with whatever
+/// is still under it.
+pub fn sweep_cluster(what: &str, dir: &Path, roots: &[PathBuf], parent: Parent<'_>) {
+    let (Parent::Shared(name) | Parent::Own(name)) = parent;
+    sweep_and_report(what, dir, roots, name);
+    if let Parent::Own(name) = parent {
+        let name = name.trim_matches('/');
+        for base in cgroup_bases() {
+            let dir = base.join(name);
+            if dir.is_dir() {
+                empty_and_remove(&dir, Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Removes the cgroup parents of net clusters whose test process died without its
+/// Drop (`drover-t<pid>-<n>` with `<pid>` gone): kills what is left in them, then
+/// rmdirs.
+pub fn sweep_stale_parents() {
+    for base in cgroup_bases() {
+        let Ok(parents) = std::fs::read_dir(base) else {
+            continue;
+        };
+        for parent in parents.flatten() {
+            let name = parent.file_name().to_string_lossy().to_string();
+            let Some(owner) = name
+                .strip_prefix("drover-t")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if process_alive(owner) {
+                continue;
+            }
+            empty_and_remove(&parent.path(), Duration::from_secs(2));
+        }
+    }
+}
+
+/// SIGKILLs what runs in each child cgroup of `parent`, removes the children
+/// (retrying for up to `wait` each while the kernel finishes the kills), then
+/// `parent` itself.
+fn empty_and_remove(parent: &Path, wait: Duration) {
+    if let Ok(children) = std::fs::read_dir(parent) {
+        for child in children.flatten().filter(|c| c.path().is_dir()) {
+            let procs =
+                std::fs::read_to_string(child.path().join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.split_whitespace().filter_map(|p| p.parse().ok()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let deadline = Instant::now() + wait;
+            while std::fs::remove_dir(child.path()).is_err() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(parent);
 }
 
 /// A process's command line, for messages.

@@ -381,30 +381,44 @@ pub fn prewarm_migration(root: &Path, version: Version) {
 /// delegated subtree such as `system.slice/drover-agent.service/drover`) of
 /// components that are not empty, `.` or `..`, at most 255 bytes each and without
 /// control characters. A leading or trailing `/` is allowed and ignored.
-pub fn check_parent(parent: &str) -> Result<(), String> {
+pub fn check_parent(parent: &str) -> Result<(), ParentError> {
     let trimmed = parent.trim_matches('/');
+    let parent = || parent.to_string();
     if trimmed.is_empty() {
-        return Err(format!(
-            "`{parent}` is empty: give a relative cgroup path like `drover`"
-        ));
+        return Err(ParentError::Empty(parent()));
     }
     if trimmed.len() > 4096 {
-        return Err(format!("`{parent}` is longer than 4096 bytes"));
+        return Err(ParentError::TooLong(parent()));
     }
     for part in trimmed.split('/') {
         if part.is_empty() || part == "." || part == ".." {
-            return Err(format!(
-                "`{parent}` has an empty, `.` or `..` component: give a plain relative path"
-            ));
+            return Err(ParentError::NotPlain(parent()));
         }
         if part.len() > 255 || part.chars().any(char::is_control) {
-            return Err(format!(
-                "`{parent}`: component `{}` is longer than 255 bytes or holds a control character",
-                part.escape_default()
-            ));
+            return Err(ParentError::BadComponent {
+                parent: parent(),
+                component: part.escape_default().to_string(),
+            });
         }
     }
     Ok(())
+}
+
+/// What is wrong with a `--cgroup-parent` ([`check_parent`]); the text follows the
+/// flag's name.
+#[derive(Debug, thiserror::Error)]
+pub enum ParentError {
+    #[error("`{0}` is empty: give a relative cgroup path like `drover`")]
+    Empty(String),
+    #[error("`{0}` is longer than 4096 bytes")]
+    TooLong(String),
+    #[error("`{0}` has an empty, `.` or `..` component: give a plain relative path")]
+    NotPlain(String),
+    /// `component` escaped as Rust's `escape_default` does.
+    #[error(
+        "`{parent}`: component `{component}` is longer than 255 bytes or holds a control character"
+    )]
+    BadComponent { parent: String, component: String },
 }
 
 /// The path of the line of `/proc/self/cgroup` (`id:controllers:path`) whose

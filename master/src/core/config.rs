@@ -15,8 +15,11 @@ pub struct CoreConfig {
     pub transient_timeout_ms: u64,
     /// An agent silent this long is unreachable.
     pub agent_timeout_ms: u64,
-    /// How often agents heartbeat.
+    /// How often agents heartbeat, at least: the interval told in a small cell.
     pub heartbeat_interval_ms: u64,
+    /// Heartbeats a second the whole cell sends, at most: a larger cell is told a
+    /// longer interval (see `heartbeat`).
+    pub max_heartbeat_rate: u32,
     /// Terminal tasks kept per instance.
     pub task_history_limit: usize,
     /// Period of implicit reconciliation (Mesos: e.g. 15 min).
@@ -78,6 +81,7 @@ impl Default for CoreConfig {
             transient_timeout_ms: 5 * 60_000,
             agent_timeout_ms: 15_000,
             heartbeat_interval_ms: 1_000,
+            max_heartbeat_rate: 100,
             task_history_limit: 10,
             reconcile_interval_ms: 15 * 60_000,
             reconcile_backoff_initial_ms: 1_000,

@@ -439,6 +439,36 @@ async fn the_masters_exclusive_lease_wins_over_the_agents_own() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_follows_the_interval_and_lease_of_each_heartbeat_answer() {
+    let master = FakeMaster::start().await;
+    let dirs = AgentDirs::new();
+    let agent = RunningAgent::start(config(&master, &dirs, ConfigFile::default()));
+    // Registered at 100 ms: heartbeats come fast.
+    wait_until(Duration::from_secs(20), || {
+        (master.with(|s| s.heartbeats.len()) >= 3).then_some(())
+    })
+    .await
+    .expect("heartbeats at the registration's interval");
+    master.with(|s| s.heartbeat_told = Some((800, 4_321)));
+    let lease_file = dirs.data().join("master-lease");
+    wait_until(Duration::from_secs(20), || {
+        std::fs::read_to_string(&lease_file)
+            .ok()
+            .filter(|l| l == "4321")
+    })
+    .await
+    .expect("the lease of the heartbeat answer recorded");
+    let before = master.with(|s| s.heartbeats.len());
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let during = master.with(|s| s.heartbeats.len()) - before;
+    assert!(
+        (1..=4).contains(&during),
+        "{during} heartbeats in 2 s at an 800 ms interval (20 at the registration's 100 ms)"
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_cut_off_from_the_master_keeps_the_masters_lease() {
     let master = FakeMaster::start().await;
     let dirs = AgentDirs::new();

@@ -462,6 +462,15 @@ pub struct HeartbeatResponse {
     pub send_full_task_set: bool,
     /// The master does not know this agent (e.g. after losing its state): register.
     pub reregister: bool,
+    /// How often to heartbeat from now on: the master spreads the cell's heartbeats
+    /// under its `max_heartbeat_rate`. Absent from older masters (and with
+    /// `reregister`): keep the registration's interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_interval_ms: Option<u64>,
+    /// The exclusive lease from now on (it grows with the interval). Absent: keep
+    /// the one in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive_lease_ms: Option<u64>,
 }
 
 /// One task the agent should hold, and what the master wants of it.

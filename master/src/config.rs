@@ -93,9 +93,13 @@ pub struct Args {
     /// An agent silent this long is unreachable.
     #[arg(long, value_name = "DURATION")]
     pub agent_timeout: Option<String>,
-    /// How often agents heartbeat (told to them at registration).
+    /// How often agents heartbeat, at least (told to them in every answer).
     #[arg(long, value_name = "DURATION")]
     pub heartbeat_interval: Option<String>,
+    /// Heartbeats a second from the whole cell, at most: a larger cell is told a
+    /// longer interval (default 100).
+    #[arg(long, value_name = "N")]
+    pub max_heartbeat_rate: Option<u32>,
     /// Terminal tasks kept per instance.
     #[arg(long, value_name = "N")]
     pub task_history_limit: Option<usize>,
@@ -212,6 +216,7 @@ struct FileConfig {
     transient_state_timeout: Option<String>,
     agent_timeout: Option<String>,
     heartbeat_interval: Option<String>,
+    max_heartbeat_rate: Option<u32>,
     task_history_limit: Option<usize>,
     reconcile_interval: Option<String>,
     reconcile_backoff_initial: Option<String>,
@@ -449,6 +454,10 @@ impl Config {
                 args.heartbeat_interval.or(file.heartbeat_interval),
                 d.heartbeat_interval_ms,
             )?,
+            max_heartbeat_rate: args
+                .max_heartbeat_rate
+                .or(file.max_heartbeat_rate)
+                .unwrap_or(d.max_heartbeat_rate),
             task_history_limit: args
                 .task_history_limit
                 .or(file.task_history_limit)
@@ -695,6 +704,12 @@ fn validate(c: &CoreConfig) -> Result<(), ConfigError> {
     positive("exclusive_lease", c.exclusive_lease_ms)?;
     positive("eviction_guard_window", c.eviction_guard_window_ms)?;
     positive("preemption_reservation", c.preemption_reservation_ms)?;
+    if c.max_heartbeat_rate == 0 {
+        return Err(ConfigError::Field {
+            field: "max_heartbeat_rate",
+            message: "must be at least 1 (heartbeats per second), e.g. 100".to_string(),
+        });
+    }
     if c.agent_loss_rate == 0 {
         return Err(ConfigError::Field {
             field: "agent_loss_rate",
@@ -784,6 +799,23 @@ mod tests {
         assert_eq!(
             Config::merge(a, FileConfig::default()).unwrap_err().field(),
             Some("agent_timeout")
+        );
+    }
+
+    #[test]
+    fn max_heartbeat_rate_is_read_and_checked() {
+        let c = Config::merge(args(), FileConfig::default()).unwrap();
+        assert_eq!(c.core.max_heartbeat_rate, 100);
+        let file: FileConfig = toml::from_str("max_heartbeat_rate = 40").unwrap();
+        assert_eq!(
+            Config::merge(args(), file).unwrap().core.max_heartbeat_rate,
+            40
+        );
+        let mut a = args();
+        a.max_heartbeat_rate = Some(0);
+        assert_eq!(
+            Config::merge(a, FileConfig::default()).unwrap_err().field(),
+            Some("max_heartbeat_rate")
         );
     }
 

@@ -41,6 +41,7 @@ pub fn sim_config() -> CoreConfig {
         transient_timeout_ms: 20_000,
         agent_timeout_ms: 3_000,
         heartbeat_interval_ms: 500,
+        max_heartbeat_rate: 4,
         task_history_limit: 3,
         reconcile_interval_ms: 60_000,
         reconcile_backoff_initial_ms: 1_000,
@@ -1319,6 +1320,12 @@ impl World {
             Down::Heartbeat(resp, sent_local, sent_full) => {
                 let a = &mut self.agents[i];
                 a.last_contact = Some(a.last_contact.map_or(sent_local, |c| c.max(sent_local)));
+                if let Some(l) = resp.exclusive_lease_ms {
+                    a.lease_ms = l;
+                }
+                if let Some(hb) = resp.heartbeat_interval_ms {
+                    a.hb_ms = hb.max(10);
+                }
                 if resp.reregister {
                     self.agent_register(i);
                 } else if resp.send_full_task_set {

@@ -146,7 +146,29 @@ fn heartbeat_request(shared: &Shared, full: bool) -> HeartbeatRequest {
     }
 }
 
-/// Heartbeats every interval; sends the full task set when the master asks.
+/// Adopts the interval and exclusive lease a heartbeat answer carries (absent: an
+/// older master, or a `reregister`; the ones in force stay). The master stretches
+/// both as the cell grows and shrinks them as it shrinks; the lease file is
+/// rewritten only when the lease changed.
+fn follow(shared: &Shared, interval_ms: Option<u64>, lease_ms: Option<u64>) {
+    if let Some(ms) = interval_ms {
+        let ms = ms.max(10);
+        if shared.heartbeat_ms.swap(ms, Ordering::SeqCst) != ms {
+            tracing::info!(
+                heartbeat_ms = ms,
+                "the master changed the heartbeat interval"
+            );
+        }
+    }
+    if let Some(ms) = lease_ms.filter(|ms| *ms > 0) {
+        if lease(shared).as_millis() as u64 != ms {
+            learn_lease(shared, Some(ms));
+        }
+    }
+}
+
+/// Heartbeats every interval (as the master last told); sends the full task set
+/// when the master asks.
 pub(super) async fn heartbeats(shared: Arc<Shared>) {
     let mut epoch = shared.epoch.subscribe();
     let _ = epoch.wait_for(|e| *e > 0).await;
@@ -161,6 +183,7 @@ pub(super) async fn heartbeats(shared: Arc<Shared>) {
         match shared.client.heartbeat(&shared.agent_id, &req).await {
             Ok(resp) => {
                 record_contact(&shared, sent);
+                follow(&shared, resp.heartbeat_interval_ms, resp.exclusive_lease_ms);
                 if let Some(since) = failing_since.take() {
                     tracing::info!(
                         down_ms = since.elapsed().as_millis() as u64,

@@ -48,6 +48,9 @@ pub struct MasterState {
     pub arrivals: BTreeMap<(String, u64), std::time::Instant>,
     /// The `exclusive_lease_ms` registration answers carry (None: an older master).
     pub exclusive_lease_ms: Option<u64>,
+    /// The interval and exclusive lease heartbeat answers carry (None: an older
+    /// master's answers, without them).
+    pub heartbeat_told: Option<(u64, u64)>,
     /// Answer 503 to registrations (a master the agent cannot reach).
     pub fail_registrations: bool,
     /// The key the agent's log server requires (header of its last registration).
@@ -91,6 +94,7 @@ impl FakeMaster {
             forgot_agent: false,
             arrivals: BTreeMap::new(),
             exclusive_lease_ms: None,
+            heartbeat_told: None,
             fail_registrations: false,
             logs_key: None,
         };
@@ -199,6 +203,8 @@ async fn heartbeat(
         Json(HeartbeatResponse {
             send_full_task_set,
             reregister: false,
+            heartbeat_interval_ms: s.heartbeat_told.map(|t| t.0),
+            exclusive_lease_ms: s.heartbeat_told.map(|t| t.1),
         })
         .into_response()
     })

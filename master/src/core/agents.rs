@@ -2,10 +2,12 @@
 //! arms the partition timers of their tasks (the task is LOST when one fires).
 
 use drover_common::spec::JobSpec;
+use drover_common::state::MonoMillis;
 use drover_common::wire::{
     self, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
 };
 
+use super::heartbeat::{self, Told};
 use super::model::{cpu_to_milli, Agent};
 use super::timers::Timer;
 use super::{services, AgentRecord, Core, CoreError, Now, Reply};
@@ -53,6 +55,7 @@ impl Core {
                     now.mono,
                 ));
                 self.index_dirty = true;
+                self.live_agents += 1;
                 idx
             }
         };
@@ -60,6 +63,11 @@ impl Core {
         a.rec.last_heartbeat_ms = now.wall;
         a.last_seen = now.mono;
         let returned = !a.reachable;
+        if returned {
+            self.live_agents += 1;
+        }
+        let told = self.tell(idx, now);
+        let a = &mut self.agents[idx as usize];
         a.reachable = true;
         a.unreachable_since = None;
         a.seen = true;
@@ -72,8 +80,8 @@ impl Core {
         }
         Ok(Reply::Registered(RegisterResponse {
             agent_id: req.agent_id,
-            heartbeat_interval_ms: self.cfg.heartbeat_interval_ms,
-            exclusive_lease_ms: Some(self.cfg.exclusive_lease_ms),
+            heartbeat_interval_ms: told.interval_ms,
+            exclusive_lease_ms: Some(told.exclusive_lease_ms),
         }))
     }
 
@@ -87,6 +95,8 @@ impl Core {
             return Ok(Reply::Heartbeat(HeartbeatResponse {
                 send_full_task_set: false,
                 reregister: true,
+                heartbeat_interval_ms: None,
+                exclusive_lease_ms: None,
             }));
         };
         let returned = {
@@ -104,6 +114,10 @@ impl Core {
             returned
         };
         if returned {
+            self.live_agents += 1;
+        }
+        let told = self.tell(idx, now);
+        if returned {
             self.touch_announced_on(idx);
             self.evaluate_guard(now);
         }
@@ -117,21 +131,51 @@ impl Core {
         Ok(Reply::Heartbeat(HeartbeatResponse {
             send_full_task_set: send,
             reregister: false,
+            heartbeat_interval_ms: Some(told.interval_ms),
+            exclusive_lease_ms: Some(told.exclusive_lease_ms),
         }))
     }
 
-    /// Finds agents silent longer than the agent timeout (monotonic), lets the
-    /// eviction guard judge them together, then arms their tasks' partition timers.
+    /// What an answer to agent `idx` now tells it (the interval for the cell's
+    /// size now), with the deadlines that answer implies recorded on the agent.
+    fn tell(&mut self, idx: u32, now: Now) -> Told {
+        let told = self.told_now();
+        self.agents[idx as usize].told(now.mono, told);
+        told
+    }
+
+    /// The interval, loss timeout and exclusive lease for the cell's size now.
+    pub(super) fn told_now(&self) -> Told {
+        heartbeat::told(
+            heartbeat::Base {
+                max_rate: self.cfg.max_heartbeat_rate,
+                min_interval_ms: self.cfg.heartbeat_interval_ms,
+                agent_timeout_ms: self.cfg.agent_timeout_ms,
+                exclusive_lease_ms: self.cfg.exclusive_lease_ms,
+            },
+            self.live_agents,
+        )
+    }
+
+    /// Finds agents silent past their loss deadline (monotonic; the agent timeout
+    /// told them, see `heartbeat`), lets the eviction guard judge them together,
+    /// then arms their tasks' partition timers. Counts the live agents afresh.
     pub(super) fn sweep_agents(&mut self, now: Now) {
         let mut lost = Vec::new();
+        let mut live = 0;
         for (idx, a) in self.agents.iter_mut().enumerate() {
-            if !a.reachable || now.mono.saturating_sub(a.last_seen) <= self.cfg.agent_timeout_ms {
+            if !a.reachable {
+                continue;
+            }
+            if now.mono <= a.lost_after {
+                live += 1;
                 continue;
             }
             a.reachable = false;
             a.unreachable_since = Some(now.mono);
             lost.push(idx);
         }
+        self.live_agents = live;
         if lost.is_empty() {
             return;
         }
@@ -148,7 +192,7 @@ impl Core {
         let grace_until = self.start_mono + self.cfg.restart_grace_ms;
         let settle = self.settle_ms();
         let a = &self.agents[idx];
-        let (last, seen) = (a.last_seen, a.seen);
+        let (exclusive_until, seen) = (a.exclusive_until, a.seen);
         let agent_id = a.rec.id.clone();
         let tasks: Vec<String> = a.tasks.iter().cloned().collect();
         for id in tasks {
@@ -164,7 +208,7 @@ impl Core {
             }
             let mut at = now.mono + (policy.delay.get().as_millis() as u64).max(settle);
             if policy.exclusive {
-                at = at.max(last + self.exclusive_wait_ms(&job.spec));
+                at = at.max(exclusive_until + kill_time_ms(&job.spec));
             }
             if !seen {
                 at = at.max(grace_until);
@@ -181,12 +225,31 @@ impl Core {
 }
 
 impl Core {
-    /// How long an exclusive task's copy may still run after the master last
-    /// reached its agent: the agent's lease, then its kill. A replacement of an
-    /// exclusive task the master could not stop waits this long (the partition
-    /// policy's LOST; the transient-state timeout, see `replace_after_end`).
-    pub(super) fn exclusive_wait_ms(&self, spec: &JobSpec) -> u64 {
-        self.cfg.exclusive_lease_ms + kill_time_ms(spec)
+    /// How long from `now` an exclusive task's copy on `agent` may still run: the
+    /// agent's lease (the last one told, or the rest of a longer one told before),
+    /// then its kill. A replacement of an exclusive task the master could not stop
+    /// waits this long (the transient-state timeout, see `replace_after_end`; the
+    /// partition policy's LOST counts from the agent's `exclusive_until`).
+    pub(super) fn exclusive_wait_ms(&self, spec: &JobSpec, agent: Option<&str>, now: Now) -> u64 {
+        let lease = match agent.and_then(|id| self.agent_idx.get(id)) {
+            Some(&idx) => {
+                let a = &self.agents[idx as usize];
+                a.exclusive_lease_ms
+                    .max(a.exclusive_until.saturating_sub(now.mono))
+            }
+            None => self.told_now().exclusive_lease_ms,
+        };
+        lease.max(self.cfg.exclusive_lease_ms) + kill_time_ms(spec)
+    }
+}
+
+impl Agent {
+    /// Records the deadlines an answer at `now` telling `told` implies: they only
+    /// move later, as the agent may not have received this answer.
+    pub(super) fn told(&mut self, now: MonoMillis, told: Told) {
+        self.lost_after = self.lost_after.max(now + told.loss_timeout_ms);
+        self.exclusive_until = self.exclusive_until.max(now + told.exclusive_lease_ms);
+        self.exclusive_lease_ms = told.exclusive_lease_ms;
     }
 }
 

@@ -13,10 +13,14 @@ pub struct CoreConfig {
     pub throttle_max_ms: u64,
     /// ASSIGNED or STARTING longer than this becomes LOST (Aurora: 5 min).
     pub transient_timeout_ms: u64,
-    /// An agent silent this long is unreachable.
+    /// An agent silent this long is unreachable (at the shortest interval; a
+    /// longer one told stretches it, see `heartbeat`).
     pub agent_timeout_ms: u64,
-    /// How often agents heartbeat.
+    /// How often agents heartbeat, at least: the interval told in a small cell.
     pub heartbeat_interval_ms: u64,
+    /// Heartbeats a second the whole cell sends, at most: a larger cell is told a
+    /// longer interval (see `heartbeat`).
+    pub max_heartbeat_rate: u32,
     /// Terminal tasks kept per instance.
     pub task_history_limit: usize,
     /// Period of implicit reconciliation (Mesos: e.g. 15 min).
@@ -28,7 +32,8 @@ pub struct CoreConfig {
     /// After the master starts, nothing is replaced for agents that have not come
     /// back yet until this has passed.
     pub restart_grace_ms: u64,
-    /// How long an agent that lost the master keeps exclusive tasks before killing them.
+    /// How long an agent that lost the master keeps exclusive tasks before killing
+    /// them (at the shortest interval; stretched like `agent_timeout_ms`).
     pub exclusive_lease_ms: u64,
     /// A task the agent does not report is LOST only once it has been missing from
     /// its full task sets this long (a terminal update may be on its way).
@@ -78,6 +83,7 @@ impl Default for CoreConfig {
             transient_timeout_ms: 5 * 60_000,
             agent_timeout_ms: 15_000,
             heartbeat_interval_ms: 1_000,
+            max_heartbeat_rate: 100,
             task_history_limit: 10,
             reconcile_interval_ms: 15 * 60_000,
             reconcile_backoff_initial_ms: 1_000,

@@ -7,8 +7,8 @@
 //! loss go through at a bounded rate (`agent_loss_rate` tasks per second), so a rack
 //! switch failing does not schedule thousands of replacements in one second.
 //!
-//! Agents a sweep finds silent are only acted on `settle_ms` later (two heartbeat
-//! intervals): a fleet that went silent at once times out spread over one heartbeat
+//! Agents a sweep finds silent are only acted on `settle_ms` later (two of the
+//! heartbeat intervals told now, see `heartbeat`): a fleet that went silent at once times out spread over one heartbeat
 //! interval and a sweep, and is judged as one event, not as a first agent replaced
 //! before the rest is seen. DRAINED hosts are left out of the count: maintenance
 //! powers them off on purpose.
@@ -46,9 +46,9 @@ struct Engaged {
 
 impl Core {
     /// How long after a sweep finds an agent silent its tasks may be LOST at the
-    /// earliest (see the module docs).
+    /// earliest (see the module docs): two of the intervals told now.
     pub(super) fn settle_ms(&self) -> u64 {
-        2 * self.cfg.heartbeat_interval_ms
+        2 * self.told_now().interval_ms
     }
 
     /// Agents that went unreachable since `from` (still unreachable), and the fleet
@@ -110,7 +110,7 @@ impl Core {
                          unreachable; their tasks are handled as ordinary agent losses"
                     ));
                     // The agents still out get one more agent timeout to return.
-                    self.release_guard(now.mono + self.cfg.agent_timeout_ms);
+                    self.release_guard(now.mono + self.told_now().loss_timeout_ms);
                 }
             }
         }

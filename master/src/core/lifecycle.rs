@@ -322,7 +322,7 @@ impl Core {
             Some(ExitReason::TransientStateTimeout { .. })
         );
         if stuck && spec.partition_policy.exclusive {
-            let wait = self.exclusive_wait_ms(spec);
+            let wait = self.exclusive_wait_ms(spec, task.agent.as_deref(), now);
             throttle = match throttle {
                 Some((p, flaps, why)) if p >= wait => Some((p, flaps, why)),
                 Some((_, flaps, _)) => Some((wait, flaps, "exclusive: lease and kill time")),

@@ -20,6 +20,7 @@ mod disruption;
 mod events;
 mod eviction_guard;
 mod feasibility;
+mod heartbeat;
 mod jobs;
 mod lifecycle;
 mod limits;
@@ -79,6 +80,8 @@ pub struct Core {
     tasks: HashMap<String, Box<Task>>,
     agents: Vec<Agent>,
     agent_idx: HashMap<String, u32>,
+    /// Reachable agents: the cell the heartbeat interval is spread over.
+    live_agents: usize,
     /// Attribute -> value -> agents, rebuilt when agents change.
     attr_index: HashMap<String, HashMap<String, Vec<u32>>>,
     /// Agents without a `dedicated` attribute.
@@ -135,6 +138,7 @@ impl Core {
             tasks: HashMap::new(),
             agents: Vec::new(),
             agent_idx: HashMap::new(),
+            live_agents: 0,
             attr_index: HashMap::new(),
             open_agents: Arc::new(Vec::new()),
             index_gen: 0,

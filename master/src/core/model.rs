@@ -242,6 +242,15 @@ pub(super) struct Agent {
     pub(super) last_seen: MonoMillis,
     /// When the sweep found it silent (monotonic); None while reachable.
     pub(super) unreachable_since: Option<MonoMillis>,
+    /// Silent past this (monotonic), it is lost: the latest of each answer's time
+    /// plus the loss timeout that answer implied (see `heartbeat`), so an agent
+    /// told a long interval is never declared lost before that interval's timeout.
+    pub(super) lost_after: MonoMillis,
+    /// By this (monotonic) the agent has killed its exclusive tasks if it has not
+    /// reached the master: the latest of each answer's time plus the lease it told.
+    pub(super) exclusive_until: MonoMillis,
+    /// The exclusive lease of the last answer.
+    pub(super) exclusive_lease_ms: u64,
     /// Heartbeated or registered since the master started.
     pub(super) seen: bool,
     pub(super) want_full_set: bool,
@@ -274,6 +283,9 @@ impl Agent {
             reachable: true,
             last_seen: now,
             unreachable_since: None,
+            lost_after: now,
+            exclusive_until: now,
+            exclusive_lease_ms: 0,
             seen: false,
             want_full_set: true,
             last_change_seq: 0,

@@ -79,6 +79,14 @@ impl Core {
             core.agent_idx.insert(rec.id.clone(), idx);
             core.agents.push(Agent::new(rec, now.mono));
         }
+        // Every agent may have been told the interval of a cell this size (no
+        // larger one held them, unless `max_heartbeat_rate` went down): none is
+        // lost, and no exclusive copy replaced, before that interval's timeouts.
+        core.live_agents = core.agents.len();
+        let told = core.told_now();
+        for a in &mut core.agents {
+            a.told(now.mono, told);
+        }
         core.quotas = snapshot.quotas.into_iter().collect();
         core.user_grants = snapshot
             .user_grants

@@ -18,6 +18,7 @@ mod changes;
 mod clocks;
 mod cron;
 mod eviction_guard;
+mod heartbeat;
 mod invariants;
 mod jobs;
 mod lifecycle;
@@ -43,6 +44,7 @@ fn cfg() -> CoreConfig {
         transient_timeout_ms: 20_000,
         agent_timeout_ms: 3_000,
         heartbeat_interval_ms: 500,
+        max_heartbeat_rate: 100,
         task_history_limit: 3,
         reconcile_interval_ms: 600_000,
         reconcile_backoff_initial_ms: 1_000,

@@ -99,10 +99,29 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             );
             Ok(true)
         }
-        JobCommand::Restart { target } => {
+        JobCommand::Restart {
+            target,
+            all_at_once,
+        } => {
             let client = master.client()?;
             let target = parse_job_target(&target)?;
-            let response = client.restart(&target.key, target.instances).await?;
+            let response = client
+                .restart(&target.key, target.instances, all_at_once)
+                .await?;
+            if let Some(id) = &response.update {
+                let update = client.update(&target.key).await?;
+                println!(
+                    "rolling restart of {}: update {id}, {} instance(s) in batches of {} \
+                     (each RUNNING {} before the next); follow it with \
+                     `drover job update status {}`",
+                    response.job,
+                    update.instances.len(),
+                    update.settings.batch_size.max(1),
+                    update.settings.watch,
+                    response.job
+                );
+                return Ok(true);
+            }
             println!(
                 "restarting {}: {} new task(s): {}",
                 response.job,

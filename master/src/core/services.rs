@@ -29,7 +29,7 @@ use drover_common::state::TaskState;
 use drover_common::wire::{ServiceEndpoint, ServiceView};
 
 use super::timers::Timer;
-use super::{Core, Job, Now, Task};
+use super::{Change, Core, Job, Now, Task};
 
 impl Core {
     /// The `announce` section of the config task `t` runs.
@@ -146,6 +146,25 @@ impl Core {
             }
         };
         Some(self.view_of(job, name))
+    }
+
+    /// The index a `/v1/services` list answer has at least: the last batch that
+    /// wrote or deleted a job (a spec that no longer announces, a job re-created),
+    /// which may have taken a service off the list, leaving no task change to wake
+    /// a long poll; a loaded core starts at its last batch (the list's pollers
+    /// wake once after a restart or failover).
+    pub fn services_gone_index(&self) -> u64 {
+        self.services_gone
+    }
+
+    /// Notes the batch `self.seq` of `changes` if it wrote or deleted a job.
+    pub(super) fn note_services_gone(&mut self, changes: &[Change]) {
+        if changes
+            .iter()
+            .any(|c| matches!(c, Change::PutJob(..) | Change::DeleteJob(_)))
+        {
+            self.services_gone = self.seq;
+        }
     }
 
     /// GET /v1/services: every announced service, by role, environment and name.

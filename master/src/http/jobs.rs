@@ -20,7 +20,7 @@ use super::guard::{forbidden, require};
 use super::longpoll::{until_news, wait_ms};
 use super::params;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{ChangeFilter, Event, Reply};
+use crate::core::{restart_rolls, ChangeFilter, Event, Reply};
 
 #[utoipa::path(
     post,
@@ -48,7 +48,11 @@ pub(super) async fn create_job(
     match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
         Reply::JobCreated { job, tasks } => Ok(json(
             StatusCode::CREATED,
-            &wire::ActionResponse { job, tasks },
+            &wire::ActionResponse {
+                job,
+                tasks,
+                update: None,
+            },
         )),
         other => Err(unexpected(other)),
     }
@@ -168,7 +172,18 @@ pub(super) async fn instances_from(
             None,
         )
     })?;
-    let Some(text) = req.and_then(|r| r.instances) else {
+    checked_instances(api, job, role, req.and_then(|r| r.instances))
+}
+
+/// The instances `text` names (`0-3,7`; None: all), checked against the job's
+/// instance count (see `instances_from`).
+fn checked_instances(
+    api: &Api,
+    job: &str,
+    role: &str,
+    text: Option<String>,
+) -> Result<Option<Vec<u32>>, ApiErr> {
+    let Some(text) = text else {
         return Ok(None);
     };
     let bad = |message: String| {
@@ -233,20 +248,56 @@ pub(super) async fn kill_job(
     path = "/v1/jobs/{role}/{env}/{name}/restart",
     tag = "jobs",
     params(params::JobPath),
-    request_body = Option<InstancesRequest>,
+    request_body = Option<wire::RestartRequest>,
     responses(
-        (status = 200, description = "The replacement tasks.", body = wire::ActionResponse),
+        (status = 200, description = "Named instances or `all_at_once`: the replacement tasks. \
+            The whole job (the default): a rolling restart started, `update` its id, `tasks` empty \
+            (none when nothing runs).", body = wire::ActionResponse),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
     ),
 )]
 pub(super) async fn restart_job(
     State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
     Path((role, env, name)): Path<(String, String, String)>,
     body: Body,
 ) -> Result<Response, ApiErr> {
     let job = key_of(&role, &env, &name);
-    let instances = instances_from(&api, &job, &role, body).await?;
-    ok_reply(api.master.apply(Event::Restart { job, instances }).await?)
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let req: wire::RestartRequest = if text.trim().is_empty() {
+        wire::RestartRequest::default()
+    } else {
+        serde_json::from_str::<Option<wire::RestartRequest>>(&text)
+            .map_err(|e| {
+                ApiErr::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_json",
+                    format!(
+                        "the body is not {{\"instances\": \"0-3,7\", \"all_at_once\": false}}: {e}"
+                    ),
+                    None,
+                )
+            })?
+            .unwrap_or_default()
+    };
+    let instances = checked_instances(&api, &job, &role, req.instances)?;
+    let event = if restart_rolls(instances.as_deref(), req.all_at_once) {
+        let user = api
+            .tokens
+            .list()
+            .into_iter()
+            .find(|t| t.id == who.token_id)
+            .map(|t| t.description)
+            .filter(|d| !d.trim().is_empty())
+            .map_or_else(
+                || format!("token {}", who.token_id),
+                |d| format!("{d} (token {})", who.token_id),
+            );
+        Event::RollingRestart { job, user }
+    } else {
+        Event::Restart { job, instances }
+    };
+    ok_reply(api.master.apply(event).await?)
 }
 
 #[utoipa::path(

@@ -451,3 +451,62 @@ fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
     );
     assert!(w.state(&ids[0]).is_terminal());
 }
+
+#[test]
+fn an_executor_stopping_an_announced_task_over_its_disk_limit_withdraws_it_at_once() {
+    let (mut w, ids) = running_world(1);
+    let agent = w.core.task(&ids[0]).unwrap().agent.clone().unwrap();
+    let before = w.core.service_view("www", "prod", "web").unwrap().index;
+    let seq = w.seqs.entry(ids[0].clone()).or_insert(0);
+    *seq += 1;
+    let reason = ExitReason::DiskLimitExceeded {
+        used_bytes: 2 << 20,
+        limit_bytes: 1 << 20,
+    };
+    let u = StatusUpdate {
+        task_id: ids[0].clone(),
+        seq: *seq,
+        state: TaskState::Running,
+        exit_reason: Some(reason.clone()),
+        message: "over; withdrawn, stopping the task in 2000 ms".into(),
+        timestamp_ms: w.at().wall,
+        processes: Vec::new(),
+    };
+    w.handle(Event::StatusReports {
+        agent,
+        reports: vec![u],
+    })
+    .reply
+    .unwrap();
+    assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
+    let after = w.core.service_view("www", "prod", "web").unwrap().index;
+    assert!(after > before, "the withdrawal is a change: {before} -> {after}");
+    assert_eq!(w.state(&ids[0]), TaskState::Running);
+    w.report(&ids[0], TaskState::Failed, Some(reason));
+    assert!(w.state(&ids[0]).is_terminal());
+}
+
+#[test]
+fn the_list_index_moves_when_a_spec_stops_announcing() {
+    let (mut w, _) = running_world(1);
+    let listed = |w: &World| {
+        let views = w.core.service_views();
+        let index = views.iter().map(|v| v.index).max().unwrap_or(0);
+        (views.len(), index.max(w.core.services_gone_index()))
+    };
+    let (n, before) = listed(&w);
+    assert_eq!(n, 1);
+    // An update to a spec without `announce`: the service leaves the list in
+    // this batch, while no task changed yet.
+    w.handle(Event::StartUpdate {
+        job: "www/prod/web".to_string(),
+        spec: Box::new(spec("web", 1, true, "")),
+        instances: None,
+        user: "alice".to_string(),
+    })
+    .reply
+    .unwrap();
+    let (n, after) = listed(&w);
+    assert_eq!(n, 0);
+    assert!(after > before, "the list's index moves: {before} -> {after}");
+}

@@ -297,7 +297,9 @@ impl Outbox {
             .filter(|(_, p)| p.update.state == u.state && !u.state.is_terminal())
             // One carrying an exit reason (a RUNNING task its executor stops for a
             // failed health check: the master withdraws it on that) is not a repeat.
-            .filter(|(_, p)| p.update.exit_reason.is_none() || p.update.exit_reason == u.exit_reason)
+            .filter(|(_, p)| {
+                p.update.exit_reason.is_none() || p.update.exit_reason == u.exit_reason
+            })
             .map(|(k, _)| k.clone());
         if let Some(key) = latest {
             if let Some(old) = self.pending.remove(&key) {

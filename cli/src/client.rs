@@ -18,8 +18,8 @@ use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
     ActionResponse, AgentAccessResponse, AgentView, ApiError, ApiErrorBody, ChangesView,
     ClusterView, CreateTokenRequest, CreateTokenResponse, CronView, HostProbe, HostView,
-    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView,
-    RestartRequest, RoleUserRequest, RoleView, SetQuotaRequest, TaskView, TokenInfo, UpdateRequest, UpdateView,
+    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView, RestartRequest,
+    RoleUserRequest, RoleView, SetQuotaRequest, TaskView, TokenInfo, UpdateRequest, UpdateView,
     ALLOW_STALE_HEADER, LEADER_HEADER, LOG_SIZE_HEADER,
 };
 use serde::de::DeserializeOwned;

@@ -368,6 +368,10 @@ fn a_long_poll_wakes_when_an_update_removes_an_instance() {
     assert_eq!(shown["endpoints"].as_array().unwrap().len(), 1, "{shown}");
     let (listed, header) = all.join().unwrap();
     assert!(header > view.index, "{header} after {}", view.index);
-    assert_eq!(listed[0]["endpoints"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(
+        listed[0]["endpoints"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
     cluster.kill_job(KEY).unwrap();
 }

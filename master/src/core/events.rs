@@ -70,7 +70,10 @@ pub enum Event {
         instances: Option<Vec<u32>>,
     },
     /// POST .../restart of a whole job, rolling (`restart.rs`); `user` asked.
-    RollingRestart { job: String, user: String },
+    RollingRestart {
+        job: String,
+        user: String,
+    },
     Register(Box<RegisterRequest>),
     Heartbeat {
         agent: String,

@@ -174,7 +174,10 @@ mod tests {
             .iter()
             .map(|p| (p.instance, p.from.as_deref(), p.to.as_deref()))
             .collect();
-        assert_eq!(got, vec![(0, Some("a"), Some("a")), (2, Some("b"), Some("b"))]);
+        assert_eq!(
+            got,
+            vec![(0, Some("a"), Some("a")), (2, Some("b"), Some("b"))]
+        );
         assert!(p.iter().all(|p| p.state == InstanceUpdateState::Pending));
         assert!(plan(&[(0, "a".to_string(), false)]).is_empty());
     }

@@ -92,7 +92,10 @@ fn play(w: &mut World, ms: u64) -> usize {
 fn a_whole_job_restarts_batch_by_batch_each_withdrawn_before_its_kill() {
     let (mut w, old) = world();
     let reply = restart(&mut w).unwrap();
-    let id = reply.update.clone().expect("a rolling restart names its update");
+    let id = reply
+        .update
+        .clone()
+        .expect("a rolling restart names its update");
     assert!(reply.tasks.is_empty());
     let v = w.core.update_view(KEY).unwrap();
     assert_eq!(v.id, id);
@@ -162,14 +165,22 @@ fn a_failed_replacement_fails_the_restart_without_rolling_back() {
         match w.state(&now) {
             TaskState::Assigned => {
                 w.run(&now);
-                w.report(&now, TaskState::Failed, Some(ExitReason::ExitCode { code: 1 }));
+                w.report(
+                    &now,
+                    TaskState::Failed,
+                    Some(ExitReason::ExitCode { code: 1 }),
+                );
             }
             s if s.is_stopping() => w.report(&now, TaskState::Killed, None),
             _ => {}
         }
         let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
         for id in ids {
-            if w.core.task(&id).is_some_and(|t| t.status.state.is_stopping()) && told_to_stop(&w, &id) {
+            if w.core
+                .task(&id)
+                .is_some_and(|t| t.status.state.is_stopping())
+                && told_to_stop(&w, &id)
+            {
                 w.report(&id, TaskState::Killed, None);
             }
         }
@@ -198,7 +209,10 @@ fn an_empty_job_has_nothing_to_restart() {
     let ids: Vec<String> = w.core.tasks.keys().cloned().collect();
     w.pass(3_000);
     for id in ids {
-        if w.core.task(&id).is_some_and(|t| t.status.state.is_stopping()) {
+        if w.core
+            .task(&id)
+            .is_some_and(|t| t.status.state.is_stopping())
+        {
             w.report(&id, TaskState::Killed, None);
         }
     }

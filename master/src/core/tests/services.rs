@@ -252,6 +252,7 @@ enum Op {
     Report { pick: usize, state: u8 },
     Kill { pick: usize },
     Restart { pick: usize },
+    RollingRestart,
     Drain { agent: usize },
     Activate { agent: usize },
     Advance { ms: u64 },
@@ -263,6 +264,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), 0u8..4).prop_map(|(pick, state)| Op::Report { pick, state }),
         1 => any::<usize>().prop_map(|pick| Op::Kill { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Restart { pick }),
+        1 => Just(Op::RollingRestart),
         1 => (0usize..3).prop_map(|agent| Op::Drain { agent }),
         1 => (0usize..3).prop_map(|agent| Op::Activate { agent }),
         3 => (100u64..3_000).prop_map(|ms| Op::Advance { ms }),
@@ -364,6 +366,12 @@ proptest! {
                     w.handle(Event::Restart {
                         job: "www/prod/web".to_string(),
                         instances: Some(vec![(pick % 4) as u32]),
+                    });
+                }
+                Op::RollingRestart => {
+                    w.handle(Event::RollingRestart {
+                        job: "www/prod/web".to_string(),
+                        user: "alice".to_string(),
                     });
                 }
                 Op::Drain { agent } => {
@@ -480,7 +488,10 @@ fn an_executor_stopping_an_announced_task_over_its_disk_limit_withdraws_it_at_on
     .unwrap();
     assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
     let after = w.core.service_view("www", "prod", "web").unwrap().index;
-    assert!(after > before, "the withdrawal is a change: {before} -> {after}");
+    assert!(
+        after > before,
+        "the withdrawal is a change: {before} -> {after}"
+    );
     assert_eq!(w.state(&ids[0]), TaskState::Running);
     w.report(&ids[0], TaskState::Failed, Some(reason));
     assert!(w.state(&ids[0]).is_terminal());
@@ -508,5 +519,8 @@ fn the_list_index_moves_when_a_spec_stops_announcing() {
     .unwrap();
     let (n, after) = listed(&w);
     assert_eq!(n, 0);
-    assert!(after > before, "the list's index moves: {before} -> {after}");
+    assert!(
+        after > before,
+        "the list's index moves: {before} -> {after}"
+    );
 }

@@ -341,7 +341,7 @@ fn a_long_poll_wakes_when_an_update_removes_an_instance() {
     if !running_as_root("service discovery test") {
         return;
     }
-    let mut cluster = Cluster::start(ClusterConfig::agents(1)).unwrap();
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
     let mut spec = announced_job();
     spec["instances"] = json!(2);
     cluster.create_job(&spec).unwrap();

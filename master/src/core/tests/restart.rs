@@ -220,3 +220,27 @@ fn an_empty_job_has_nothing_to_restart() {
     assert_eq!(reply.update, None);
     assert!(w.core.update_view(KEY).is_none());
 }
+
+#[test]
+fn a_restarted_master_goes_on_with_the_rolling_restart() {
+    let (mut w, old) = world();
+    restart(&mut w).unwrap();
+    play(&mut w, 3_000);
+    assert_eq!(w.state(&old[1]), TaskState::Running, "batch 2 not begun");
+    // Rebuild from what was persisted, as the store would load it.
+    let snap = w.snapshot();
+    let wall = w.at().wall + 1_000;
+    w.now = 50_000;
+    w.wall_skew = wall as i64 - 50_000;
+    w.core = Core::load(cfg(), snap, w.at(), 9);
+    let v = w.core.update_view(KEY).unwrap();
+    assert_eq!(v.state, UpdateState::RollingForward);
+    // Heartbeats bring the agents back; the restart goes on and ends.
+    play(&mut w, 40_000);
+    let v = w.core.update_view(KEY).unwrap();
+    assert_eq!(v.state, UpdateState::RolledForward, "{v:#?}");
+    for (i, old) in old.iter().enumerate() {
+        let now = w.core.current_of(KEY, i as u32).unwrap();
+        assert_ne!(&now, old, "instance {i} restarted, not skipped");
+    }
+}

@@ -109,16 +109,21 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
                 .restart(&target.key, target.instances, all_at_once)
                 .await?;
             if let Some(id) = &response.update {
-                let update = client.update(&target.key).await?;
+                // The restart started; its shape is a courtesy (a failed read of it
+                // is no failure of the command).
+                let shape = match client.update(&target.key).await {
+                    Ok(u) if u.id == *id => format!(
+                        ", {} instance(s) in batches of {} (each RUNNING {} before the next)",
+                        u.instances.len(),
+                        u.settings.batch_size.max(1),
+                        u.settings.watch
+                    ),
+                    _ => String::new(),
+                };
                 println!(
-                    "rolling restart of {}: update {id}, {} instance(s) in batches of {} \
-                     (each RUNNING {} before the next); follow it with \
+                    "rolling restart of {}: update {id}{shape}; follow it with \
                      `drover job update status {}`",
-                    response.job,
-                    update.instances.len(),
-                    update.settings.batch_size.max(1),
-                    update.settings.watch,
-                    response.job
+                    response.job, response.job
                 );
                 return Ok(true);
             }

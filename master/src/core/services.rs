@@ -57,15 +57,30 @@ impl Core {
         let Some(t) = self.tasks.get(id) else {
             return false;
         };
+        let delay = self.drain_delay_ms(t);
         if !self.announced(t) {
-            // Withdrawn already (its executor stops it for a failed health check):
-            // this kill is not held.
+            // Withdrawn already by its executor's report (it stops the task for a
+            // failed health check or its disk limit, `drain_delay` after that
+            // report): this kill waits what is left of the delay since then, so
+            // clients get the whole delay either way. Not withdrawn: not held.
+            let since = t
+                .withdrawn_ms
+                .filter(|_| t.status.state == TaskState::Running);
+            let until = since.map(|w| now.mono_of(w, delay) + delay);
+            if let Some(at) = until.filter(|at| *at > now.mono) {
+                self.push_timer(
+                    at,
+                    Timer::Withdrawn {
+                        task: id.to_string(),
+                    },
+                );
+                return true;
+            }
             if let Some(t) = self.tasks.get_mut(id) {
                 t.withdrawn_ms = None;
             }
             return false;
         }
-        let delay = self.drain_delay_ms(t);
         if delay == 0 {
             return false;
         }

@@ -441,14 +441,20 @@ fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
     .unwrap();
     assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
     assert_eq!(w.state(&ids[0]), TaskState::Running);
-    // A kill now is not held: the task is not announced.
+    // A kill 500 ms later waits the rest of the drain delay since the withdrawal.
+    w.advance(500);
     w.handle(Event::Kill {
         job: "www/prod/web".to_string(),
         instances: None,
     })
     .reply
     .unwrap();
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Running), "held");
+    w.advance(1_400);
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Running), "held");
+    w.advance(100);
     assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Shutdown));
+    assert!(endpoints(&w, "web").is_empty());
     // It ends FAILED as the executor says and is replaced (a kill aside).
     w.report(
         &ids[0],
@@ -493,6 +499,15 @@ fn an_executor_stopping_an_announced_task_over_its_disk_limit_withdraws_it_at_on
         "the withdrawal is a change: {before} -> {after}"
     );
     assert_eq!(w.state(&ids[0]), TaskState::Running);
+    // Past the drain delay since the withdrawal, a kill goes at once.
+    w.advance(2_000);
+    w.handle(Event::Kill {
+        job: "www/prod/web".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Shutdown));
     w.report(&ids[0], TaskState::Failed, Some(reason));
     assert!(w.state(&ids[0]).is_terminal());
 }

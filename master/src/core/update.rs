@@ -433,6 +433,13 @@ impl Core {
                 .iter()
                 .filter_map(|p| p.from.as_ref())
                 .collect()
+        } else if u.restart {
+            // A rolling restart puts each instance back on its own config.
+            u.view
+                .instances
+                .iter()
+                .filter_map(|p| p.to.as_ref())
+                .collect()
         } else {
             vec![&u.view.to_config]
         };

@@ -11,7 +11,7 @@
 //!
 //! Bounded whatever a task does (issue 27): a status that only repeats its task's
 //! state (a process list changed) supersedes the pending one of the same task and
-//! state, which is dropped (the master needs the transitions and the latest list,
+//! state unless that one carries an exit reason the new one does not, which is dropped (the master needs the transitions and the latest list,
 //! not every list in between), so a task holds at most one pending update per state.
 //! Past [`MAX_PENDING_BYTES`] of pending updates a new update is kept without its
 //! process list (the master keeps the last list it got), so the outbox stops growing
@@ -286,8 +286,8 @@ impl Outbox {
     }
 
     /// Adds a pending update of `bytes` as JSON that lives in `segment`. The task's latest pending
-    /// update, when it has the same state and is not terminal, is superseded: it is
-    /// dropped, and its segment returned if nothing else in it is pending.
+    /// update, when it has the same state, is not terminal and carries no exit reason
+    /// (or the same one), is superseded: it is dropped, and its segment returned if nothing else in it is pending.
     fn insert(&mut self, u: StatusUpdate, segment: u64, bytes: u64) -> Option<u64> {
         let mut emptied = None;
         let latest = self
@@ -295,6 +295,11 @@ impl Outbox {
             .range((u.task_id.clone(), 0)..(u.task_id.clone(), u.seq))
             .next_back()
             .filter(|(_, p)| p.update.state == u.state && !u.state.is_terminal())
+            // One carrying an exit reason (a RUNNING task its executor stops for a
+            // failed health check: the master withdraws it on that) is not a repeat.
+            .filter(|(_, p)| {
+                p.update.exit_reason.is_none() || p.update.exit_reason == u.exit_reason
+            })
             .map(|(k, _)| k.clone());
         if let Some(key) = latest {
             if let Some(old) = self.pending.remove(&key) {
@@ -856,6 +861,32 @@ mod tests {
             .unwrap();
         ob.put(vec![with_processes("b", 2, TaskState::Killed, 1)])
             .unwrap();
+        assert_eq!(ob.len(), 2);
+    }
+
+    #[test]
+    fn a_status_carrying_an_exit_reason_is_not_superseded_by_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ob = Outbox::open(dir.path()).unwrap();
+        // RUNNING, health failed (the master withdraws on it), then a process list.
+        let mut failing = with_processes("a", 1, TaskState::Running, 1);
+        failing.exit_reason = Some(drover_common::state::ExitReason::HealthCheckFailed {
+            last_error: "503".into(),
+        });
+        ob.put(vec![failing]).unwrap();
+        ob.put(vec![with_processes("a", 2, TaskState::Running, 2)])
+            .unwrap();
+        ob.put(vec![with_processes("a", 3, TaskState::Running, 3)])
+            .unwrap();
+        let kept: Vec<(u64, bool)> = ob
+            .pending(100, u64::MAX)
+            .iter()
+            .map(|u| (u.seq, u.exit_reason.is_some()))
+            .collect();
+        assert_eq!(kept, vec![(1, true), (3, false)]);
+        // The same after a restart (the outbox is read back through `insert`).
+        drop(ob);
+        let ob = Outbox::open(dir.path()).unwrap();
         assert_eq!(ob.len(), 2);
     }
 

@@ -148,10 +148,17 @@ pub enum JobCommand {
         /// role/environment/name[/INSTANCES]
         target: String,
     },
-    /// Restart a job, or some of its instances (role/env/name/0-3,7).
+    /// Restart a job, or some of its instances (role/env/name/0-3,7). A whole job
+    /// restarts rolling: batch by batch (its `update.batch_size`), each batch
+    /// withdrawn from discovery, drained `announce.drain_delay`, replaced, and
+    /// RUNNING for `update.watch` before the next (`drover job update status KEY`
+    /// follows it). Named instances restart at once.
     Restart {
         /// role/environment/name[/INSTANCES]
         target: String,
+        /// Restart every instance of the whole job at once (no batches).
+        #[arg(long)]
+        all_at_once: bool,
     },
     /// Show what `drover job update FILE` would change, changing nothing: instances
     /// added, removed, replaced, and each changed field. Exit 0: nothing would

@@ -18,7 +18,7 @@ use drover_common::spec::{is_valid_name, JobKey, JobSpec};
 use drover_common::wire::{
     ActionResponse, AgentAccessResponse, AgentView, ApiError, ApiErrorBody, ChangesView,
     ClusterView, CreateTokenRequest, CreateTokenResponse, CronView, HostProbe, HostView,
-    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView,
+    HostsRequest, InstancesRequest, JobSummary, JobView, QuotaResources, QuotaView, RestartRequest,
     RoleUserRequest, RoleView, SetQuotaRequest, TaskView, TokenInfo, UpdateRequest, UpdateView,
     ALLOW_STALE_HEADER, LEADER_HEADER, LOG_SIZE_HEADER,
 };
@@ -607,15 +607,19 @@ impl Client {
         .await
     }
 
-    /// POST /v1/jobs/{key}/restart.
+    /// POST /v1/jobs/{key}/restart (a whole job rolls unless `all_at_once`).
     pub async fn restart(
         &self,
         key: &JobKey,
         instances: Option<String>,
+        all_at_once: bool,
     ) -> Result<ActionResponse, ClientError> {
         self.post(
             &format!("/v1/jobs/{key}/restart"),
-            &InstancesRequest { instances },
+            &RestartRequest {
+                instances,
+                all_at_once,
+            },
         )
         .await
     }
@@ -873,6 +877,7 @@ impl Client {
 /// the create's answer), else it is another's.
 fn created_by_lost_try(view: JobView, spec: &JobSpec) -> Option<ActionResponse> {
     (view.spec == *spec).then(|| ActionResponse {
+        update: None,
         job: view.key,
         tasks: view
             .instances

@@ -99,10 +99,34 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             );
             Ok(true)
         }
-        JobCommand::Restart { target } => {
+        JobCommand::Restart {
+            target,
+            all_at_once,
+        } => {
             let client = master.client()?;
             let target = parse_job_target(&target)?;
-            let response = client.restart(&target.key, target.instances).await?;
+            let response = client
+                .restart(&target.key, target.instances, all_at_once)
+                .await?;
+            if let Some(id) = &response.update {
+                // The restart started; its shape is a courtesy (a failed read of it
+                // is no failure of the command).
+                let shape = match client.update(&target.key).await {
+                    Ok(u) if u.id == *id => format!(
+                        ", {} instance(s) in batches of {} (each RUNNING {} before the next)",
+                        u.instances.len(),
+                        u.settings.batch_size.max(1),
+                        u.settings.watch
+                    ),
+                    _ => String::new(),
+                };
+                println!(
+                    "rolling restart of {}: update {id}{shape}; follow it with \
+                     `drover job update status {}`",
+                    response.job, response.job
+                );
+                return Ok(true);
+            }
             println!(
                 "restarting {}: {} new task(s): {}",
                 response.job,

@@ -575,6 +575,9 @@ pub const LOGS_KEY_HEADER: &str = "x-drover-logs-key";
 /// Response header of an agent's log server, passed on by the master: the log
 /// file's total size in bytes.
 pub const LOG_SIZE_HEADER: &str = "x-drover-log-size";
+/// Header of a `/v1/services` answer: its index (the body's `index`; the list's
+/// highest), the `index` to long-poll from next.
+pub const INDEX_HEADER: &str = "x-drover-index";
 /// Response header of a standby's `503 not_leader`: the leader's URL, where agents
 /// and the CLI go next.
 pub const LEADER_HEADER: &str = "x-drover-leader";
@@ -1024,6 +1027,19 @@ pub struct InstancesRequest {
     pub instances: Option<String>,
 }
 
+/// Body of POST .../restart: which instances (`0-3,7`; absent: the whole job) and,
+/// for the whole job, whether all at once. A whole job restarts rolling unless
+/// `all_at_once`: batch by batch, as an update to the same configs; named
+/// instances restart at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestartRequest {
+    #[serde(default)]
+    pub instances: Option<String>,
+    #[serde(default)]
+    pub all_at_once: bool,
+}
+
 /// Body of POST /v1/jobs/{key}/update: the new spec, optionally only some instances.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UpdateRequest {
@@ -1248,6 +1264,10 @@ pub struct AgentAccessResponse {
 pub struct ActionResponse {
     pub job: String,
     pub tasks: Vec<String>,
+    /// A rolling restart of the whole job: the id of the update that restarts it
+    /// batch by batch (`GET .../update` follows it; `tasks` is then empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<String>,
 }
 
 /// The most comma-separated parts an instance set may have (each costs work).

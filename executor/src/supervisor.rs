@@ -376,8 +376,9 @@ impl Supervisor {
     }
 
     /// The task broke a limit the executor enforces (`reason`, e.g. its disk): the
-    /// escalation, and FAILED with `reason` in the end, as for a failed health check.
-    /// Ignored once the escalation began.
+    /// escalation, and FAILED with `reason` in the end, as for a failed health check
+    /// (an announced RUNNING task reports it first and stops `drain_delay` later).
+    /// Ignored once the escalation or that delay began.
     pub fn limit_exceeded(
         &mut self,
         now: Millis,
@@ -385,10 +386,24 @@ impl Supervisor {
         message: String,
         io: &mut dyn Io,
     ) {
-        if self.escalation.is_some() || self.state.is_terminal() {
+        if self.escalation.is_some() || self.drain_until.is_some() || self.state.is_terminal() {
             return;
         }
-        self.health_failure = Some(reason);
+        self.health_failure = Some(reason.clone());
+        let delay = self.config.drain_delay.as_millis() as Millis;
+        if delay > 0 && self.state == TaskState::Running {
+            // Announced: said first (the master withdraws the instance), stopped
+            // `drain_delay` later, as for a failed health check.
+            self.emit(
+                now,
+                TaskState::Running,
+                Some(reason),
+                format!("{message}; withdrawn, stopping the task in {delay} ms"),
+                io,
+            );
+            self.drain_until = Some(now + delay);
+            return;
+        }
         self.emit_same(now, message, io);
         self.start_escalation(now, true, io);
     }

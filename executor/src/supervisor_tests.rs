@@ -541,3 +541,33 @@ fn an_announced_task_reports_its_health_failure_and_stops_after_the_drain_delay(
         })
     );
 }
+
+#[test]
+fn an_announced_task_over_its_disk_limit_reports_it_and_stops_after_the_drain_delay() {
+    let config = Config {
+        drain_delay: Duration::from_secs(2),
+        ..config()
+    };
+    let (mut s, mut io) = begun_with_one_process(config);
+    run_until(&mut s, &mut io, 0, 100);
+    assert_eq!(s.state(), TaskState::Running);
+    let reason = ExitReason::DiskLimitExceeded {
+        used_bytes: 2,
+        limit_bytes: 1,
+    };
+    s.limit_exceeded(1_000, reason.clone(), "over".into(), &mut io);
+    // Said at once: a RUNNING status carrying the reason (the master withdraws).
+    assert_eq!(s.state(), TaskState::Running);
+    assert_eq!(io.last_reason(), Some(reason.clone()));
+    run_until(&mut s, &mut io, 1_000, 2_990);
+    assert!(
+        !io.has(|c| matches!(c, Command::Terminate { .. })),
+        "nothing stopped during the drain delay"
+    );
+    s.tick(3_000, &mut io);
+    assert!(io.has(|c| matches!(c, Command::Terminate { .. })));
+    s.process_exited(0, ExitReason::Signal { signal: 15 });
+    run_until(&mut s, &mut io, 3_010, 4_000);
+    assert_eq!(s.state(), TaskState::Failed);
+    assert_eq!(io.last_reason(), Some(reason));
+}

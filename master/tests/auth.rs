@@ -134,6 +134,9 @@ async fn every_route_needs_the_right_token() {
                 spec["task"]["processes"][0]["cmdline"] = json!("sleep 200");
                 json!({ "spec": spec })
             }
+            // All at once: a rolling restart would be an update, and the update
+            // route's own request would meet it.
+            ("POST", "/v1/jobs/:role/:env/:name/restart") => json!({"all_at_once": true}),
             ("POST", p) if p.starts_with("/v1/hosts/") => json!({"hosts": ["agent-1"]}),
             _ => json!({}),
         };

@@ -38,13 +38,25 @@ pub fn act(w: &mut World) -> Result<(), String> {
                 .rng
                 .chance(500)
                 .then(|| vec![w.rng.below(u64::from(w.jobs[j].spec.instances)) as u32]);
-            w.operator(
-                Event::Restart {
-                    job: job.clone(),
-                    instances: instances.clone(),
-                },
-                format!("restart {job} {instances:?}"),
-            )?;
+            // A whole job restarts rolling half the time (`drover job restart KEY`),
+            // else all at once (`--all-at-once`, or named instances).
+            if instances.is_none() && w.rng.chance(500) {
+                w.operator(
+                    Event::RollingRestart {
+                        job: job.clone(),
+                        user: "sim".to_string(),
+                    },
+                    format!("rolling restart {job}"),
+                )?;
+            } else {
+                w.operator(
+                    Event::Restart {
+                        job: job.clone(),
+                        instances: instances.clone(),
+                    },
+                    format!("restart {job} {instances:?}"),
+                )?;
+            }
         }
         210..=279 if n_jobs > 0 => {
             let j = w.rng.pick(n_jobs);

@@ -3,22 +3,27 @@
 //! three agents: A of the service (the agents' address), SRV of its port with each
 //! instance's port and target, the targets' A, the TTL set by `dns_ttl`, TCP as UDP,
 //! NXDOMAIN for an unknown job and REFUSED outside the domain; an instance killed is
-//! gone from the SRV answer. On etcd, a standby answers from its copy, also while
+//! gone from the SRV answer. Prints how long after the tasks' RUNNING and KILLING
+//! decisions (their events' timestamps, taken before the commit) a UDP SRV question
+//! asked every millisecond first got the new answer. On etcd, a standby answers from its copy, also while
 //! the leader is dead and no other leads yet.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
 use std::collections::BTreeSet;
+use std::net::UdpSocket;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use drover_common::state::TaskState;
+use drover_common::state::{now_ms, TaskState};
 use drover_common::wire::JobView;
 use drover_tests::ha::{HaCluster, HaOptions};
 use drover_tests::{
     running_as_root, service_job, Cluster, ClusterConfig, TEST_MASTER_CONFIG, WAIT,
 };
+use hickory_proto::op::{Message, Query};
+use hickory_proto::rr::{Name, RData, RecordType};
 use serde_json::{json, Value};
 
 /// The test master config with the DNS server on a free port and a 1s TTL.
@@ -135,6 +140,64 @@ fn wait_srv_ports(port: u16, name: &str, want: &BTreeSet<u16>, what: &str) {
     }
 }
 
+/// The SRV answer's ports for `name`, asked over UDP (hickory-proto's message
+/// codec, no process per question: for timing).
+fn srv_ports_udp(socket: &UdpSocket, name: &str, id: u16) -> BTreeSet<u16> {
+    let mut query = Message::query();
+    query.metadata.id = id;
+    query.add_query(Query::query(
+        Name::from_ascii(name).unwrap(),
+        RecordType::SRV,
+    ));
+    socket.send(&query.to_vec().unwrap()).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = socket.recv(&mut buf).unwrap();
+        let answer = Message::from_vec(&buf[..n]).unwrap();
+        if answer.metadata.id != id {
+            continue;
+        }
+        return answer
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::SRV(srv) => Some(srv.port),
+                _ => None,
+            })
+            .collect();
+    }
+}
+
+/// Asks every millisecond until `done` holds for the SRV ports; the wall clock
+/// (ms) of the first answer that made it hold.
+fn first_answer(port: u16, name: &str, done: impl Fn(&BTreeSet<u16>) -> bool) -> u64 {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(("127.0.0.1", port)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    for id in 0u16.. {
+        if done(&srv_ports_udp(&socket, name, id)) {
+            return now_ms();
+        }
+        assert!(Instant::now() < deadline, "no such answer for {name}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    unreachable!()
+}
+
+/// The timestamp of the task's latest event into `state`.
+fn entered(cluster: &Cluster, task: &str, state: TaskState) -> u64 {
+    let t = cluster.task(task).unwrap();
+    t.events
+        .iter()
+        .rev()
+        .find(|e| e.state == state)
+        .map(|e| e.timestamp_ms)
+        .unwrap_or_else(|| panic!("{task} never entered {state}: {:?}", t.events))
+}
+
 #[test]
 fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
     if !running_as_root("DNS test") || !have_dig() {
@@ -144,13 +207,29 @@ fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
     config.master_config = dns_master_config();
     let mut cluster = Cluster::start(config).unwrap();
     let port = dns_port(&cluster.dir().join("master"));
-    cluster.create_job(&announced("web", 3)).unwrap();
+    let srv_name = "_http._tcp.web.test.www-data.drover.";
+    let created = cluster.create_job(&announced("web", 3)).unwrap();
+    let all_three = first_answer(port, srv_name, |p| p.len() == 3);
     let view = cluster
         .wait_for_all("www-data/test/web", TaskState::Running)
         .unwrap();
     let ports = running_ports(&view);
     assert_eq!(ports.len(), 3, "{view:?}");
-    let srv_name = "_http._tcp.web.test.www-data.drover.";
+    let ids: Vec<String> = created["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_string())
+        .collect();
+    let last_running = ids
+        .iter()
+        .map(|id| entered(&cluster, id, TaskState::Running))
+        .max()
+        .unwrap();
+    let announce_ms = all_three.saturating_sub(last_running);
+    eprintln!(
+        "DNS: the SRV answer named the last instance {announce_ms} ms after its RUNNING decision"
+    );
 
     // SRV: one record per instance, its port, its own name as the target.
     wait_srv_ports(port, srv_name, &ports, "announced");
@@ -194,6 +273,7 @@ fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
     assert!(outside_tcp.contains("status: REFUSED"), "{outside_tcp}");
 
     // An instance killed is withdrawn: the SRV answer follows.
+    let killed_port = view.instances[1].current.as_ref().unwrap().ports["http"];
     let output = cluster
         .drover(&["job", "kill", "www-data/test/web/1"])
         .unwrap();
@@ -202,6 +282,13 @@ fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
         "{}",
         drover_tests::describe(&output)
     );
+    let withdrawn = first_answer(port, srv_name, |p| !p.contains(&killed_port));
+    let killing = entered(&cluster, &ids[1], TaskState::Killing);
+    let withdraw_ms = withdrawn.saturating_sub(killing);
+    eprintln!("DNS: the SRV answer dropped the killed instance {withdraw_ms} ms after its KILLING decision");
+    // The debug build's figures, generous bounds (docs: as measured).
+    assert!(announce_ms < 1_000, "{announce_ms} ms");
+    assert!(withdraw_ms < 1_000, "{withdraw_ms} ms");
     let view = cluster
         .wait_for("instance 1 to end", WAIT, |c| {
             let v = c.job("www-data/test/web").ok()?;

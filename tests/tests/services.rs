@@ -315,3 +315,63 @@ fn a_failed_health_check_withdraws_the_instance_drain_delay_before_the_kill() {
     );
     cluster.kill_job("www-data/test/sick").unwrap();
 }
+
+/// The long poll's answer from `index` and its `X-Drover-Index` header.
+fn poll_with_header(
+    cluster: &Cluster,
+    path: &str,
+    index: u64,
+) -> std::thread::JoinHandle<(serde_json::Value, u64)> {
+    let http = cluster.http();
+    let url = format!("{}{path}?index={index}&wait_ms=20000", cluster.url);
+    let token = cluster.token.clone().unwrap_or_default();
+    std::thread::spawn(move || {
+        let answer = http.get(url).bearer_auth(token).send().unwrap();
+        let header: u64 = answer.headers()["x-drover-index"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (answer.json().unwrap(), header)
+    })
+}
+
+#[test]
+fn a_long_poll_wakes_when_an_update_removes_an_instance() {
+    if !running_as_root("service discovery test") {
+        return;
+    }
+    let mut cluster = Cluster::start(ClusterConfig::agents(2)).unwrap();
+    let mut spec = announced_job();
+    spec["instances"] = json!(2);
+    cluster.create_job(&spec).unwrap();
+    let view = cluster
+        .wait_for("both instances announced", drover_tests::WAIT, |c| {
+            let v: ServiceView = c.get(SERVICE).ok()?;
+            (v.endpoints.len() == 2).then_some(v)
+        })
+        .unwrap();
+    // Waiting from the answer's index, on the service and on the list.
+    let one = poll_with_header(&cluster, SERVICE, view.index);
+    let all = poll_with_header(&cluster, "/v1/services", view.index);
+    std::thread::sleep(Duration::from_millis(300));
+    spec["instances"] = json!(1);
+    let file = cluster.dir().join("web-1.json");
+    std::fs::write(&file, spec.to_string()).unwrap();
+    let out = cluster
+        .drover(&["job", "update", file.to_str().unwrap()])
+        .unwrap();
+    assert!(out.status.success(), "{}", drover_tests::describe(&out));
+    let (shown, header) = one.join().unwrap();
+    assert!(header > view.index, "{header} after {}", view.index);
+    assert_eq!(shown["index"].as_u64(), Some(header));
+    assert_eq!(shown["endpoints"].as_array().unwrap().len(), 1, "{shown}");
+    let (listed, header) = all.join().unwrap();
+    assert!(header > view.index, "{header} after {}", view.index);
+    assert_eq!(
+        listed[0]["endpoints"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+    cluster.kill_job(KEY).unwrap();
+}

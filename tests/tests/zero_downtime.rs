@@ -3,8 +3,8 @@
 //! agents (one instance per host), and two clients sending a steady stream of
 //! requests (each over 200/s, a new connection per request, no retries) while, in
 //! turn after a quiet baseline: a rolling update of all instances, the drain of a
-//! host carrying one instance, a restart of each instance in turn (`drover job
-//! restart KEY/I`), and the kill of one instance. One client finds the instances
+//! host carrying one instance, a restart of the whole job (`drover job restart
+//! KEY`, rolling: one instance at a time), and the kill of one instance. One client finds the instances
 //! through the master's DNS (SRV, re-resolved when the answer's TTL ends), the other
 //! through the API's long poll (`GET /v1/services/...?index=N&wait_ms=M`). Expected:
 //! no failed request in any phase, and no DNS answer naming an instance after its
@@ -40,7 +40,7 @@ const PHASES: [&str; 5] = [
     "steady (baseline)",
     "rolling update",
     "host drain",
-    "restart each",
+    "job restart",
     "kill one",
 ];
 
@@ -391,30 +391,42 @@ fn clients_of_an_announced_service_see_no_failure_through_update_drain_restart_a
     );
     run(&cluster, &["host", "activate", &agent]);
 
-    // 3. Each instance restarted in turn.
+    // 3. A restart of the whole job: rolling, one instance (the batch size) at a
+    // time, each withdrawn and drained before its kill, the next only once its
+    // replacement ran its watch.
     phase.store(3, Ordering::SeqCst);
     print_phase(2, &[&by_dns, &by_api]);
-    for i in 0..3 {
-        let before = job_view(&cluster).instances[i]
-            .current
-            .as_ref()
-            .map(|t| t.task_id.clone());
-        run(&cluster, &["job", "restart", &format!("{KEY}/{i}")]);
-        cluster
-            .wait_for("the restarted instance's new task", WAIT, |c| {
-                let v = c.job(KEY).ok()?;
-                let now = v.instances[i].current.as_ref()?;
-                (Some(&now.task_id) != before.as_ref() && now.state == TaskState::Running)
-                    .then_some(())
-            })
-            .unwrap();
-        settle(
-            &mut cluster,
-            &timeline,
-            3,
-            "the restarted instance announced",
-        );
+    let before: Vec<Option<String>> = job_view(&cluster)
+        .instances
+        .iter()
+        .map(|i| i.current.as_ref().map(|t| t.task_id.clone()))
+        .collect();
+    let output = cluster.drover(&["job", "restart", KEY]).unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success() && said.contains("rolling restart"),
+        "drover job restart: {}",
+        describe(&output)
+    );
+    cluster
+        .wait_for("the rolling restart to end", WAIT * 2, |c| {
+            let u: Value = c.api.get(&format!("/v1/jobs/{KEY}/update")).ok()?;
+            let state = u["state"].as_str()?.to_string();
+            (state != "ROLLING_FORWARD").then_some(state)
+        })
+        .map(|state| assert_eq!(state, "ROLLED_FORWARD"))
+        .unwrap();
+    let after = job_view(&cluster);
+    for (i, was) in before.iter().enumerate() {
+        let now = after.instances[i].current.as_ref().map(|t| &t.task_id);
+        assert_ne!(now, was.as_ref(), "instance {i} was restarted");
     }
+    settle(
+        &mut cluster,
+        &timeline,
+        3,
+        "the restarted instances announced",
+    );
 
     // 4. One instance killed.
     phase.store(4, Ordering::SeqCst);

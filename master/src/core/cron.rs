@@ -185,6 +185,7 @@ impl Core {
         }
         let tasks = self.cron_fire(key, None, now);
         Ok(Reply::Action(ActionResponse {
+            update: None,
             job: key.to_string(),
             tasks,
         }))
@@ -213,6 +214,7 @@ impl Core {
         }
         let _ = now;
         Ok(Reply::Action(ActionResponse {
+            update: None,
             job: key.to_string(),
             tasks: Vec::new(),
         }))

@@ -69,6 +69,11 @@ pub enum Event {
         job: String,
         instances: Option<Vec<u32>>,
     },
+    /// POST .../restart of a whole job, rolling (`restart.rs`); `user` asked.
+    RollingRestart {
+        job: String,
+        user: String,
+    },
     Register(Box<RegisterRequest>),
     Heartbeat {
         agent: String,

@@ -264,6 +264,7 @@ impl Core {
             }
         }
         Ok(Reply::Action(ActionResponse {
+            update: None,
             job: job.to_string(),
             tasks,
         }))

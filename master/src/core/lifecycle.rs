@@ -89,12 +89,20 @@ impl Core {
                 task.running_since = Some(now.wall);
                 task.running_mono = Some(now.mono);
             }
-            // An announced task's executor stops it for a failed health check after
-            // its drain delay: withdrawn now (ended, as usual, when it reports so).
+            // An announced task's executor stops it for a failed health check or a
+            // broken limit (its disk) after its drain delay, saying so in a RUNNING
+            // report with the reason: withdrawn now (ended, as usual, when it
+            // reports so).
             TaskState::Running
                 if from == TaskState::Running
                     && task.withdrawn_ms.is_none()
-                    && matches!(u.exit_reason, Some(ExitReason::HealthCheckFailed { .. })) =>
+                    && matches!(
+                        u.exit_reason,
+                        Some(
+                            ExitReason::HealthCheckFailed { .. }
+                                | ExitReason::DiskLimitExceeded { .. }
+                        )
+                    ) =>
             {
                 task.withdrawn_ms = Some(now.wall);
             }

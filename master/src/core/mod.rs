@@ -32,6 +32,7 @@ mod preemption;
 mod probe;
 mod quota;
 mod reconciliation;
+mod restart;
 mod rollout;
 mod services;
 mod snapshot;
@@ -60,6 +61,7 @@ pub use model::{AgentRecord, JobRecord, Task};
 pub use poll::{poll_step, PollStep};
 pub use preemption::{may_preempt, victims_on_host, Candidate, Free, Standing};
 pub use quota::{check as check_quota, Usage};
+pub use restart::rolls as restart_rolls;
 pub use services::address_host;
 pub use snapshot::{ConfigRecord, Snapshot};
 pub use stats::MetricsState;
@@ -127,6 +129,9 @@ pub struct Core {
     job_changes: Vec<Change>,
     /// Update batches started in this event (direction, instances), for `/metrics`.
     batches_started: Vec<(UpdateDirection, u32)>,
+    /// The last batch that may have removed a service from `/v1/services`
+    /// (`services.rs`, `services_gone_index`).
+    services_gone: u64,
 }
 
 impl Core {
@@ -167,6 +172,7 @@ impl Core {
             quiet_agents: BTreeSet::new(),
             job_changes: Vec::new(),
             batches_started: Vec::new(),
+            services_gone: 0,
         };
         core.push_timer(now.mono + core.sweep_interval(), Timer::AgentSweep);
         core.push_timer(now.mono + core.cfg.reconcile_interval_ms, Timer::Reconcile);
@@ -238,6 +244,7 @@ impl Core {
             Event::Restart { job, instances } => {
                 self.stop_instances(&job, instances, TaskState::Restarting, now)
             }
+            Event::RollingRestart { job, user } => self.start_restart(&job, &user, now),
             Event::Register(req) => self.register(*req, now),
             Event::Heartbeat { agent, request } => self.heartbeat(&agent, request, now),
             Event::StatusReports { agent, reports } => self.status_reports(&agent, reports, now),
@@ -300,6 +307,7 @@ impl Core {
         let mut effects = Vec::new();
         if !changes.is_empty() {
             self.seq += 1;
+            self.note_services_gone(&changes);
             effects.push(Effect::Persist {
                 seq: self.seq,
                 changes,

@@ -473,16 +473,21 @@ impl Core {
                     .tasks
                     .get(&id)
                     .is_some_and(|t| t.config == to && !t.status.state.is_terminal());
-                if same {
+                if !super::restart::replaces(u.restart, same) {
                     u.watched.insert(instance, id);
                     return;
                 }
+                let (reason, message) = if u.restart {
+                    (ExitReason::Restarted, "restarted by a rolling restart")
+                } else {
+                    (ExitReason::Updated, "replaced by update")
+                };
                 self.stop_task_for(
                     &id,
                     TaskState::Restarting,
                     EventSource::Master,
-                    ExitReason::Updated,
-                    "replaced by update",
+                    reason,
+                    message,
                     now,
                 );
                 if self.replace_at_end(&id, Some(to)) {

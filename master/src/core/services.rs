@@ -29,7 +29,7 @@ use drover_common::state::TaskState;
 use drover_common::wire::{ServiceEndpoint, ServiceView};
 
 use super::timers::Timer;
-use super::{Core, Job, Now, Task};
+use super::{Change, Core, Job, Now, Task};
 
 impl Core {
     /// The `announce` section of the config task `t` runs.
@@ -57,15 +57,30 @@ impl Core {
         let Some(t) = self.tasks.get(id) else {
             return false;
         };
+        let delay = self.drain_delay_ms(t);
         if !self.announced(t) {
-            // Withdrawn already (its executor stops it for a failed health check):
-            // this kill is not held.
+            // Withdrawn already by its executor's report (it stops the task for a
+            // failed health check or its disk limit, `drain_delay` after that
+            // report): this kill waits what is left of the delay since then, so
+            // clients get the whole delay either way. Not withdrawn: not held.
+            let since = t
+                .withdrawn_ms
+                .filter(|_| t.status.state == TaskState::Running);
+            let until = since.map(|w| now.mono_of(w, delay) + delay);
+            if let Some(at) = until.filter(|at| *at > now.mono) {
+                self.push_timer(
+                    at,
+                    Timer::Withdrawn {
+                        task: id.to_string(),
+                    },
+                );
+                return true;
+            }
             if let Some(t) = self.tasks.get_mut(id) {
                 t.withdrawn_ms = None;
             }
             return false;
         }
-        let delay = self.drain_delay_ms(t);
         if delay == 0 {
             return false;
         }
@@ -146,6 +161,25 @@ impl Core {
             }
         };
         Some(self.view_of(job, name))
+    }
+
+    /// The index a `/v1/services` list answer has at least: the last batch that
+    /// wrote or deleted a job (a spec that no longer announces, a job re-created),
+    /// which may have taken a service off the list, leaving no task change to wake
+    /// a long poll; a loaded core starts at its last batch (the list's pollers
+    /// wake once after a restart or failover).
+    pub fn services_gone_index(&self) -> u64 {
+        self.services_gone
+    }
+
+    /// Notes the batch `self.seq` of `changes` if it wrote or deleted a job.
+    pub(super) fn note_services_gone(&mut self, changes: &[Change]) {
+        if changes
+            .iter()
+            .any(|c| matches!(c, Change::PutJob(..) | Change::DeleteJob(_)))
+        {
+            self.services_gone = self.seq;
+        }
     }
 
     /// GET /v1/services: every announced service, by role, environment and name.

@@ -73,6 +73,7 @@ impl Core {
             .chain([snapshot.index])
             .max()
             .unwrap_or(0);
+        core.services_gone = core.seq;
         for mut rec in snapshot.agents {
             rec.maintenance.loaded(now, core.cfg.quarantine_window_ms);
             let idx = core.agents.len() as u32;

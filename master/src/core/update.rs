@@ -67,6 +67,10 @@ pub struct UpdateRecord {
     /// tasks changed.
     #[serde(skip)]
     pub poked: bool,
+    /// A rolling restart (`restart.rs`): each instance is replaced on the config
+    /// it runs; no rollback.
+    #[serde(default)]
+    pub restart: bool,
 }
 
 impl UpdateRecord {
@@ -312,6 +316,7 @@ impl Core {
             rev: 0,
             armed: None,
             poked: true,
+            restart: false,
         };
         u.event(
             now,
@@ -382,6 +387,12 @@ impl Core {
                 );
             }
             UpdateAction::Rollback => {
+                if u.restart {
+                    return Err(bad(
+                        "a rolling restart has no rollback (no instance changed config); \
+                         abort it to stop it",
+                    ));
+                }
                 if u.rolling_back() {
                     return Err(bad("it is rolling back already"));
                 }
@@ -421,6 +432,13 @@ impl Core {
                 .instances
                 .iter()
                 .filter_map(|p| p.from.as_ref())
+                .collect()
+        } else if u.restart {
+            // A rolling restart puts each instance back on its own config.
+            u.view
+                .instances
+                .iter()
+                .filter_map(|p| p.to.as_ref())
                 .collect()
         } else {
             vec![&u.view.to_config]

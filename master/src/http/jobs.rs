@@ -20,7 +20,7 @@ use super::guard::{forbidden, require};
 use super::longpoll::{until_news, wait_ms};
 use super::params;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{ChangeFilter, Event, Reply};
+use crate::core::{restart_rolls, ChangeFilter, Event, Reply};
 
 #[utoipa::path(
     post,
@@ -48,7 +48,11 @@ pub(super) async fn create_job(
     match api.master.apply(Event::CreateJob(Box::new(spec))).await? {
         Reply::JobCreated { job, tasks } => Ok(json(
             StatusCode::CREATED,
-            &wire::ActionResponse { job, tasks },
+            &wire::ActionResponse {
+                job,
+                tasks,
+                update: None,
+            },
         )),
         other => Err(unexpected(other)),
     }
@@ -168,7 +172,18 @@ pub(super) async fn instances_from(
             None,
         )
     })?;
-    let Some(text) = req.and_then(|r| r.instances) else {
+    checked_instances(api, job, role, req.and_then(|r| r.instances))
+}
+
+/// The instances `text` names (`0-3,7`; None: all), checked against the job's
+/// instance count (see `instances_from`).
+fn checked_instances(
+    api: &Api,
+    job: &str,
+    role: &str,
+    text: Option<String>,
+) -> Result<Option<Vec<u32>>, ApiErr> {
+    let Some(text) = text else {
         return Ok(None);
     };
     let bad = |message: String| {
@@ -233,20 +248,99 @@ pub(super) async fn kill_job(
     path = "/v1/jobs/{role}/{env}/{name}/restart",
     tag = "jobs",
     params(params::JobPath),
-    request_body = Option<InstancesRequest>,
+    request_body = Option<wire::RestartRequest>,
     responses(
-        (status = 200, description = "The replacement tasks.", body = wire::ActionResponse),
+        (status = 200, description = "Named instances or `all_at_once`: the replacement tasks. \
+            The whole job (the default): a rolling restart started, `update` its id, `tasks` empty \
+            (none when nothing runs).", body = wire::ActionResponse),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
     ),
 )]
 pub(super) async fn restart_job(
     State(api): State<Shared>,
+    Extension(who): Extension<Principal>,
     Path((role, env, name)): Path<(String, String, String)>,
     body: Body,
 ) -> Result<Response, ApiErr> {
     let job = key_of(&role, &env, &name);
-    let instances = instances_from(&api, &job, &role, body).await?;
-    ok_reply(api.master.apply(Event::Restart { job, instances }).await?)
+    let text = read_body(body, MAX_BODY_BYTES).await?;
+    let req = restart_request(&text)?;
+    let instances = checked_instances(&api, &job, &role, req.instances)?;
+    let event = if restart_rolls(instances.as_deref(), req.all_at_once) {
+        let user = api
+            .tokens
+            .list()
+            .into_iter()
+            .find(|t| t.id == who.token_id)
+            .map(|t| t.description)
+            .filter(|d| !d.trim().is_empty())
+            .map_or_else(
+                || format!("token {}", who.token_id),
+                |d| format!("{d} (token {})", who.token_id),
+            );
+        Event::RollingRestart { job, user }
+    } else {
+        Event::Restart { job, instances }
+    };
+    ok_reply(api.master.apply(event).await?)
+}
+
+/// The body of POST .../restart read field by field, so a bad one is refused
+/// naming its field: empty or `null` is the whole job, rolling.
+fn restart_request(text: &str) -> Result<wire::RestartRequest, ApiErr> {
+    let field = |name: &str, message: String| {
+        ApiErr::new(StatusCode::BAD_REQUEST, "invalid_json", message, Some(name))
+    };
+    if text.trim().is_empty() {
+        return Ok(wire::RestartRequest::default());
+    }
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not JSON: {e}"),
+            None,
+        )
+    })?;
+    if value.is_null() {
+        return Ok(wire::RestartRequest::default());
+    }
+    let Some(fields) = value.as_object() else {
+        return Err(ApiErr::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body is not {\"instances\": \"0-3,7\", \"all_at_once\": false}",
+            None,
+        ));
+    };
+    let mut req = wire::RestartRequest::default();
+    for (name, v) in fields {
+        match name.as_str() {
+            "instances" if v.is_null() => {}
+            "instances" => {
+                let text = v.as_str().ok_or_else(|| {
+                    field(
+                        "instances",
+                        format!("instances is {v}: an instance set like \"0-3,7\""),
+                    )
+                })?;
+                req.instances = Some(text.to_string());
+            }
+            "all_at_once" if v.is_null() => {}
+            "all_at_once" => {
+                req.all_at_once = v.as_bool().ok_or_else(|| {
+                    field("all_at_once", format!("all_at_once is {v}: true or false"))
+                })?;
+            }
+            other => {
+                return Err(field(
+                    other,
+                    format!("unknown field {other}: a restart takes instances and all_at_once"),
+                ))
+            }
+        }
+    }
+    Ok(req)
 }
 
 #[utoipa::path(
@@ -382,4 +476,37 @@ pub(super) async fn changes(
     .await?;
     crate::metrics::METRICS.change_polls.inc();
     Ok(json(StatusCode::OK, &view))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(text: &str) -> (String, Option<String>) {
+        let e = restart_request(text).unwrap_err();
+        (e.body.error.code, e.body.error.field)
+    }
+
+    #[test]
+    fn a_restart_request_is_read_field_by_field() {
+        let whole = wire::RestartRequest::default();
+        for text in [
+            "",
+            " ",
+            "null",
+            "{}",
+            r#"{"instances": null, "all_at_once": null}"#,
+        ] {
+            assert_eq!(restart_request(text).unwrap(), whole, "{text}");
+        }
+        let req = restart_request(r#"{"instances": "0-2", "all_at_once": true}"#).unwrap();
+        assert_eq!(req.instances.as_deref(), Some("0-2"));
+        assert!(req.all_at_once);
+        let field = |f: &str| ("invalid_json".to_string(), Some(f.to_string()));
+        assert_eq!(refused(r#"{"all_at_once": "yes"}"#), field("all_at_once"));
+        assert_eq!(refused(r#"{"instances": 3}"#), field("instances"));
+        assert_eq!(refused(r#"{"rolling": false}"#), field("rolling"));
+        assert_eq!(refused("[1]"), ("invalid_json".to_string(), None));
+        assert_eq!(refused("{"), ("invalid_json".to_string(), None));
+    }
 }

@@ -82,10 +82,20 @@ pub(super) async fn list(
             .filter(|v| roles.as_ref().is_none_or(|r| r.contains(&v.role)))
             .collect();
         let index = views.iter().map(|v| v.index).max().unwrap_or(0);
-        Some((index, views))
+        let index = index.max(c.services_gone_index());
+        Some((index, (index, views)))
     })
     .await?;
-    Ok(json(StatusCode::OK, &views.unwrap_or_default()))
+    let (index, views) = views.unwrap_or_default();
+    Ok(with_index(json(StatusCode::OK, &views), index))
+}
+
+/// The `X-Drover-Index` header: the answer's index, to long-poll from next.
+fn with_index(mut response: Response, index: u64) -> Response {
+    response
+        .headers_mut()
+        .insert(wire::INDEX_HEADER, axum::http::HeaderValue::from(index));
+    response
 }
 
 /// GET /v1/services/{role}/{env}/{name}: the service's announced instances. With
@@ -110,7 +120,7 @@ pub(super) async fn show(
     })
     .await?;
     match view {
-        Some(v) => Ok(json(StatusCode::OK, &v)),
+        Some(v) => Ok(with_index(json(StatusCode::OK, &v), v.index)),
         None => Err(ApiErr::not_found(
             &format!("service {role}/{env}/{name}: no job of role {role} and environment {env} announces it (`drover service list`)"),
             "name",

@@ -41,11 +41,22 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
     const what = instances === null ? `every instance of ${key}` : `instance ${instances} of ${key}`;
     const label = verb === "kill" ? "Kill" : "Restart";
     const explain =
-      verb === "kill" ? "Killed instances are not replaced." : "Each task is killed and replaced by a new one.";
+      verb === "kill"
+        ? "Killed instances are not replaced."
+        : instances === null
+          ? "A rolling restart: batch by batch (the job's update batch size), each task withdrawn, drained and replaced, the next batch once the replacements run."
+          : "Each task is killed and replaced by a new one.";
     if (!(await confirmAction(`${label} ${what}? ${explain}`, label))) return;
     try {
-      const r = await post<{ tasks: string[] }>(`${jobPath(key)}/${verb}`, instances === null ? {} : { instances });
-      notify(`${label}: ${r.tasks.length} task(s) ${verb === "kill" ? "being killed" : "replaced"}.`, "info");
+      const r = await post<{ tasks: string[]; update?: string }>(
+        `${jobPath(key)}/${verb}`,
+        instances === null ? {} : { instances },
+      );
+      if (r.update) {
+        notify(`Rolling restart started (update ${r.update}): its progress is in the job's update.`, "info");
+      } else {
+        notify(`${label}: ${r.tasks.length} task(s) ${verb === "kill" ? "being killed" : "replaced"}.`, "info");
+      }
       refresh.trigger();
     } catch (e) {
       notify(e instanceof ApiError ? `${label} refused: ${e.message}` : `${label} failed: ${e}`);

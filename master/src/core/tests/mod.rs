@@ -28,6 +28,7 @@ mod poll;
 mod preemption;
 mod quota;
 mod reconciliation;
+mod restart;
 mod services;
 mod snapshot;
 mod update;

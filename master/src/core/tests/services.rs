@@ -252,6 +252,7 @@ enum Op {
     Report { pick: usize, state: u8 },
     Kill { pick: usize },
     Restart { pick: usize },
+    RollingRestart,
     Drain { agent: usize },
     Activate { agent: usize },
     Advance { ms: u64 },
@@ -263,6 +264,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), 0u8..4).prop_map(|(pick, state)| Op::Report { pick, state }),
         1 => any::<usize>().prop_map(|pick| Op::Kill { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Restart { pick }),
+        1 => Just(Op::RollingRestart),
         1 => (0usize..3).prop_map(|agent| Op::Drain { agent }),
         1 => (0usize..3).prop_map(|agent| Op::Activate { agent }),
         3 => (100u64..3_000).prop_map(|ms| Op::Advance { ms }),
@@ -366,6 +368,12 @@ proptest! {
                         instances: Some(vec![(pick % 4) as u32]),
                     });
                 }
+                Op::RollingRestart => {
+                    w.handle(Event::RollingRestart {
+                        job: "www/prod/web".to_string(),
+                        user: "alice".to_string(),
+                    });
+                }
                 Op::Drain { agent } => {
                     w.handle(Event::Maintenance {
                         op: MaintenanceOp::Drain { deadline_ms: None },
@@ -433,14 +441,20 @@ fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
     .unwrap();
     assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
     assert_eq!(w.state(&ids[0]), TaskState::Running);
-    // A kill now is not held: the task is not announced.
+    // A kill 500 ms later waits the rest of the drain delay since the withdrawal.
+    w.advance(500);
     w.handle(Event::Kill {
         job: "www/prod/web".to_string(),
         instances: None,
     })
     .reply
     .unwrap();
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Running), "held");
+    w.advance(1_400);
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Running), "held");
+    w.advance(100);
     assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Shutdown));
+    assert!(endpoints(&w, "web").is_empty());
     // It ends FAILED as the executor says and is replaced (a kill aside).
     w.report(
         &ids[0],
@@ -450,4 +464,78 @@ fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
         }),
     );
     assert!(w.state(&ids[0]).is_terminal());
+}
+
+#[test]
+fn an_executor_stopping_an_announced_task_over_its_disk_limit_withdraws_it_at_once() {
+    let (mut w, ids) = running_world(1);
+    let agent = w.core.task(&ids[0]).unwrap().agent.clone().unwrap();
+    let before = w.core.service_view("www", "prod", "web").unwrap().index;
+    let seq = w.seqs.entry(ids[0].clone()).or_insert(0);
+    *seq += 1;
+    let reason = ExitReason::DiskLimitExceeded {
+        used_bytes: 2 << 20,
+        limit_bytes: 1 << 20,
+    };
+    let u = StatusUpdate {
+        task_id: ids[0].clone(),
+        seq: *seq,
+        state: TaskState::Running,
+        exit_reason: Some(reason.clone()),
+        message: "over; withdrawn, stopping the task in 2000 ms".into(),
+        timestamp_ms: w.at().wall,
+        processes: Vec::new(),
+    };
+    w.handle(Event::StatusReports {
+        agent,
+        reports: vec![u],
+    })
+    .reply
+    .unwrap();
+    assert!(endpoints(&w, "web").is_empty(), "withdrawn at once");
+    let after = w.core.service_view("www", "prod", "web").unwrap().index;
+    assert!(
+        after > before,
+        "the withdrawal is a change: {before} -> {after}"
+    );
+    assert_eq!(w.state(&ids[0]), TaskState::Running);
+    // Past the drain delay since the withdrawal, a kill goes at once.
+    w.advance(2_000);
+    w.handle(Event::Kill {
+        job: "www/prod/web".to_string(),
+        instances: None,
+    })
+    .reply
+    .unwrap();
+    assert_eq!(sent(&w, &ids[0]), Some(DesiredState::Shutdown));
+    w.report(&ids[0], TaskState::Failed, Some(reason));
+    assert!(w.state(&ids[0]).is_terminal());
+}
+
+#[test]
+fn the_list_index_moves_when_a_spec_stops_announcing() {
+    let (mut w, _) = running_world(1);
+    let listed = |w: &World| {
+        let views = w.core.service_views();
+        let index = views.iter().map(|v| v.index).max().unwrap_or(0);
+        (views.len(), index.max(w.core.services_gone_index()))
+    };
+    let (n, before) = listed(&w);
+    assert_eq!(n, 1);
+    // An update to a spec without `announce`: the service leaves the list in
+    // this batch, while no task changed yet.
+    w.handle(Event::StartUpdate {
+        job: "www/prod/web".to_string(),
+        spec: Box::new(spec("web", 1, true, "")),
+        instances: None,
+        user: "alice".to_string(),
+    })
+    .reply
+    .unwrap();
+    let (n, after) = listed(&w);
+    assert_eq!(n, 0);
+    assert!(
+        after > before,
+        "the list's index moves: {before} -> {after}"
+    );
 }

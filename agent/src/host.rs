@@ -101,6 +101,7 @@ impl Verdict {
             message: self.message,
             timestamp_ms,
             processes: vec![],
+            processes_omitted: None,
         }
     }
 }

@@ -36,6 +36,7 @@ fn update(id: &str, seq: u64, state: TaskState) -> StatusUpdate {
         message: String::new(),
         timestamp_ms: 0,
         processes: vec![],
+        processes_omitted: None,
     }
 }
 

@@ -301,6 +301,7 @@ mod tests {
             message: String::new(),
             timestamp_ms: 0,
             processes: Vec::new(),
+            processes_omitted: None,
         }
     }
 

@@ -268,6 +268,7 @@ impl Outbox {
             let mut size = json_len(u);
             if total + size > self.max_bytes && !u.processes.is_empty() {
                 u.processes = Vec::new();
+                u.processes_omitted = None;
                 size = json_len(u);
                 crate::metrics::METRICS.status_lists_dropped.inc();
                 tracing::warn!(task_id = %u.task_id, seq = u.seq, pending_bytes = total, "outbox over its bound: the status is kept without its process list");
@@ -598,6 +599,7 @@ mod tests {
             message: format!("{task} {seq}"),
             timestamp_ms: 1,
             processes: vec![],
+            processes_omitted: None,
         }
     }
 

@@ -167,6 +167,7 @@ mod tests {
                 })
                 .collect(),
             processes: vec![],
+            processes_omitted: None,
         }
     }
 

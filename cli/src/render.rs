@@ -253,6 +253,28 @@ pub fn quota_list(quotas: &[QuotaView]) -> String {
     table.render()
 }
 
+/// The line under a process list the agent capped: "… and N more (R running, F
+/// failed)", the states with none left out.
+pub fn omitted_line(o: &drover_common::wire::OmittedProcesses) -> String {
+    let states = [
+        (o.running, "running"),
+        (o.waiting, "waiting"),
+        (o.succeeded, "succeeded"),
+        (o.failed, "failed"),
+        (o.killed, "killed"),
+    ];
+    let by_state: Vec<String> = states
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    if by_state.is_empty() {
+        format!("… and {} more", o.count)
+    } else {
+        format!("… and {} more ({})", o.count, by_state.join(", "))
+    }
+}
+
 /// `drover task show`: the task, its processes and its events.
 pub fn task_details(task: &TaskView, agent: Option<&AgentView>) -> String {
     let mut out = String::new();
@@ -304,6 +326,9 @@ pub fn task_details(task: &TaskView, agent: Option<&AgentView>) -> String {
             ]);
         }
         indent(&mut out, &table.render());
+        if let Some(o) = &task.processes_omitted {
+            let _ = writeln!(out, "  {}", omitted_line(o));
+        }
     }
     out.push_str("\nEvents:\n");
     let mut table = Table::new(&["TIME (UTC)", "STATE", "SOURCE", "MESSAGE"]);
@@ -603,6 +628,7 @@ mod tests {
                 message: "created".into(),
             }],
             processes: vec![],
+            processes_omitted: None,
         }
     }
 
@@ -633,6 +659,32 @@ mod tests {
         ]);
         assert_eq!(state_counts(&counts), "PENDING 1, RUNNING 2");
         assert_eq!(state_counts(&BTreeMap::new()), "no tasks");
+    }
+
+    #[test]
+    fn a_capped_process_list_ends_with_what_it_left_out() {
+        let mut t = task(TaskState::Running);
+        t.processes = vec![drover_common::wire::ProcessStatus {
+            name: "p0".into(),
+            state: drover_common::wire::ProcessState::Running,
+            pid: Some(7),
+            runs: 1,
+            failures: 0,
+            last_exit: None,
+        }];
+        t.processes_omitted = Some(drover_common::wire::OmittedProcesses {
+            count: 12,
+            running: 9,
+            failed: 3,
+            ..Default::default()
+        });
+        let text = task_details(&t, None);
+        assert!(
+            text.contains("  … and 12 more (9 running, 3 failed)\n"),
+            "{text}"
+        );
+        t.processes_omitted = None;
+        assert!(!task_details(&t, None).contains("more"));
     }
 
     #[test]

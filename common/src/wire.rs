@@ -93,6 +93,45 @@ pub struct ProcessStatus {
     pub last_exit: Option<ExitReason>,
 }
 
+/// The processes a relayed status leaves out beyond its cap (the agent lists at most
+/// `validate::MAX_PROCESSES`): how many, and how many of them are in each state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OmittedProcesses {
+    pub count: u32,
+    #[serde(default)]
+    pub waiting: u32,
+    #[serde(default)]
+    pub running: u32,
+    #[serde(default)]
+    pub succeeded: u32,
+    #[serde(default)]
+    pub failed: u32,
+    #[serde(default)]
+    pub killed: u32,
+}
+
+impl OmittedProcesses {
+    /// The summary of `left_out`, or None when it is empty.
+    pub fn of(left_out: &[ProcessStatus]) -> Option<OmittedProcesses> {
+        if left_out.is_empty() {
+            return None;
+        }
+        let mut o = OmittedProcesses::default();
+        for p in left_out {
+            o.count = o.count.saturating_add(1);
+            let n = match p.state {
+                ProcessState::Waiting => &mut o.waiting,
+                ProcessState::Running => &mut o.running,
+                ProcessState::Succeeded => &mut o.succeeded,
+                ProcessState::Failed => &mut o.failed,
+                ProcessState::Killed => &mut o.killed,
+            };
+            *n = n.saturating_add(1);
+        }
+        Some(o)
+    }
+}
+
 /// Every change of a task as the executor reports it: on stdout (one JSON line), in
 /// the checkpoint file, and on the Unix socket.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -517,6 +556,10 @@ pub struct StatusUpdate {
     pub timestamp_ms: UnixMillis,
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// The processes left out of `processes` beyond its cap (absent when none were,
+    /// and from agents older than it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_omitted: Option<OmittedProcesses>,
 }
 
 /// POST /v1/agents/{id}/updates
@@ -611,6 +654,9 @@ pub struct TaskView {
     pub events: Vec<TaskEvent>,
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// The processes its last status left out beyond the agent's cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_omitted: Option<OmittedProcesses>,
 }
 
 /// One instance (slot) of a job: its current task and the terminal ones before it.
@@ -1335,6 +1381,48 @@ pub fn parse_instance_set(text: &str) -> Result<Vec<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_without_processes_omitted_reads_as_none_and_writes_none() {
+        // What an agent older than the field sends.
+        let old = r#"{"task_id":"t","seq":1,"state":"RUNNING","exit_reason":null,
+            "message":"","timestamp_ms":0,"processes":[]}"#;
+        let u: StatusUpdate = serde_json::from_str(old).expect("an old status");
+        assert_eq!(u.processes_omitted, None);
+        let text = serde_json::to_string(&u).expect("json");
+        assert!(!text.contains("processes_omitted"), "{text}");
+    }
+
+    #[test]
+    fn omitted_processes_are_counted_by_state() {
+        let p = |state| ProcessStatus {
+            name: "p".into(),
+            state,
+            pid: None,
+            runs: 0,
+            failures: 0,
+            last_exit: None,
+        };
+        assert_eq!(OmittedProcesses::of(&[]), None);
+        let o = OmittedProcesses::of(&[
+            p(ProcessState::Running),
+            p(ProcessState::Failed),
+            p(ProcessState::Running),
+            p(ProcessState::Waiting),
+        ])
+        .expect("a summary");
+        assert_eq!(
+            (
+                o.count,
+                o.running,
+                o.failed,
+                o.waiting,
+                o.succeeded,
+                o.killed
+            ),
+            (4, 2, 1, 1, 0, 0)
+        );
+    }
 
     #[test]
     fn only_socket_paths_too_long_for_sun_path_go_through_the_directory() {

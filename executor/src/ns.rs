@@ -34,7 +34,8 @@ use crate::sys;
 pub struct TaskNamespaces {
     init_pid: u32,
     init_pidfd: OwnedFd,
-    /// This thread's own pid namespace, to go back to after a clone.
+    /// A pidfd of the executor, whose pid namespace this thread goes back to after a
+    /// clone.
     own_pid_ns: OwnedFd,
     /// What a child enters through the init's pidfd: mount, and network when isolated.
     join_flags: libc::c_int,
@@ -93,8 +94,11 @@ impl TaskNamespaces {
         }
         let tmp_path = tmp_outer.to_path_buf();
         let tmp_outer = c_string(tmp_outer.as_os_str().as_bytes())?;
-        let own_pid_ns = std::fs::File::open("/proc/thread-self/ns/pid")
-            .map_err(io_err("open /proc/thread-self/ns/pid"))?;
+        // A pidfd of the executor itself: `setns` through it with `CLONE_NEWPID` enters
+        // its active pid namespace, as `/proc/thread-self/ns/pid` would, without a
+        // path walk through procfs on the way to the first process.
+        let own_pid_ns = sys::pidfd_open(std::process::id() as libc::pid_t)
+            .map_err(io_err("open a pidfd of the executor (pidfd_open)"))?;
         let (ready_r, ready_w) = sys::pipe().map_err(io_err("make a pipe"))?;
         let var_tmp = Path::new("/var/tmp").is_dir();
         let real = std::fs::canonicalize(task_dir)
@@ -138,7 +142,7 @@ impl TaskNamespaces {
         let ns = TaskNamespaces {
             init_pid,
             init_pidfd,
-            own_pid_ns: own_pid_ns.into(),
+            own_pid_ns,
             join_flags: unshare,
         };
         Ok(PendingNamespaces {

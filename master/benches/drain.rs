@@ -110,6 +110,7 @@ fn agents_act(core: &mut Core, seqs: &mut HashMap<String, u64>, now: u64) -> usi
                 message: String::new(),
                 timestamp_ms: now,
                 processes: Vec::new(),
+                processes_omitted: None,
             });
         }
         if !reports.is_empty() {

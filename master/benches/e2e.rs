@@ -136,6 +136,7 @@ async fn fake_agent(
                     message: String::new(),
                     timestamp_ms: 0,
                     processes: Vec::new(),
+                    processes_omitted: None,
                 });
             }
         }
@@ -310,6 +311,7 @@ fn memory() {
                         message: "started".to_string(),
                         timestamp_ms: 0,
                         processes: Vec::new(),
+                        processes_omitted: None,
                     });
             }
         }

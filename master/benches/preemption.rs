@@ -99,6 +99,7 @@ fn main() {
                 message: "killed".to_string(),
                 timestamp_ms: 3_000,
                 processes: Vec::new(),
+                processes_omitted: None,
             })
             .collect();
         core.handle(Event::StatusReports { agent, reports }, Now::both(3_000));

@@ -80,6 +80,7 @@ fn answer(core: &mut Core, now: u64, seqs: &mut BTreeMap<String, u64>) -> Durati
                     message: String::new(),
                     timestamp_ms: now,
                     processes: Vec::new(),
+                    processes_omitted: None,
                 });
         }
     }

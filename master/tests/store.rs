@@ -46,6 +46,7 @@ fn task(id: &str, state: TaskState) -> Task {
         assigned_version: 3,
         last_seq: Some(2),
         processes: Vec::new(),
+        processes_omitted: None,
         created_ms: 5,
         running_since: None,
         running_mono: None,

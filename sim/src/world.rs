@@ -1509,6 +1509,7 @@ impl World {
             message: String::new(),
             timestamp_ms: a.wall(t),
             processes: Vec::new(),
+            processes_omitted: None,
         };
         if a.up {
             let now = a.local(t);

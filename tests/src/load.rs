@@ -308,6 +308,7 @@ fn update(id: &str, seq: u64, state: TaskState) -> StatusUpdate {
         message: "simulated".to_string(),
         timestamp_ms: now_ms(),
         processes: Vec::new(),
+        processes_omitted: None,
     }
 }
 

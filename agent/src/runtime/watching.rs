@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::validate::MAX_PROCESSES;
-use drover_common::wire::{Assignment, ExecutorStatus, ExecutorTask, StatusUpdate};
+use drover_common::wire::{
+    Assignment, ExecutorStatus, ExecutorTask, OmittedProcesses, StatusUpdate,
+};
 use tokio::sync::{mpsc, watch};
 
 use super::{lock, Shared, Tasks};
@@ -26,7 +28,8 @@ const MAX_MESSAGE: usize = 4096;
 
 /// The status update that relays an executor's status, bounded whatever the task
 /// does: at most [`MAX_PROCESSES`] processes listed (what a valid spec declares; a
-/// spec from before that limit is listed in part) and a message of at most
+/// spec from before that limit is listed in part, the rest counted by state in
+/// `processes_omitted`) and a message of at most
 /// [`MAX_MESSAGE`] bytes.
 pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
     let mut message = s.message.clone();
@@ -46,6 +49,7 @@ pub(super) fn update_from_status(s: &ExecutorStatus) -> StatusUpdate {
         message,
         timestamp_ms: s.timestamp_ms,
         processes: s.processes.iter().take(MAX_PROCESSES).cloned().collect(),
+        processes_omitted: OmittedProcesses::of(s.processes.get(MAX_PROCESSES..).unwrap_or(&[])),
     }
 }
 
@@ -458,7 +462,11 @@ mod tests {
             processes: (0..MAX_PROCESSES + 50)
                 .map(|i| ProcessStatus {
                     name: format!("p{i}"),
-                    state: ProcessState::Running,
+                    state: if i >= MAX_PROCESSES + 40 {
+                        ProcessState::Failed
+                    } else {
+                        ProcessState::Running
+                    },
                     pid: Some(i as u32),
                     runs: 1,
                     failures: 0,
@@ -470,6 +478,11 @@ mod tests {
         let u = update_from_status(&status);
         assert_eq!(u.processes.len(), MAX_PROCESSES);
         assert_eq!(u.processes[0].name, "p0");
+        let omitted = u.processes_omitted.clone().expect("a summary of the rest");
+        assert_eq!(
+            (omitted.count, omitted.running, omitted.failed),
+            (50, 40, 10)
+        );
         assert!(u.message.len() <= MAX_MESSAGE + " [cut]".len());
         assert!(u.message.ends_with(" [cut]"));
         let short = ExecutorStatus {
@@ -478,5 +491,6 @@ mod tests {
             ..status
         };
         assert_eq!(update_from_status(&short).message, "processes changed");
+        assert_eq!(update_from_status(&short).processes_omitted, None);
     }
 }

@@ -49,6 +49,7 @@ impl Core {
         task.missing_since = None;
         if !u.processes.is_empty() {
             task.processes = u.processes;
+            task.processes_omitted = u.processes_omitted;
         }
         let from = task.status.state;
         let id = u.task_id;

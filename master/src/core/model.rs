@@ -50,6 +50,9 @@ pub struct Task {
     pub last_seq: Option<u64>,
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// What the last status with processes left out of them beyond the agent's cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes_omitted: Option<drover_common::wire::OmittedProcesses>,
     /// Wall clock, for people.
     pub created_ms: UnixMillis,
     /// When it became RUNNING (wall clock, for people).
@@ -427,6 +430,7 @@ pub(super) fn new_task(
         assigned_version: 0,
         last_seq: None,
         processes: Vec::new(),
+        processes_omitted: None,
         created_ms: now,
         running_since: None,
         running_mono: None,

@@ -202,5 +202,6 @@ fn task_view(t: &Task, pending_reason: Option<String>) -> TaskView {
         preempted_by: t.preempted_by.clone(),
         events: t.status.events.clone(),
         processes: t.processes.clone(),
+        processes_omitted: t.processes_omitted.clone(),
     }
 }

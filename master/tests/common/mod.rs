@@ -241,6 +241,7 @@ impl FakeAgent {
                         message: String::new(),
                         timestamp_ms: 0,
                         processes: Vec::new(),
+                        processes_omitted: None,
                     }
                 })
                 .collect(),

@@ -135,6 +135,7 @@ fn repeated_and_stale_updates_change_nothing() {
         message: String::new(),
         timestamp_ms: 0,
         processes: Vec::new(),
+        processes_omitted: None,
     };
     let out = w.handle(Event::StatusReports {
         agent: "a1".to_string(),
@@ -218,6 +219,7 @@ fn a_task_its_agent_reported_ending_leaves_the_set_without_waking_the_agent() {
             message: String::new(),
             timestamp_ms: w.now,
             processes: Vec::new(),
+            processes_omitted: None,
         }],
     });
     assert!(!out

@@ -201,6 +201,7 @@ impl World {
             message: String::new(),
             timestamp_ms: self.at().wall,
             processes: Vec::new(),
+            processes_omitted: None,
         };
         self.handle(Event::StatusReports {
             agent,

@@ -432,6 +432,7 @@ fn an_executor_stopping_an_unhealthy_announced_task_withdraws_it_at_once() {
         message: "health check failed: 503; withdrawn, stopping the task in 2000 ms".into(),
         timestamp_ms: w.at().wall,
         processes: Vec::new(),
+        processes_omitted: None,
     };
     w.handle(Event::StatusReports {
         agent,

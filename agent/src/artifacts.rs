@@ -317,7 +317,10 @@ mod tests {
     fn zip_members_take_their_kind_from_the_unix_mode_else_the_name() {
         assert_eq!(zip_member(false, None), (MemberKind::File, 0o644));
         assert_eq!(zip_member(true, None), (MemberKind::Dir, 0o755));
-        assert_eq!(zip_member(false, Some(0o100_755)), (MemberKind::File, 0o755));
+        assert_eq!(
+            zip_member(false, Some(0o100_755)),
+            (MemberKind::File, 0o755)
+        );
         assert_eq!(zip_member(false, Some(0o640)), (MemberKind::File, 0o640));
         assert_eq!(zip_member(true, Some(0o750)), (MemberKind::Dir, 0o750));
         assert_eq!(zip_member(false, Some(0o040_700)), (MemberKind::Dir, 0o700));
@@ -378,6 +381,9 @@ mod tests {
             fetching(2, 3, Some((14 << 20, Some(40 << 20)))),
             "fetching 2 of 3 (14 MiB of 40 MiB)"
         );
-        assert_eq!(fetching(3, 3, Some((512 << 10, None))), "fetching 3 of 3 (512 KiB)");
+        assert_eq!(
+            fetching(3, 3, Some((512 << 10, None))),
+            "fetching 3 of 3 (512 KiB)"
+        );
     }
 }

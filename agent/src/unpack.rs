@@ -136,9 +136,8 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
         Unpack::Tar => unpack_tar(&job, input),
         Unpack::TarGz => unpack_tar(&job, flate2::read::GzDecoder::new(input)),
         Unpack::TarZst => {
-            let zst = zstd::stream::read::Decoder::with_buffer(input).map_err(|e| {
-                UnpackError::Refused(format!("not a readable zstd stream: {e}"))
-            })?;
+            let zst = zstd::stream::read::Decoder::with_buffer(input)
+                .map_err(|e| UnpackError::Refused(format!("not a readable zstd stream: {e}")))?;
             unpack_tar(&job, zst)
         }
         Unpack::Zip => unpack_zip(&job, input),
@@ -313,9 +312,8 @@ const MAX_LINK: u64 = 4096;
 /// member: each checked, then written without following a link.
 fn unpack_zip(job: &Job, input: impl Read + io::Seek) -> Result<(), UnpackError> {
     let dest = make_dirs(&job.sandbox, &job.dest)?;
-    let bad = |e: zip::result::ZipError| {
-        UnpackError::Refused(format!("not a readable zip archive: {e}"))
-    };
+    let bad =
+        |e: zip::result::ZipError| UnpackError::Refused(format!("not a readable zip archive: {e}"));
     let mut archive = zip::ZipArchive::new(input).map_err(bad)?;
     let mut total: u64 = 0;
     let mut links: Vec<(Vec<String>, String)> = Vec::new();
@@ -376,7 +374,12 @@ fn unpack_zip(job: &Job, input: impl Read + io::Seek) -> Result<(), UnpackError>
             continue;
         }
         let left = job.max_bytes.saturating_sub(total);
-        let written = write_file(&dir, name, (&mut entry).take(left.saturating_add(1)), mode & 0o777)?;
+        let written = write_file(
+            &dir,
+            name,
+            (&mut entry).take(left.saturating_add(1)),
+            mode & 0o777,
+        )?;
         total = total.saturating_add(written);
         if total > job.max_bytes {
             let _ = fs::remove_file(dir.join(name));
@@ -442,7 +445,11 @@ mod archive_tests {
 
     /// Unpacks `archive` (as `kind`) into `<tmp>/sandbox/out`; returns the result and
     /// the temporary directory (its `canary` beside the sandbox).
-    fn unpack(kind: &str, archive: &[u8], max: u64) -> (Result<(), UnpackError>, tempfile::TempDir) {
+    fn unpack(
+        kind: &str,
+        archive: &[u8],
+        max: u64,
+    ) -> (Result<(), UnpackError>, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         fs::create_dir(tmp.path().join("sandbox")).unwrap();
         fs::write(tmp.path().join("canary"), "canary").unwrap();
@@ -500,7 +507,11 @@ mod archive_tests {
     fn hostile_zips_are_refused_and_write_nothing_outside() {
         let cases: [(&str, Vec<ZipMember<'_>>, &str); 8] = [
             ("slip", vec![("../../canary", 0o644, b"pwned")], ".."),
-            ("absolute", vec![("/tmp/drover-zip-abs", 0o644, b"pwned")], "absolute"),
+            (
+                "absolute",
+                vec![("/tmp/drover-zip-abs", 0o644, b"pwned")],
+                "absolute",
+            ),
             ("symlink", vec![("esc", 0o120_777, b"../..")], "outside"),
             (
                 "link then write",
@@ -519,9 +530,15 @@ mod archive_tests {
         for (what, members, word) in cases {
             let (result, tmp) = unpack("zip", &zip_of(&members), 1 << 20);
             let e = result.expect_err(what).to_string();
-            assert!(e.contains("unpack refused") && e.contains(word), "{what}: {e}");
+            assert!(
+                e.contains("unpack refused") && e.contains(word),
+                "{what}: {e}"
+            );
             assert_eq!(beside(&tmp), ["archive", "canary", "sandbox"], "{what}");
-            assert_eq!(fs::read_to_string(tmp.path().join("canary")).unwrap(), "canary");
+            assert_eq!(
+                fs::read_to_string(tmp.path().join("canary")).unwrap(),
+                "canary"
+            );
         }
         assert!(!Path::new("/tmp/drover-zip-abs").exists());
         // A link out through an inner link: refused once all links are there.
@@ -564,7 +581,10 @@ mod archive_tests {
         );
         let (result, tmp) = unpack("tar.zst", &tar_of("../../canary", b"pwned"), 1 << 20);
         assert!(result.unwrap_err().to_string().contains(".."));
-        assert_eq!(fs::read_to_string(tmp.path().join("canary")).unwrap(), "canary");
+        assert_eq!(
+            fs::read_to_string(tmp.path().join("canary")).unwrap(),
+            "canary"
+        );
         let (result, _tmp) = unpack("tar.zst", b"not zstd at all", 1 << 20);
         assert!(matches!(result, Err(UnpackError::Refused(_))), "{result:?}");
         let (result, _tmp) = unpack("zip", b"not a zip", 1 << 20);

@@ -227,7 +227,13 @@ mod tests {
             unpack_of(&art("https://h/a.tar.xz")),
             Err(ArtifactError::UnsupportedArchive)
         );
-        for u in [Unpack::File, Unpack::Tar, Unpack::TarGz, Unpack::TarZst, Unpack::Zip] {
+        for u in [
+            Unpack::File,
+            Unpack::Tar,
+            Unpack::TarGz,
+            Unpack::TarZst,
+            Unpack::Zip,
+        ] {
             assert_eq!(Unpack::parse(u.as_str()), Some(u));
         }
         let mut none = art("https://h/a.zip");

@@ -500,7 +500,10 @@ fn artifacts_need_a_checksum_over_http_and_a_destination_inside_the_sandbox() {
     assert_eq!(with(art("ftp://h/a")), ["task.artifacts[0].url"]);
     assert_eq!(with(art("https://h/a.zip")), Vec::<String>::new());
     assert_eq!(with(art("https://h/a.tar.zst")), Vec::<String>::new());
-    assert_eq!(with(art("https://h/a.tar.xz")), ["task.artifacts[0].extract"]);
+    assert_eq!(
+        with(art("https://h/a.tar.xz")),
+        ["task.artifacts[0].extract"]
+    );
     let mut xz_copied = art("https://h/a.tar.xz");
     xz_copied.extract = Extract::None;
     assert_eq!(with(xz_copied), Vec::<String>::new());

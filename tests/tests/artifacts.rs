@@ -374,7 +374,10 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ),
     );
     assert_eq!(formats.state, TaskState::Finished, "{formats:?}");
-    let sandbox = cluster.sandbox_of(&formats.task_id).unwrap().join("sandbox");
+    let sandbox = cluster
+        .sandbox_of(&formats.task_id)
+        .unwrap()
+        .join("sandbox");
     for f in ["app2/run.sh", "zst/data.txt"] {
         let meta = std::fs::metadata(sandbox.join(f)).unwrap();
         assert_eq!(meta.uid(), www.uid.as_raw(), "{f} is the task user's");
@@ -552,7 +555,11 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ),
     ];
     for (name, archive, word) in hostile {
-        let ext = if name.starts_with("zip-") { "zip" } else { "tar" };
+        let ext = if name.starts_with("zip-") {
+            "zip"
+        } else {
+            "tar"
+        };
         let path = format!("/{name}.{ext}");
         served
             .lock()
@@ -637,8 +644,10 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     {
         let mut s = served.lock().unwrap();
         s.files.insert("/progress.bin".into(), progress.clone());
-        s.trickle
-            .insert("/progress.bin".into(), std::time::Duration::from_millis(300));
+        s.trickle.insert(
+            "/progress.bin".into(),
+            std::time::Duration::from_millis(300),
+        );
     }
     let key = "www-data/test/progress";
     cluster
@@ -664,12 +673,9 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     assert_eq!(task.state, TaskState::Finished, "{task:?} after {message}");
     let states: Vec<TaskState> = task.events.iter().map(|e| e.state).collect();
     assert!(
-        states.windows(3).any(|w| w
-            == [
-                TaskState::Assigned,
-                TaskState::Starting,
-                TaskState::Running
-            ]),
+        states
+            .windows(3)
+            .any(|w| w == [TaskState::Assigned, TaskState::Starting, TaskState::Running]),
         "{:?}",
         task.events
     );

@@ -543,7 +543,9 @@ impl ArtifactCache {
         let mut hasher = Sha256::new();
         let mut n: u64 = 0;
         let total = resp.content_length();
-        lock(&self.state).downloading.insert(sha.to_string(), (0, total));
+        lock(&self.state)
+            .downloading
+            .insert(sha.to_string(), (0, total));
         while let Some(chunk) = resp
             .chunk()
             .await

@@ -1,7 +1,7 @@
-//! The pure rules of artifacts on a host: which archive members may be unpacked
-//! into a sandbox (no absolute paths, no `..`, no links out of the unpack
-//! directory, no device files or FIFOs, no setuid or setgid bits) and which cached
-//! artifacts to evict when the cache is over its size (least recently used first,
+//! The pure rules of artifacts on a host: what a zip member is, which archive
+//! members (tar or zip) may be unpacked into a sandbox (no absolute paths, no `..`,
+//! no links out of the unpack directory, no device files or FIFOs, no setuid or
+//! setgid bits) and which cached artifacts to evict when the cache is over its size (least recently used first,
 //! never one in use). The I/O lives in `runtime::fetch` (download, cache) and
 //! `unpack` (the helper that writes into the sandbox as the task user).
 
@@ -101,6 +101,28 @@ pub fn symlink_stays_inside(parts: &[String], target: &str) -> bool {
     true
 }
 
+/// A zip member's kind and mode: for an archive made on Unix, `unix` is the mode
+/// in the high 16 bits of its external attributes (file type and permission bits,
+/// setuid included); without one (or with no file type in it), a name ending in `/`
+/// is a directory and anything else a file (0755 and 0644 by default).
+pub fn zip_member(name_ends_in_slash: bool, unix: Option<u32>) -> (MemberKind, u32) {
+    const S_IFMT: u32 = 0o170_000;
+    let plain = |mode: u32| match name_ends_in_slash {
+        true => (MemberKind::Dir, mode),
+        false => (MemberKind::File, mode),
+    };
+    let Some(mode) = unix else {
+        return plain(if name_ends_in_slash { 0o755 } else { 0o644 });
+    };
+    let perms = mode & 0o7777;
+    match mode & S_IFMT {
+        0 | 0o100_000 => plain(perms),
+        0o040_000 => (MemberKind::Dir, perms),
+        0o120_000 => (MemberKind::Symlink, perms),
+        _ => (MemberKind::Other, perms),
+    }
+}
+
 /// Most links followed when resolving one link (as the kernel's `ELOOP`).
 const MAX_HOPS: u32 = 40;
 
@@ -174,6 +196,19 @@ pub fn evictions(entries: &[Cached], capacity: u64, incoming: u64) -> Vec<String
         out.push(e.sha256.clone());
     }
     out
+}
+
+/// The STARTING status message while artifact `n` of `of` is put into the sandbox:
+/// `fetching 2 of 3`, with the bytes downloaded so far and the size the server
+/// announced when known: `fetching 2 of 3 (14 MiB of 40 MiB)`, `(14 MiB)`.
+pub fn fetching(n: usize, of: usize, bytes: Option<(u64, Option<u64>)>) -> String {
+    match bytes {
+        None => format!("fetching {n} of {of}"),
+        Some((done, None)) => format!("fetching {n} of {of} ({})", human(done)),
+        Some((done, Some(total))) => {
+            format!("fetching {n} of {of} ({} of {})", human(done), human(total))
+        }
+    }
 }
 
 /// `n` bytes for people: `14 MiB`, `512 KiB`, `10 B`.
@@ -278,6 +313,36 @@ mod tests {
         assert!(!resolves_inside(&[], "/etc", &links));
     }
 
+    #[test]
+    fn zip_members_take_their_kind_from_the_unix_mode_else_the_name() {
+        assert_eq!(zip_member(false, None), (MemberKind::File, 0o644));
+        assert_eq!(zip_member(true, None), (MemberKind::Dir, 0o755));
+        assert_eq!(
+            zip_member(false, Some(0o100_755)),
+            (MemberKind::File, 0o755)
+        );
+        assert_eq!(zip_member(false, Some(0o640)), (MemberKind::File, 0o640));
+        assert_eq!(zip_member(true, Some(0o750)), (MemberKind::Dir, 0o750));
+        assert_eq!(zip_member(false, Some(0o040_700)), (MemberKind::Dir, 0o700));
+        assert_eq!(
+            zip_member(false, Some(0o120_777)),
+            (MemberKind::Symlink, 0o777)
+        );
+        // Character and block devices, FIFOs, sockets.
+        for dev in [0o020_666, 0o060_660, 0o010_644, 0o140_755] {
+            assert_eq!(zip_member(false, Some(dev)).0, MemberKind::Other, "{dev:o}");
+        }
+        // The setuid bit is kept for the check to refuse.
+        let (kind, mode) = zip_member(false, Some(0o104_755));
+        let m = Member {
+            path: "sh",
+            kind,
+            link: None,
+            mode,
+        };
+        assert!(check_member(&m).unwrap_err().to_string().contains("setuid"));
+    }
+
     fn cached(sha: &str, size: u64, last_used: u64, in_use: bool) -> Cached {
         Cached {
             sha256: sha.into(),
@@ -307,5 +372,18 @@ mod tests {
         assert_eq!(human(14 << 20), "14 MiB");
         assert_eq!(human(512 << 10), "512 KiB");
         assert_eq!(human(3), "3 B");
+    }
+
+    #[test]
+    fn fetch_progress_reads_like_the_issue_says() {
+        assert_eq!(fetching(1, 3, None), "fetching 1 of 3");
+        assert_eq!(
+            fetching(2, 3, Some((14 << 20, Some(40 << 20)))),
+            "fetching 2 of 3 (14 MiB of 40 MiB)"
+        );
+        assert_eq!(
+            fetching(3, 3, Some((512 << 10, None))),
+            "fetching 3 of 3 (512 KiB)"
+        );
     }
 }

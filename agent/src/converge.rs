@@ -205,6 +205,7 @@ pub(crate) mod tests {
                 lifecycle: None,
                 ports: Default::default(),
                 drain_delay_ms: None,
+                status_seq_base: 0,
             },
             started: false,
         }

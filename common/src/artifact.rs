@@ -15,6 +15,10 @@ pub enum Unpack {
     Tar,
     /// A gzip-compressed tar archive unpacked into the directory `dest`.
     TarGz,
+    /// A zstd-compressed tar archive unpacked into the directory `dest`.
+    TarZst,
+    /// A zip archive unpacked into the directory `dest`.
+    Zip,
 }
 
 impl Unpack {
@@ -24,6 +28,8 @@ impl Unpack {
             Unpack::File => "file",
             Unpack::Tar => "tar",
             Unpack::TarGz => "tar.gz",
+            Unpack::TarZst => "tar.zst",
+            Unpack::Zip => "zip",
         }
     }
 
@@ -33,6 +39,8 @@ impl Unpack {
             "file" => Some(Unpack::File),
             "tar" => Some(Unpack::Tar),
             "tar.gz" => Some(Unpack::TarGz),
+            "tar.zst" => Some(Unpack::TarZst),
+            "zip" => Some(Unpack::Zip),
             _ => None,
         }
     }
@@ -52,7 +60,7 @@ pub enum ArtifactError {
     Scheme(String),
     #[error("a file:// URL needs an absolute path (file:///opt/app.tar)")]
     FilePath,
-    #[error("is an archive format Drover cannot unpack yet (tar.zst, zip, tar.bz2, tar.xz); repackage it as .tar or .tar.gz, or set extract: none to copy it as one file")]
+    #[error("is an archive format Drover cannot unpack (tar.bz2, tar.xz); repackage it as .tar, .tar.gz, .tar.zst or .zip, or set extract: none to copy it as one file")]
     UnsupportedArchive,
     #[error("`{0}` is not a relative path inside the sandbox; use a path without a leading `/` and without `..`, e.g. app or bin/tool")]
     Dest(String),
@@ -93,7 +101,8 @@ pub fn file_name(url: &str) -> Option<&str> {
 }
 
 /// How `artifact` is put into the sandbox: `extract: none` copies it; `auto` unpacks
-/// `.tar`, `.tar.gz` and `.tgz` and refuses the archive formats not supported yet.
+/// `.tar`, `.tar.gz`/`.tgz`, `.tar.zst`/`.tzst` and `.zip`, and refuses the archive
+/// formats it cannot unpack (`.tar.bz2`, `.tar.xz`).
 pub fn unpack_of(artifact: &Artifact) -> Result<Unpack, ArtifactError> {
     if artifact.extract == Extract::None {
         return Ok(Unpack::File);
@@ -103,11 +112,13 @@ pub fn unpack_of(artifact: &Artifact) -> Result<Unpack, ArtifactError> {
         Ok(Unpack::Tar)
     } else if name.ends_with(".tar.gz") || name.ends_with(".tgz") {
         Ok(Unpack::TarGz)
-    } else if [
-        ".tar.zst", ".tzst", ".zip", ".tar.bz2", ".tbz2", ".tar.xz", ".txz",
-    ]
-    .iter()
-    .any(|s| name.ends_with(s))
+    } else if name.ends_with(".tar.zst") || name.ends_with(".tzst") {
+        Ok(Unpack::TarZst)
+    } else if name.ends_with(".zip") {
+        Ok(Unpack::Zip)
+    } else if [".tar.bz2", ".tbz2", ".tar.xz", ".txz"]
+        .iter()
+        .any(|s| name.ends_with(s))
     {
         Err(ArtifactError::UnsupportedArchive)
     } else {
@@ -209,10 +220,22 @@ mod tests {
         assert_eq!(unpack_of(&art("https://h/a.TGZ")), Ok(Unpack::TarGz));
         assert_eq!(unpack_of(&art("https://h/a.tar.gz")), Ok(Unpack::TarGz));
         assert_eq!(unpack_of(&art("https://h/a.bin")), Ok(Unpack::File));
+        assert_eq!(unpack_of(&art("https://h/a.tar.zst")), Ok(Unpack::TarZst));
+        assert_eq!(unpack_of(&art("https://h/a.tzst")), Ok(Unpack::TarZst));
+        assert_eq!(unpack_of(&art("https://h/a.Zip#x")), Ok(Unpack::Zip));
         assert_eq!(
-            unpack_of(&art("https://h/a.zip")),
+            unpack_of(&art("https://h/a.tar.xz")),
             Err(ArtifactError::UnsupportedArchive)
         );
+        for u in [
+            Unpack::File,
+            Unpack::Tar,
+            Unpack::TarGz,
+            Unpack::TarZst,
+            Unpack::Zip,
+        ] {
+            assert_eq!(Unpack::parse(u.as_str()), Some(u));
+        }
         let mut none = art("https://h/a.zip");
         none.extract = Extract::None;
         assert_eq!(unpack_of(&none), Ok(Unpack::File));

@@ -38,6 +38,15 @@ pub struct ExecutorTask {
     /// this many milliseconds later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_delay_ms: Option<u64>,
+    /// The executor numbers its statuses after this one: the last sequence number
+    /// of the STARTING statuses its agent reported while fetching the task's
+    /// artifacts (`fetching 1 of 2 ...`); 0 when there were none. Set by the agent.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub status_seq_base: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).

@@ -498,10 +498,18 @@ fn artifacts_need_a_checksum_over_http_and_a_destination_inside_the_sandbox() {
     bad_sum.sha256 = Some("xyz".into());
     assert_eq!(with(bad_sum), ["task.artifacts[0].sha256"]);
     assert_eq!(with(art("ftp://h/a")), ["task.artifacts[0].url"]);
-    assert_eq!(with(art("https://h/a.zip")), ["task.artifacts[0].extract"]);
-    let mut zip_copied = art("https://h/a.zip");
-    zip_copied.extract = Extract::None;
-    assert_eq!(with(zip_copied), Vec::<String>::new());
+    assert_eq!(with(art("https://h/a.zip")), Vec::<String>::new());
+    assert_eq!(with(art("https://h/a.tar.zst")), Vec::<String>::new());
+    assert_eq!(
+        with(art("https://h/a.tar.xz")),
+        ["task.artifacts[0].extract"]
+    );
+    let mut xz_copied = art("https://h/a.tar.xz");
+    xz_copied.extract = Extract::None;
+    assert_eq!(with(xz_copied), Vec::<String>::new());
+    let mut zip_mode = art("https://h/a.zip");
+    zip_mode.mode = Some("0755".into());
+    assert_eq!(with(zip_mode), ["task.artifacts[0].mode"]);
     for dest in ["/etc/x", "../x", "a/../../b"] {
         let mut a = art("https://h/a");
         a.dest = Some(dest.into());

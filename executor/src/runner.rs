@@ -282,6 +282,7 @@ async fn run_async(opts: Options) -> i32 {
         .ready_fd
         .and_then(take_inherited_fd)
         .map(std::fs::File::from);
+    let seq_base = task.status_seq_base;
     let mut runner = match Runner::setup(opts, task, layout, tx, ready) {
         // Setup's garbage (the task file, its parse, the sandbox paths) is freed by now,
         // but the heap is trimmed only once the task settles
@@ -292,7 +293,7 @@ async fn run_async(opts: Options) -> i32 {
             crate::diag!("drover-executor: {e}");
             // Leave a status behind if the sandbox exists, so the agent can tell why.
             let status = ExecutorStatus {
-                seq: 1,
+                seq: seq_base + 1,
                 task_id,
                 state: TaskState::Failed,
                 exit_reason: Some(ExitReason::SandboxSetupFailed {
@@ -488,6 +489,8 @@ impl Runner {
             standalone: opts.standalone,
             drain_delay: Duration::from_millis(task.drain_delay_ms.unwrap_or(0)),
         };
+        // Numbered after the agent's own STARTING statuses (artifacts being fetched).
+        let seq_base = task.status_seq_base;
         Ok(Runner {
             sup: Supervisor::new(machine, config),
             io: RunnerIo {
@@ -501,7 +504,7 @@ impl Runner {
                 cmdlines,
                 names,
                 started_at: Instant::now(),
-                seq: 0,
+                seq: seq_base,
                 hub,
                 tx,
                 health,

@@ -7,8 +7,10 @@
 //! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
 //! archives (tar-slip, absolute path, symlink escape directly and through another
 //! link, device node, setuid) refused with canaries outside the sandbox unchanged;
-//! five instances sharing one artifact fetching it once; eviction from a 1 KiB cache;
-//! a kill while a download hangs; an agent crash during a download.
+//! zip and tar.zst archives unpacked, hostile zips refused like the tars; fifty
+//! instances sharing one artifact fetching it once; eviction from a 1 KiB cache; the
+//! fetch's progress in the STARTING status; a kill while a download hangs; an agent
+//! crash during a download, with a re-adopted task's artifact kept in the cache.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -34,6 +36,8 @@ struct Served {
     stall_first: Vec<String>,
     /// Paths whose first request gets a 503.
     fail_first: Vec<String>,
+    /// Paths whose body is sent in 16 pieces with this pause before each.
+    trickle: HashMap<String, std::time::Duration>,
 }
 
 /// Serves `served` over HTTP/1.1 (one request per connection) on 127.0.0.1;
@@ -69,6 +73,24 @@ fn serve(served: Arc<Mutex<Served>>) -> String {
                         let _ = stream.write_all(
                             b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                         );
+                        return;
+                    }
+                    let pause = s.trickle.get(&path).copied();
+                    if let (Some(body), Some(pause)) = (s.files.get(&path).cloned(), pause) {
+                        drop(s);
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        if stream.write_all(head.as_bytes()).is_err() {
+                            return;
+                        }
+                        for piece in body.chunks(body.len().div_ceil(16).max(1)) {
+                            std::thread::sleep(pause);
+                            if stream.write_all(piece).is_err() {
+                                return;
+                            }
+                        }
                         return;
                     }
                     (s.files.get(&path).cloned(), stall)
@@ -160,6 +182,20 @@ fn tarball(members: &[Raw<'_>], gz: bool) -> Vec<u8> {
     enc.finish().unwrap()
 }
 
+/// A zip archive (deflated) of `(name, Unix mode with file type, content)`; the
+/// names and modes are not checked, so hostile ones can be written.
+fn zip_of(members: &[(&str, u32, &[u8])]) -> Vec<u8> {
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, mode, data) in members {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .external_attributes(mode << 16);
+        w.start_file(*name, opts).unwrap();
+        w.write_all(data).unwrap();
+    }
+    w.finish().unwrap().into_inner()
+}
+
 /// A one-shot job running `cmdline` with `artifacts`.
 fn job(name: &str, instances: u32, cmdline: &str, artifacts: Value) -> Value {
     let mut spec = command_job(name, instances, false, cmdline);
@@ -224,6 +260,9 @@ fn listing(dir: &Path) -> Vec<(String, u64, u32)> {
     out.sort();
     out
 }
+
+/// Instances of one job sharing an artifact (the issue asks for 50).
+const SHARING: u32 = 50;
 
 #[test]
 fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
@@ -307,6 +346,43 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     // The first answer for the tool was a 503: retried once.
     assert_eq!(served.lock().unwrap().hits.get("/tool"), Some(&2));
 
+    // A zip (modes and an inner link kept) and a tar.zst, unpacked by their names.
+    let zipped = zip_of(&[
+        ("app2/run.sh", 0o100_755, b"#!/bin/sh\necho zipped\n"),
+        ("app2/link", 0o120_777, b"run.sh"),
+    ]);
+    let zst = zstd::stream::encode_all(
+        &tarball(&[file("zst/data.txt", 0o644, b"zstd")], false)[..],
+        3,
+    )
+    .unwrap();
+    {
+        let mut s = served.lock().unwrap();
+        s.files.insert("/formats.zip".into(), zipped.clone());
+        s.files.insert("/formats.tar.zst".into(), zst.clone());
+    }
+    let formats = run(
+        &mut cluster,
+        &job(
+            "formats",
+            1,
+            "test \"$(./app2/run.sh)\" = zipped && test \"$(./app2/link)\" = zipped && test \"$(cat zst/data.txt)\" = zstd",
+            json!([
+                {"url": format!("{base}/formats.zip"), "sha256": sha256(&zipped)},
+                {"url": format!("{base}/formats.tar.zst"), "sha256": sha256(&zst)}
+            ]),
+        ),
+    );
+    assert_eq!(formats.state, TaskState::Finished, "{formats:?}");
+    let sandbox = cluster
+        .sandbox_of(&formats.task_id)
+        .unwrap()
+        .join("sandbox");
+    for f in ["app2/run.sh", "zst/data.txt"] {
+        let meta = std::fs::metadata(sandbox.join(f)).unwrap();
+        assert_eq!(meta.uid(), www.uid.as_raw(), "{f} is the task user's");
+    }
+
     // file:// is read as the task user: a readable file is copied (and verified),
     // root's secret is not.
     let local = run(
@@ -380,6 +456,35 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let abs_path = format!("{canary_dir}/abs");
     let hostile: Vec<(&str, Vec<u8>, &str)> = vec![
         (
+            "zip-slip",
+            zip_of(&[(&slip_path, 0o100_644, b"pwned\n")]),
+            "..",
+        ),
+        (
+            "zip-absolute",
+            zip_of(&[(&abs_path, 0o100_644, b"pwned\n")]),
+            "absolute",
+        ),
+        (
+            "zip-symlink",
+            zip_of(&[
+                ("esc", 0o120_777, canary_dir.as_bytes()),
+                ("esc/file", 0o100_644, b"pwned\n"),
+            ]),
+            "outside",
+        ),
+        (
+            "zip-chain",
+            zip_of(&[("a", 0o120_777, b"."), ("sub/b", 0o120_777, b"../a/..")]),
+            "through another link",
+        ),
+        ("zip-device", zip_of(&[("null2", 0o020_666, b"")]), "device"),
+        (
+            "zip-setuid",
+            zip_of(&[("sh", 0o104_755, b"#!/bin/sh\n")]),
+            "setuid",
+        ),
+        (
             "slip",
             tarball(&[file(&slip_path, 0o644, b"pwned\n")], false),
             "..",
@@ -450,7 +555,12 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ),
     ];
     for (name, archive, word) in hostile {
-        let path = format!("/{name}.tar");
+        let ext = if name.starts_with("zip-") {
+            "zip"
+        } else {
+            "tar"
+        };
+        let path = format!("/{name}.{ext}");
         served
             .lock()
             .unwrap()
@@ -481,17 +591,23 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         );
     }
 
-    // Five instances starting together fetch their shared artifact once.
+    // Fifty instances starting together (the download trickles, so that they all
+    // wait for it) fetch their shared artifact once.
     let key = "www-data/test/shared";
-    cluster
-        .create_job(&job(
-            "shared",
-            5,
-            "test \"$(./app/run.sh)\" = ran",
-            json!([{"url": format!("{base}/shared.tar.gz"), "sha256": sha256(&shared)}]),
-        ))
-        .unwrap();
+    served.lock().unwrap().trickle.insert(
+        "/shared.tar.gz".into(),
+        std::time::Duration::from_millis(100),
+    );
+    let mut spec = job(
+        "shared",
+        SHARING,
+        "test \"$(./app/run.sh)\" = ran",
+        json!([{"url": format!("{base}/shared.tar.gz"), "sha256": sha256(&shared)}]),
+    );
+    spec["task"]["resources"] = json!({"cpu": 0.05, "ram": "16MiB", "disk": "16MiB"});
+    cluster.create_job(&spec).unwrap();
     let tasks = ended(&mut cluster, key);
+    assert_eq!(tasks.len(), SHARING as usize);
     assert!(
         tasks.iter().all(|t| t.state == TaskState::Finished),
         "{tasks:?}"
@@ -522,6 +638,49 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     expected.sort();
     assert_eq!(cached, expected);
 
+    // While a download runs, the task is STARTING and its status says how far it
+    // got (the agent's statuses, numbered before the executor's).
+    let progress = vec![b'p'; 256 << 10];
+    {
+        let mut s = served.lock().unwrap();
+        s.files.insert("/progress.bin".into(), progress.clone());
+        s.trickle.insert(
+            "/progress.bin".into(),
+            std::time::Duration::from_millis(300),
+        );
+    }
+    let key = "www-data/test/progress";
+    cluster
+        .create_job(&job(
+            "progress",
+            1,
+            "test -s progress.bin",
+            json!([{"url": format!("{base}/progress.bin"), "sha256": sha256(&progress)}]),
+        ))
+        .unwrap();
+    let message = cluster
+        .wait_for("a STARTING status with the fetch's progress", WAIT, |c| {
+            let view = c.job(key).ok()?;
+            let task = view.instances.first()?.current.clone()?;
+            let last = task.events.last()?;
+            (task.state == TaskState::Starting
+                && last.message.starts_with("fetching 1 of 1 (")
+                && last.message.ends_with(" of 256 KiB)"))
+            .then(|| last.message.clone())
+        })
+        .unwrap();
+    let task = ended(&mut cluster, key).remove(0);
+    assert_eq!(task.state, TaskState::Finished, "{task:?} after {message}");
+    let states: Vec<TaskState> = task.events.iter().map(|e| e.state).collect();
+    assert!(
+        states
+            .windows(3)
+            .any(|w| w == [TaskState::Assigned, TaskState::Starting, TaskState::Running]),
+        "{:?}",
+        task.events
+    );
+    let _ = cluster.kill_job(key);
+
     // A kill while the download hangs ends the task KILLED at once.
     let hung = tarball(&[file("x", 0o644, &[b'x'; 64 << 10])], false);
     {
@@ -551,6 +710,26 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let killed = ended(&mut cluster, key).remove(0);
     assert_eq!(killed.state, TaskState::Killed, "{killed:?}");
     assert!(asked.elapsed() < std::time::Duration::from_secs(10));
+
+    // A running task whose artifact is cached: re-adopted after the agent's
+    // restart below, its artifact stays pinned (the 1 KiB cache would evict it at the
+    // replacement's download otherwise).
+    let kept = b"kept artifact\n".to_vec();
+    served
+        .lock()
+        .unwrap()
+        .files
+        .insert("/kept.txt".into(), kept.clone());
+    let keep_key = "www-data/test/keep";
+    let mut keep = command_job("keep", 1, true, "exec sleep 600");
+    keep["task"]["artifacts"] =
+        json!([{"url": format!("{base}/kept.txt"), "sha256": sha256(&kept)}]);
+    cluster.create_job(&keep).unwrap();
+    cluster.wait_for_all(keep_key, TaskState::Running).unwrap();
+    let kept_file = cluster
+        .dir()
+        .join(format!("agent-0/artifacts/{}", sha256(&kept)));
+    assert!(kept_file.exists());
 
     // The agent crashes during a download: the task is LOST, the unfinished
     // download is deleted when the agent starts again, and the replacement fetches
@@ -598,4 +777,14 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     assert!(!part.exists());
     assert_eq!(served.lock().unwrap().hits.get("/slow.tar"), Some(&2));
     let _ = cluster.kill_job(key);
+    // The re-adopted task still runs, and its artifact was not evicted.
+    let view = cluster.job(keep_key).unwrap();
+    let keeper = view.instances[0].current.as_ref().unwrap();
+    assert_eq!(keeper.state, TaskState::Running, "{keeper:?}");
+    assert!(
+        kept_file.exists(),
+        "the re-adopted task's artifact was evicted"
+    );
+    cluster.kill_job(keep_key).unwrap();
+    ended(&mut cluster, keep_key);
 }

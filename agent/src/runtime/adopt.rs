@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use drover_common::state::{mono_ms, now_ms, ExitReason, TaskState};
+use drover_common::wire::ExecutorTask;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -71,7 +72,16 @@ pub(super) fn readopt(shared: &Arc<Shared>, set: &mut JoinSet<()>) {
                 tracing::info!(task_id = %id, "re-adopting running executor");
                 let rx = hold_live(shared, &id, status.map(|s| s.state), meta.exclusive);
                 let pid = running.get(&id).copied();
-                set.spawn(watch_task(shared.clone(), id, Watched::Adopted(pid), rx));
+                // Its cached artifacts stay pinned while it lives, as a new task's do.
+                let pins = std::fs::read(shared.layout.task_file(&id))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<ExecutorTask>(&b).ok())
+                    .map(|task| shared.artifacts.pin(&task));
+                let watched = watch_task(shared.clone(), id, Watched::Adopted(pid), rx);
+                set.spawn(async move {
+                    watched.await;
+                    drop(pins);
+                });
             }
             Found::Ended(s) => {
                 tracing::info!(task_id = %id, state = %s.state, "task ended while the agent was away");

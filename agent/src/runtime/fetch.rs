@@ -5,7 +5,11 @@
 //! (files found at agent start are hashed again on first use). Concurrent tasks
 //! wanting one sum wait for one download (a lock per sum). The cache is bounded by
 //! `artifact_cache_size`: after a download the least recently used artifacts no
-//! task is being prepared with are deleted ([`crate::artifacts::evictions`]).
+//! live task uses are deleted ([`crate::artifacts::evictions`]); a task holds its
+//! [`Pins`] from its fetch until it ends, and a task re-adopted after an agent
+//! restart pins its artifacts again ([`ArtifactCache::pin`]). While a task's
+//! artifacts are fetched, its progress is reported every [`PROGRESS_EVERY`]
+//! (`fetching 2 of 3 (14 MiB of 40 MiB)`, [`crate::artifacts::fetching`]).
 //!
 //! Root never writes into a sandbox: it creates the task directory and the empty
 //! `sandbox/` (chowned to the task user through a descriptor, as the executor does),
@@ -30,7 +34,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::lock;
-use crate::artifacts::{evictions, human, Cached};
+use crate::artifacts::{evictions, fetching, human, Cached};
 use crate::config::ArtifactLimits;
 use crate::host::Verdict;
 use crate::metrics::METRICS;
@@ -45,6 +49,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// No byte from the server for this long fails the attempt.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a download's progress is reported in the task's STARTING status.
+pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// System CA bundles tried, first found wins.
 const SYSTEM_ROOTS: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
@@ -69,6 +75,8 @@ struct State {
     entries: HashMap<String, Entry>,
     /// One lock per sum: who holds it downloads or checks it, the others wait.
     locks: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Downloads under way: bytes so far, and the size the server announced.
+    downloading: HashMap<String, (u64, Option<u64>)>,
 }
 
 /// The host's artifact cache and the client that fills it.
@@ -110,7 +118,7 @@ impl Failure {
     }
 }
 
-/// The cached artifacts a task is being prepared with: not evicted until dropped.
+/// The cached artifacts a task uses: not evicted until dropped.
 #[derive(Debug)]
 pub(super) struct Pins {
     cache: Arc<ArtifactCache>,
@@ -223,13 +231,38 @@ impl ArtifactCache {
         self.dir.join(sha)
     }
 
+    /// Pins the cached artifacts of a task found running at agent start (its task
+    /// file's http(s) artifacts that are still in the cache), so that no download
+    /// evicts them while it lives.
+    pub fn pin(self: &Arc<Self>, task: &ExecutorTask) -> Pins {
+        let mut state = lock(&self.state);
+        let shas = task
+            .task
+            .artifacts
+            .iter()
+            .filter_map(|a| a.sha256.as_deref().map(str::to_ascii_lowercase))
+            .filter(|sha| match state.entries.get_mut(sha) {
+                Some(e) => {
+                    e.pins += 1;
+                    true
+                }
+                None => false,
+            })
+            .collect();
+        Pins {
+            cache: self.clone(),
+            shas,
+        }
+    }
+
     /// Puts every artifact of `task` into its new sandbox (creating the task
-    /// directory and `sandbox/`), in order. The pins keep the cached ones until the
-    /// task ends.
+    /// directory and `sandbox/`), in order, telling `report` how far it got (a
+    /// STARTING message). The pins keep the cached ones until the task ends.
     pub async fn prepare(
         self: &Arc<Self>,
         layout: &Layout,
         task: &ExecutorTask,
+        report: &(dyn Fn(String) + Sync),
     ) -> Result<Pins, Failure> {
         let mut pins = Pins {
             cache: self.clone(),
@@ -252,6 +285,7 @@ impl ArtifactCache {
                 error,
             };
             tracing::info!(task_id = %task.task_id, url = %art.url, "fetching {} of {count}", i + 1);
+            report(fetching(i + 1, count, None));
             let unpack = rules::unpack_of(art).map_err(|e| fail(e.to_string()))?;
             let dest = rules::dest_of(art, unpack).map_err(|e| fail(e.to_string()))?;
             let source = match rules::scheme(&art.url).map_err(|e| fail(e.to_string()))? {
@@ -262,10 +296,24 @@ impl ArtifactCache {
                         .map(str::to_ascii_lowercase)
                         .filter(|sha| rules::is_sha256(sha))
                         .ok_or_else(|| fail("no valid sha256 (required for http(s))".into()))?;
-                    let size = self
-                        .fetch(&art.url, &sha, budget.min(self.limits.max_size))
-                        .await
-                        .map_err(fail)?;
+                    let fetched = self.fetch(&art.url, &sha, budget.min(self.limits.max_size));
+                    tokio::pin!(fetched);
+                    let start = tokio::time::Instant::now() + PROGRESS_EVERY;
+                    let mut tick = tokio::time::interval_at(start, PROGRESS_EVERY);
+                    let mut shown = None;
+                    let size = loop {
+                        tokio::select! {
+                            size = &mut fetched => break size,
+                            _ = tick.tick() => {
+                                let now = lock(&self.state).downloading.get(&sha).copied();
+                                if now.is_some() && now != shown {
+                                    report(fetching(i + 1, count, now));
+                                    shown = now;
+                                }
+                            }
+                        }
+                    }
+                    .map_err(fail)?;
                     pins.shas.push(sha.clone());
                     budget = budget.saturating_sub(size);
                     Source::Cached(self.path(&sha))
@@ -427,6 +475,14 @@ impl ArtifactCache {
         let part = self.dir.join(format!("{sha}.part"));
         let mut delay = FIRST_BACKOFF;
         let mut attempt = 1;
+        // Progress is shown from the first byte to the download's end.
+        struct Shown<'a>(&'a ArtifactCache, &'a str);
+        impl Drop for Shown<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.state).downloading.remove(self.1);
+            }
+        }
+        let _shown = Shown(self, sha);
         loop {
             let result = self.download_once(url, sha, limit, &part).await;
             if result.is_err() {
@@ -486,6 +542,10 @@ impl ArtifactCache {
             .map_err(io)?;
         let mut hasher = Sha256::new();
         let mut n: u64 = 0;
+        let total = resp.content_length();
+        lock(&self.state)
+            .downloading
+            .insert(sha.to_string(), (0, total));
         while let Some(chunk) = resp
             .chunk()
             .await
@@ -496,6 +556,9 @@ impl ArtifactCache {
                 return Err(Attempt::Final(too_large(n, limit)));
             }
             METRICS.artifact_bytes_fetched.inc_by(chunk.len() as u64);
+            if let Some(p) = lock(&self.state).downloading.get_mut(sha) {
+                p.0 = n;
+            }
             hasher.update(&chunk);
             file.write_all(&chunk).await.map_err(io)?;
         }

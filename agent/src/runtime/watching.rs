@@ -3,6 +3,7 @@
 //! the pure core decides (its checkpoint, or LOST). Agent-decided statuses are
 //! numbered and recorded here.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,13 +75,29 @@ pub(super) async fn start_task(
     }
     // Artifacts first, outside the start permits; the pins keep the cached copies
     // from eviction while the task lives. A kill while fetching ends the task at once
-    // (the unpack helper is killed with the dropped future).
+    // (the unpack helper is killed with the dropped future). The fetch is reported
+    // as STARTING statuses numbered by the agent; the executor numbers its own
+    // after them (`status_seq_base`).
     let mut kill_rx = kill_rx;
+    let mut assignment = assignment;
     let _pins = if assignment.task.task.artifacts.is_empty() {
         None
     } else {
+        let fetch_seq = AtomicU64::new(lock(&shared.outbox).last_seq(&id));
+        let report = |message: String| {
+            let seq = fetch_seq.fetch_add(1, Ordering::Relaxed) + 1;
+            let _ = shared.updates_tx.send(StatusUpdate {
+                task_id: id.clone(),
+                seq,
+                state: TaskState::Starting,
+                exit_reason: None,
+                message,
+                timestamp_ms: now_ms(),
+                processes: Vec::new(),
+            });
+        };
         let prepared = tokio::select! {
-            prepared = shared.artifacts.prepare(&shared.layout, &assignment.task) => prepared,
+            prepared = shared.artifacts.prepare(&shared.layout, &assignment.task, &report) => prepared,
             Some(reason) = kill_rx.recv() => {
                 let verdict = Verdict {
                     task_id: id.clone(),
@@ -88,15 +105,20 @@ pub(super) async fn start_task(
                     message: reason.to_string(),
                     reason,
                 };
-                finish(&shared, numbered(&shared, verdict, 0));
+                let seen = fetch_seq.load(Ordering::Relaxed);
+                finish(&shared, numbered(&shared, verdict, seen));
                 return;
             }
         };
+        let seen = fetch_seq.load(Ordering::Relaxed);
         match prepared {
-            Ok(pins) => Some(pins),
+            Ok(pins) => {
+                assignment.task.status_seq_base = seen;
+                Some(pins)
+            }
             Err(failure) => {
                 tracing::warn!(task_id = %id, url = %failure.url, error = %failure.error, "artifact failed");
-                let update = numbered(&shared, failure.verdict(&id), 0);
+                let update = numbered(&shared, failure.verdict(&id), seen);
                 finish(&shared, update);
                 return;
             }

@@ -300,6 +300,7 @@ pub fn assignment(task_id: &str, mode: &str) -> Assignment {
             lifecycle: None,
             ports: Default::default(),
             drain_delay_ms: None,
+            status_seq_base: 0,
         },
         started: false,
     }

@@ -90,6 +90,18 @@ impl Core {
                 task.running_since = Some(now.wall);
                 task.running_mono = Some(now.mono);
             }
+            // Progress while STARTING (the agent fetching artifacts, then the
+            // executor): the STARTING event's message follows, without a new event.
+            TaskState::Starting if from == TaskState::Starting && !u.message.is_empty() => {
+                if let Some(e) = task
+                    .status
+                    .events
+                    .last_mut()
+                    .filter(|e| e.state == TaskState::Starting)
+                {
+                    e.message = u.message;
+                }
+            }
             // An announced task's executor stops it for a failed health check or a
             // broken limit (its disk) after its drain delay, saying so in a RUNNING
             // report with the reason: withdrawn now (ended, as usual, when it

@@ -161,6 +161,7 @@ impl Core {
                             .as_ref()
                             .map(|a| a.drain_delay.get().as_millis() as u64)
                             .filter(|ms| *ms > 0),
+                        status_seq_base: 0,
                     },
                     started: t.last_seq.is_some(),
                 })

@@ -95,6 +95,7 @@ fn run_all(core: &mut Core, now: u64) -> Vec<HeartbeatRequest> {
                 message: String::new(),
                 timestamp_ms: now,
                 processes: Vec::new(),
+                processes_omitted: None,
             })
             .collect();
         if !reports.is_empty() {

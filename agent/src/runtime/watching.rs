@@ -94,6 +94,7 @@ pub(super) async fn start_task(
                 message,
                 timestamp_ms: now_ms(),
                 processes: Vec::new(),
+                processes_omitted: None,
             });
         };
         let prepared = tokio::select! {

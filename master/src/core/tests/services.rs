@@ -486,6 +486,7 @@ fn an_executor_stopping_an_announced_task_over_its_disk_limit_withdraws_it_at_on
         message: "over; withdrawn, stopping the task in 2000 ms".into(),
         timestamp_ms: w.at().wall,
         processes: Vec::new(),
+        processes_omitted: None,
     };
     w.handle(Event::StatusReports {
         agent,

@@ -536,10 +536,13 @@ impl ArtifactCache {
         let io = |e: io::Error| Attempt::Final(format!("cannot write to the artifact cache: {e}"));
         // The bytes go in PIECE-sized buffers to a blocking thread that hashes and
         // writes them, while this task goes on receiving.
+        // Written pieces come back emptied, to be filled again (a new 1 MiB buffer
+        // costs its page faults).
         let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_IN_FLIGHT);
+        let (back_tx, mut back_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
         let writer = tokio::task::spawn_blocking({
             let part = part.to_path_buf();
-            move || store(&part, rx)
+            move || store(&part, rx, &back_tx)
         });
         let total = resp.content_length();
         lock(&self.state)
@@ -563,7 +566,10 @@ impl ArtifactCache {
                 }
                 piece.extend_from_slice(&chunk);
                 if piece.len() >= PIECE {
-                    let full = std::mem::replace(&mut piece, Vec::with_capacity(PIECE));
+                    let empty = back_rx
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(PIECE));
+                    let full = std::mem::replace(&mut piece, empty);
                     if tx.send(full).await.is_err() {
                         // The writer stopped: its error is the one to report.
                         return Ok(n);
@@ -663,9 +669,13 @@ impl ArtifactCache {
 }
 
 /// Writes the pieces `rx` receives to a new `part` (no link followed), hashing
-/// them on the way; returns their sha256 once the sender is gone. Runs on a
-/// blocking thread.
-fn store(part: &Path, mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>) -> io::Result<String> {
+/// them on the way, and hands each back emptied on `back`; returns their sha256
+/// once the sender is gone. Runs on a blocking thread.
+fn store(
+    part: &Path,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    back: &tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+) -> io::Result<String> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -674,9 +684,11 @@ fn store(part: &Path, mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>) -> io::Resul
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(part)?;
     let mut hasher = Sha256::new();
-    while let Some(piece) = rx.blocking_recv() {
+    while let Some(mut piece) = rx.blocking_recv() {
         hasher.update(&piece);
         file.write_all(&piece)?;
+        piece.clear();
+        let _ = back.send(piece);
     }
     Ok(hex(&hasher.finalize()))
 }

@@ -22,7 +22,8 @@
 #
 # Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_FRESH_FS=0 to run
 # in the ordinary TMPDIR instead (then wait >= 5.5 min between runs), BENCH_LOG_DIR
-# (default target/bench-throughput/<date>) for every run's full output.
+# (default target/bench-throughput/<date>) for every run's full output and a `summary`
+# file (base, new, ratios, median_ratio; one "key value" a line).
 #
 # Slurm is an optional third column when `sbatch` is installed and `scontrol ping`
 # answers UP: the same number of `true` jobs as job arrays, submit -> squeue empty.
@@ -233,7 +234,15 @@ fi
 printf '%s\n' "${rows[@]}"
 s_med=
 [ "$slurm" = 0 ] || s_med=" $(echo "${slurm_rates[*]}" | median) |"
-echo "| median | | $(echo "${base_rates[*]}" | median) | $(echo "${new_rates[*]}" | median) |$s_med $(echo "${ratios[*]}" | median) |"
+median_ratio=$(echo "${ratios[*]}" | median)
+echo "| median | | $(echo "${base_rates[*]}" | median) | $(echo "${new_rates[*]}" | median) |$s_med $median_ratio |"
+# For scripts (bench-guard.sh): one "key value" a line.
+{
+  echo "base $base"
+  echo "new $new"
+  echo "ratios ${ratios[*]}"
+  echo "median_ratio $median_ratio"
+} >"$logs/summary"
 echo
 echo "load before: $uptime_before"
 echo "load after:  $uptime_after"

@@ -78,7 +78,10 @@ build() {
     echo "==> building $ref into $out (release, nice -n 10; sources in $src)" >&2
     git worktree add --detach --quiet "$src/tree" "$ref" >&2
     mkdir -p "$out"
-    if ! (cd "$src/tree" && CARGO_TARGET_DIR=$out nice -n 10 sh scripts/release.sh) >&2; then
+    # Refs before scripts/protoc (e901ecc) needed a system protoc for etcd-client's
+    # build script: give them this checkout's (a PROTOC already set wins).
+    if ! (cd "$src/tree" && PROTOC=${PROTOC:-$root/scripts/protoc} CARGO_TARGET_DIR=$out \
+      nice -n 10 sh scripts/release.sh) >&2; then
       git worktree remove --force "$src/tree" || true
       rm -rf "$src"
       die "the release build of $ref failed"

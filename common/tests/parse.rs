@@ -55,6 +55,10 @@ fn full_job() -> JobSpec {
         constraints: [("rack".to_string(), "limit:2".into())]
             .into_iter()
             .collect(),
+        // Not yet in the file parser's schema (common/src/parse.rs): unset here.
+        spread: None,
+        affinity: None,
+        placement: None,
         task: TaskSpec {
             processes: vec![
                 ProcessSpec {

@@ -1,14 +1,25 @@
 //! `drover-agent unpack-artifact`: the short-lived helper that puts one artifact
 //! into a sandbox. The agent runs it as the task user (never as root when the task
 //! is not root), with the cached file on stdin or, for a `file://` URL, the path to
-//! read (so a task can only read host files its user can). Each archive member is
-//! checked ([`crate::artifacts::check_member`]) before it is written; a refused
-//! member fails the whole artifact. Directories on the way to `dest` are created
-//! without following links, and a copied file is written to a new temporary name
-//! and renamed into place, so an entry in the way is replaced, never followed. A zip
-//! archive is unpacked member by member by this module (the same way: directories
-//! never through a link, files renamed into place, links checked again once all
-//! are there); a tar archive by the `tar` crate after each member's check.
+//! read (so a task can only read host files its user can).
+//!
+//! Every archive member, tar or zip, goes through one [`Budget`]: its header checked
+//! ([`crate::artifacts::check_member`]: no absolute path, no `..`, no link out, no
+//! device, FIFO or socket, no setuid or setgid bit) and its size counted against
+//! `MAX_BYTES`, before anything of it is written; a refused member fails the whole
+//! artifact, and the symlinks are checked again once all are there. Directories on
+//! the way are created without following links, and a file is written to a new
+//! temporary name and renamed into place, so an entry in the way is replaced, never
+//! followed.
+//!
+//! How a file's bytes get there: when the source is a regular file (the cached copy,
+//! or a `file://` path), a plain file and the members of an uncompressed tar are
+//! copied by the kernel with `copy_file_range(2)` from their offsets in the source
+//! (a tar member's offset comes from its header; falling back to `pread` and `write`
+//! in 1 MiB pieces where the file systems refuse it); members of a compressed tar
+//! and of a zip are decompressed and written in 1 MiB pieces. Directories, links
+//! and hard links of a tar are made by the `tar` crate (`unpack_in`), those of a zip
+//! by this module.
 //!
 //! Arguments (positional, internal to the agent):
 //! `SANDBOX DEST KIND MODE MAX_BYTES SOURCE [SHA256]`: the sandbox directory, the
@@ -20,16 +31,21 @@
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use drover_common::artifact::{relative_parts, Unpack};
+use nix::errno::Errno;
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{check_member, resolves_inside, zip_member, Member, MemberKind};
 
 /// The subcommand's name (`drover-agent unpack-artifact ...`).
 pub const SUBCOMMAND: &str = "unpack-artifact";
+
+/// The size of the pieces read and written when a copy goes through memory
+/// (hashing, decompressing, the `pread` fallback).
+pub const PIECE: usize = 1 << 20;
 
 /// Why an artifact could not be put into the sandbox.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +115,8 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
             });
         }
     }
-    // Stdin is the cached file the agent opened: a file, so a zip can seek in it.
+    // Stdin is the cached file the agent opened: a file, so a zip can seek in it
+    // and a plain tar's members be copied from their offsets.
     let source = match &job.source {
         Some(path) => {
             fs::File::open(path).map_err(io_err(format!("cannot read {}", path.display())))?
@@ -110,7 +127,10 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
             .map(fs::File::from)
             .map_err(io_err("cannot read stdin"))?,
     };
-    let input = io::BufReader::with_capacity(256 * 1024, source);
+    // Anything else (a pipe) is read as a stream.
+    let regular = source.metadata().is_ok_and(|m| m.is_file());
+    let mut buf = Vec::new();
+    let stream = |source| io::BufReader::with_capacity(PIECE, source);
     match job.kind {
         Unpack::File => {
             let (name, parents) = job
@@ -118,12 +138,17 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
                 .split_last()
                 .ok_or(UnpackError::Usage("DEST names no file"))?;
             let dir = make_dirs(&job.sandbox, parents)?;
-            let written = write_file(
-                &dir,
-                name,
-                input.take(job.max_bytes.saturating_add(1)),
-                job.mode,
-            )?;
+            let limit = job.max_bytes.saturating_add(1);
+            let data = if regular {
+                Data::Range {
+                    src: &source,
+                    offset: 0,
+                    len: limit,
+                }
+            } else {
+                Data::Stream(Box::new((&source).take(limit)), &mut buf)
+            };
+            let written = write_file(&dir, name, job.mode, data)?;
             if written > job.max_bytes {
                 let _ = fs::remove_file(dir.join(name));
                 return Err(UnpackError::Refused(format!(
@@ -133,21 +158,28 @@ pub fn main(args: &[String]) -> Result<(), UnpackError> {
             }
             Ok(())
         }
-        Unpack::Tar => unpack_tar(&job, input),
-        Unpack::TarGz => unpack_tar(&job, flate2::read::GzDecoder::new(input)),
-        Unpack::TarZst => {
-            let zst = zstd::stream::read::Decoder::with_buffer(input)
-                .map_err(|e| UnpackError::Refused(format!("not a readable zstd stream: {e}")))?;
-            unpack_tar(&job, zst)
+        Unpack::Tar if regular => {
+            let mut archive = tar_archive(&source);
+            unpack_tar(&job, archive.entries_with_seek(), Some(&source), &mut buf)
         }
-        Unpack::Zip => unpack_zip(&job, input),
+        Unpack::Tar => unpack_tar(&job, tar_archive(stream(source)).entries(), None, &mut buf),
+        Unpack::TarGz => {
+            let mut archive = tar_archive(flate2::read::GzDecoder::new(stream(source)));
+            unpack_tar(&job, archive.entries(), None, &mut buf)
+        }
+        Unpack::TarZst => {
+            let zst = zstd::stream::read::Decoder::with_buffer(stream(source))
+                .map_err(|e| UnpackError::Refused(format!("not a readable zstd stream: {e}")))?;
+            unpack_tar(&job, tar_archive(zst).entries(), None, &mut buf)
+        }
+        Unpack::Zip => unpack_zip(&job, stream(source), &mut buf),
     }
 }
 
-/// The sha256 (hex) of everything `r` reads.
+/// The sha256 (hex) of everything `r` reads, read in [`PIECE`]s.
 pub fn sha256_of(mut r: impl Read) -> io::Result<String> {
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 256 * 1024];
+    let mut buf = vec![0u8; PIECE];
     loop {
         let n = r.read(&mut buf)?;
         if n == 0 {
@@ -187,21 +219,37 @@ fn make_dirs(base: &Path, parts: &[String]) -> Result<PathBuf, UnpackError> {
     Ok(dir)
 }
 
-/// Writes `input` to `dir/name` with `mode`: through a new temporary file renamed
+/// Where a written file's bytes come from.
+enum Data<'a> {
+    /// Read to its end, written in pieces of the buffer's size (grown to [`PIECE`]).
+    Stream(Box<dyn Read + 'a>, &'a mut Vec<u8>),
+    /// At most `len` bytes of `src` from `offset` (fewer at its end), copied by the
+    /// kernel.
+    Range {
+        src: &'a fs::File,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// Writes `data` to `dir/name` with `mode`: through a new temporary file renamed
 /// over whatever is there. Returns the bytes written.
-fn write_file(dir: &Path, name: &str, mut input: impl Read, mode: u32) -> Result<u64, UnpackError> {
+fn write_file(dir: &Path, name: &str, mode: u32, data: Data<'_>) -> Result<u64, UnpackError> {
     let final_path = dir.join(name);
     let tmp = dir.join(format!(".{name}.drover-part"));
     let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
+    let file = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(io_err(format!("cannot create {}", tmp.display())))?;
-    let written = io::copy(&mut input, &mut file).and_then(|n| {
-        file.flush()?;
+    let copied = match data {
+        Data::Stream(input, buf) => copy_pieces(input, &file, buf),
+        Data::Range { src, offset, len } => copy_range(src, offset, len, &file),
+    };
+    let written = copied.and_then(|n| {
         file.set_permissions(fs::Permissions::from_mode(mode))?;
         fs::rename(&tmp, &final_path)?;
         Ok(n)
@@ -212,19 +260,145 @@ fn write_file(dir: &Path, name: &str, mut input: impl Read, mode: u32) -> Result
     })
 }
 
-/// Unpacks the tar stream `input` into the destination directory, member by member.
-fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
-    let dest = make_dirs(&job.sandbox, &job.dest)?;
+/// Copies all of `input` to `out`, filling `buf` (grown to [`PIECE`]) before each
+/// write.
+fn copy_pieces(mut input: impl Read, mut out: &fs::File, buf: &mut Vec<u8>) -> io::Result<u64> {
+    buf.resize(PIECE, 0);
+    let mut total = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match input.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if filled == 0 {
+            return Ok(total);
+        }
+        out.write_all(&buf[..filled])?;
+        total += filled as u64;
+    }
+}
+
+/// Copies at most `len` bytes of `src` from `offset` to `out` (at its position):
+/// `copy_file_range(2)`, or `pread` and `write` in [`PIECE`]s when the kernel or the
+/// file systems do not support it between these two files. Stops early at the end
+/// of `src`; returns the bytes copied.
+fn copy_range(src: &fs::File, offset: u64, len: u64, out: &fs::File) -> io::Result<u64> {
+    let mut off_in = i64::try_from(offset).map_err(io::Error::other)?;
+    let mut done = 0u64;
+    while done < len {
+        // The kernel copies at most about 2 GiB per call anyway.
+        let want = (len - done).min(1 << 30) as usize;
+        match nix::fcntl::copy_file_range(src, Some(&mut off_in), out, None, want) {
+            Ok(0) => break,
+            Ok(n) => done += n as u64,
+            Err(Errno::EINTR) => {}
+            Err(
+                Errno::EXDEV | Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP | Errno::EPERM,
+            ) if done == 0 => return copy_pread(src, offset, len, out),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(done)
+}
+
+/// [`copy_range`] through memory.
+fn copy_pread(src: &fs::File, offset: u64, len: u64, mut out: &fs::File) -> io::Result<u64> {
+    let mut buf = vec![0u8; PIECE.min(usize::try_from(len).unwrap_or(PIECE))];
+    let mut done = 0u64;
+    while done < len {
+        let want = buf
+            .len()
+            .min(usize::try_from(len - done).unwrap_or(usize::MAX));
+        let n = match src.read_at(&mut buf[..want], offset + done) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.write_all(&buf[..n])?;
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+/// The members admitted so far, for any archive format: each one's header checked
+/// and its size counted before anything of it is written.
+struct Budget {
+    max_bytes: u64,
+    total: u64,
+    /// Every symlink admitted, checked again once all are there.
+    links: Vec<(Vec<String>, String)>,
+}
+
+impl Budget {
+    fn new(max_bytes: u64) -> Budget {
+        Budget {
+            max_bytes,
+            total: 0,
+            links: Vec::new(),
+        }
+    }
+
+    /// Checks `m` (`size` bytes unpacked) and returns its path components below
+    /// the unpack directory; refuses it, or the archive once it unpacks to more
+    /// than `MAX_BYTES`.
+    fn admit(&mut self, m: &Member<'_>, size: u64) -> Result<Vec<String>, UnpackError> {
+        let parts = check_member(m).map_err(|e| UnpackError::Refused(e.to_string()))?;
+        self.total = self.total.saturating_add(size);
+        if self.total > self.max_bytes {
+            return Err(UnpackError::Refused(format!(
+                "the archive unpacks to more than {} bytes (artifact_task_max_size)",
+                self.max_bytes
+            )));
+        }
+        if let (MemberKind::Symlink, Some(target)) = (m.kind, m.link) {
+            self.links.push((parts.clone(), target.to_string()));
+        }
+        Ok(parts)
+    }
+
+    /// Once every member is unpacked into `dest`: checks the symlinks again.
+    fn finish(&self, dest: &Path) -> Result<(), UnpackError> {
+        check_links(dest, &self.links)
+    }
+}
+
+/// A tar archive read as the helper wants: no owners, modes or xattrs kept.
+fn tar_archive<R: Read>(input: R) -> tar::Archive<R> {
     let mut archive = tar::Archive::new(input);
     archive.set_preserve_permissions(false);
     archive.set_preserve_ownerships(false);
     archive.set_unpack_xattrs(false);
     archive.set_overwrite(true);
+    archive
+}
+
+/// A member `path` whose bytes are not `expected` long.
+fn wrong_size(path: &str, written: u64, expected: u64) -> UnpackError {
+    UnpackError::Refused(format!(
+        "member `{}` has {written} bytes, its header says {expected}",
+        path.escape_debug()
+    ))
+}
+
+/// Unpacks the tar `entries` into the destination directory, member by member:
+/// files written by [`write_file`] (from `raw`, the uncompressed archive itself,
+/// at their offsets when given), the rest by the `tar` crate.
+fn unpack_tar<R: Read>(
+    job: &Job,
+    entries: io::Result<tar::Entries<'_, R>>,
+    raw: Option<&fs::File>,
+    buf: &mut Vec<u8>,
+) -> Result<(), UnpackError> {
+    let dest = make_dirs(&job.sandbox, &job.dest)?;
     let bad = |e: io::Error| UnpackError::Refused(format!("not a readable tar archive: {e}"));
-    let mut total: u64 = 0;
-    // Every symlink unpacked, checked again once all are there.
-    let mut links: Vec<(Vec<String>, String)> = Vec::new();
-    for entry in archive.entries().map_err(bad)? {
+    let mut budget = Budget::new(job.max_bytes);
+    for entry in entries.map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let header = entry.header();
         let path_bytes = entry.path_bytes().into_owned();
@@ -253,22 +427,35 @@ fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
             MemberKind::Other
         };
         let mode = header.mode().unwrap_or(0o644);
-        let parts = check_member(&Member {
-            path: &path,
-            kind,
-            link: link.as_deref(),
-            mode,
-        })
-        .map_err(|e| UnpackError::Refused(e.to_string()))?;
-        if let (MemberKind::Symlink, Some(target)) = (kind, &link) {
-            links.push((parts, target.clone()));
-        }
-        total = total.saturating_add(entry.size());
-        if total > job.max_bytes {
-            return Err(UnpackError::Refused(format!(
-                "the archive unpacks to more than {} bytes (artifact_task_max_size)",
-                job.max_bytes
-            )));
+        let size = entry.size();
+        let parts = budget.admit(
+            &Member {
+                path: &path,
+                kind,
+                link: link.as_deref(),
+                mode,
+            },
+            size,
+        )?;
+        if kind == MemberKind::File {
+            let Some((name, parents)) = parts.split_last() else {
+                continue; // refused by the check: a file has a name
+            };
+            let dir = make_dirs(&dest, parents)?;
+            let data = match raw {
+                Some(src) => Data::Range {
+                    src,
+                    offset: entry.raw_file_position(),
+                    len: size,
+                },
+                None => Data::Stream(Box::new(&mut entry), &mut *buf),
+            };
+            let written = write_file(&dir, name, mode & 0o777, data)?;
+            if written != size {
+                let _ = fs::remove_file(dir.join(name));
+                return Err(wrong_size(&path, written, size));
+            }
+            continue;
         }
         let unpacked = entry
             .unpack_in(&dest)
@@ -280,7 +467,7 @@ fn unpack_tar(job: &Job, input: impl Read) -> Result<(), UnpackError> {
             )));
         }
     }
-    check_links(&dest, &links)
+    budget.finish(&dest)
 }
 
 /// Checks every symlink unpacked into `dest` (its components and target) again once
@@ -309,14 +496,18 @@ fn check_links(dest: &Path, links: &[(Vec<String>, String)]) -> Result<(), Unpac
 const MAX_LINK: u64 = 4096;
 
 /// Unpacks the zip archive `input` into the destination directory, member by
-/// member: each checked, then written without following a link.
-fn unpack_zip(job: &Job, input: impl Read + io::Seek) -> Result<(), UnpackError> {
+/// member: each admitted by the [`Budget`] with its declared size, then written
+/// without following a link (and refused if it unpacks to more than it declared).
+fn unpack_zip(
+    job: &Job,
+    input: impl Read + io::Seek,
+    buf: &mut Vec<u8>,
+) -> Result<(), UnpackError> {
     let dest = make_dirs(&job.sandbox, &job.dest)?;
     let bad =
         |e: zip::result::ZipError| UnpackError::Refused(format!("not a readable zip archive: {e}"));
     let mut archive = zip::ZipArchive::new(input).map_err(bad)?;
-    let mut total: u64 = 0;
-    let mut links: Vec<(Vec<String>, String)> = Vec::new();
+    let mut budget = Budget::new(job.max_bytes);
     for i in 0..archive.len() {
         let mut entry = archive.by_index(i).map_err(bad)?;
         let path = String::from_utf8(entry.name_raw().to_vec()).map_err(|e| {
@@ -342,13 +533,16 @@ fn unpack_zip(job: &Job, input: impl Read + io::Seek) -> Result<(), UnpackError>
         } else {
             None
         };
-        let parts = check_member(&Member {
-            path: &path,
-            kind,
-            link: link.as_deref(),
-            mode,
-        })
-        .map_err(|e| UnpackError::Refused(e.to_string()))?;
+        let size = entry.size();
+        let parts = budget.admit(
+            &Member {
+                path: &path,
+                kind,
+                link: link.as_deref(),
+                mode,
+            },
+            size,
+        )?;
         let Some((name, parents)) = parts.split_last() else {
             continue; // `./`: the directory itself
         };
@@ -370,26 +564,19 @@ fn unpack_zip(job: &Job, input: impl Read + io::Seek) -> Result<(), UnpackError>
                 Err(_) => {}
             }
             std::os::unix::fs::symlink(&target, &at).map_err(member_err)?;
-            links.push((parts, target));
             continue;
         }
-        let left = job.max_bytes.saturating_sub(total);
-        let written = write_file(
-            &dir,
-            name,
-            (&mut entry).take(left.saturating_add(1)),
-            mode & 0o777,
-        )?;
-        total = total.saturating_add(written);
-        if total > job.max_bytes {
+        let data = Data::Stream(
+            Box::new((&mut entry).take(size.saturating_add(1))),
+            &mut *buf,
+        );
+        let written = write_file(&dir, name, mode & 0o777, data)?;
+        if written > size {
             let _ = fs::remove_file(dir.join(name));
-            return Err(UnpackError::Refused(format!(
-                "the archive unpacks to more than {} bytes (artifact_task_max_size)",
-                job.max_bytes
-            )));
+            return Err(wrong_size(&path, written, size));
         }
     }
-    check_links(&dest, &links)
+    budget.finish(&dest)
 }
 
 #[cfg(test)]
@@ -559,6 +746,71 @@ mod archive_tests {
         let e = result.unwrap_err().to_string();
         assert!(e.contains("more than 1000 bytes"), "{e}");
         assert!(!tmp.path().join("sandbox/out/zeros").exists());
+    }
+
+    #[test]
+    fn a_plain_tar_is_copied_from_its_offsets() {
+        // A long name (GNU long-name entry before the header), a directory, an
+        // inner link, an empty file and files of odd sizes after each other.
+        let long = format!("deep/{}/f.bin", "d".repeat(120));
+        let big: Vec<u8> = (0..(3 * PIECE + 777)).map(|i| (i % 251) as u8).collect();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, data: &[u8], mode: u32| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(mode);
+            b.append_data(&mut h, path, data).unwrap();
+        };
+        add("a.txt", b"alpha", 0o644);
+        add(&long, &big, 0o755);
+        add("empty", b"", 0o600);
+        add("b.txt", b"beta beta", 0o640);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "link", "a.txt").unwrap();
+        let archive = b.into_inner().unwrap();
+        let (result, tmp) = unpack("tar", &archive, 1 << 30);
+        result.unwrap();
+        let out = tmp.path().join("sandbox/out");
+        assert_eq!(fs::read(out.join(&long)).unwrap(), big);
+        assert_eq!(fs::read(out.join("a.txt")).unwrap(), b"alpha");
+        assert_eq!(fs::read(out.join("b.txt")).unwrap(), b"beta beta");
+        assert_eq!(fs::read(out.join("empty")).unwrap(), b"");
+        assert_eq!(fs::read(out.join("link")).unwrap(), b"alpha");
+        let mode = |p: &str| fs::metadata(out.join(p)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&long), 0o755);
+        assert_eq!(mode("b.txt"), 0o640);
+        // The budget counts the members' sizes before writing them.
+        let (result, tmp) = unpack("tar", &archive, 100);
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("more than 100 bytes"), "{e}");
+        assert!(!tmp.path().join("sandbox/out").join(&long).exists());
+        // A tar cut short in a member's data is refused, the member not left there.
+        // (`a.txt` and the long name's entry take 2048 bytes, then its header.)
+        let cut = &archive[..2048 + 512 + PIECE];
+        let (result, tmp) = unpack("tar", cut, 1 << 30);
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("its header says"), "{e}");
+        assert!(!tmp.path().join("sandbox/out").join(&long).exists());
+    }
+
+    #[test]
+    fn the_pread_fallback_copies_the_same_range() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..(PIECE + 4096)).map(|i| (i % 253) as u8).collect();
+        fs::write(tmp.path().join("src"), &data).unwrap();
+        let src = fs::File::open(tmp.path().join("src")).unwrap();
+        for (offset, len) in [(0u64, data.len() as u64), (10, 2 * PIECE as u64), (7, 100)] {
+            let out = fs::File::create(tmp.path().join("out")).unwrap();
+            let n = copy_pread(&src, offset, len, &out).unwrap();
+            let end = (offset + len).min(data.len() as u64) as usize;
+            assert_eq!(n as usize, end - offset as usize);
+            assert_eq!(
+                fs::read(tmp.path().join("out")).unwrap(),
+                &data[offset as usize..end]
+            );
+        }
     }
 
     #[test]

@@ -636,6 +636,17 @@ pub const LEADER_HEADER: &str = "x-drover-leader";
 /// Request header: a read accepts an answer from a standby's copy of the state
 /// (`true`) while no leader answers.
 pub const ALLOW_STALE_HEADER: &str = "x-drover-allow-stale";
+/// Answer header of a standby answering from its copy: the store batch (change
+/// stream index) the copy holds.
+pub const COPY_INDEX_HEADER: &str = "x-drover-copy-index";
+/// Answer header of a standby answering from its copy: how long ago (ms) the copy
+/// was read from etcd.
+pub const COPY_AGE_HEADER: &str = "x-drover-copy-age-ms";
+/// Set on a request a standby forwards to the leader: the URL of the master that
+/// forwarded it.
+pub const PROXIED_HEADER: &str = "x-drover-proxied-by";
+/// Set on a forwarded answer: the URL of the leader that answered it.
+pub const SERVED_BY_HEADER: &str = "x-drover-served-by";
 
 /// A problem at a field path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -162,12 +162,12 @@ pub fn over_limit(usage: Usage, limit: u64) -> Option<(u64, String)> {
     match usage {
         Usage::Bytes(n) if n > limit => Some((
             n,
-            format!("disk usage {n} bytes is over resources.disk {limit} bytes; stopping the task"),
+            format!("disk usage {n} bytes is over resources.disk {limit} bytes"),
         )),
         Usage::Bytes(_) => None,
         Usage::TooDeep(n) => Some((
             n,
-            format!("directories nested deeper than {MAX_DEPTH} levels cannot be scanned for resources.disk ({limit} bytes); stopping the task"),
+            format!("directories nested deeper than {MAX_DEPTH} levels cannot be scanned for resources.disk ({limit} bytes)"),
         )),
     }
 }

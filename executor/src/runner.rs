@@ -678,7 +678,7 @@ impl Runner {
             return;
         }
         let message = format!(
-            "disk usage {used} bytes (project quota {id}) is over resources.disk {limit} bytes; stopping the task"
+            "disk usage {used} bytes (project quota {id}) is over resources.disk {limit} bytes"
         );
         let reason = ExitReason::DiskLimitExceeded {
             used_bytes: used,

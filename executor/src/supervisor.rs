@@ -350,35 +350,19 @@ impl Supervisor {
                 let reason = ExitReason::HealthCheckFailed {
                     last_error: last_error.clone(),
                 };
-                self.health_failure = Some(reason.clone());
-                let delay = self.config.drain_delay.as_millis() as Millis;
-                if delay > 0 && self.state == TaskState::Running {
-                    // Announced: said first (the master withdraws the instance),
-                    // stopped `drain_delay` later.
-                    self.emit(
-                        now,
-                        TaskState::Running,
-                        Some(reason),
-                        format!("health check failed: {last_error}; withdrawn, stopping the task in {delay} ms"),
-                        io,
-                    );
-                    self.drain_until = Some(now + delay);
-                    return;
-                }
-                self.emit_same(
+                self.stop_failing(
                     now,
-                    format!("health check failed: {last_error}; stopping the task"),
+                    reason,
+                    format!("health check failed: {last_error}"),
                     io,
                 );
-                self.start_escalation(now, true, io);
             }
         }
     }
 
-    /// The task broke a limit the executor enforces (`reason`, e.g. its disk): the
-    /// escalation, and FAILED with `reason` in the end, as for a failed health check
-    /// (an announced RUNNING task reports it first and stops `drain_delay` later).
-    /// Ignored once the escalation or that delay began.
+    /// The task broke a limit the executor enforces (`reason`, e.g. its disk;
+    /// `message` says how): the escalation, and FAILED with `reason` in the end, as
+    /// for a failed health check. Ignored once the escalation or that delay began.
     pub fn limit_exceeded(
         &mut self,
         now: Millis,
@@ -389,22 +373,28 @@ impl Supervisor {
         if self.escalation.is_some() || self.drain_until.is_some() || self.state.is_terminal() {
             return;
         }
+        self.stop_failing(now, reason, message, io);
+    }
+
+    /// Stops a task that fails (`reason`; `what` says how): it will end FAILED with
+    /// `reason`. An announced RUNNING task reports it first, so the master withdraws
+    /// the instance, and is stopped `drain_delay` later; any other at once, with
+    /// "`what`; stopping the task".
+    fn stop_failing(&mut self, now: Millis, reason: ExitReason, what: String, io: &mut dyn Io) {
         self.health_failure = Some(reason.clone());
         let delay = self.config.drain_delay.as_millis() as Millis;
         if delay > 0 && self.state == TaskState::Running {
-            // Announced: said first (the master withdraws the instance), stopped
-            // `drain_delay` later, as for a failed health check.
             self.emit(
                 now,
                 TaskState::Running,
                 Some(reason),
-                format!("{message}; withdrawn, stopping the task in {delay} ms"),
+                format!("{what}; withdrawn, stopping the task in {delay} ms"),
                 io,
             );
             self.drain_until = Some(now + delay);
             return;
         }
-        self.emit_same(now, message, io);
+        self.emit_same(now, format!("{what}; stopping the task"), io);
         self.start_escalation(now, true, io);
     }
 

@@ -13,12 +13,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use drover_common::spec::JobSpec;
 use drover_common::state::TaskState;
-use drover_common::wire::{self, AgentResources, MaintenanceMode, RegisterRequest, StatusUpdate};
+use drover_common::wire::{MaintenanceMode, StatusUpdate};
 use drover_common::DesiredState;
 use drover_master::core::{Core, CoreConfig, Event, MaintenanceOp, Now};
 
@@ -27,37 +29,15 @@ const JOBS: usize = 1_000;
 const PER_JOB: u32 = 100;
 const DRAINED: usize = 1_000;
 
-/// This thread's time on a CPU so far (0 where /proc does not say).
-fn cpu_time() -> Duration {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map(Duration::from_nanos)
-        .unwrap_or_default()
-}
-
-fn agent_id(i: usize) -> String {
-    format!("agent-{i:05}")
-}
-
 fn cluster(now: u64) -> Core {
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
-        let req = RegisterRequest {
-            ip: None,
-            protocol_version: wire::PROTOCOL_VERSION,
-            agent_id: agent_id(i),
-            hostname: format!("host-{i:05}"),
-            address: String::new(),
-            resources: AgentResources {
-                cpu: 32.0,
-                ram_bytes: 128 << 30,
-                disk_bytes: 1 << 40,
-                port_range: (31000, 31999),
-            },
-            attributes: [("rack".to_string(), format!("r{}", i % 100))].into(),
-            versions: None,
-        };
+        let req = common::registration(
+            i,
+            32.0,
+            128 << 30,
+            [("rack".to_string(), format!("r{}", i % 100))].into(),
+        );
         core.handle(Event::Register(Box::new(req)), Now::both(now));
     }
     core
@@ -89,7 +69,7 @@ fn spec(j: usize) -> JobSpec {
 fn agents_act(core: &mut Core, seqs: &mut HashMap<String, u64>, now: u64) -> usize {
     let mut reported = 0;
     for i in 0..AGENTS {
-        let id = agent_id(i);
+        let id = common::agent_id(i);
         let Some(set) = core.assignment_set(&id) else {
             continue;
         };
@@ -136,7 +116,10 @@ fn main() {
         t.elapsed()
     );
     now += 1_000;
-    let hosts: Vec<String> = (0..AGENTS).filter(|i| drained(*i)).map(agent_id).collect();
+    let hosts: Vec<String> = (0..AGENTS)
+        .filter(|i| drained(*i))
+        .map(common::agent_id)
+        .collect();
     assert_eq!(hosts.len(), DRAINED);
     let on_drained: u32 = core
         .host_views_named(&hosts)
@@ -145,7 +128,7 @@ fn main() {
         .map(|h| h.tasks_left)
         .sum();
     println!("{on_drained} tasks on the {DRAINED} hosts to drain");
-    let (t, c) = (Instant::now(), cpu_time());
+    let (t, c) = (Instant::now(), common::cpu_time());
     core.handle(
         Event::Maintenance {
             op: MaintenanceOp::Drain { deadline_ms: None },
@@ -153,7 +136,7 @@ fn main() {
         },
         Now::both(now),
     );
-    let request = (t.elapsed(), cpu_time() - c);
+    let request = (t.elapsed(), common::cpu_time() - c);
     println!(
         "drain request for {DRAINED} hosts (first round included): {:?} wall, {:?} CPU",
         request.0, request.1
@@ -163,10 +146,10 @@ fn main() {
     loop {
         let reported = agents_act(&mut core, &mut seqs, now);
         now += 200;
-        let (t, c) = (Instant::now(), cpu_time());
+        let (t, c) = (Instant::now(), common::cpu_time());
         core.handle(Event::Tick, Now::both(now));
         rounds.push(t.elapsed());
-        cpu.push(cpu_time() - c);
+        cpu.push(common::cpu_time() - c);
         let left = core
             .host_views_named(&hosts)
             .unwrap()

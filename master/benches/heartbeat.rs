@@ -12,13 +12,13 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use drover_common::spec::JobSpec;
 use drover_common::state::TaskState;
-use drover_common::wire::{
-    self, AgentResources, AgentTaskReport, HeartbeatRequest, RegisterRequest, StatusUpdate,
-};
+use drover_common::wire::{self, AgentTaskReport, HeartbeatRequest, StatusUpdate};
 use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
 
 const AGENTS: usize = 10_000;
@@ -28,35 +28,13 @@ const ROUNDS: usize = 5;
 /// Simulated seconds per round: one told interval at 10,000 agents.
 const ROUND_S: u64 = 100;
 
-/// This thread's time on a CPU so far (0 where /proc does not say).
-fn cpu_time() -> Duration {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map(Duration::from_nanos)
-        .unwrap_or_default()
-}
-
-fn agent_id(i: usize) -> String {
-    format!("agent-{i:05}")
-}
-
 fn register(core: &mut Core, i: usize, now: u64) -> u64 {
-    let req = RegisterRequest {
-        ip: None,
-        protocol_version: wire::PROTOCOL_VERSION,
-        agent_id: agent_id(i),
-        hostname: format!("host-{i:05}"),
-        address: String::new(),
-        resources: AgentResources {
-            cpu: 32.0,
-            ram_bytes: 128 << 30,
-            disk_bytes: 1 << 40,
-            port_range: (31000, 31999),
-        },
-        attributes: [("rack".to_string(), format!("r{}", i % 100))].into(),
-        versions: None,
-    };
+    let req = common::registration(
+        i,
+        32.0,
+        128 << 30,
+        [("rack".to_string(), format!("r{}", i % 100))].into(),
+    );
     match core
         .handle(Event::Register(Box::new(req)), Now::both(now))
         .reply
@@ -82,7 +60,7 @@ fn spec(j: usize) -> JobSpec {
 fn run_all(core: &mut Core, now: u64) -> Vec<HeartbeatRequest> {
     let mut requests = Vec::with_capacity(AGENTS);
     for i in 0..AGENTS {
-        let id = agent_id(i);
+        let id = common::agent_id(i);
         let set = core.assignment_set(&id).unwrap();
         let reports: Vec<StatusUpdate> = set
             .assignments
@@ -170,16 +148,16 @@ fn main() {
             // 100 heartbeats spread over the second, a Tick every 100 ms.
             for tenth in 0..10 {
                 now += 100;
-                let c = cpu_time();
+                let c = common::cpu_time();
                 core.handle(Event::Tick, Now::both(now));
-                tick_cpu += cpu_time() - c;
+                tick_cpu += common::cpu_time() - c;
                 ticks += 1;
-                let c = cpu_time();
+                let c = common::cpu_time();
                 for k in 0..per_second / 10 {
                     let i = s * per_second + tenth * (per_second / 10) + k;
                     let out = core.handle(
                         Event::Heartbeat {
-                            agent: agent_id(i),
+                            agent: common::agent_id(i),
                             request: requests[i].clone(),
                         },
                         Now::both(now),
@@ -193,7 +171,7 @@ fn main() {
                         r => panic!("{r:?}"),
                     }
                 }
-                hb_cpu += cpu_time() - c;
+                hb_cpu += common::cpu_time() - c;
             }
         }
         let total = hb_cpu + tick_cpu;

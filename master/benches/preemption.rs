@@ -9,12 +9,14 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use drover_common::spec::JobSpec;
 use drover_common::state::TaskState;
-use drover_common::wire::{self, AgentResources, RegisterRequest, StatusUpdate};
+use drover_common::wire::StatusUpdate;
 use drover_master::core::{Core, CoreConfig, Event, Now};
 
 const AGENTS: usize = 10_000;
@@ -36,21 +38,7 @@ fn spec(name: &str, instances: u32, tier: &str, service: bool) -> JobSpec {
 fn cluster() -> Core {
     let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..AGENTS {
-        let req = RegisterRequest {
-            ip: None,
-            protocol_version: wire::PROTOCOL_VERSION,
-            agent_id: format!("agent-{i:05}"),
-            hostname: format!("host-{i:05}"),
-            address: String::new(),
-            resources: AgentResources {
-                cpu: 4.0,
-                ram_bytes: 16 << 30,
-                disk_bytes: 1 << 40,
-                port_range: (31000, 31999),
-            },
-            attributes: BTreeMap::new(),
-            versions: None,
-        };
+        let req = common::registration(i, 4.0, 16 << 30, BTreeMap::new());
         core.handle(Event::Register(Box::new(req)), Now::both(1_000));
     }
     for j in 0..FILL_JOBS {

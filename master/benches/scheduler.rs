@@ -7,9 +7,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use drover_common::spec::JobSpec;
-use drover_common::wire::{self, AgentResources, RegisterRequest};
 use drover_master::core::{Core, CoreConfig, Event, Now};
 
 const AGENTS: usize = 10_000;
@@ -19,25 +20,16 @@ const PER_JOB: u32 = 1_000;
 fn cluster() -> Core {
     let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..AGENTS {
-        let req = RegisterRequest {
-            ip: None,
-            protocol_version: wire::PROTOCOL_VERSION,
-            agent_id: format!("agent-{i:05}"),
-            hostname: format!("host-{i:05}"),
-            address: String::new(),
-            resources: AgentResources {
-                cpu: 32.0,
-                ram_bytes: 128 << 30,
-                disk_bytes: 1 << 40,
-                port_range: (31000, 31999),
-            },
-            attributes: [
+        let req = common::registration(
+            i,
+            32.0,
+            128 << 30,
+            [
                 ("rack".to_string(), format!("r{}", i % 100)),
                 ("zone".to_string(), format!("z{}", i % 4)),
             ]
             .into(),
-            versions: None,
-        };
+        );
         core.handle(Event::Register(Box::new(req)), Now::both(1_000));
     }
     core

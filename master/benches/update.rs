@@ -8,39 +8,29 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drover_common::state::TaskState;
-use drover_common::wire::{self, AgentResources, RegisterRequest, StatusUpdate, UpdateState};
+use drover_common::wire::{self, StatusUpdate, UpdateState};
 use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
 
 const AGENTS: usize = 1_000;
 const INSTANCES: u32 = 10_000;
 const BATCH: u32 = 500;
 
-/// This thread's CPU time so far.
-#[allow(unsafe_code)]
-fn cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
 /// Mirrors `Instant` over CPU time.
 struct Cpu(Duration);
 
 impl Cpu {
     fn now() -> Cpu {
-        Cpu(cpu())
+        Cpu(common::cpu_time())
     }
 
     fn elapsed(&self) -> Duration {
-        cpu().saturating_sub(self.0)
+        common::cpu_time().saturating_sub(self.0)
     }
 }
 
@@ -110,21 +100,7 @@ fn main() {
     let mut now = 1_000;
     let mut core = Core::new(CoreConfig::default(), Now::both(now), 1);
     for i in 0..AGENTS {
-        let req = RegisterRequest {
-            ip: None,
-            protocol_version: wire::PROTOCOL_VERSION,
-            agent_id: format!("agent-{i:04}"),
-            hostname: format!("host-{i:04}"),
-            address: String::new(),
-            resources: AgentResources {
-                cpu: 64.0,
-                ram_bytes: 64 << 30,
-                disk_bytes: 1 << 40,
-                port_range: (31000, 31999),
-            },
-            attributes: BTreeMap::new(),
-            versions: None,
-        };
+        let req = common::registration(i, 64.0, 64 << 30, BTreeMap::new());
         core.handle(Event::Register(Box::new(req)), Now::both(now));
     }
     let mut seqs = BTreeMap::new();

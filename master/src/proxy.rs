@@ -22,10 +22,7 @@ use axum::response::{IntoResponse, Response};
 use crate::ha::{failure_answer, Failure, LEADER_HEADER};
 use crate::http::{ApiErr, MAX_BODY_BYTES};
 
-/// Set on a forwarded request: the URL of the master that forwarded it.
-pub const PROXIED_HEADER: &str = "x-drover-proxied-by";
-/// Set on a forwarded answer: the URL of the leader that answered it.
-pub const SERVED_BY_HEADER: &str = "x-drover-served-by";
+pub use drover_common::wire::{PROXIED_HEADER, SERVED_BY_HEADER};
 /// How long the standby waits to connect to the leader.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 

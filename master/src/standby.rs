@@ -43,13 +43,10 @@ use crate::tokens::Tokens;
 
 pub use crate::ha::FOLLOW_INTERVAL;
 
-/// Answer header: the store batch (change stream index) the copy holds.
-pub const COPY_INDEX_HEADER: &str = "x-drover-copy-index";
-/// Answer header: how long ago (ms) the copy was read from etcd.
-pub const COPY_AGE_HEADER: &str = "x-drover-copy-age-ms";
 /// Request header: `true` lets a standby answer the read from its copy when the
 /// leader cannot.
 pub use drover_common::wire::ALLOW_STALE_HEADER;
+pub use drover_common::wire::{COPY_AGE_HEADER, COPY_INDEX_HEADER};
 
 /// The copy as last read.
 #[derive(Clone)]

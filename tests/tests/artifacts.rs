@@ -7,8 +7,10 @@
 //! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
 //! archives (tar-slip, absolute path, symlink escape directly and through another
 //! link, device node, setuid) refused with canaries outside the sandbox unchanged;
-//! zip and tar.zst archives unpacked, hostile zips refused like the tars; fifty
-//! instances sharing one artifact fetching it once; eviction from a 1 KiB cache; the
+//! zip and tar.zst archives unpacked; a plain tar whose unpacked copy one task
+//! changes, the next task's copy and the cache unchanged; hostile zips refused
+//! like the tars; fifty instances sharing one artifact fetching it once; eviction
+//! from a 1 KiB cache; the
 //! fetch's progress in the STARTING status; a kill while a download hangs; an agent
 //! crash during a download, with a re-adopted task's artifact kept in the cache.
 
@@ -382,6 +384,67 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         let meta = std::fs::metadata(sandbox.join(f)).unwrap();
         assert_eq!(meta.uid(), www.uid.as_raw(), "{f} is the task user's");
     }
+
+    // A plain tar's members are copied into each sandbox from their offsets in the
+    // cached file: a task that changes its copy (rewritten, appended to, chmodded)
+    // changes neither the next task's copy nor the cache.
+    let plain = tarball(
+        &[
+            file("plain/data.txt", 0o644, b"pristine"),
+            file("plain/run.sh", 0o755, b"#!/bin/sh\necho plain\n"),
+        ],
+        false,
+    );
+    served
+        .lock()
+        .unwrap()
+        .files
+        .insert("/plain.tar".into(), plain.clone());
+    let plain_artifact = json!([{"url": format!("{base}/plain.tar"), "sha256": sha256(&plain)}]);
+    let vandal = run(
+        &mut cluster,
+        &job(
+            "vandal",
+            1,
+            "test \"$(cat plain/data.txt)\" = pristine && echo changed > plain/data.txt && echo x >> plain/run.sh && chmod 600 plain/run.sh",
+            plain_artifact.clone(),
+        ),
+    );
+    assert_eq!(vandal.state, TaskState::Finished, "{vandal:?}");
+    let vandal_box = cluster
+        .sandbox_of(&vandal.task_id)
+        .unwrap()
+        .join("sandbox/plain");
+    assert_eq!(
+        std::fs::read_to_string(vandal_box.join("data.txt")).unwrap(),
+        "changed\n"
+    );
+    let next = run(
+        &mut cluster,
+        &job(
+            "after-vandal",
+            1,
+            "test \"$(cat plain/data.txt)\" = pristine && test \"$(./plain/run.sh)\" = plain",
+            plain_artifact,
+        ),
+    );
+    assert_eq!(next.state, TaskState::Finished, "{next:?}");
+    let next_box = cluster
+        .sandbox_of(&next.task_id)
+        .unwrap()
+        .join("sandbox/plain");
+    assert_eq!(
+        std::fs::read(next_box.join("run.sh")).unwrap(),
+        b"#!/bin/sh\necho plain\n"
+    );
+    assert_eq!(
+        std::fs::metadata(next_box.join("run.sh")).unwrap().mode() & 0o777,
+        0o755
+    );
+    // Both from one download, and the cached file is still the artifact.
+    assert_eq!(served.lock().unwrap().hits.get("/plain.tar"), Some(&1));
+    let cached = cluster.dir().join("agent-0/artifacts").join(sha256(&plain));
+    assert_eq!(std::fs::read(cached).unwrap(), plain);
 
     // file:// is read as the task user: a readable file is copied (and verified),
     // root's secret is not.

@@ -3,7 +3,7 @@
 //! three agents: A of the service (the agents' address), SRV of its port with each
 //! instance's port and target, the targets' A, the TTL set by `dns_ttl`, TCP as UDP,
 //! NXDOMAIN for an unknown job and REFUSED outside the domain; an instance killed is
-//! gone from the SRV answer. Prints how long after the tasks' RUNNING and KILLING
+//! in the SRV and A answers just before its kill and gone from them after. Prints how long after the tasks' RUNNING and KILLING
 //! decisions (their events' timestamps, taken before the commit) a UDP SRV question
 //! asked every millisecond first got the new answer. On etcd, a standby answers from its copy, also while
 //! the leader is dead and no other leads yet.
@@ -274,6 +274,19 @@ fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
 
     // An instance killed is withdrawn: the SRV answer follows.
     let killed_port = view.instances[1].current.as_ref().unwrap().ports["http"];
+    // Before the kill, DNS names it (so its absence after cannot be vacuous).
+    let before = srv(port, srv_name, false);
+    assert!(
+        before
+            .iter()
+            .any(|(p, t)| *p == killed_port && t.to_lowercase().starts_with("1.web.")),
+        "instance 1 (port {killed_port}) is not in the SRV answer before its kill: {before:?}"
+    );
+    let present = dig(port, &["1.web.test.www-data.drover.", "A"]);
+    assert!(
+        present.contains("status: NOERROR") && present.contains("127.0.0.1"),
+        "{present}"
+    );
     let output = cluster
         .drover(&["job", "kill", "www-data/test/web/1"])
         .unwrap();
@@ -304,6 +317,12 @@ fn dig_reads_announced_instances_and_the_server_refuses_what_is_not_its_own() {
     );
     let gone = dig(port, &["1.web.test.www-data.drover.", "A"]);
     assert!(gone.contains("status: NXDOMAIN"), "{gone}");
+    assert!(
+        !srv(port, srv_name, false)
+            .iter()
+            .any(|(p, _)| *p == killed_port),
+        "the killed instance's port is still in the SRV answer"
+    );
     cluster.kill_job("www-data/test/web").unwrap();
 }
 

@@ -4,7 +4,8 @@
 //! only `drain_delay` later (its process still runs meanwhile), and a discovery
 //! token reads services but not jobs. Prints the latency from the task's RUNNING
 //! or KILLING decision (its event's timestamp, before the commit) to the long
-//! poll's answer.
+//! poll's answer. `drover service list|show` read it through the CLI, and a role
+//! token reads its own role's services only.
 
 #![allow(clippy::unwrap_used)] // unwrap is how tests fail
 
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use drover_common::state::{now_ms, TaskState};
 use drover_common::wire::ServiceView;
-use drover_tests::{processes_under, running_as_root, Cluster, ClusterConfig};
+use drover_tests::{drover_as, processes_under, running_as_root, Cluster, ClusterConfig};
 use serde_json::json;
 
 const KEY: &str = "www-data/test/web";
@@ -96,12 +97,39 @@ fn an_instance_is_announced_while_running_and_withdrawn_drain_delay_before_its_k
     let announce_ms = answered.saturating_sub(running_at);
     eprintln!("announced: the long poll answered {announce_ms} ms after the RUNNING decision");
 
-    // The CLI shows it.
+    // The CLI lists and shows it.
+    let out = cluster.drover(&["service", "list"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("www-data/test/web"))
+        .unwrap_or_else(|| panic!("no line for the service: {text}"));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols, ["www-data/test/web", KEY, "http", "1"], "{text}");
     let out = cluster
         .drover(&["service", "show", "www-data/test/web"])
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains(&task), "{text}");
+    assert!(text.contains("Primary: http"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains(&task))
+        .unwrap_or_else(|| panic!("no row for {task}: {text}"));
+    assert!(row.starts_with('0') && row.contains("127.0.0.1"), "{row}");
+    assert!(row.contains("http") && row.contains("admin"), "{row}");
+    // An unknown service is an error naming it.
+    let out = cluster
+        .drover(&["service", "show", "www-data/test/nope"])
+        .unwrap();
+    assert!(!out.status.success(), "an unknown service succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope"), "{err}");
 
     // A discovery token reads services, not jobs.
     let discovery = cluster.create_token(&json!({"kind": "discovery"})).unwrap();
@@ -119,6 +147,40 @@ fn an_instance_is_announced_while_running_and_withdrawn_drain_delay_before_its_k
     assert_eq!(get("/v1/services"), 200);
     assert_eq!(get("/v1/jobs"), 403);
     assert_eq!(get(&format!("/v1/jobs/{KEY}")), 403);
+    // The CLI with a discovery token lists it too.
+    let out = drover_as(Some(&cluster.url), Some(&discovery), &["service", "list"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains(KEY), "{text}");
+
+    // A role token reads its role's service, not another role's.
+    let status_as = |token: &str, path: &str| {
+        cluster
+            .http()
+            .get(format!("{}{path}", cluster.url))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let other = cluster
+        .create_token(&json!({"kind": "roles", "roles": ["other"]}))
+        .unwrap();
+    let own = cluster
+        .create_token(&json!({"kind": "roles", "roles": ["www-data"]}))
+        .unwrap();
+    assert_eq!(status_as(&other, SERVICE), 403);
+    assert_eq!(status_as(&own, SERVICE), 200);
+    let out = drover_as(
+        Some(&cluster.url),
+        Some(&other),
+        &["service", "show", "www-data/test/web"],
+    )
+    .unwrap();
+    assert!(
+        !out.status.success(),
+        "another role's token read the service"
+    );
 
     // The kill: withdrawn at once, the task's process runs on for the drain delay.
     let poll = poll_from(&cluster, index);

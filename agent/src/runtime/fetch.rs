@@ -1,7 +1,9 @@
 //! Artifacts on the host: the content-addressed cache `<data_dir>/artifacts/<sha256>`
 //! (root's, 0700) and putting a task's artifacts into its sandbox before its executor
-//! starts. A download goes to `<sha256>.part`, is hashed as it arrives and renamed
-//! to its name only when the sum matches, so a file under its sum's name is verified
+//! starts. A download goes to `<sha256>.part`: the bytes received are gathered into
+//! 1 MiB pieces that a blocking thread hashes and writes while the next ones arrive
+//! (never on the runtime's workers); the file is renamed to its name only when the
+//! sum matches, so a file under its sum's name is verified
 //! (files found at agent start are hashed again on first use). Concurrent tasks
 //! wanting one sum wait for one download (a lock per sum). The cache is bounded by
 //! `artifact_cache_size`: after a download the least recently used artifacts no
@@ -17,7 +19,7 @@
 //! with the cached file open on its stdin, or the `file://` path to read as that user.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -31,14 +33,13 @@ use drover_common::spec::Artifact;
 use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::ExecutorTask;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::lock;
 use crate::artifacts::{evictions, fetching, human, Cached};
 use crate::config::ArtifactLimits;
 use crate::host::Verdict;
 use crate::metrics::METRICS;
-use crate::unpack::{hex, sha256_of, SUBCOMMAND};
+use crate::unpack::{hex, sha256_of, PIECE, SUBCOMMAND};
 
 /// Downloads tried per artifact before giving up (on connection errors, timeouts
 /// and 5xx/408/429 answers; never on 4xx, a size or a checksum problem).
@@ -51,6 +52,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a download's progress is reported in the task's STARTING status.
 pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Pieces received but not yet hashed and written, at most (each [`PIECE`]).
+const PIECES_IN_FLIGHT: usize = 4;
 /// System CA bundles tried, first found wins.
 const SYSTEM_ROOTS: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
@@ -531,40 +534,63 @@ impl ArtifactCache {
             return Err(Attempt::Final(too_large(len, limit)));
         }
         let io = |e: io::Error| Attempt::Final(format!("cannot write to the artifact cache: {e}"));
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(part)
-            .await
-            .map_err(io)?;
-        let mut hasher = Sha256::new();
-        let mut n: u64 = 0;
+        // The bytes go in PIECE-sized buffers to a blocking thread that hashes and
+        // writes them, while this task goes on receiving.
+        // Written pieces come back emptied, to be filled again (a new 1 MiB buffer
+        // costs its page faults).
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(PIECES_IN_FLIGHT);
+        let (back_tx, mut back_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = tokio::task::spawn_blocking({
+            let part = part.to_path_buf();
+            move || store(&part, rx, &back_tx)
+        });
         let total = resp.content_length();
         lock(&self.state)
             .downloading
             .insert(sha.to_string(), (0, total));
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| Attempt::Retry(format!("download broke off: {}", chain(&e))))?
-        {
-            n += chunk.len() as u64;
-            if n > limit {
-                return Err(Attempt::Final(too_large(n, limit)));
+        let received = async {
+            let mut n: u64 = 0;
+            let mut piece = Vec::with_capacity(PIECE);
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| Attempt::Retry(format!("download broke off: {}", chain(&e))))?
+            {
+                n += chunk.len() as u64;
+                if n > limit {
+                    return Err(Attempt::Final(too_large(n, limit)));
+                }
+                METRICS.artifact_bytes_fetched.inc_by(chunk.len() as u64);
+                if let Some(p) = lock(&self.state).downloading.get_mut(sha) {
+                    p.0 = n;
+                }
+                piece.extend_from_slice(&chunk);
+                if piece.len() >= PIECE {
+                    let empty = back_rx
+                        .try_recv()
+                        .unwrap_or_else(|_| Vec::with_capacity(PIECE));
+                    let full = std::mem::replace(&mut piece, empty);
+                    if tx.send(full).await.is_err() {
+                        // The writer stopped: its error is the one to report.
+                        return Ok(n);
+                    }
+                }
             }
-            METRICS.artifact_bytes_fetched.inc_by(chunk.len() as u64);
-            if let Some(p) = lock(&self.state).downloading.get_mut(sha) {
-                p.0 = n;
+            if !piece.is_empty() {
+                let _ = tx.send(piece).await;
             }
-            hasher.update(&chunk);
-            file.write_all(&chunk).await.map_err(io)?;
+            Ok(n)
         }
-        file.flush().await.map_err(io)?;
-        drop(file);
-        let actual = hex(&hasher.finalize());
+        .await;
+        // The writer finishes (and closes the file) before anything else happens
+        // to it.
+        drop(tx);
+        let stored = writer
+            .await
+            .map_err(|e| io(io::Error::other(e)))
+            .and_then(|r| r.map_err(io));
+        let n = received?;
+        let actual = stored?;
         if actual != sha {
             return Err(Attempt::Final(format!(
                 "checksum mismatch: expected sha256 {sha}, got {actual}"
@@ -640,6 +666,31 @@ impl ArtifactCache {
         }
         Err(line)
     }
+}
+
+/// Writes the pieces `rx` receives to a new `part` (no link followed), hashing
+/// them on the way, and hands each back emptied on `back`; returns their sha256
+/// once the sender is gone. Runs on a blocking thread.
+fn store(
+    part: &Path,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    back: &tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+) -> io::Result<String> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(part)?;
+    let mut hasher = Sha256::new();
+    while let Some(mut piece) = rx.blocking_recv() {
+        hasher.update(&piece);
+        file.write_all(&piece)?;
+        piece.clear();
+        let _ = back.send(piece);
+    }
+    Ok(hex(&hasher.finalize()))
 }
 
 /// Where the unpack helper reads an artifact.

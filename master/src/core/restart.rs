@@ -12,15 +12,12 @@
 //! it takes, whether the engine replaces a task that already runs its target
 //! config); `Core::start_restart` applies them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use drover_common::configs::format_ranges;
-use drover_common::wire::{
-    ActionResponse, InstanceProgress, InstanceUpdateState, UpdateState, UpdateView,
-};
+use drover_common::wire::{ActionResponse, InstanceProgress, InstanceUpdateState};
 
-use super::update::UpdateRecord;
+use super::update::{UpdateRecord, UpdateStart};
 use super::{Core, CoreError, Now, Reply};
 
 /// Whether a restart rolls: a whole job (`instances` None) unless asked
@@ -66,17 +63,7 @@ impl Core {
         let Some(j) = self.jobs.get(job) else {
             return Err(CoreError::NoJob(job.to_string()));
         };
-        if let Some(u) = self
-            .updates
-            .get(job)
-            .filter(|u| !u.view.state.is_terminal())
-        {
-            return Err(CoreError::UpdateRunning {
-                job: job.to_string(),
-                id: u.view.id.clone(),
-                state: u.view.state.to_string(),
-            });
-        }
+        self.refuse_if_updating(job)?;
         let current: Vec<(u32, String, bool)> = j
             .slots
             .iter()
@@ -104,36 +91,21 @@ impl Core {
         let count = j.slots.len() as u32;
         let list: Vec<u32> = progress.iter().map(|p| p.instance).collect();
         let id = format!("{}-restart-{}", job.replace('/', "-"), now.wall);
-        let mut u = UpdateRecord {
-            view: UpdateView {
+        let mut u = UpdateRecord::started(
+            UpdateStart {
                 id: id.clone(),
                 job: job.to_string(),
                 user: user.to_string(),
-                created_ms: now.wall,
-                state: UpdateState::RollingForward,
                 settings,
                 to_config: j.config.clone(),
+                old_config: j.config.clone(),
                 instances_before: count,
                 instances_after: count,
                 instances: progress,
-                events: Vec::new(),
-                batch: 0,
-                batches: 0,
-                waiting: None,
-                stuck: None,
+                restart: true,
             },
-            old_config: j.config.clone(),
-            next: 0,
-            back: Vec::new(),
-            back_next: 0,
-            in_flight: Vec::new(),
-            watched: BTreeMap::new(),
-            paused_from: None,
-            rev: 0,
-            armed: None,
-            poked: true,
-            restart: true,
-        };
+            now,
+        );
         u.event(
             now,
             format!(

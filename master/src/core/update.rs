@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use drover_common::configs::{config_hash, format_ranges, plan_update};
-use drover_common::spec::JobSpec;
+use drover_common::spec::{JobSpec, UpdateConfig};
 use drover_common::state::MonoMillis;
 use drover_common::wire::{
     InstanceProgress, InstanceUpdateState, UpdateEvent, UpdateState, UpdateView,
@@ -73,7 +73,56 @@ pub struct UpdateRecord {
     pub restart: bool,
 }
 
+/// What a new update starts from; everything else starts empty
+/// ([`UpdateRecord::started`]).
+pub(super) struct UpdateStart {
+    pub id: String,
+    pub job: String,
+    pub user: String,
+    pub settings: UpdateConfig,
+    pub to_config: String,
+    pub old_config: String,
+    pub instances_before: u32,
+    pub instances_after: u32,
+    pub instances: Vec<InstanceProgress>,
+    pub restart: bool,
+}
+
 impl UpdateRecord {
+    /// A new update rolling forward from its first batch, started at `now`.
+    pub(super) fn started(s: UpdateStart, now: Now) -> UpdateRecord {
+        UpdateRecord {
+            view: UpdateView {
+                id: s.id,
+                job: s.job,
+                user: s.user,
+                created_ms: now.wall,
+                state: UpdateState::RollingForward,
+                settings: s.settings,
+                to_config: s.to_config,
+                instances_before: s.instances_before,
+                instances_after: s.instances_after,
+                instances: s.instances,
+                events: Vec::new(),
+                batch: 0,
+                batches: 0,
+                waiting: None,
+                stuck: None,
+            },
+            old_config: s.old_config,
+            next: 0,
+            back: Vec::new(),
+            back_next: 0,
+            in_flight: Vec::new(),
+            watched: BTreeMap::new(),
+            paused_from: None,
+            rev: 0,
+            armed: None,
+            poked: true,
+            restart: s.restart,
+        }
+    }
+
     pub(super) fn pos(&self, instance: u32) -> Option<usize> {
         self.view
             .instances
@@ -112,6 +161,23 @@ impl UpdateRecord {
 }
 
 impl Core {
+    /// Refuses to start an update or a rolling restart of `job` while one of
+    /// its updates is not yet finished.
+    pub(super) fn refuse_if_updating(&self, job: &str) -> Result<(), CoreError> {
+        match self
+            .updates
+            .get(job)
+            .filter(|u| !u.view.state.is_terminal())
+        {
+            Some(u) => Err(CoreError::UpdateRunning {
+                job: job.to_string(),
+                id: u.view.id.clone(),
+                state: u.view.state.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// A job's latest update (GET .../update).
     pub fn update_view(&self, job: &str) -> Option<UpdateView> {
         self.updates.get(job).map(|u| self.with_pending(u))
@@ -212,17 +278,7 @@ impl Core {
                 spec.key()
             )));
         }
-        if let Some(u) = self
-            .updates
-            .get(job)
-            .filter(|u| !u.view.state.is_terminal())
-        {
-            return Err(CoreError::UpdateRunning {
-                job: job.to_string(),
-                id: u.view.id.clone(),
-                state: u.view.state.to_string(),
-            });
-        }
+        self.refuse_if_updating(job)?;
         let constraints = constraints_of(&spec)?;
         self.check_user(&spec)?;
         let new_hash = config_hash(&spec);
@@ -288,36 +344,21 @@ impl Core {
             ));
         }
         progress.sort_by_key(|p| p.instance);
-        let mut u = UpdateRecord {
-            view: UpdateView {
+        let mut u = UpdateRecord::started(
+            UpdateStart {
                 id: format!("{}-{}", job.replace('/', "-"), now.wall),
                 job: job.to_string(),
                 user: user.to_string(),
-                created_ms: now.wall,
-                state: UpdateState::RollingForward,
                 settings,
                 to_config: new_hash,
+                old_config,
                 instances_before: before,
                 instances_after: plan.instances_after,
                 instances: progress,
-                events: Vec::new(),
-                batch: 0,
-                batches: 0,
-                waiting: None,
-                stuck: None,
+                restart: false,
             },
-            old_config,
-            next: 0,
-            back: Vec::new(),
-            back_next: 0,
-            in_flight: Vec::new(),
-            watched: BTreeMap::new(),
-            paused_from: None,
-            rev: 0,
-            armed: None,
-            poked: true,
-            restart: false,
-        };
+            now,
+        );
         u.event(
             now,
             format!(

@@ -1,6 +1,9 @@
 //! Service discovery: an instance is announced only while RUNNING on a reachable
 //! agent, and every kill the master decides withdraws it first and reaches the
-//! agent only `announce.drain_delay` later (a property test over random events).
+//! agent only `announce.drain_delay` later: each kill path (kill, restart, update
+//! batch, drain, preemption, cron collision, health failure, agent loss) and a
+//! property test over random event sequences (reports, kills, restarts, drains,
+//! agent silences, rolling updates with count changes and operator actions).
 
 use std::collections::HashSet;
 
@@ -180,6 +183,47 @@ fn restart_update_drain_and_preemption_withdraw_first() {
 }
 
 #[test]
+fn a_cron_collision_withdraws_the_running_run_before_its_kill() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    // Every 10 s (the seconds switch is on in these tests); a firing while the
+    // previous run is active kills it (KILL_EXISTING).
+    w.create(spec(
+        "web",
+        1,
+        false,
+        r#","cron_schedule":"*/10 * * * * *","cron_collision_policy":"KILL_EXISTING","announce":{"primary_port":"http","drain_delay":"2s"}"#,
+    ));
+    w.pass(10_000);
+    let first = w.current("www/prod/web", 0);
+    w.run(&first);
+    assert_eq!(
+        endpoints(&w, "web"),
+        vec![first.clone()],
+        "the run is announced"
+    );
+    let before = w.core.service_view("www", "prod", "web").unwrap().index;
+    // Up to the next firing, in small steps, the agent heartbeating.
+    let mut waited = 0;
+    while w.current("www/prod/web", 0) == first {
+        assert!(waited < 10_000, "no firing within 10 s");
+        w.advance(100);
+        w.heartbeat("a1", None);
+        waited += 100;
+    }
+    assert_eq!(w.state(&first), TaskState::Killing, "KILL_EXISTING");
+    // The withdrawal is committed with the firing: the service's index moves.
+    assert!(w.core.service_view("www", "prod", "web").unwrap().index > before);
+    // The new run is not announced before it is RUNNING.
+    let second = w.current("www/prod/web", 0);
+    assert_ne!(w.state(&second), TaskState::Running);
+    assert!(endpoints(&w, "web").is_empty());
+    assert_withdrawn_then_killed(&mut w, &first);
+    w.run(&second);
+    assert_eq!(endpoints(&w, "web"), vec![second]);
+}
+
+#[test]
 fn an_unannounced_or_zero_delay_kill_goes_at_once() {
     let mut w = World::new();
     w.register("a1", 8.0, 16, &[]);
@@ -249,14 +293,54 @@ fn a_held_kill_survives_a_restart_of_the_master() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Report { pick: usize, state: u8 },
-    Kill { pick: usize },
-    Restart { pick: usize },
+    Report {
+        pick: usize,
+        state: u8,
+    },
+    Kill {
+        pick: usize,
+    },
+    Restart {
+        pick: usize,
+    },
     RollingRestart,
-    Drain { agent: usize },
-    Activate { agent: usize },
-    Advance { ms: u64 },
-    Silence { agent: usize },
+    Drain {
+        agent: usize,
+    },
+    Activate {
+        agent: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Silence {
+        agent: usize,
+    },
+    /// A rolling update onto a new command line (`cmd`), with `instances`
+    /// instances (count changes add or kill instances too), in batches of `batch`.
+    Update {
+        cmd: u8,
+        instances: u32,
+        batch: u32,
+    },
+    /// Pause, resume, abort or roll back the running update.
+    SteerUpdate {
+        action: u8,
+    },
+    /// Every reachable agent's executors act on its set: kills end, starts run.
+    Settle,
+}
+
+/// The announced job with process `sleep 100+cmd`, rolled in batches of `batch`.
+fn updated_spec(cmd: u8, instances: u32, batch: u32) -> JobSpec {
+    let mut s = spec(
+        "web",
+        instances,
+        true,
+        &format!(r#"{ANNOUNCE},"update":{{"batch_size":{batch},"watch":"1s"}}"#),
+    );
+    s.task.processes[0].cmdline = format!("sleep {}", 100 + u32::from(cmd));
+    s
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -269,6 +353,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..3).prop_map(|agent| Op::Activate { agent }),
         3 => (100u64..3_000).prop_map(|ms| Op::Advance { ms }),
         1 => (0usize..3).prop_map(|agent| Op::Silence { agent }),
+        2 => (0u8..3, 3u32..6, 1u32..3)
+            .prop_map(|(cmd, instances, batch)| Op::Update { cmd, instances, batch }),
+        1 => (0u8..4).prop_map(|action| Op::SteerUpdate { action }),
+        2 => Just(Op::Settle),
     ]
 }
 
@@ -281,6 +369,8 @@ const DELAY_MS: u64 = 2_000;
 struct Watch {
     /// Task -> when it was last seen announced.
     seen: HashMap<String, u64>,
+    /// Tasks seen announced whose kill later reached their agent.
+    killed_after_withdrawal: HashSet<String>,
 }
 
 impl Watch {
@@ -311,6 +401,7 @@ impl Watch {
                 let id = &s.task.task_id;
                 assert!(!now_announced.contains(id), "kill sent to announced {id}");
                 if let Some(at) = self.seen.get(id) {
+                    self.killed_after_withdrawal.insert(id.clone());
                     assert!(
                         w.now - at >= DELAY_MS,
                         "kill of {id} sent {} ms after it was announced",
@@ -322,16 +413,28 @@ impl Watch {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-    #[test]
-    fn withdrawal_precedes_every_kill(ops in proptest::collection::vec(op(), 1..60)) {
+/// What a sequence reached: update batches started, and announced tasks the
+/// master withdrew and then sent a kill (so a sequence cannot pass vacuously).
+#[derive(Debug, Default)]
+struct Reached {
+    update_batches: usize,
+    withdrawn_then_killed: usize,
+}
+
+/// Plays `ops` on a 4-instance announced job over three agents, checking the
+/// invariants (`Watch`) after every event and every timer.
+fn play_ops(ops: Vec<Op>) -> Reached {
+    let mut reached = Reached::default();
+    {
         let mut w = World::new();
         for a in AGENTS {
             w.register(a, 8.0, 16, &[]);
         }
         w.create(announced_spec("web", 4));
-        let mut watch = Watch { seen: HashMap::new() };
+        let mut watch = Watch {
+            seen: HashMap::new(),
+            killed_after_withdrawal: HashSet::new(),
+        };
         let mut silenced = [false; 3];
         watch.check(&w);
         for op in ops {
@@ -344,7 +447,10 @@ proptest! {
                 Op::Report { pick, state } => {
                     let id = &tasks[pick % tasks.len()];
                     let t = w.core.task(id).unwrap();
-                    let on = t.agent.as_ref().and_then(|a| AGENTS.iter().position(|x| x == a));
+                    let on = t
+                        .agent
+                        .as_ref()
+                        .and_then(|a| AGENTS.iter().position(|x| x == a));
                     if t.status.state.is_on_agent() && on.is_some_and(|i| !silenced[i]) {
                         let (s, r) = match state {
                             0 => (TaskState::Starting, None),
@@ -354,6 +460,33 @@ proptest! {
                         };
                         let id = id.clone();
                         w.report(&id, s, r);
+                    }
+                }
+                Op::Settle => {
+                    // Every heard agent does what its set asks: a task sent a
+                    // kill ends KILLED, a task sent to run reaches RUNNING.
+                    for id in tasks {
+                        let Some(t) = w.core.task(&id) else { continue };
+                        let on = t
+                            .agent
+                            .as_ref()
+                            .and_then(|a| AGENTS.iter().position(|x| x == a));
+                        if !t.status.state.is_on_agent() || on.is_none_or(|i| silenced[i]) {
+                            continue;
+                        }
+                        let state = t.status.state;
+                        match sent(&w, &id) {
+                            Some(DesiredState::Shutdown) => {
+                                w.report(&id, TaskState::Killed, Some(ExitReason::KilledByRequest));
+                            }
+                            Some(_)
+                                if matches!(state, TaskState::Assigned | TaskState::Starting) =>
+                            {
+                                w.report(&id, TaskState::Running, None);
+                            }
+                            _ => {}
+                        }
+                        watch.check(&w);
                     }
                 }
                 Op::Kill { pick } => {
@@ -407,10 +540,67 @@ proptest! {
                     }
                 }
                 Op::Silence { agent } => silenced[agent] = !silenced[agent],
+                Op::Update {
+                    cmd,
+                    instances,
+                    batch,
+                } => {
+                    // Refused while another update runs: the event is still played.
+                    let _ = w.handle(Event::StartUpdate {
+                        job: "www/prod/web".to_string(),
+                        spec: Box::new(updated_spec(cmd, instances, batch)),
+                        instances: None,
+                        user: "alice".to_string(),
+                    });
+                }
+                Op::SteerUpdate { action } => {
+                    let action = match action {
+                        0 => UpdateAction::Pause,
+                        1 => UpdateAction::Resume,
+                        2 => UpdateAction::Abort,
+                        _ => UpdateAction::Rollback,
+                    };
+                    w.handle(Event::UpdateAction {
+                        job: "www/prod/web".to_string(),
+                        action,
+                    });
+                }
             }
             watch.check(&w);
         }
+        reached.update_batches = w.update_batches.len();
+        reached.withdrawn_then_killed = watch.killed_after_withdrawal.len();
     }
+    reached
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn withdrawal_precedes_every_kill(ops in proptest::collection::vec(op(), 1..60)) {
+        play_ops(ops);
+    }
+}
+
+#[test]
+fn the_event_sequences_reach_update_batches_and_held_kills() {
+    // A fixed sequence of the property test's events: an update rolls the
+    // RUNNING instances batch by batch, each withdrawn before its kill.
+    // Three instances, one per agent: the fourth of the created job, PENDING
+    // (a host limit), is killed first.
+    let mut ops = vec![Op::Kill { pick: 3 }, Op::Settle];
+    ops.push(Op::Update {
+        cmd: 1,
+        instances: 3,
+        batch: 2,
+    });
+    for _ in 0..8 {
+        ops.push(Op::Advance { ms: 2_500 });
+        ops.push(Op::Settle);
+    }
+    let reached = play_ops(ops);
+    assert!(reached.update_batches >= 2, "{reached:?}");
+    assert!(reached.withdrawn_then_killed >= 3, "{reached:?}");
 }
 
 #[test]

@@ -425,6 +425,8 @@ enum Kind {
     Bool,
     U32,
     U16,
+    /// A whole number, negative allowed.
+    I32,
     F64,
     Duration,
     Size,
@@ -592,6 +594,17 @@ const JOB: &[Field] = &[
     ),
     nullable("sla_policy", Kind::Struct(SLA_POLICY)),
     nullable("announce", Kind::Struct(ANNOUNCE)),
+    nullable("spread", Kind::StructList(SPREAD)),
+    nullable("affinity", Kind::StructList(AFFINITY)),
+    nullable("placement", Kind::Enum(&["binpack", "spread"])),
+];
+
+const SPREAD: &[Field] = &[req("attribute", Kind::Str), opt("weight", Kind::U32)];
+
+const AFFINITY: &[Field] = &[
+    req("attribute", Kind::Str),
+    req("value", Kind::Str),
+    req("weight", Kind::I32),
 ];
 
 /// Every field path the schema knows, e.g. `task.processes[].cmdline`; for docs and
@@ -743,6 +756,7 @@ impl Walk {
             (Kind::Bool, Node::Bool(b)) => Some(Value::Bool(*b)),
             (Kind::U32, _) => self.whole(node, path, u32::MAX.into()),
             (Kind::U16, _) => self.whole(node, path, u16::MAX.into()),
+            (Kind::I32, _) => self.signed(node, path),
             (Kind::F64, Node::Int(i)) => Some(Value::from(*i as f64)),
             (Kind::F64, Node::Float(x)) if x.is_finite() => Some(Value::from(*x)),
             (Kind::F64, Node::Float(x)) => {
@@ -879,6 +893,24 @@ impl Walk {
         self.error(path, message);
         None
     }
+
+    /// A whole number that may be negative (within i32).
+    fn signed(&mut self, node: &Node, path: &str) -> Option<Value> {
+        let range = i128::from(i32::MIN)..=i128::from(i32::MAX);
+        let message = match node {
+            Node::Int(i) if range.contains(i) => {
+                return i64::try_from(*i).ok().map(Value::from);
+            }
+            Node::Int(i) => format!("is {i}; use a whole number such as 20 or -20"),
+            Node::Float(x) => format!("is {x:?}; use a whole number such as 20 or -20"),
+            other => format!(
+                "expected a whole number such as 20 or -20, found {}",
+                other.describe()
+            ),
+        };
+        self.error(path, message);
+        None
+    }
 }
 
 /// A stand-in for a missing or unusable required value. Text placeholders hold a NUL
@@ -887,7 +919,7 @@ fn placeholder(kind: Kind, path: &str) -> Value {
     match kind {
         Kind::Str | Kind::Enum(_) => Value::String(format!("\0{path}")),
         Kind::Bool => Value::Bool(false),
-        Kind::U32 | Kind::U16 => Value::from(1u64),
+        Kind::U32 | Kind::U16 | Kind::I32 => Value::from(1u64),
         Kind::F64 => Value::from(1.0),
         Kind::Duration => Value::String("1s".to_string()),
         Kind::Size => Value::String("1MiB".to_string()),
@@ -915,6 +947,7 @@ fn expected(kind: Kind) -> String {
         Kind::Bool => "true or false".to_string(),
         Kind::U32 => "a whole number".to_string(),
         Kind::U16 => "a whole number up to 65535".to_string(),
+        Kind::I32 => "a whole number, e.g. 20 or -20".to_string(),
         Kind::F64 => "a number, e.g. 0.5".to_string(),
         Kind::Duration => "a duration in quotes, e.g. \"30s\" or \"5m\"".to_string(),
         Kind::Size => "a size in quotes, e.g. \"512MiB\" or \"2GiB\"".to_string(),

@@ -51,6 +51,18 @@ pub struct JobSpec {
     /// parsed as it is read.
     #[serde(default)]
     pub constraints: BTreeMap<String, ConstraintExpr>,
+    /// Soft: spread the job's instances evenly over the values of host attributes.
+    /// Never refuses a placement; see [`Spread`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Vec<Spread>>,
+    /// Soft: prefer (positive weight) or avoid (negative) hosts by attribute value.
+    /// Never refuses a placement; see [`Affinity`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Vec<Affinity>>,
+    /// How the scheduler chooses among the hosts that fit; absent: each job's
+    /// rotating cursor (the next instance tries the host after the last one used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementStrategy>,
     /// The task every instance runs.
     pub task: TaskSpec,
     /// How the executor decides the task is healthy; absent: process liveness only.
@@ -83,6 +95,45 @@ pub struct JobSpec {
     /// withdraw it before any kill; absent: the job is not announced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announce: Option<Announce>,
+}
+
+/// One `spread` entry: the job's instances spread evenly over the values of a host
+/// attribute. Soft: among the hosts that fit, a host whose value holds fewer than
+/// its even share of the job's instances scores up to `weight`, one holding more
+/// scores down, and a host without the attribute scores `-weight`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Spread {
+    /// The host attribute whose values the instances spread over (`rack`, `zone`).
+    pub attribute: String,
+    /// 1..=100: how much the spread counts beside the job's other preferences.
+    #[serde(default = "defaults::spread_weight")]
+    pub weight: u32,
+}
+
+/// One `affinity` entry: hosts whose attribute matches `value` score `weight`
+/// (negative: avoid them). Soft: never refuses a placement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Affinity {
+    /// The host attribute compared.
+    pub attribute: String,
+    /// A value expression as in `constraints`: `a`, `a|b` (is one of) or `!a|b`
+    /// (is none of; a host without the attribute matches). `limit:N` is refused.
+    pub value: ConstraintExpr,
+    /// -100..=100, not 0: added to a matching host's score.
+    pub weight: i32,
+}
+
+/// How the scheduler chooses among the hosts that fit a job's next instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementStrategy {
+    /// The most used host that fits (by the larger of its CPU and RAM use): fills
+    /// one host before the next.
+    Binpack,
+    /// The least used host that fits.
+    Spread,
 }
 
 /// Service discovery (Aurora's `Announcer`): while an instance is RUNNING its host
@@ -699,6 +750,9 @@ pub mod defaults {
 
     pub fn instances() -> u32 {
         1
+    }
+    pub fn spread_weight() -> u32 {
+        50
     }
     pub fn one() -> u32 {
         1

@@ -169,6 +169,8 @@ pub(crate) fn validate_with(
         );
     }
     constraints(&mut v, job);
+    spread(&mut v, job);
+    affinity(&mut v, job);
     task(&mut v, &job.task, job);
     health_check(&mut v, job);
     lifecycle(&mut v, job);
@@ -457,6 +459,100 @@ fn constraints(v: &mut Errors, job: &JobSpec) {
         };
         if attribute == DEDICATED {
             dedicated(v, &field, expr.text(), parsed, &job.role);
+        }
+    }
+}
+
+/// A host attribute named by `field`: a valid name, not named twice in its list.
+fn soft_attribute(v: &mut Errors, field: &str, attribute: &str, seen: &mut BTreeSet<String>) {
+    if !is_valid_name(attribute) {
+        v.push(
+            field,
+            format!(
+                "`{}` is not a valid host attribute name; {NAME_RULE}",
+                show(attribute)
+            ),
+        );
+    } else if !seen.insert(attribute.to_string()) {
+        v.push(
+            field,
+            format!(
+                "`{}` is named twice; merge the entries into one",
+                show(attribute)
+            ),
+        );
+    }
+}
+
+/// `spread`: a non-empty list of distinct attributes, each weighted 1..=100.
+fn spread(v: &mut Errors, job: &JobSpec) {
+    let Some(list) = &job.spread else {
+        return;
+    };
+    if list.is_empty() {
+        v.push(
+            "spread",
+            "is empty; remove `spread` or add an entry like {attribute: rack, weight: 50}"
+                .to_string(),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, s) in list.iter().enumerate() {
+        soft_attribute(
+            v,
+            &format!("spread[{i}].attribute"),
+            &s.attribute,
+            &mut seen,
+        );
+        if !(1..=100).contains(&s.weight) {
+            v.push(
+                format!("spread[{i}].weight"),
+                format!("is {}; use a weight from 1 to 100", s.weight),
+            );
+        }
+    }
+}
+
+/// `affinity`: a non-empty list of distinct attributes, each with a value
+/// expression (not a limit) and a weight in -100..=100, not 0.
+fn affinity(v: &mut Errors, job: &JobSpec) {
+    let Some(list) = &job.affinity else {
+        return;
+    };
+    if list.is_empty() {
+        v.push(
+            "affinity",
+            "is empty; remove `affinity` or add an entry like {attribute: zone, value: a, weight: 50}"
+                .to_string(),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, a) in list.iter().enumerate() {
+        soft_attribute(
+            v,
+            &format!("affinity[{i}].attribute"),
+            &a.attribute,
+            &mut seen,
+        );
+        match a.value.parsed() {
+            Err(e) => v.push(format!("affinity[{i}].value"), e.to_string()),
+            Ok(Constraint::Limit(_)) => v.push(
+                format!("affinity[{i}].value"),
+                format!(
+                    "`{}` is a limit; an affinity compares values: write `a`, `a|b` or `!a`",
+                    show(a.value.text())
+                ),
+            ),
+            Ok(Constraint::Value { .. }) => {}
+        }
+        if a.weight == 0 || !(-100..=100).contains(&a.weight) {
+            v.push(
+                format!("affinity[{i}].weight"),
+                format!(
+                    "is {}; use a weight from -100 to 100 other than 0 (negative: avoid)",
+                    a.weight
+                ),
+            );
         }
     }
 }

@@ -6,8 +6,9 @@
 
 use drover_common::parse::{known_field_paths, parse_job, parse_job_json, SpecErrors};
 use drover_common::spec::{
-    CronCollisionPolicy, HealthCheck, HealthCheckType, HttpLifecycle, JobSpec, Lifecycle,
-    PartitionPolicy, ProcessSpec, Resources, SlaPolicy, TaskSpec, Tier, UpdateConfig,
+    Affinity, CronCollisionPolicy, HealthCheck, HealthCheckType, HttpLifecycle, JobSpec, Lifecycle,
+    PartitionPolicy, PlacementStrategy, ProcessSpec, Resources, SlaPolicy, Spread, TaskSpec, Tier,
+    UpdateConfig,
 };
 use drover_common::units::{ByteSize, Duration};
 
@@ -55,6 +56,16 @@ fn full_job() -> JobSpec {
         constraints: [("rack".to_string(), "limit:2".into())]
             .into_iter()
             .collect(),
+        spread: Some(vec![Spread {
+            attribute: "zone".into(),
+            weight: 30,
+        }]),
+        affinity: Some(vec![Affinity {
+            attribute: "disk".into(),
+            value: "!hdd".into(),
+            weight: -40,
+        }]),
+        placement: Some(PlacementStrategy::Binpack),
         task: TaskSpec {
             processes: vec![
                 ProcessSpec {

@@ -1,4 +1,4 @@
-//! A job's counts of its active tasks per `limit:N` attribute value, kept
+//! A job's counts of its active tasks per `limit:N` (and `spread`) attribute value, kept
 //! between scheduling passes (`LimitCache`): updated from the tasks each event
 //! changed, counted afresh only when the agent index or the job's limits change;
 //! another config's counts are counted per pass (`take_counts`/`put_counts`).
@@ -99,12 +99,12 @@ impl Core {
     ) -> Option<(LimitCache, bool)> {
         let gen = self.index_gen;
         let job = self.jobs.get(job_key)?;
-        let kept = key == job_key && !job.constraints.limits.is_empty();
+        let kept = key == job_key && !job.constraints.counted.is_empty();
         if kept {
             let stale = job
                 .limit_cache
                 .as_ref()
-                .is_none_or(|c| c.gen != gen || c.limits != job.constraints.limits);
+                .is_none_or(|c| c.gen != gen || c.limits != job.constraints.counted);
             if stale {
                 let cache = self.limit_cache_of(job_key);
                 if let Some(job) = self.jobs.get_mut(job_key) {
@@ -121,7 +121,7 @@ impl Core {
         } else {
             let cache = LimitCache {
                 counts: limits.remove(key).unwrap_or_default(),
-                limits: job.constraints.limits.clone(),
+                limits: job.constraints.counted.clone(),
                 ..LimitCache::default()
             };
             (cache, false)
@@ -155,7 +155,7 @@ impl Core {
         let Some(job) = self.jobs.get(job_key) else {
             return cache;
         };
-        cache.limits = job.constraints.limits.clone();
+        cache.limits = job.constraints.counted.clone();
         cache.counts = vec![HashMap::new(); cache.limits.len()];
         if cache.counts.is_empty() {
             return cache;
@@ -201,7 +201,7 @@ impl Core {
             let Some(cache) = &job.limit_cache else {
                 continue;
             };
-            if cache.gen != self.index_gen || cache.limits != job.constraints.limits {
+            if cache.gen != self.index_gen || cache.limits != job.constraints.counted {
                 continue;
             }
             let fresh = self.limit_cache_of(key);

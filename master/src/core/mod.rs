@@ -34,6 +34,7 @@ mod quota;
 mod reconciliation;
 mod restart;
 mod rollout;
+mod scoring;
 mod services;
 mod snapshot;
 mod stats;

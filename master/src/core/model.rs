@@ -148,6 +148,11 @@ pub(super) struct JobConstraints {
     pub(super) limits: Vec<(String, u32)>,
     /// A non-negated value constraint on `dedicated`.
     pub(super) names_dedicated: bool,
+    /// The attributes whose per-value counts the scheduler keeps: `limits`, then
+    /// the `spread` attributes (their bound unused).
+    pub(super) counted: Vec<(String, u32)>,
+    /// Soft preferences (see `scoring`); empty: the rotating cursor alone.
+    pub(super) soft: super::scoring::Soft,
 }
 
 /// One task config of a job and what placing its tasks takes: its needs, its
@@ -346,6 +351,8 @@ pub(super) fn constraints_of(spec: &JobSpec) -> Result<JobConstraints, CoreError
     if spec.service && !spec.constraints.contains_key("host") {
         out.limits.push(("host".to_string(), 1));
     }
+    out.counted = out.limits.clone();
+    out.soft = super::scoring::Soft::of(spec, &mut out.counted);
     Ok(out)
 }
 

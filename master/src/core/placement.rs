@@ -16,6 +16,7 @@ use drover_common::state::{EventSource, TaskState};
 use super::feasibility::{candidates_for, explain, misfit};
 use super::limits::{LimitCache, LimitCounts};
 use super::model::{Agent, Job};
+use super::scoring::value_count;
 use super::timers::Timer;
 use super::{Core, Now};
 
@@ -294,7 +295,30 @@ fn find_agent(
     };
     let n = cands.len();
     let need = job.need;
-    if n > 0 {
+    if n > 0 && job.constraints.soft.is_set() {
+        // Soft preferences: every fitting candidate is scored (see `scoring`).
+        let start = job.cursor % n;
+        let values = |a: &str| value_count(attr_index, a);
+        let mut best: Option<(f64, usize)> = None;
+        for step in 0..n {
+            let pos = (start + step) % n;
+            let agent = &agents[cands[pos] as usize];
+            if misfit(agent, &need, job, counts).is_some() {
+                continue;
+            }
+            let s = job
+                .constraints
+                .soft
+                .score(agent, &job.constraints.counted, counts, &values);
+            if best.is_none_or(|(b, _)| s > b) {
+                best = Some((s, pos));
+            }
+        }
+        if let Some((_, pos)) = best {
+            job.cursor = pos + 1;
+            return Ok(cands[pos]);
+        }
+    } else if n > 0 {
         let start = job.cursor % n;
         for step in 0..n {
             let pos = (start + step) % n;

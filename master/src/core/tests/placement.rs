@@ -272,3 +272,126 @@ proptest! {
         }
     }
 }
+
+/// Instances per value of `attr` over the tasks' agents (unplaced: "-").
+fn per_value(w: &World, tasks: &[String], attr: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for id in tasks {
+        let v = match &w.core.task(id).unwrap().agent {
+            Some(a) => {
+                let idx = w.core.agent_idx[a];
+                w.core.agents[idx as usize]
+                    .attr(attr)
+                    .unwrap_or("-")
+                    .to_string()
+            }
+            None => "-".to_string(),
+        };
+        *out.entry(v).or_default() += 1;
+    }
+    out
+}
+
+#[test]
+fn spread_evens_instances_over_racks_of_uneven_size() {
+    let mut w = World::new();
+    let racks = [("r1", 6), ("r2", 2), ("r3", 1)];
+    for (rack, n) in racks {
+        for i in 0..n {
+            w.register(&format!("{rack}-{i}"), 8.0, 16, &[("rack", rack)]);
+        }
+    }
+    let t = w.create(spec(
+        "even",
+        9,
+        false,
+        r#","spread":[{"attribute":"rack","weight":50}]"#,
+    ));
+    let got = per_value(&w, &t, "rack");
+    assert_eq!(
+        got,
+        BTreeMap::from([("r1".into(), 3), ("r2".into(), 3), ("r3".into(), 3)])
+    );
+    // Without spread the rotating cursor follows the hosts: rack r1 takes most.
+    let t = w.create(spec("plain", 9, false, ""));
+    assert_ne!(per_value(&w, &t, "rack").get("r1"), Some(&3));
+}
+
+#[test]
+fn spread_never_refuses_when_one_rack_has_room() {
+    let mut w = World::new();
+    w.register("big", 16.0, 32, &[("rack", "r1")]);
+    w.register("tiny", 0.5, 16, &[("rack", "r2")]);
+    w.register("bare", 0.5, 16, &[]);
+    let t = w.create(spec(
+        "one",
+        5,
+        false,
+        r#","spread":[{"attribute":"rack","weight":100}]"#,
+    ));
+    assert_eq!(
+        per_value(&w, &t, "rack"),
+        BTreeMap::from([("r1".into(), 5)])
+    );
+}
+
+#[test]
+fn affinity_prefers_matching_hosts_and_negative_weight_avoids() {
+    let mut w = World::new();
+    w.register("a", 8.0, 16, &[("disk", "hdd")]);
+    w.register("b", 8.0, 16, &[("disk", "ssd")]);
+    w.register("c", 8.0, 16, &[("disk", "hdd")]);
+    let t = w.create(spec(
+        "fast",
+        4,
+        false,
+        r#","affinity":[{"attribute":"disk","value":"ssd","weight":80}]"#,
+    ));
+    assert_eq!(
+        per_value(&w, &t, "disk"),
+        BTreeMap::from([("ssd".into(), 4)])
+    );
+    let t = w.create(spec(
+        "avoid",
+        4,
+        false,
+        r#","affinity":[{"attribute":"disk","value":"ssd","weight":-80}]"#,
+    ));
+    assert_eq!(
+        per_value(&w, &t, "disk"),
+        BTreeMap::from([("hdd".into(), 4)])
+    );
+}
+
+#[test]
+fn binpack_fills_one_host_before_the_next_and_spread_does_the_opposite() {
+    let mut w = World::new();
+    w.register("h1", 4.0, 16, &[]);
+    w.register("h2", 4.0, 16, &[]);
+    let t = w.create(spec("pack", 4, false, r#","placement":"binpack""#));
+    assert_eq!(
+        per_value(&w, &t, "host").len(),
+        1,
+        "{:?}",
+        per_value(&w, &t, "host")
+    );
+    let mut w = World::new();
+    w.register("h1", 4.0, 16, &[]);
+    w.register("h2", 4.0, 16, &[]);
+    w.register("h3", 4.0, 16, &[]);
+    let first = w.create(spec("first", 2, false, r#","placement":"spread""#));
+    let t = w.create(spec("wide", 3, false, r#","placement":"spread""#));
+    let hosts: Vec<Option<String>> = first
+        .iter()
+        .chain(&t)
+        .map(|id| w.core.task(id).unwrap().agent.clone())
+        .collect();
+    let mut per: BTreeMap<String, u32> = BTreeMap::new();
+    for h in hosts.into_iter().flatten() {
+        *per.entry(h).or_default() += 1;
+    }
+    // 5 tasks on 3 hosts, least used first: 2/2/1.
+    let mut counts: Vec<u32> = per.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, vec![1, 2, 2]);
+}

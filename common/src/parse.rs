@@ -754,9 +754,9 @@ impl Walk {
                 wrong(self, "; put it in quotes to make it text")
             }
             (Kind::Bool, Node::Bool(b)) => Some(Value::Bool(*b)),
-            (Kind::U32, _) => self.whole(node, path, u32::MAX.into()),
-            (Kind::U16, _) => self.whole(node, path, u16::MAX.into()),
-            (Kind::I32, _) => self.signed(node, path),
+            (Kind::U32, _) => self.whole(node, path, 0, u32::MAX.into()),
+            (Kind::U16, _) => self.whole(node, path, 0, u16::MAX.into()),
+            (Kind::I32, _) => self.whole(node, path, i32::MIN.into(), i32::MAX.into()),
             (Kind::F64, Node::Int(i)) => Some(Value::from(*i as f64)),
             (Kind::F64, Node::Float(x)) if x.is_finite() => Some(Value::from(*x)),
             (Kind::F64, Node::Float(x)) => {
@@ -877,34 +877,19 @@ impl Walk {
         }
     }
 
-    /// A whole number from 0 to `max`.
-    fn whole(&mut self, node: &Node, path: &str, max: i128) -> Option<Value> {
+    /// A whole number from `min` to `max`.
+    fn whole(&mut self, node: &Node, path: &str, min: i128, max: i128) -> Option<Value> {
         let message = match node {
-            Node::Int(i) if (0..=max).contains(i) => {
-                return u64::try_from(*i).ok().map(Value::from);
+            Node::Int(i) if (min..=max).contains(i) => {
+                return Some(match u64::try_from(*i) {
+                    Ok(u) => Value::from(u),
+                    Err(_) => Value::from(i64::try_from(*i).ok()?),
+                });
             }
-            Node::Int(i) => format!("is {i}; use a whole number from 0 to {max}"),
-            Node::Float(x) => format!("is {x:?}; use a whole number from 0 to {max}"),
+            Node::Int(i) => format!("is {i}; use a whole number from {min} to {max}"),
+            Node::Float(x) => format!("is {x:?}; use a whole number from {min} to {max}"),
             other => format!(
-                "expected a whole number from 0 to {max}, found {}",
-                other.describe()
-            ),
-        };
-        self.error(path, message);
-        None
-    }
-
-    /// A whole number that may be negative (within i32).
-    fn signed(&mut self, node: &Node, path: &str) -> Option<Value> {
-        let range = i128::from(i32::MIN)..=i128::from(i32::MAX);
-        let message = match node {
-            Node::Int(i) if range.contains(i) => {
-                return i64::try_from(*i).ok().map(Value::from);
-            }
-            Node::Int(i) => format!("is {i}; use a whole number such as 20 or -20"),
-            Node::Float(x) => format!("is {x:?}; use a whole number such as 20 or -20"),
-            other => format!(
-                "expected a whole number such as 20 or -20, found {}",
+                "expected a whole number from {min} to {max}, found {}",
                 other.describe()
             ),
         };

@@ -555,3 +555,24 @@ fn sla_policy_mistakes_name_their_fields() {
     assert_eq!(p.min_healthy_percent, Some(50));
     assert_eq!(p.min_time, Duration::from_secs(30));
 }
+
+#[test]
+fn soft_placement_fields_are_read_from_files_and_bad_weights_named() {
+    let text = format!(
+        "{VALID_YAML}placement: binpack\nspread:\n  - attribute: rack\naffinity:\n  - {{attribute: disk, value: hdd, weight: -30}}\n"
+    );
+    let job = parse_job("job.yaml", &text).expect("soft placement fields parse");
+    assert_eq!(job.placement, Some(PlacementStrategy::Binpack));
+    assert_eq!(job.spread.as_ref().map(|s| s[0].weight), Some(50));
+    assert_eq!(job.affinity.as_ref().map(|a| a[0].weight), Some(-30));
+
+    let text = format!("{VALID_YAML}affinity:\n  - {{attribute: disk, value: hdd, weight: 2.5}}\n");
+    let e = errors("job.yaml", &text);
+    assert_eq!(fields(&e), vec!["affinity[0].weight"], "{e}");
+    assert!(e.errors[0].message.contains("whole number"), "{e}");
+
+    let text =
+        format!("{VALID_YAML}affinity:\n  - {{attribute: disk, value: hdd, weight: -101}}\n");
+    let e = errors("job.yaml", &text);
+    assert_eq!(fields(&e), vec!["affinity[0].weight"], "{e}");
+}

@@ -18,6 +18,7 @@ use std::path::Path;
 use drover_common::layout::{self, Layout};
 use drover_common::spec::is_valid_name;
 use drover_common::wire::{checkpointed_status, ExecutorStatus, StatusUpdate};
+use drover_os::fs::{write_private, Durability};
 use serde::{Deserialize, Serialize};
 
 /// What the agent records beside a task's sandbox.
@@ -88,26 +89,6 @@ fn read_private(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Writes `bytes` to a temp file beside `path` (0600, never through a symlink) and
-/// renames it over `path`; fsync'd when `sync`.
-fn write_private_atomic(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = open_private(
-        &tmp,
-        fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true),
-    )?;
-    f.write_all(bytes)?;
-    if sync {
-        f.sync_all()?;
-    }
-    drop(f);
-    fs::rename(&tmp, path)
-}
-
 /// The agent's reads and writes in the sandbox root.
 pub trait SandboxIo {
     /// The task ids of every task directory of this layout below the root.
@@ -148,7 +129,12 @@ impl SandboxIo for Layout {
 
     fn write_meta(&self, task_id: &str, meta: &AgentMeta, sync: bool) -> io::Result<()> {
         let bytes = serde_json::to_vec(meta).map_err(io::Error::other)?;
-        write_private_atomic(&self.meta_file(task_id), &bytes, sync)
+        let durability = if sync {
+            Durability::Synced
+        } else {
+            Durability::Cached
+        };
+        write_private(&self.meta_file(task_id), &bytes, durability)
     }
 
     fn read_final(&self, task_id: &str) -> Option<StatusUpdate> {
@@ -158,7 +144,11 @@ impl SandboxIo for Layout {
 
     fn write_final(&self, update: &StatusUpdate) -> io::Result<()> {
         let bytes = serde_json::to_vec(update).map_err(io::Error::other)?;
-        write_private_atomic(&self.final_file(&update.task_id), &bytes, true)
+        write_private(
+            &self.final_file(&update.task_id),
+            &bytes,
+            Durability::Synced,
+        )
     }
 }
 

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use drover_os::fs::write_private;
+use drover_os::fs::{write_private, Durability};
 use serde::Deserialize;
 
 /// The user's config file; every key optional.
@@ -72,7 +72,7 @@ pub fn resolve(
 
 /// Writes a token to `path`, readable by its owner only.
 pub fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
-    write_private(path, &format!("{token}\n"))
+    write_private(path, format!("{token}\n").as_bytes(), Durability::Synced)
 }
 
 /// Reads the token in `path` (trimmed).

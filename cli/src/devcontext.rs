@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use drover_os::fs::write_private;
+use drover_os::fs::{write_private, Durability};
 
 /// The file's name in the config directory.
 pub const FILE_NAME: &str = "dev.toml";
@@ -101,10 +101,12 @@ pub fn write(
     let text = toml::to_string(context).map_err(std::io::Error::other)?;
     write_private(
         path,
-        &format!(
+        format!(
             "# Written by `drover dev` (pid {}), removed when it exits.\n{text}",
             context.pid
-        ),
+        )
+        .as_bytes(),
+        Durability::Synced,
     )?;
     Ok(WriteOutcome::Written(Written {
         path: path.to_path_buf(),
@@ -210,7 +212,12 @@ mod tests {
         drop(guard);
         assert!(!file.exists());
         // A dead writer's leftover is replaced.
-        write_private(&file, &toml::to_string(&context(7)).unwrap()).unwrap();
+        write_private(
+            &file,
+            toml::to_string(&context(7)).unwrap().as_bytes(),
+            Durability::Synced,
+        )
+        .unwrap();
         assert!(matches!(
             write(&file, &context(9), |pid| pid != 7).unwrap(),
             WriteOutcome::Written(_)

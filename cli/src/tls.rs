@@ -13,7 +13,7 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use drover_os::fs::write_private;
+use drover_os::fs::{write_private, Durability};
 
 /// The CA's certificate file in the TLS directory.
 pub const CA_CERT: &str = "ca.pem";
@@ -59,8 +59,12 @@ pub fn init_ca(dir: &Path) -> anyhow::Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let key = KeyPair::generate()?;
     let cert = ca_params()?.self_signed(&key)?;
-    write_private(&key_path, &key.serialize_pem())
-        .with_context(|| format!("cannot write {}", key_path.display()))?;
+    write_private(
+        &key_path,
+        key.serialize_pem().as_bytes(),
+        Durability::Synced,
+    )
+    .with_context(|| format!("cannot write {}", key_path.display()))?;
     std::fs::write(&cert_path, cert.pem())
         .with_context(|| format!("cannot write {}", cert_path.display()))?;
     Ok((cert_path, key_path))
@@ -134,8 +138,12 @@ pub fn issue(
     let cert = params.signed_by(&key, &ca, &ca_key)?;
     let cert_path = dir.join(format!("{kind_text}-{name}.pem"));
     let key_path = dir.join(format!("{kind_text}-{name}.key"));
-    write_private(&key_path, &key.serialize_pem())
-        .with_context(|| format!("cannot write {}", key_path.display()))?;
+    write_private(
+        &key_path,
+        key.serialize_pem().as_bytes(),
+        Durability::Synced,
+    )
+    .with_context(|| format!("cannot write {}", key_path.display()))?;
     std::fs::write(&cert_path, cert.pem())
         .with_context(|| format!("cannot write {}", cert_path.display()))?;
     Ok((cert_path, key_path))

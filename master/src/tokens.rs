@@ -15,7 +15,7 @@ use std::sync::{Mutex, RwLock};
 
 use rusqlite::{params, Connection};
 
-use drover_os::fs::write_private;
+use drover_os::fs::{write_private, Durability};
 
 use crate::auth::{
     self, may_register_as, AgentProof, AuthError, Grant, NewToken, Principal, Registration,
@@ -499,10 +499,12 @@ impl Tokens {
             "",
             now_ms,
         )?;
-        write_private(&path, &format!("{text}\n")).map_err(|source| TokenError::BootstrapFile {
-            path: path.clone(),
-            source,
-        })?;
+        write_private(&path, format!("{text}\n").as_bytes(), Durability::Synced).map_err(
+            |source| TokenError::BootstrapFile {
+                path: path.clone(),
+                source,
+            },
+        )?;
         Ok(Some(path))
     }
 }

@@ -320,6 +320,25 @@ impl Agent {
     }
 }
 
+impl super::scoring::Candidate for Agent {
+    fn used_percent(&self) -> f64 {
+        let ratio = |used: u64, total: u64| {
+            if total == 0 {
+                1.0
+            } else {
+                used as f64 / total as f64
+            }
+        };
+        let cpu = ratio(self.used_cpu_milli, self.cpu_milli);
+        let ram = ratio(self.used_ram, self.rec.resources.ram_bytes);
+        100.0 * cpu.max(ram)
+    }
+
+    fn attr(&self, attribute: &str) -> Option<&str> {
+        Agent::attr(self, attribute)
+    }
+}
+
 pub(super) fn cpu_to_milli(cpu: f64) -> u64 {
     if cpu.is_finite() && cpu > 0.0 {
         (cpu * 1000.0).round() as u64

@@ -16,7 +16,15 @@ use std::collections::HashMap;
 use drover_common::spec::{Constraint, JobSpec, PlacementStrategy};
 
 use super::limits::LimitCounts;
-use super::model::Agent;
+
+/// What scoring reads of a host that fits (the model's agent implements it, so this
+/// file needs nothing of the model).
+pub(super) trait Candidate {
+    /// The host's use in percent once its placed tasks count: the larger of CPU and RAM.
+    fn used_percent(&self) -> f64;
+    /// The host's value of `attribute` (`host` is its id), if it has one.
+    fn attr(&self, attribute: &str) -> Option<&str>;
+}
 
 /// A job's soft preferences, parsed once.
 #[derive(Clone, Debug, Default)]
@@ -65,16 +73,14 @@ impl Soft {
     /// attributes of `counts`; `values` is how many values each has in the cluster.
     pub(super) fn score(
         &self,
-        agent: &Agent,
+        agent: &impl Candidate,
         counted: &[(String, u32)],
         counts: &LimitCounts,
         values: &dyn Fn(&str) -> usize,
     ) -> f64 {
         let mut score = 0.0;
         if let Some(strategy) = self.strategy {
-            let cpu = ratio(agent.used_cpu_milli, agent.cpu_milli);
-            let ram = ratio(agent.used_ram, agent.rec.resources.ram_bytes);
-            let used = 100.0 * cpu.max(ram);
+            let used = agent.used_percent();
             score += match strategy {
                 PlacementStrategy::Binpack => used,
                 PlacementStrategy::Spread => 100.0 - used,
@@ -100,14 +106,6 @@ impl Soft {
             }
         }
         score
-    }
-}
-
-fn ratio(used: u64, total: u64) -> f64 {
-    if total == 0 {
-        1.0
-    } else {
-        used as f64 / total as f64
     }
 }
 

@@ -186,3 +186,15 @@ pub(super) fn shutting_down(then: &str) -> ApiErr {
         None,
     )
 }
+
+/// An error with every cause below it, `outer: inner: ...` (reqwest's own text hides
+/// the cause: refused, a certificate not trusted).
+pub(super) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}

@@ -202,12 +202,7 @@ async fn forward(
         forwarded = forwarded.bearer_auth(key);
     }
     let answer = forwarded.send().await.map_err(|e| {
-        let mut cause = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            cause = format!("{cause}: {s}");
-            source = s.source();
-        }
+        let cause = super::error::with_causes(&e);
         unreachable(format!(
             "cannot reach agent {agent_id} at {address}: {cause}"
         ))

@@ -101,13 +101,7 @@ pub(super) async fn task_log(
         } else {
             ""
         };
-        // reqwest's own text hides the cause (refused, a certificate not trusted).
-        let mut cause = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            cause = format!("{cause}: {s}");
-            source = s.source();
-        }
+        let cause = super::error::with_causes(&e);
         unreachable(format!(
             "cannot read the log from agent {agent_id} at {address}: {cause}{hint}"
         ))

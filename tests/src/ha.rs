@@ -506,7 +506,7 @@ impl Submitter {
                 let status = r.status().as_u16();
                 let leader = r
                     .headers()
-                    .get("x-drover-leader")
+                    .get(drover_common::wire::LEADER_HEADER)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_string);
                 let text = r.text().unwrap_or_default();

@@ -548,7 +548,7 @@ fn standbys_answer_reads_with_the_leaders_state_and_forward_writes() -> anyhow::
     assert_eq!(
         refused
             .headers()
-            .get("x-drover-leader")
+            .get(drover_common::wire::LEADER_HEADER)
             .and_then(|v| v.to_str().ok()),
         Some(cluster.urls[leader].as_str())
     );

@@ -50,7 +50,8 @@ use std::sync::Arc;
 
 use drover_common::state::{MonoMillis, TaskState};
 
-pub use changes::ChangeFilter;
+pub use changes::{ChangeFilter, ChangesPage};
+pub use views::InstancePage;
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};

@@ -150,20 +150,34 @@ async fn bad_paging_parameters_are_refused_naming_the_parameter() {
     };
     let over = MAX_INSTANCE_PAGE + 1;
     for query in ["limit=0", &format!("limit={over}"), "limit=ten", "limit=-1"] {
-        refused(c.get(&format!("/v1/jobs/www/prod/small?{query}")).await, "limit");
+        refused(
+            c.get(&format!("/v1/jobs/www/prod/small?{query}")).await,
+            "limit",
+        );
     }
     for query in ["after=-1", "after=x", "limit=5&after=4294967296"] {
-        refused(c.get(&format!("/v1/jobs/www/prod/small?{query}")).await, "after");
+        refused(
+            c.get(&format!("/v1/jobs/www/prod/small?{query}")).await,
+            "after",
+        );
     }
-    refused(c.get("/v1/jobs/www/prod/small?state=SLEEPING").await, "state");
+    refused(
+        c.get("/v1/jobs/www/prod/small?state=SLEEPING").await,
+        "state",
+    );
     let over = MAX_CHANGES_PAGE + 1;
     for query in ["limit=0", &format!("limit={over}"), "limit=many"] {
-        refused(c.get(&format!("/v1/changes?{query}&wait_ms=0")).await, "limit");
+        refused(
+            c.get(&format!("/v1/changes?{query}&wait_ms=0")).await,
+            "limit",
+        );
     }
     refused(c.get("/v1/changes?after=t-1&wait_ms=0").await, "after");
     // The limits themselves are fine.
     let (s, _) = c
-        .get(&format!("/v1/jobs/www/prod/small?limit={MAX_INSTANCE_PAGE}"))
+        .get(&format!(
+            "/v1/jobs/www/prod/small?limit={MAX_INSTANCE_PAGE}"
+        ))
         .await;
     assert_eq!(s, 200);
     let (s, _) = c

@@ -21,7 +21,11 @@ fn stdout(out: &std::process::Output) -> String {
 /// The instance rows of a status table (lines that start with a number).
 fn rows(text: &str) -> Vec<&str> {
     text.lines()
-        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()))
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u32>().is_ok())
+        })
         .collect()
 }
 
@@ -46,7 +50,10 @@ fn job_status_of_ten_thousand_instances_shows_the_summary_and_a_page_quickly() {
         text.starts_with(&format!("{KEY}: 10000 instance(s), batch; PENDING 10000")),
         "{text}"
     );
-    assert!(text.contains("(10000 instance(s))"), "the config count: {text}");
+    assert!(
+        text.contains("(10000 instance(s))"),
+        "the config count: {text}"
+    );
     assert_eq!(rows(&text).len(), 100, "{text}");
     assert!(
         text.contains("instances 0-99 shown of 10000: `drover job status www-data/test/big --all`"),

@@ -74,12 +74,16 @@ impl Core {
                         .flat_map(|s| s.history.iter().chain(s.current.iter()));
                     found.extend(
                         ids.filter_map(|id| self.tasks.get(id))
+                            .map(|t| &**t)
                             .filter(|t| fresh(t.rev) && !seen(t)),
                     );
                 }
             }
             None => {
-                for t in self.tasks.values().filter(|t| fresh(t.rev) && !seen(t)) {
+                for t in self.tasks.values().map(|t| &**t) {
+                    if !fresh(t.rev) || seen(t) {
+                        continue;
+                    }
                     if self
                         .jobs
                         .get(&t.job)

@@ -135,14 +135,17 @@ async fn forward(
         limit: Some(1),
         state: None,
     };
-    let view = api.master.read(|c| c.job_view_page(&key, &one)).ok_or_else(|| {
-        ApiErr::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no job {key}"),
-            Some("job"),
-        )
-    })?;
+    let view = api
+        .master
+        .read(|c| c.job_view_page(&key, &one))
+        .ok_or_else(|| {
+            ApiErr::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no job {key}"),
+                Some("job"),
+            )
+        })?;
     let task = view
         .instances
         .first()

@@ -158,7 +158,12 @@ pub(super) async fn get_job(
 
 /// A query parameter that is present but wrong: `400 invalid_query` naming it.
 fn bad_query(name: &str, message: String) -> ApiErr {
-    ApiErr::new(StatusCode::BAD_REQUEST, "invalid_query", message, Some(name))
+    ApiErr::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        message,
+        Some(name),
+    )
 }
 
 /// `limit` of a paged read: 1 to `max` (absent: None, no limit).

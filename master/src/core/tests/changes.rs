@@ -171,7 +171,9 @@ fn pages_of_the_stream_hold_every_task_once_in_batch_order() {
     let mut rewritten = false;
     for _ in 0..20 {
         let upto = w.core.seq();
-        let view = w.core.changes_page(index, upto, &all(), &page(after.clone()));
+        let view = w
+            .core
+            .changes_page(index, upto, &all(), &page(after.clone()));
         assert!(view.tasks.len() <= 3, "{view:?}");
         assert_eq!(view.head, upto);
         seen.extend(view.tasks.iter().map(|t| t.task_id.clone()));

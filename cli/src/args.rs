@@ -122,14 +122,18 @@ pub enum JobCommand {
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         timeout: Duration,
     },
-    /// Show every instance of a job (or of role/env/name/INSTANCES): its current
-    /// task, state, agent, ports, reason.
+    /// Show a job's summary (instances per state and per config) and its first
+    /// 100 instances (--all: every one; role/env/name/INSTANCES: those): each
+    /// one's current task, state, agent, ports, reason.
     Status {
         /// role/environment/name[/INSTANCES]
         key: String,
         /// Print the API's JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show every instance (read page by page), not only the first 100.
+        #[arg(long)]
+        all: bool,
         /// Print the status again whenever the job changes (the master's change
         /// stream), until Ctrl-C.
         #[arg(long, short = 'w', conflicts_with = "json")]

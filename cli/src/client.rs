@@ -574,9 +574,46 @@ impl Client {
         .json()
     }
 
-    /// GET /v1/jobs/{role}/{env}/{name}.
+    /// GET /v1/jobs/{role}/{env}/{name}: the job with every instance, in one read.
     pub async fn job(&self, key: &JobKey) -> Result<JobView, ClientError> {
         self.get(&format!("/v1/jobs/{key}")).await
+    }
+
+    /// GET /v1/jobs/{role}/{env}/{name}?limit=N[&after=I]: the job's summary and
+    /// one page of its instances (`next_after` when more follow).
+    pub async fn job_page(
+        &self,
+        key: &JobKey,
+        limit: u32,
+        after: Option<u32>,
+    ) -> Result<JobView, ClientError> {
+        let mut path = format!("/v1/jobs/{key}?limit={limit}");
+        if let Some(after) = after {
+            path.push_str(&format!("&after={after}"));
+        }
+        self.get(&path).await
+    }
+
+    /// The job with every instance, read page by page (`MAX_INSTANCE_PAGE` at a
+    /// time): the summary of the last page, the instances of all, no `next_after`.
+    /// A master older than paging answers every instance at once; that is kept.
+    pub async fn job_all_pages(&self, key: &JobKey) -> Result<JobView, ClientError> {
+        let limit = drover_common::wire::MAX_INSTANCE_PAGE;
+        let mut view = self.job_page(key, limit, None).await?;
+        let mut last: Option<u32> = None;
+        while let Some(after) = view.next_after {
+            if last.is_some_and(|last| after <= last) {
+                break; // never read a page twice
+            }
+            last = Some(after);
+            let mut next = self.job_page(key, limit, Some(after)).await?;
+            let mut instances = std::mem::take(&mut view.instances);
+            instances.append(&mut next.instances);
+            next.instances = instances;
+            view = next;
+        }
+        view.next_after = None;
+        Ok(view)
     }
 
     /// GET /v1/changes: what changed after `index` (only `job`'s tasks when given),

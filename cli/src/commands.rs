@@ -19,7 +19,7 @@ use crate::follow::Changes;
 use crate::progress::{wait_outcome, Outcome};
 use crate::render;
 use crate::specfile;
-use crate::target::{parse_instance_target, parse_job_target};
+use crate::target::{parse_instance_target, parse_job_target, JobTarget};
 use crate::Endpoint;
 
 /// How often `task logs -f` polls.
@@ -46,12 +46,13 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
             key,
             json: false,
             watch: true,
+            all,
         } => {
             let client = master.client()?;
             let target = parse_job_target(&key)?;
             let mut changes = Changes::start(&client, Some(&target.key)).await?;
             loop {
-                let view = client.job(&target.key).await?;
+                let view = status_view(&client, &target, all).await?;
                 let only = shown_instances(&view, target.instances.as_deref())?;
                 println!(
                     "--- {} (UTC)",
@@ -61,10 +62,10 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
                 while !changes.next(Duration::from_secs(60)).await? {}
             }
         }
-        JobCommand::Status { key, json, .. } => {
+        JobCommand::Status { key, json, all, .. } => {
             let client = master.client()?;
             let target = parse_job_target(&key)?;
-            let view = client.job(&target.key).await?;
+            let view = status_view(&client, &target, all).await?;
             let only = shown_instances(&view, target.instances.as_deref())?;
             if json {
                 let mut view = view;
@@ -140,6 +141,19 @@ pub async fn job(master: &Endpoint, command: JobCommand) -> anyhow::Result<bool>
         }
         JobCommand::Update(args) => crate::update::update(&master.client()?, args).await,
     }
+}
+
+/// How many instances `job status` shows without --all.
+pub const STATUS_PAGE: u32 = 100;
+
+/// What `job status` reads: every instance with --all or an instance set (read
+/// page by page), else the job's summary and its first `STATUS_PAGE` instances.
+async fn status_view(client: &Client, target: &JobTarget, all: bool) -> anyhow::Result<JobView> {
+    Ok(if all || target.instances.is_some() {
+        client.job_all_pages(&target.key).await?
+    } else {
+        client.job_page(&target.key, STATUS_PAGE, None).await?
+    })
 }
 
 /// The instances `job status` shows: those of `set` when given (else all: None).

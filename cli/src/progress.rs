@@ -191,6 +191,10 @@ mod tests {
             configs: BTreeMap::new(),
             update: None,
             ungranted_user: None,
+            instance_count: 0,
+            config_counts: BTreeMap::new(),
+            next_after: None,
+            recent_events: Vec::new(),
         }
     }
 

@@ -75,19 +75,22 @@ pub fn progress(view: &JobView) -> String {
     line
 }
 
-/// `drover job status`: a header and one row per instance (only `only`'s instances
-/// when given). Agents go by their id, as in task events, `drover agent list` and
-/// `drover agent forbid`.
+/// `drover job status`: a header (the whole job's counts) and one row per instance
+/// the view holds (only `only`'s instances when given); when the view is one page
+/// of a bigger job, a line saying so. Agents go by their id, as in task events,
+/// `drover agent list` and `drover agent forbid`.
 pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
     let kind = if view.spec.service {
         "service"
     } else {
         "batch"
     };
+    // A master older than paging sends no instance_count: it sent every instance.
+    let count = (view.instance_count as usize).max(view.instances.len());
     let mut out = format!(
         "{}: {} instance(s), {kind}; {}; tier {}, priority {}\n",
         view.key,
-        view.instances.len(),
+        count,
         state_counts(&view.state_counts),
         view.spec.tier,
         view.spec.priority
@@ -98,14 +101,23 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
     if let Some(user) = &view.ungranted_user {
         out.push_str(&ungranted_line(&view.spec.role, user));
     }
-    // Which config each instance runs, as hash and ranges.
+    // Which config each instance runs, as hash and ranges when every instance is
+    // here, else as hash and count (the summary's).
     let mut by_config: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
     for instance in &view.instances {
         if let Some(config) = &instance.config {
             by_config.entry(config).or_default().push(instance.instance);
         }
     }
-    if !by_config.is_empty() {
+    let whole = view.instances.len() >= count;
+    if !whole && !view.config_counts.is_empty() {
+        let configs: Vec<String> = view
+            .config_counts
+            .iter()
+            .map(|(hash, n)| format!("{hash} ({n} instance(s))"))
+            .collect();
+        let _ = writeln!(out, "configs: {}", configs.join(", "));
+    } else if !by_config.is_empty() {
         let configs: Vec<String> = by_config
             .iter()
             .map(|(hash, list)| format!("{hash} ({})", drover_common::configs::format_ranges(list)))
@@ -161,6 +173,15 @@ pub fn job_status(view: &JobView, only: Option<&[u32]>) -> String {
         }
     }
     out.push_str(&table.render());
+    if !whole && only.is_none() && !view.instances.is_empty() {
+        let first = view.instances.first().map_or(0, |i| i.instance);
+        let last = view.instances.last().map_or(0, |i| i.instance);
+        let _ = writeln!(
+            out,
+            "instances {first}-{last} shown of {count}: `drover job status {} --all` shows every one",
+            view.key
+        );
+    }
     out
 }
 

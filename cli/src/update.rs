@@ -420,6 +420,10 @@ mod tests {
             update: None,
             ungranted_user: None,
             cron: None,
+            instance_count: 0,
+            config_counts: BTreeMap::new(),
+            next_after: None,
+            recent_events: Vec::new(),
         }
     }
 

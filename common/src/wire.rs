@@ -690,15 +690,40 @@ pub struct InstanceView {
     pub history: Vec<TaskView>,
 }
 
-/// GET /v1/jobs/{role}/{env}/{name}
+/// The most instances one page of GET /v1/jobs/{role}/{env}/{name} holds
+/// (`limit`).
+pub const MAX_INSTANCE_PAGE: u32 = 1000;
+
+/// The most tasks one answer of GET /v1/changes holds (`limit`).
+pub const MAX_CHANGES_PAGE: u32 = 5000;
+
+/// GET /v1/jobs/{role}/{env}/{name}: the job's summary (spec, counts per state and
+/// per config, recent events) and its instances, all of them or one page
+/// (`?limit=N&after=I&state=S`, docs/api.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     pub key: String,
     pub spec: JobSpec,
     pub created_ms: UnixMillis,
-    /// Count of current tasks per state.
+    /// Count of current tasks per state (the whole job, whatever the page).
     pub state_counts: BTreeMap<TaskState, u32>,
+    /// How many instances the job has (the whole job, whatever the page).
+    #[serde(default)]
+    pub instance_count: u32,
+    /// How many instances run each config, by hash (the whole job).
+    #[serde(default)]
+    pub config_counts: BTreeMap<String, u32>,
+    /// The instances asked for, in instance order: every one without `limit`,
+    /// else one page.
     pub instances: Vec<InstanceView>,
+    /// Present when more instances match after this page: pass it as `after`
+    /// for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<u32>,
+    /// The job's latest task events (at most 50, newest first), over every
+    /// instance whatever the page.
+    #[serde(default)]
+    pub recent_events: Vec<RecentEvent>,
     /// Present for cron jobs: the schedule and the next firing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<CronView>,
@@ -714,6 +739,14 @@ pub struct JobView {
     /// rollback is refused until an admin grants the user again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ungranted_user: Option<String>,
+}
+
+/// A task event of a job with its task and instance (`JobView.recent_events`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RecentEvent {
+    pub task_id: String,
+    pub instance: u32,
+    pub event: TaskEvent,
 }
 
 /// A line of GET /v1/jobs.
@@ -732,6 +765,11 @@ pub struct JobSummary {
     /// Present for cron jobs: the schedule and the next firing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<CronView>,
+    /// While some instance is PENDING: why the job's pending tasks are not placed,
+    /// in words (as `TaskView.pending_reason`, without a task's own preemption
+    /// note); absent before the scheduler tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reason: Option<String>,
 }
 
 /// A cron job (GET /v1/cron, and in GET /v1/jobs).
@@ -863,8 +901,20 @@ pub struct ServiceView {
 /// changed objects (docs/api.md, "Change stream").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChangesView {
-    /// Pass it as `index` to get the next changes.
+    /// Pass it as `index` to get the next changes (with `after` when `more`).
     pub index: u64,
+    /// True when this answer is one page (`limit`) and more changes follow: ask
+    /// again at once with `index` and `after`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+    /// With `more`: the last task of this page; pass it as `after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// The last committed index when this was read (what `index` is when the
+    /// answer is whole): a client that wants only what changes from now on
+    /// follows from here.
+    #[serde(default)]
+    pub head: u64,
     /// True when the index asked for is newer than this master's (its store was
     /// replaced): everything is sent, as for index 0; forget what you held.
     #[serde(default)]
@@ -1065,6 +1115,23 @@ pub struct ClusterView {
     /// Agents heartbeating within the agent timeout.
     pub reachable_agents: u32,
     pub eviction_guard: EvictionGuardView,
+    /// Agents per maintenance mode (modes no agent is in are left out).
+    #[serde(default)]
+    pub maintenance: BTreeMap<MaintenanceMode, u32>,
+    /// The resources every agent offers, summed.
+    #[serde(default)]
+    pub capacity: Capacity,
+    /// What is not in use of them (offered minus what placed tasks hold), summed.
+    #[serde(default)]
+    pub free: Capacity,
+}
+
+/// Resources summed over agents (`ClusterView`): cpu in cores.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Capacity {
+    pub cpu: f64,
+    pub ram_bytes: u64,
+    pub disk_bytes: u64,
 }
 
 /// The eviction guard: while `engaged`, tasks on unreachable agents are neither

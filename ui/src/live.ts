@@ -1,20 +1,23 @@
 // The change stream (GET /v1/changes, docs/api.md): one long poll at a time from the
-// index of the last answer. Keeps the latest view of every task, job summary and
-// agent it has seen, and tells the open page what changed so it redraws without a
-// reload.
+// index of the last answer, in pages of at most PAGE tasks. It starts from the
+// master's current index (`head`), not from 0: the pages read what they show
+// themselves, so a cell of 1,000,000 tasks is not downloaded on the first load. It
+// tells the open page what changed so it redraws without a reload.
 
 import { ApiError, get } from "./api";
-import type { AgentView, ChangesView, JobSummary, TaskView } from "./types";
+import type { ChangesView } from "./types";
 
 export type Listener = (c: ChangesView) => void;
 
-/** What the stream has delivered so far, kept current. */
+/** The most tasks one answer of the stream carries (the master's cap is 5,000). */
+const PAGE = 1000;
+
+/** Follows the stream and tells the listeners. */
 export class Live {
   index = 0;
-  tasks = new Map<string, TaskView>();
-  jobs = new Map<string, JobSummary>();
-  agents = new Map<string, AgentView>();
-  /** At least one answer arrived (the maps hold the whole cluster). */
+  /** The page point inside a batch when the last answer was one page (`more`). */
+  private after: string | null = null;
+  /** The first answer arrived: the stream follows from the master's index. */
   loaded = false;
   private listeners = new Set<Listener>();
   private stopped = false;
@@ -34,12 +37,20 @@ export class Live {
     while (!this.stopped) {
       this.controller = new AbortController();
       try {
-        const c = await get<ChangesView>(
-          `/v1/changes?index=${this.index}&wait_ms=25000`,
-          this.controller.signal,
-        );
+        if (!this.loaded) {
+          // Where the stream is now: one task at most, no wait; follow from `head`.
+          const c = await get<ChangesView>("/v1/changes?index=0&limit=1&wait_ms=0", this.controller.signal);
+          this.index = c.head;
+          this.loaded = true;
+        } else {
+          const after = this.after === null ? "" : `&after=${encodeURIComponent(this.after)}`;
+          const c = await get<ChangesView>(
+            `/v1/changes?index=${this.index}&limit=${PAGE}${after}&wait_ms=25000`,
+            this.controller.signal,
+          );
+          this.apply(c);
+        }
         backoff = 500;
-        this.apply(c);
         this.status("live");
       } catch (e) {
         if (this.stopped) return;
@@ -57,18 +68,9 @@ export class Live {
   }
 
   private apply(c: ChangesView): void {
-    if (c.reset) {
-      this.tasks.clear();
-      this.jobs.clear();
-      this.agents.clear();
-    }
-    for (const t of c.tasks) this.tasks.set(t.task_id, t);
-    for (const j of c.jobs) this.jobs.set(j.key, j);
-    for (const a of c.agents) this.agents.set(a.agent_id, a);
     this.index = c.index;
-    const first = !this.loaded;
-    this.loaded = true;
-    if (first || c.reset || c.tasks.length || c.jobs.length || c.agents.length) {
+    this.after = c.more ? (c.after ?? null) : null;
+    if (c.reset || c.tasks.length || c.jobs.length || c.agents.length || (c.updates?.length ?? 0) > 0) {
       for (const f of this.listeners) f(c);
     }
   }

@@ -74,6 +74,8 @@ export interface JobSummary {
   tier: string;
   priority: number;
   cron?: CronView;
+  /** While some instance is PENDING: why the job's pending tasks are not placed. */
+  pending_reason?: string;
 }
 
 export interface InstanceView {
@@ -105,7 +107,16 @@ export interface JobView {
   spec: Record<string, unknown>;
   created_ms: number;
   state_counts: StateCounts;
+  /** Every instance of the job, whatever the page. */
+  instance_count: number;
+  /** Instances per config hash (the whole job). */
+  config_counts: Record<string, number>;
+  /** The page asked for (`limit`, `after`, `state`). */
   instances: InstanceView[];
+  /** More instances match after this page: pass it as `after`. */
+  next_after?: number;
+  /** The job's latest task events, newest first (at most 50). */
+  recent_events: { task_id: string; instance: number; event: TaskEvent }[];
   cron?: CronView;
   configs: Record<string, Record<string, unknown>>;
   update: UpdateView | null;
@@ -150,18 +161,35 @@ export interface HostView {
   events: { timestamp_ms: number; message: string }[];
 }
 
+export interface Capacity {
+  cpu: number;
+  ram_bytes: number;
+  disk_bytes: number;
+}
+
 export interface ClusterView {
   agents: number;
   reachable_agents: number;
   eviction_guard: { engaged: boolean; message: string; held_tasks: number };
+  /** Agents per maintenance mode. */
+  maintenance: Record<string, number>;
+  /** What the agents offer, summed, and what of it is free. */
+  capacity: Capacity;
+  free: Capacity;
 }
 
 export interface ChangesView {
   index: number;
+  /** The answer is one page (`limit`): ask again with `index` and `after`. */
+  more?: boolean;
+  after?: string;
+  /** The master's last committed index when read. */
+  head: number;
   reset: boolean;
   tasks: TaskView[];
   jobs: JobSummary[];
   agents: AgentView[];
+  updates?: UpdateView[];
 }
 
 export interface ApiErrorBody {

@@ -13,8 +13,10 @@
 //! before the rest is seen. DRAINED hosts are left out of the count: maintenance
 //! powers them off on purpose.
 
+use std::collections::BTreeMap;
+
 use drover_common::state::{MonoMillis, UnixMillis};
-use drover_common::wire::{ClusterView, EvictionGuardView, MaintenanceMode};
+use drover_common::wire::{Capacity, ClusterView, EvictionGuardView, MaintenanceMode};
 
 use super::timers::Timer;
 use super::{Core, Effect, Now, Reply};
@@ -207,10 +209,31 @@ impl Core {
                 message: "not engaged: agent losses are handled as they come".to_string(),
             },
         };
+        let mut maintenance = BTreeMap::new();
+        let (mut capacity, mut free) = (Capacity::default(), Capacity::default());
+        let mut free_cpu_milli = 0;
+        for a in &self.agents {
+            *maintenance.entry(a.rec.maintenance.mode).or_insert(0) += 1;
+            let r = &a.rec.resources;
+            capacity.cpu += r.cpu;
+            capacity.ram_bytes = capacity.ram_bytes.saturating_add(r.ram_bytes);
+            capacity.disk_bytes = capacity.disk_bytes.saturating_add(r.disk_bytes);
+            free_cpu_milli += a.cpu_milli.saturating_sub(a.used_cpu_milli);
+            free.ram_bytes = free
+                .ram_bytes
+                .saturating_add(r.ram_bytes.saturating_sub(a.used_ram));
+            free.disk_bytes = free
+                .disk_bytes
+                .saturating_add(r.disk_bytes.saturating_sub(a.used_disk));
+        }
+        free.cpu = free_cpu_milli as f64 / 1000.0;
         ClusterView {
             agents: self.agents.len() as u32,
             reachable_agents: reachable,
             eviction_guard,
+            maintenance,
+            capacity,
+            free,
         }
     }
 }

@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use drover_common::state::{MonoMillis, TaskState};
 
-pub use changes::ChangeFilter;
+pub use changes::{ChangeFilter, ChangesPage};
 pub use clock::Now;
 pub use config::CoreConfig;
 pub use cron::{catch_up, parse as parse_cron, CronSpecError, Schedule};
@@ -68,6 +68,7 @@ pub use snapshot::{ConfigRecord, Snapshot};
 pub use stats::MetricsState;
 pub use update::UpdateRecord;
 pub use user_grants::{check as check_user, may_run_as, UserGrants};
+pub use views::InstancePage;
 
 use eviction_guard::EvictionGuard;
 use maintenance::Drains;

@@ -129,17 +129,27 @@ async fn forward(
             Some("instance"),
         )
     })?;
-    let view = api.master.read(|c| c.job_view(&key)).ok_or_else(|| {
-        ApiErr::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no job {key}"),
-            Some("job"),
-        )
-    })?;
+    // Just that instance: a job of 10,000 instances is not viewed whole.
+    let one = crate::core::InstancePage {
+        after: index.checked_sub(1),
+        limit: Some(1),
+        state: None,
+    };
+    let view = api
+        .master
+        .read(|c| c.job_view_page(&key, &one))
+        .ok_or_else(|| {
+            ApiErr::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no job {key}"),
+                Some("job"),
+            )
+        })?;
     let task = view
         .instances
-        .get(index as usize)
+        .first()
+        .filter(|i| i.instance == index)
         .and_then(|i| i.current.clone())
         .ok_or_else(|| {
             ApiErr::new(

@@ -1,6 +1,7 @@
-//! Jobs and their tasks: create, list, read (secrets hidden from other roles),
-//! kill and restart (instance ranges checked against the job), cron runs, and the
-//! change stream `GET /v1/changes`.
+//! Jobs and their tasks: create, list, read (a summary and a page of instances,
+//! secrets hidden from other roles), kill and restart (instance ranges checked
+//! against the job), cron runs, and the change stream `GET /v1/changes` (paged
+//! with `limit`).
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -11,6 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
 use drover_common::parse::parse_job_json_with;
+use drover_common::state::ALL_STATES;
 use drover_common::wire::{self, ApiError, ApiErrorBody, FieldError, InstancesRequest};
 
 use super::api::{Api, Shared};
@@ -20,7 +22,7 @@ use super::guard::{forbidden, require};
 use super::longpoll::{until_news, wait_ms};
 use super::params;
 use crate::auth::{Grant, Permission, Principal};
-use crate::core::{restart_rolls, ChangeFilter, Event, Reply};
+use crate::core::{restart_rolls, ChangeFilter, ChangesPage, Event, InstancePage, Reply};
 
 #[utoipa::path(
     post,
@@ -126,9 +128,10 @@ pub const HIDDEN_SECRET: &str = "(hidden)";
     get,
     path = "/v1/jobs/{role}/{env}/{name}",
     tag = "jobs",
-    params(params::JobPath),
+    params(params::JobPath, params::JobQuery),
     responses(
-        (status = 200, description = "The job, its instances and configs.", body = wire::JobView),
+        (status = 200, description = "The job's summary and its instances (every one, or one page \
+            with `limit`; `next_after` continues).", body = wire::JobView),
         (status = "default", description = "An error (docs/api.md, Errors).", body = ApiErrorBody),
     ),
 )]
@@ -136,11 +139,13 @@ pub(super) async fn get_job(
     State(api): State<Shared>,
     Extension(who): Extension<Principal>,
     Path((role, env, name)): Path<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiErr> {
     let key = key_of(&role, &env, &name);
+    let page = instance_page(&q)?;
     let mut view = api
         .master
-        .read(|c| c.job_view(&key))
+        .read(|c| c.job_view_page(&key, &page))
         .ok_or_else(|| ApiErr::not_found(&format!("job {key}"), "job"))?;
     if !who.sees_secrets_of(&role) {
         let specs = std::iter::once(&mut view.spec).chain(view.configs.values_mut());
@@ -149,6 +154,63 @@ pub(super) async fn get_job(
         }
     }
     Ok(json(StatusCode::OK, &view))
+}
+
+/// A query parameter that is present but wrong: `400 invalid_query` naming it.
+fn bad_query(name: &str, message: String) -> ApiErr {
+    ApiErr::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        message,
+        Some(name),
+    )
+}
+
+/// `limit` of a paged read: 1 to `max` (absent: None, no limit).
+fn page_limit(q: &HashMap<String, String>, max: u32) -> Result<Option<u32>, ApiErr> {
+    let Some(text) = q.get("limit") else {
+        return Ok(None);
+    };
+    match text.parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(bad_query(
+            "limit",
+            format!("limit is `{text}`: a page size from 1 to {max}"),
+        )),
+    }
+}
+
+/// The page of instances `?after=I&limit=N&state=S` asks for (docs/api.md).
+fn instance_page(q: &HashMap<String, String>) -> Result<InstancePage, ApiErr> {
+    let after = match q.get("after") {
+        None => None,
+        Some(text) => Some(text.parse::<u32>().map_err(|_| {
+            bad_query(
+                "after",
+                format!("after is `{text}`: an instance number (the answer's next_after)"),
+            )
+        })?),
+    };
+    let state = match q.get("state") {
+        None => None,
+        Some(text) => Some(
+            ALL_STATES
+                .into_iter()
+                .find(|s| s.as_str().eq_ignore_ascii_case(text))
+                .ok_or_else(|| {
+                    let names: Vec<&str> = ALL_STATES.iter().map(|s| s.as_str()).collect();
+                    bad_query(
+                        "state",
+                        format!("state is `{text}`: one of {}", names.join(", ")),
+                    )
+                })?,
+        ),
+    };
+    Ok(InstancePage {
+        after,
+        limit: page_limit(q, wire::MAX_INSTANCE_PAGE)?,
+        state,
+    })
 }
 
 /// The instances a kill or restart names (None: all), checked against the job's
@@ -416,10 +478,11 @@ pub(super) async fn cron_deschedule(
     ok_reply(api.master.apply(Event::CronDeschedule { job }).await?)
 }
 
-/// GET /v1/changes?index=N[&job=KEY][&wait_ms=M]: the change stream (docs/api.md).
-/// Answers at once when something the token may see was committed after index N
-/// (or N is newer than this master's index: `reset`), else when the next such
-/// commit happens, else empty at the deadline.
+/// GET /v1/changes?index=N[&job=KEY][&wait_ms=M][&limit=L[&after=TASK]]: the
+/// change stream (docs/api.md). Answers at once when something the token may see
+/// was committed after index N (or N is newer than this master's index: `reset`),
+/// else when the next such commit happens, else empty at the deadline. With
+/// `limit`, at most L tasks, and `more` with where to go on when there are more.
 #[utoipa::path(
     get,
     path = "/v1/changes",
@@ -437,6 +500,14 @@ pub(super) async fn changes(
 ) -> Result<Response, ApiErr> {
     let after = query_u64(&q, "index")?.unwrap_or(0);
     let wait_ms = wait_ms(&q)?;
+    let limit = page_limit(&q, wire::MAX_CHANGES_PAGE)?;
+    let after_task = q.get("after").cloned();
+    if after_task.is_some() && limit.is_none() {
+        return Err(bad_query(
+            "after",
+            "after goes with limit: pass the limit of the page it came from".to_string(),
+        ));
+    }
     let job = q.get("job").cloned();
     let filter = if who.reads_all() {
         // `job=` asks for that job's changes only: agents' changes would wake a
@@ -464,7 +535,12 @@ pub(super) async fn changes(
     let view = until_news(m, wait_ms, |committed| {
         let reset = after > committed;
         let from = if reset { 0 } else { after };
-        let mut view = m.read(|c| c.changes_since(from, committed, &filter));
+        let page = ChangesPage {
+            // A reset starts over: the page point belonged to the old numbering.
+            after_task: after_task.clone().filter(|_| !reset),
+            limit: limit.map(|l| l as usize),
+        };
+        let mut view = m.read(|c| c.changes_page(from, committed, &filter, &page));
         view.reset = reset;
         let empty = view.tasks.is_empty() && view.agents.is_empty() && view.updates.is_empty();
         if !empty || reset {

@@ -94,6 +94,21 @@ pub(super) struct JobListQuery {
     role: Option<String>,
 }
 
+/// The query of `GET /v1/jobs/{role}/{env}/{name}`: which instances to answer.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(super) struct JobQuery {
+    /// At most this many instances (1 to 1000); absent: every instance.
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// Only instances numbered above this one (the previous page's `next_after`).
+    #[param(minimum = 0)]
+    after: Option<u32>,
+    /// Only instances whose current task is in this state (e.g. `PENDING`).
+    state: Option<drover_common::state::TaskState>,
+}
+
 /// The query of `GET /v1/changes`.
 #[derive(IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -108,6 +123,12 @@ pub(super) struct ChangesQuery {
     /// 120000; more is cut to 120000).
     #[param(minimum = 0)]
     wait_ms: Option<u64>,
+    /// At most this many tasks in the answer (1 to 5000); absent: every one.
+    #[param(minimum = 1, maximum = 5000)]
+    limit: Option<u32>,
+    /// With `limit`: the previous page's `after` (its last task), with its
+    /// `index`.
+    after: Option<String>,
 }
 
 /// The query of the assignments long poll.

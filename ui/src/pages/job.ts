@@ -1,17 +1,22 @@
-// A job: its instances (paged, filterable by state) with kill and restart actions,
-// its configs, its update in progress or last update with its history, and recent
-// task events, and for a job with `announce` its announced endpoints. Redrawn from
-// the change stream when one of its tasks changes.
+// A job: its summary (counts per state and per config), its instances read from
+// the master a page at a time (the first 100, then "Show more"; filterable by state
+// on the master) with kill and restart actions, its configs, its update in progress
+// or last update with its history, its recent task events, and for a job with
+// `announce` its announced endpoints. Re-read (the summary and the instances shown)
+// when the change stream says one of its tasks changed.
 
 import { ApiError, get, jobPath, post } from "../api";
-import { badge, confirmAction, counts, h, link, notify, pager, table, time } from "../dom";
+import { badge, confirmAction, counts, h, link, notify, table, time } from "../dom";
 import type { Ctx, Page } from "../page";
 import { refresher } from "../page";
-import type { InstanceView, JobView, ServiceView, TaskEvent } from "../types";
+import type { InstanceView, JobView, ServiceView } from "../types";
 import { ALL_STATES } from "../types";
 import { errorBox } from "./common";
 
+/** Instances shown at first, and added by each "Show more". */
 const PAGE = 100;
+/** The master's largest page of instances (`limit`). */
+const MAX_PAGE = 1000;
 /** How often the page re-reads a job whose update runs. */
 const UPDATE_POLL_MS = 2000;
 /** Update states that change without a task changing. */
@@ -34,8 +39,54 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
   );
   let view: JobView | null = null;
   let service: ServiceView | null = null;
-  let page = 0;
+  /** The instances read so far (of the state filter), in instance order. */
+  let shown: InstanceView[] = [];
+  /** Where the next page starts (the master's `next_after`), null: none left. */
+  let nextAfter: number | null = null;
+  /** How many instances the user asked to see (grows by PAGE with "Show more"). */
+  let wanted = PAGE;
   let filter = "";
+  let loadingMore = false;
+
+  /** One page of the job: the summary and up to `limit` instances after `after`. */
+  const readPage = (limit: number, after: number | null) => {
+    const q = new URLSearchParams({ limit: String(limit) });
+    if (after !== null) q.set("after", String(after));
+    if (filter) q.set("state", filter);
+    return get<JobView>(`${jobPath(key)}?${q}`);
+  };
+
+  /** Reads the summary and the first `wanted` instances again (pages of up to 1,000). */
+  const readShown = async (): Promise<JobView> => {
+    let v = await readPage(Math.min(wanted, MAX_PAGE), null);
+    const list = [...v.instances];
+    while (v.next_after !== undefined && v.next_after !== null && list.length < wanted) {
+      const next = await readPage(Math.min(wanted - list.length, MAX_PAGE), v.next_after);
+      list.push(...next.instances);
+      v = { ...next, instances: list };
+    }
+    shown = list;
+    nextAfter = v.next_after ?? null;
+    return v;
+  };
+
+  const showMore = async () => {
+    if (nextAfter === null || loadingMore) return;
+    loadingMore = true;
+    try {
+      const next = await readPage(PAGE, nextAfter);
+      shown = [...shown, ...next.instances];
+      nextAfter = next.next_after ?? null;
+      wanted = Math.max(wanted, shown.length);
+      view = next;
+      draw();
+      document.getElementById("show-more")?.focus();
+    } catch (e) {
+      notify(e instanceof ApiError ? `Reading more instances failed: ${e.message}` : `Reading more instances failed: ${e}`);
+    } finally {
+      loadingMore = false;
+    }
+  };
 
   const act = async (verb: "kill" | "restart", instances: string | null) => {
     const what = instances === null ? `every instance of ${key}` : `instance ${instances} of ${key}`;
@@ -68,19 +119,15 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
     const v = view;
     const spec = v.spec as { service?: boolean; tier?: string; priority?: number };
     const type = v.cron ? "cron" : spec.service ? "service" : "batch";
-    const list = v.instances.filter((i) => !filter || i.current?.state === filter);
-    const pages = Math.max(1, Math.ceil(list.length / PAGE));
-    page = Math.min(page, pages - 1);
-    const shown = list.slice(page * PAGE, (page + 1) * PAGE);
+    const matching = filter ? (v.state_counts[filter as keyof typeof v.state_counts] ?? 0) : v.instance_count;
     const select = h(
       "select",
       {
         id: "state-filter",
         onchange: (e: Event) => {
           filter = (e.target as HTMLSelectElement).value;
-          page = 0;
-          draw();
-          (document.getElementById("state-filter") as HTMLSelectElement | null)?.focus();
+          wanted = PAGE;
+          refresh.trigger();
         },
       },
       h("option", { value: "" }, "every state"),
@@ -111,7 +158,7 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
         h("dt", {}, "CREATED"),
         h("dd", {}, time(v.created_ms)),
         h("dt", {}, "INSTANCES"),
-        h("dd", {}, String(v.instances.length), " ", counts(v.state_counts)),
+        h("dd", {}, String(v.instance_count), " ", counts(v.state_counts)),
         v.cron ? [h("dt", {}, "CRON"), h("dd", {}, v.cron.schedule, " next ", time(v.cron.next_fire_ms))] : null,
       ),
       h(
@@ -127,12 +174,21 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
         ["INSTANCE", "TASK", "STATE", "AGENT", "CONFIG", "LAST EVENT", "ACTIONS"],
         shown.map((i) => instanceRow(i, act)),
       ),
-      list.length > PAGE
-        ? pager("Instances", list.length, PAGE, page, (p) => {
-            page = p;
-            draw();
-          })
-        : "",
+      h(
+        "p",
+        { class: "pager", id: "instances-shown" },
+        `${shown.length} of ${matching} instance(s)${filter ? ` ${filter}` : ""} shown`,
+        nextAfter !== null
+          ? [
+              " ",
+              h(
+                "button",
+                { type: "button", id: "show-more", onclick: () => void showMore() },
+                `Show ${Math.min(PAGE, Math.max(matching - shown.length, 1))} more`,
+              ),
+            ]
+          : "",
+      ),
       service ? serviceSection(service) : "",
       updateSection(v),
       configsSection(v),
@@ -147,7 +203,7 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
   let updatePoll: number | undefined;
   const refresh = refresher(async () => {
     try {
-      view = await get<JobView>(jobPath(key));
+      view = await readShown();
       const announce = (view.spec as { announce?: { name?: string } | null }).announce;
       service = null;
       if (announce) {
@@ -155,7 +211,9 @@ export function jobPage(root: HTMLElement, ctx: Ctx, [role, env, name]: string[]
         const path = `/v1/services/${[role, env, svc].map(encodeURIComponent).join("/")}`;
         service = await get<ServiceView>(path).catch(() => null);
       }
+      const focused = document.activeElement?.id;
       draw();
+      if (focused) document.getElementById(focused)?.focus();
     } catch (e) {
       body.replaceChildren(errorBox(e));
     }
@@ -273,8 +331,7 @@ function updateSection(v: JobView): HTMLElement {
 }
 
 function configsSection(v: JobView): HTMLElement {
-  const inUse = new Map<string, number>();
-  for (const i of v.instances) if (i.config) inUse.set(i.config, (inUse.get(i.config) ?? 0) + 1);
+  const inUse = new Map<string, number>(Object.entries(v.config_counts ?? {}));
   return h(
     "section",
     {},
@@ -291,15 +348,7 @@ function configsSection(v: JobView): HTMLElement {
 }
 
 function eventsSection(v: JobView): HTMLElement {
-  const events: (TaskEvent & { task: string; instance: number; seq: number })[] = [];
-  for (const i of v.instances) {
-    for (const t of [i.current, ...i.history]) {
-      if (!t) continue;
-      t.events.forEach((e, seq) => events.push({ ...e, task: t.task_id, instance: i.instance, seq }));
-    }
-  }
-  // Newest first; a task's events of the same millisecond in reverse order too.
-  events.sort((a, b) => b.timestamp_ms - a.timestamp_ms || b.seq - a.seq);
+  // The master picks the job's 50 newest events over every instance, newest first.
   return h(
     "section",
     {},
@@ -307,14 +356,14 @@ function eventsSection(v: JobView): HTMLElement {
     table(
       "Recent events",
       ["TIME", "INSTANCE", "STATE", "EVENT"],
-      events.slice(0, 50).map((e) =>
+      (v.recent_events ?? []).map((e) =>
         h(
           "tr",
           {},
-          h("td", {}, time(e.timestamp_ms)),
-          h("td", {}, link(`/ui/tasks/${encodeURIComponent(e.task)}`, String(e.instance))),
-          h("td", {}, badge(e.state)),
-          h("td", {}, e.message),
+          h("td", {}, time(e.event.timestamp_ms)),
+          h("td", {}, link(`/ui/tasks/${encodeURIComponent(e.task_id)}`, String(e.instance))),
+          h("td", {}, badge(e.event.state)),
+          h("td", {}, e.event.message),
         ),
       ),
     ),

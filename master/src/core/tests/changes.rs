@@ -2,7 +2,7 @@
 //! job and role, and batch numbers that go on after a reload.
 
 use super::*;
-use crate::core::ChangeFilter;
+use crate::core::{ChangeFilter, ChangesPage};
 use drover_common::wire::UpdateState;
 
 fn all() -> ChangeFilter {
@@ -151,4 +151,82 @@ fn update_records_written_after_the_index_are_in_the_stream() {
         .changes_since(paused, paused, &all())
         .updates
         .is_empty());
+}
+
+/// Pages of the stream (`limit`) hold every task exactly once, also when a task of
+/// a later page is written again between two pages (it comes with its new batch),
+/// and the last page's index is the committed one.
+#[test]
+fn pages_of_the_stream_hold_every_task_once_in_batch_order() {
+    let mut w = World::new();
+    w.register("a1", 8.0, 16, &[]);
+    let first = w.create(spec("p", 7, false, ""));
+    w.create(spec("q", 5, false, ""));
+    let page = |after_task: Option<String>| ChangesPage {
+        after_task,
+        limit: Some(3),
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let (mut index, mut after) = (0, None);
+    let mut rewritten = false;
+    for _ in 0..20 {
+        let upto = w.core.seq();
+        let view = w
+            .core
+            .changes_page(index, upto, &all(), &page(after.clone()));
+        assert!(view.tasks.len() <= 3, "{view:?}");
+        assert_eq!(view.head, upto);
+        seen.extend(view.tasks.iter().map(|t| t.task_id.clone()));
+        if !view.more {
+            assert_eq!(view.index, upto);
+            assert!(view.after.is_none());
+            break;
+        }
+        assert!(view.index < upto);
+        (index, after) = (view.index, view.after.clone());
+        if !rewritten {
+            // A task already shown is written again: it comes once more, later.
+            w.run(&first[0]);
+            rewritten = true;
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 12, "{seen:?}");
+    assert_eq!(seen.len(), 13, "only the rewritten task twice: {seen:?}");
+    assert_eq!(seen.iter().filter(|id| **id == first[0]).count(), 2);
+    // The instance pages of a job walk it once, and filter by state.
+    let job = "www/prod/p";
+    let mut instances = Vec::new();
+    let mut after = None;
+    loop {
+        let page = crate::core::InstancePage {
+            after,
+            limit: Some(2),
+            state: None,
+        };
+        let view = w.core.job_view_page(job, &page).unwrap();
+        assert_eq!(view.instance_count, 7);
+        assert_eq!(view.config_counts.values().sum::<u32>(), 7);
+        instances.extend(view.instances.iter().map(|i| i.instance));
+        match view.next_after {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    assert_eq!(instances, (0..7).collect::<Vec<u32>>());
+    let running = crate::core::InstancePage {
+        state: Some(TaskState::Running),
+        ..Default::default()
+    };
+    let view = w.core.job_view_page(job, &running).unwrap();
+    let numbers: Vec<u32> = view.instances.iter().map(|i| i.instance).collect();
+    assert_eq!(numbers, vec![0]);
+    assert!(!view.recent_events.is_empty() && view.recent_events.len() <= 50);
+    let newest = view.recent_events[0].event.timestamp_ms;
+    assert!(view
+        .recent_events
+        .iter()
+        .all(|e| e.event.timestamp_ms <= newest));
 }

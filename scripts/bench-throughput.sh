@@ -26,8 +26,9 @@
 # file (base, new, ratios, median_ratio; one "key value" a line).
 #
 # Slurm is an optional third column when `sbatch` is installed and `scontrol ping`
-# answers UP: the same number of `true` jobs as job arrays, submit -> squeue empty.
-# This machine had no Slurm when the script was written, so that path has not run.
+# answers UP: the same number of `true` jobs as job arrays, submit -> squeue empty,
+# after the two Drover runs of each round. `scripts/slurm.sh start` sets up the
+# tuned one-node Slurm it was measured with (docs/master.md, "Measured").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -160,9 +161,14 @@ run_drover() {
   cpu=${cpu:--}
 }
 
-# The same number of `true` jobs in Slurm as job arrays; sets rate (jobs/s) and load.
+# The same number of `true` jobs in Slurm as job arrays (as few sbatch calls as its
+# MaxArraySize allows), from the first submit until squeue lists none of them
+# pending, configuring, running or completing, polled every 50 ms like the harness
+# polls the master; sets rate (jobs/s) and load. A job that fails to launch drains
+# the node, so the run fails unless the node is still usable afterwards.
 run_slurm() {
-  local max chunk first=0 start end ids=()
+  local max chunk first=0 start end name out node
+  name=drover-bench-$$-$((++slurm_runs))
   load=$(load1)
   max=$(scontrol show config | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
   max=${max:-1001}
@@ -170,16 +176,18 @@ run_slurm() {
   while [ "$first" -lt "$tasks" ]; do
     chunk=$((tasks - first))
     [ "$chunk" -le "$max" ] || chunk=$max
-    ids+=("$(sbatch --parsable --array=0-$((chunk - 1)) -o /dev/null -e /dev/null --wrap=true)")
+    sbatch --parsable --job-name="$name" --array=0-$((chunk - 1)) -o /dev/null -e /dev/null \
+      --wrap=true >/dev/null || die "sbatch failed"
     first=$((first + chunk))
   done
-  while [ -n "$(squeue -h -j "$(
-    IFS=,
-    echo "${ids[*]}"
-  )" 2>/dev/null)" ]; do
+  # A failed squeue (the controller busy) is asked again, never taken for "done".
+  while ! out=$(squeue -h --name="$name" --states=PD,CF,R,CG,S -o %i 2>/dev/null) ||
+    [ -n "$out" ]; do
     sleep 0.05
   done
   end=$(date +%s.%N)
+  node=$(sinfo -h -N -o %t | sort -u | tr '\n' ' ')
+  case $node in idle\ | mix\ | alloc\ ) ;; *) die "the Slurm node is '$node' after the run: jobs failed to launch? (see its slurmd log)" ;; esac
   rate=$(awk -v n="$tasks" -v s="$start" -v e="$end" 'BEGIN { printf "%.1f", n / (e - s) }')
 }
 
@@ -190,7 +198,7 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
 uptime_before=$(uptime)
 echo "==> $rounds rounds of $tasks tasks over mTLS: base $base ($base_bin), new $new ($new_bin)"
 echo "    harness $harness; logs in $logs; load before: $uptime_before"
-rate='' cpu='' load=''
+rate='' cpu='' load='' slurm_runs=0
 rows=()
 base_rates=()
 new_rates=()

@@ -102,9 +102,10 @@ our_pids() {
   for p in /proc/[0-9]*; do
     p=${p#/proc/}
     exe=$(readlink "/proc/$p/exe" 2>/dev/null) || continue
+    # Debian's /usr/sbin/slurm* are alternatives for the *-wlm binaries.
     case $exe in
-    /usr/sbin/slurmstepd) echo "$p" ;;
-    /usr/sbin/munged | /usr/sbin/slurmctld | /usr/sbin/slurmd)
+    /usr/sbin/slurmstepd | /usr/sbin/slurmstepd-wlm) echo "$p" ;;
+    /usr/sbin/munged | /usr/sbin/slurmctld | /usr/sbin/slurmctld-wlm | /usr/sbin/slurmd | /usr/sbin/slurmd-wlm)
       if tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "^--[a-z-]*=$state/\|^$state/"; then
         echo "$p"
       fi
@@ -188,10 +189,11 @@ ReturnToService=2
 # - sched/builtin: strict priority (FIFO) order; a backfill pass over thousands of
 #   pending jobs is pure cost when every job is the same one-CPU \`true\`.
 # - batch_sched_delay=0: start batch jobs at once instead of batching them up for up
-#   to 3 s after a submit; sched_interval=1: the periodic full scheduling pass every
-#   second instead of every 60 s (the event-driven pass on every job end still does
-#   most of the work); default_queue_depth=1000: each event-driven pass looks at up to
-#   1,000 pending jobs, not 100; sched_max_job_start=0: no cap per pass.
+#   to 3 s after a submit; sched_interval=1: the full scheduling pass every second
+#   instead of every 60 s (with one job per CPU, jobs of an array started at about
+#   that pace here: 300 jobs at 2.2 jobs/s); default_queue_depth=1000: each
+#   event-driven pass looks at up to 1,000 pending jobs, not 100;
+#   sched_max_job_start=0: no cap on the jobs started per pass.
 SchedulerType=sched/builtin
 SchedulerParameters=batch_sched_delay=0,sched_interval=1,default_queue_depth=1000,sched_max_job_start=0
 # Whole arrays of up to 100,000 tasks in one sbatch (default 1,001), room for them
@@ -201,13 +203,14 @@ SchedulerParameters=batch_sched_delay=0,sched_interval=1,default_queue_depth=100
 MaxArraySize=100001
 MaxJobCount=200000
 MinJobAge=2
-# One CPU per job, the two CPUs of this node run two jobs at a time; OverSubscribe
-# lets up to ${SLURM_BENCH_OVERSUBSCRIBE:-NO} jobs share a CPU (FORCE:n), as Drover's
-# benchmark tasks ask for 0.01 CPU each.
+# One CPU per job, and OverSubscribe=FORCE:32 lets up to 32 jobs share each of the
+# node's CPUs (so 64 at a time), as Drover's benchmark tasks ask for 0.01 CPU each
+# and share the CPUs too; without it each pass could start only two jobs.
+# SLURM_BENCH_OVERSUBSCRIBE overrides it (NO, FORCE:n).
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 $node NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=bench Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=${SLURM_BENCH_OVERSUBSCRIBE:-NO}
+PartitionName=bench Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=${SLURM_BENCH_OVERSUBSCRIBE:-FORCE:32}
 EOF
   mv "$conf.tmp" "$conf"
   ln -sfn "$conf" "$etc_conf"

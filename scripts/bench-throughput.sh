@@ -20,7 +20,8 @@
 # (the cluster's data dirs and sandboxes), because ext4 slows file creation after the
 # previous run freed ~20,000 inodes nearby (docs/agent.md, "Measured").
 #
-# Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_FRESH_FS=0 to run
+# Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_HARNESS (an e2e
+# bench binary to use instead of building one), BENCH_FRESH_FS=0 to run
 # in the ordinary TMPDIR instead (then wait >= 5.5 min between runs), BENCH_LOG_DIR
 # (default target/bench-throughput/<date>) for every run's full output and a `summary`
 # file (base, new, ratios, median_ratio; one "key value" a line).
@@ -100,11 +101,16 @@ build() {
 base_bin=$(build "$base")
 new_bin=$(build "$new")
 
-echo "==> building the harness (tests/benches/e2e.rs, dev profile) from $root" >&2
-harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
-  jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
-  tail -n 1)
-[ -x "$harness" ] || die "cargo built no e2e bench binary"
+if [ -n "${BENCH_HARNESS:-}" ]; then
+  harness=$BENCH_HARNESS
+  echo "==> harness: $harness (BENCH_HARNESS)" >&2
+else
+  echo "==> building the harness (tests/benches/e2e.rs, dev profile) from $root" >&2
+  harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
+    jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
+    tail -n 1)
+fi
+[ -x "$harness" ] || die "no e2e bench binary ($harness)"
 
 slurm=0
 if command -v sbatch >/dev/null 2>&1 && scontrol ping 2>/dev/null | grep -q UP; then

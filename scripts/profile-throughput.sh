@@ -15,6 +15,7 @@
 # event is cpu-clock (a sample's period is CPU time in ns), PERF_FREQ samples/s per
 # CPU (default 499), 8 KiB of stack per sample. perf also sees the cluster's start
 # and stop, which the harness's own CPU figures (printed first) leave out.
+# BENCH_HARNESS names an e2e bench binary to use instead of building one.
 # Everything is kept in PROFILE_DIR (default target/profile-throughput/<time>):
 # perf.data, the harness output, and report.txt, also printed.
 #
@@ -44,11 +45,16 @@ freq=${PERF_FREQ:-499}
 out=${PROFILE_DIR:-$root/target/profile-throughput/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 
-echo "==> building the harness (tests/benches/e2e.rs, dev profile)" >&2
-harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
-  jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
-  tail -n 1)
-[ -x "$harness" ] || die "cargo built no e2e bench binary"
+if [ -n "${BENCH_HARNESS:-}" ]; then
+  harness=$BENCH_HARNESS
+  echo "==> harness: $harness (BENCH_HARNESS)" >&2
+else
+  echo "==> building the harness (tests/benches/e2e.rs, dev profile)" >&2
+  harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
+    jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
+    tail -n 1)
+fi
+[ -x "$harness" ] || die "no e2e bench binary ($harness)"
 
 mnt=
 loopfile=

@@ -104,9 +104,9 @@ path, tasks = sys.argv[1], int(sys.argv[2])
 CATEGORIES = [
     ("fsync", r"fsync|fdatasync|jbd2|blkdev_issue_flush"),
     ("SQLite", r"sqlite3|rusqlite"),
-    ("token check", r"tokens::Tokens::authenticate|auth::secret_matches|auth::hash_secret|auth::parse_bearer|sha2::"),
+    ("token check", r"tokens::Tokens::authenticate|auth::secret_matches|auth::hash_secret|auth::parse_bearer|sha2::|sha256"),
     ("TLS", r"rustls|ring_core|\bring::|tokio_rustls"),
-    ("change stream", r"core::changes|changes::|longpoll"),
+    ("change stream", r"drover_master::core::changes|changes_since|longpoll"),
     ("JSON", r"serde"),
     ("HTTP", r"hyper|\bh2::|axum|reqwest|httparse|\bhttp::|tower"),
     ("spawn/exit", r"copy_process|kernel_clone|sys_clone|sys_vfork|sys_execve|do_execveat|bprm_execve|load_elf_binary|begin_new_exec|do_exit\b|do_group_exit|exit_mmap|mmput|sys_wait4|sys_waitid|do_wait|release_task|wait_consider_task"),
@@ -128,7 +128,7 @@ def role_of_comm(comm, pid, parent_role):
     if comm.startswith("drover-agent"): return "agents"
     if comm.startswith("drover-execut"): return "executor fork server" if parent_role == "agents" else "executors"
     if comm == "true": return "tasks (true)"
-    if comm.startswith("e2e-"): return "harness"
+    if "e2e" in comm: return "harness"
     return None
 
 comm_re = re.compile(r"PERF_RECORD_COMM( exec)?: (.*):(\d+)/(\d+)")
@@ -138,6 +138,8 @@ parent = {}
 time_by = collections.Counter()
 cat_by = collections.defaultdict(collections.Counter)
 sym_by = collections.defaultdict(collections.Counter)
+sys_by = collections.defaultdict(collections.Counter)
+sys_re = re.compile(r"__(?:x64|do)_sys_(\w+)")
 cur = None
 frames = []
 
@@ -159,6 +161,13 @@ def flush():
         cat_by[r]["other"] += period
     if syms:
         sym_by[r][syms[0]] += period
+    for s_ in reversed(syms):
+        m_ = sys_re.search(s_)
+        if m_:
+            sys_by[r][m_.group(1)] += period
+            break
+    else:
+        sys_by[r]["(user space, page faults, interrupts)"] += period
     cur, frames = None, []
 
 with open(path, errors="replace") as f:
@@ -171,7 +180,9 @@ with open(path, errors="replace") as f:
                 if child == ctid and child != par:
                     parent[child] = par
                     if par in role and child not in role:
-                        role[child] = role[par]
+                        # The fork server's children are the executors.
+                        r = role[par]
+                        role[child] = "executors" if r == "executor fork server" else r
                 continue
             m = comm_re.search(line)
             if m and m.group(1):
@@ -212,6 +223,9 @@ for r, v in sorted(time_by.items(), key=lambda kv: -kv[1]):
     for name, c in cat_by[r].most_common():
         if c >= v * 0.01:
             print(f"  {name:16s} {100*c/v:5.1f} %  {c/1e6/tasks:.3f} ms/task")
+    print("  by system call (the outermost one in the chain):")
+    for s_, c in sys_by[r].most_common(8):
+        print(f"    {100*c/v:5.1f} %  {c/1e6/tasks:.3f} ms/task  {s_}")
     print("  top leaf functions:")
     for s, c in sym_by[r].most_common(12):
         print(f"    {100*c/v:5.1f} %  {s[:110]}")

@@ -16,7 +16,9 @@
 # SLURM_BENCH_DIR (default /var/lib/drover-bench-slurm); /etc/slurm/slurm.conf is a
 # link to that config so that sbatch, squeue and scontrol find it. A slurm.conf that
 # this script did not write is never replaced. The controller starts with a clean
-# state (`slurmctld -c`): a start forgets jobs of an earlier one.
+# state (`slurmctld -c`): a start forgets jobs of an earlier one. A start while it
+# runs changes nothing (stop first to apply a new config). SLURM_BENCH_OVERSUBSCRIBE
+# sets the partition's OverSubscribe (default FORCE:32, see the config below).
 set -euo pipefail
 
 state=${SLURM_BENCH_DIR:-/var/lib/drover-bench-slurm}

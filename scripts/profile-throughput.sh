@@ -24,7 +24,8 @@
 # a malloc inside JSON as JSON): fsync, SQLite, token check, TLS, change stream,
 # JSON, HTTP, process spawn and exit (clone, exec, exit, wait), page faults,
 # cgroups, files, sockets, scheduling, tokio, allocator, dynamic loading, Drover's
-# own code, other. The patterns are in the Python below.
+# own code, other. The patterns are in the Python below. Each process also gets its
+# CPU by outermost system call and its hottest leaf functions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

@@ -20,14 +20,16 @@
 # (the cluster's data dirs and sandboxes), because ext4 slows file creation after the
 # previous run freed ~20,000 inodes nearby (docs/agent.md, "Measured").
 #
-# Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_FRESH_FS=0 to run
+# Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_HARNESS (an e2e
+# bench binary to use instead of building one), BENCH_FRESH_FS=0 to run
 # in the ordinary TMPDIR instead (then wait >= 5.5 min between runs), BENCH_LOG_DIR
 # (default target/bench-throughput/<date>) for every run's full output and a `summary`
 # file (base, new, ratios, median_ratio; one "key value" a line).
 #
 # Slurm is an optional third column when `sbatch` is installed and `scontrol ping`
-# answers UP: the same number of `true` jobs as job arrays, submit -> squeue empty.
-# This machine had no Slurm when the script was written, so that path has not run.
+# answers UP: the same number of `true` jobs as job arrays, submit -> squeue empty,
+# after the two Drover runs of each round. `scripts/slurm.sh start` sets up the
+# tuned one-node Slurm it was measured with (docs/master.md, "Measured").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -99,11 +101,16 @@ build() {
 base_bin=$(build "$base")
 new_bin=$(build "$new")
 
-echo "==> building the harness (tests/benches/e2e.rs, dev profile) from $root" >&2
-harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
-  jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
-  tail -n 1)
-[ -x "$harness" ] || die "cargo built no e2e bench binary"
+if [ -n "${BENCH_HARNESS:-}" ]; then
+  harness=$BENCH_HARNESS
+  echo "==> harness: $harness (BENCH_HARNESS)" >&2
+else
+  echo "==> building the harness (tests/benches/e2e.rs, dev profile) from $root" >&2
+  harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
+    jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
+    tail -n 1)
+fi
+[ -x "$harness" ] || die "no e2e bench binary ($harness)"
 
 slurm=0
 if command -v sbatch >/dev/null 2>&1 && scontrol ping 2>/dev/null | grep -q UP; then
@@ -160,9 +167,14 @@ run_drover() {
   cpu=${cpu:--}
 }
 
-# The same number of `true` jobs in Slurm as job arrays; sets rate (jobs/s) and load.
+# The same number of `true` jobs in Slurm as job arrays (as few sbatch calls as its
+# MaxArraySize allows), from the first submit until squeue lists none of them
+# pending, configuring, running or completing, polled every 50 ms like the harness
+# polls the master; sets rate (jobs/s) and load. A job that fails to launch drains
+# the node, so the run fails unless the node is still usable afterwards.
 run_slurm() {
-  local max chunk first=0 start end ids=()
+  local max chunk first=0 start end name out node
+  name=drover-bench-$$-$((++slurm_runs))
   load=$(load1)
   max=$(scontrol show config | sed -n 's/^MaxArraySize *= *\([0-9]*\).*/\1/p')
   max=${max:-1001}
@@ -170,16 +182,18 @@ run_slurm() {
   while [ "$first" -lt "$tasks" ]; do
     chunk=$((tasks - first))
     [ "$chunk" -le "$max" ] || chunk=$max
-    ids+=("$(sbatch --parsable --array=0-$((chunk - 1)) -o /dev/null -e /dev/null --wrap=true)")
+    sbatch --parsable --job-name="$name" --array=0-$((chunk - 1)) -o /dev/null -e /dev/null \
+      --wrap=true >/dev/null || die "sbatch failed"
     first=$((first + chunk))
   done
-  while [ -n "$(squeue -h -j "$(
-    IFS=,
-    echo "${ids[*]}"
-  )" 2>/dev/null)" ]; do
+  # A failed squeue (the controller busy) is asked again, never taken for "done".
+  while ! out=$(squeue -h --name="$name" --states=PD,CF,R,CG,S -o %i 2>/dev/null) ||
+    [ -n "$out" ]; do
     sleep 0.05
   done
   end=$(date +%s.%N)
+  node=$(sinfo -h -N -o %t | sort -u | tr '\n' ' ')
+  case $node in idle\ | mix\ | alloc\ ) ;; *) die "the Slurm node is '$node' after the run: jobs failed to launch? (see its slurmd log)" ;; esac
   rate=$(awk -v n="$tasks" -v s="$start" -v e="$end" 'BEGIN { printf "%.1f", n / (e - s) }')
 }
 
@@ -190,7 +204,7 @@ median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END {
 uptime_before=$(uptime)
 echo "==> $rounds rounds of $tasks tasks over mTLS: base $base ($base_bin), new $new ($new_bin)"
 echo "    harness $harness; logs in $logs; load before: $uptime_before"
-rate='' cpu='' load=''
+rate='' cpu='' load='' slurm_runs=0
 rows=()
 base_rates=()
 new_rates=()

@@ -91,6 +91,25 @@ enum Kind {
     Small,
 }
 
+/// Appends a job of `kind` with `instances` and the spec fields `extra` to `out`.
+fn add(out: &mut Vec<(Kind, JobSpec)>, kind: Kind, instances: u32, extra: serde_json::Value) {
+    let n = out.len();
+    let mut spec = json!({
+        "role": format!("role{}", n % 50), "environment": "prod",
+        "name": format!("{kind:?}-{n:05}").to_lowercase(),
+        "instances": instances,
+        "task": {"processes": [{"name": "m", "cmdline": "sleep 1000000"}],
+                 "resources": {"cpu": 0.25, "ram": "128MiB", "disk": "128MiB",
+                               "ports": ["http"]}}
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    out.push((kind, serde_json::from_value(spec).unwrap()));
+}
+
 /// The job mix: (kind, spec) adding up to `tasks` instances, in a fixed shuffled
 /// order (big and small jobs interleaved, as a cell's submissions come).
 fn mix(tasks: usize, hosts: usize) -> Vec<(Kind, JobSpec)> {
@@ -98,29 +117,17 @@ fn mix(tasks: usize, hosts: usize) -> Vec<(Kind, JobSpec)> {
     let racks = hosts.div_ceil(RACK).max(1);
     let mut out: Vec<(Kind, JobSpec)> = Vec::new();
     let mut left = tasks;
-    let add = |out: &mut Vec<(Kind, JobSpec)>, kind: Kind, instances: u32, extra: serde_json::Value| {
-        let n = out.len();
-        let mut spec = json!({
-            "role": format!("role{}", n % 50), "environment": "prod",
-            "name": format!("{kind:?}-{n:05}").to_lowercase(),
-            "instances": instances,
-            "task": {"processes": [{"name": "m", "cmdline": "sleep 1000000"}],
-                     "resources": {"cpu": 0.25, "ram": "128MiB", "disk": "128MiB",
-                                   "ports": ["http"]}}
-        });
-        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-            for (k, v) in extra {
-                spec.insert(k.clone(), v.clone());
-            }
-        }
-        out.push((kind, serde_json::from_value(spec).unwrap()));
-    };
     let share = |percent: usize| tasks * percent / 100 / big as usize;
     for _ in 0..share(30) {
         add(&mut out, Kind::Plain, big, json!({}));
     }
     for _ in 0..share(10) {
-        add(&mut out, Kind::SpreadRack, big, json!({"spread": [{"attribute": "rack"}]}));
+        add(
+            &mut out,
+            Kind::SpreadRack,
+            big,
+            json!({"spread": [{"attribute": "rack"}]}),
+        );
     }
     // One per host (a service's implicit `host: limit:1`), at most a fifth over an
     // even share per rack.
@@ -141,10 +148,25 @@ fn mix(tasks: usize, hosts: usize) -> Vec<(Kind, JobSpec)> {
         if j % 2 == 1 {
             constraints["rack"] = json!("limit:50");
         }
-        add(&mut out, Kind::Zone, zoned, json!({"constraints": constraints}));
+        add(
+            &mut out,
+            Kind::Zone,
+            zoned,
+            json!({"constraints": constraints}),
+        );
     }
-    add(&mut out, Kind::Binpack, big, json!({"placement": "binpack"}));
-    add(&mut out, Kind::SpreadPlacement, big, json!({"placement": "spread"}));
+    add(
+        &mut out,
+        Kind::Binpack,
+        big,
+        json!({"placement": "binpack"}),
+    );
+    add(
+        &mut out,
+        Kind::SpreadPlacement,
+        big,
+        json!({"placement": "spread"}),
+    );
     left -= out
         .iter()
         .map(|(_, s)| s.instances as usize)

@@ -70,7 +70,8 @@ pub fn process_cpu() -> Duration {
         return Duration::ZERO;
     };
     let of = |t: nix::sys::time::TimeVal| {
-        Duration::from_secs(t.tv_sec().max(0) as u64) + Duration::from_micros(t.tv_usec().max(0) as u64)
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
     };
     of(u.user_time()) + of(u.system_time())
 }

@@ -1,5 +1,6 @@
-//! Helpers the master's benches share: the calling thread's CPU time and the
-//! registration of a simulated agent with the core. Each bench includes it with
+//! Helpers the master's benches share: the calling thread's CPU time, the
+//! process's CPU time, RSS and the load average, and the registration of a
+//! simulated agent with the core. Each bench includes it with
 //! `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
@@ -47,4 +48,37 @@ pub fn registration(
         attributes,
         versions: None,
     }
+}
+
+/// A field of /proc/self/status given in kB (`VmHWM`, `VmRSS`), in bytes (0 where
+/// /proc does not say).
+pub fn proc_status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The process's CPU time so far, user plus system, every thread (getrusage).
+pub fn process_cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return Duration::ZERO;
+    };
+    let of = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec().max(0) as u64)
+            + Duration::from_micros(t.tv_usec().max(0) as u64)
+    };
+    of(u.user_time()) + of(u.system_time())
+}
+
+/// The 1-, 5- and 15-minute load averages, as /proc/loadavg says them.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }

@@ -296,9 +296,14 @@ fn find_agent(
     let n = cands.len();
     let need = job.need;
     if n > 0 && job.constraints.soft.is_set() {
-        // Soft preferences: every fitting candidate is scored (see `scoring`).
+        // Soft preferences: the fitting candidates are scored (see `scoring`).
         let start = job.cursor % n;
         let values = |a: &str| value_count(attr_index, a);
+        // No later agent can beat one that reaches this (see `Soft::bound`).
+        let bound = job
+            .constraints
+            .soft
+            .bound(&job.constraints.counted, counts, attr_index);
         let mut best: Option<(f64, usize)> = None;
         for step in 0..n {
             let pos = (start + step) % n;
@@ -312,6 +317,9 @@ fn find_agent(
                 .score(agent, &job.constraints.counted, counts, &values);
             if best.is_none_or(|(b, _)| s > b) {
                 best = Some((s, pos));
+                if s >= bound {
+                    break;
+                }
             }
         }
         if let Some((_, pos)) = best {

@@ -21,7 +21,9 @@
 # previous run freed ~20,000 inodes nearby (docs/agent.md, "Measured").
 #
 # Environment: ROUNDS (default 3), BENCH_TASKS (default 5000), BENCH_HARNESS (an e2e
-# bench binary to use instead of building one), BENCH_FRESH_FS=0 to run
+# bench binary to use instead of building one), BASE_BIN / NEW_BIN (a directory of
+# release binaries to run instead of building that side's ref, labelled BASE_LABEL /
+# NEW_LABEL in the table; e.g. one build with another drover-executor copied in), BENCH_FRESH_FS=0 to run
 # in the ordinary TMPDIR instead (then wait >= 5.5 min between runs), BENCH_LOG_DIR
 # (default target/bench-throughput/<date>) for every run's full output and a `summary`
 # file (base, new, ratios, median_ratio; one "key value" a line).
@@ -33,6 +35,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=scripts/lib-bench.sh
+. scripts/lib-bench.sh
 
 die() {
   echo "bench-throughput: $*" >&2
@@ -98,19 +102,18 @@ build() {
   echo "$out/release"
 }
 
-base_bin=$(build "$base")
-new_bin=$(build "$new")
-
-if [ -n "${BENCH_HARNESS:-}" ]; then
-  harness=$BENCH_HARNESS
-  echo "==> harness: $harness (BENCH_HARNESS)" >&2
+if [ -n "${BASE_BIN:-}" ]; then
+  base_bin=$(cd "$BASE_BIN" && pwd) base=${BASE_LABEL:-$base}
 else
-  echo "==> building the harness (tests/benches/e2e.rs, dev profile) from $root" >&2
-  harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
-    jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
-    tail -n 1)
+  base_bin=$(build "$base")
 fi
-[ -x "$harness" ] || die "no e2e bench binary ($harness)"
+if [ -n "${NEW_BIN:-}" ]; then
+  new_bin=$(cd "$NEW_BIN" && pwd) new=${NEW_LABEL:-$new}
+else
+  new_bin=$(build "$new")
+fi
+
+harness=$(bench_harness) || die "no harness"
 
 slurm=0
 if command -v sbatch >/dev/null 2>&1 && scontrol ping 2>/dev/null | grep -q UP; then
@@ -119,28 +122,9 @@ fi
 
 logs=${BENCH_LOG_DIR:-$root/target/bench-throughput/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$logs"
-mnt=
-loopfile=
-cleanup() {
-  if [ -n "$mnt" ]; then
-    umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-    rmdir "$mnt" 2>/dev/null || true
-  fi
-  [ -z "$loopfile" ] || rm -f "$loopfile"
-  mnt=
-  loopfile=
-}
+cleanup() { bench_cleanup; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# A fresh journal-less ext4 for one run; sets $mnt.
-fresh_tmp() {
-  loopfile=$(mktemp "${TMPDIR:-/tmp}/drover-bench-fs.XXXXXX")
-  truncate -s 4G "$loopfile"
-  mkfs.ext4 -q -F -O ^has_journal "$loopfile"
-  mnt=$(mktemp -d "${TMPDIR:-/tmp}/drover-bench-mnt.XXXXXX")
-  mount -o loop "$loopfile" "$mnt"
-}
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
 
@@ -150,8 +134,8 @@ run_drover() {
   local label=$1 bin=$2 log=$3 tmp=${TMPDIR:-/tmp}
   load=$(load1)
   if [ "$fresh_fs" = 1 ]; then
-    fresh_tmp
-    tmp=$mnt
+    bench_fresh_tmp
+    tmp=$bench_mnt
   fi
   if ! TMPDIR=$tmp DROVER_BIN_DIR=$bin BENCH_ONLY=throughput BENCH_TLS=1 BENCH_TASKS=$tasks \
     "$harness" >"$log" 2>&1; then

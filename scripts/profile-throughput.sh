@@ -29,6 +29,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=scripts/lib-bench.sh
+. scripts/lib-bench.sh
 
 die() {
   echo "profile-throughput: $*" >&2
@@ -46,35 +48,12 @@ freq=${PERF_FREQ:-499}
 out=${PROFILE_DIR:-$root/target/profile-throughput/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 
-if [ -n "${BENCH_HARNESS:-}" ]; then
-  harness=$BENCH_HARNESS
-  echo "==> harness: $harness (BENCH_HARNESS)" >&2
-else
-  echo "==> building the harness (tests/benches/e2e.rs, dev profile)" >&2
-  harness=$(cargo build -q -p drover-tests --bench e2e --message-format=json |
-    jq -r 'select(.reason == "compiler-artifact" and .target.name == "e2e") | .executable' |
-    tail -n 1)
-fi
-[ -x "$harness" ] || die "no e2e bench binary ($harness)"
+harness=$(bench_harness) || die "no harness"
 
-mnt=
-loopfile=
-cleanup() {
-  if [ -n "$mnt" ]; then
-    umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-    rmdir "$mnt" 2>/dev/null || true
-  fi
-  [ -z "$loopfile" ] || rm -f "$loopfile"
-  mnt=
-  loopfile=
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
-loopfile=$(mktemp "${TMPDIR:-/tmp}/drover-bench-fs.XXXXXX")
-truncate -s 4G "$loopfile"
-mkfs.ext4 -q -F -O ^has_journal "$loopfile"
-mnt=$(mktemp -d "${TMPDIR:-/tmp}/drover-bench-mnt.XXXXXX")
-mount -o loop "$loopfile" "$mnt"
+bench_fresh_tmp
+mnt=$bench_mnt
 
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "==> $tasks tasks over mTLS under perf (binaries $bin, load $load)" >&2
@@ -85,7 +64,7 @@ perf record -q -a -e cpu-clock -F "$freq" --call-graph dwarf,8192 -o "$out/perf.
     tail -n 20 "$out/harness.log" >&2
     die "the run failed (full output: $out/harness.log)"
   }
-cleanup
+bench_cleanup
 grep -q " 0 FAILED/LOST" "$out/harness.log" || die "failed or lost tasks ($out/harness.log)"
 
 echo "==> perf script (unwinding the call chains; this takes a while)" >&2

@@ -499,13 +499,6 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
         }
         first = k.saturating_add(1);
     }
-    // The task directory's tmp/ (root's, 0700: the task reaches data/ only through
-    // its mount namespace) and tmp/data/, the task user's, made here rather than on
-    // the executor's way to the first process.
-    let made = make_tmp(plan);
-    if made.0 != 0 {
-        return made;
-    }
     let r = syscall6(libc::SYS_unshare, [plan.unshare as usize, 0, 0, 0, 0, 0]);
     if r < 0 {
         return fail(STEP_UNSHARE, r);
@@ -543,12 +536,15 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
             return fail(7, orig);
         }
     }
-    // tmp/data/, opened once, in this namespace (a bind's source must be in it): the
-    // first bind may cover its path.
-    let tmp = open_data(plan);
-    if tmp < 0 {
-        return fail(2, tmp);
-    }
+    // The task directory's tmp/ (root's, 0700: the task reaches data/ only through
+    // its mount namespace) and tmp/data/, the task user's, made here rather than on
+    // the executor's way to the first process, and in this namespace, so that the
+    // descriptor of tmp/data/ that made it is also the source of the binds (a bind's
+    // source must be in the init's own mount namespace): one open each.
+    let tmp = match make_tmp(plan) {
+        Ok(fd) => fd,
+        Err(failed) => return failed,
+    };
     let mut source = [0u8; 32];
     let source = fd_path(&mut source, tmp as RawFd);
     let bind = |target: &std::ffi::CStr| {
@@ -610,8 +606,8 @@ unsafe fn init_setup(plan: &InitPlan) -> (usize, i32) {
 
 /// Makes `tmp/` (root's, mode 0700: an existing one must be a directory of root's)
 /// and `tmp/data/` in it (mode 0700, the task user's), each opened without following
-/// links. `(0, 0)`, or the failed step and its errno.
-unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
+/// links. The descriptor of `tmp/data/`, or the failed step and its errno.
+unsafe fn make_tmp(plan: &InitPlan) -> Result<isize, (usize, i32)> {
     let dir_flags =
         (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as usize;
     let r = syscall6(
@@ -626,7 +622,7 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
         ],
     );
     if r < 0 && r != -(libc::EEXIST as isize) {
-        return (STEP_TMP, (-r) as i32);
+        return Err((STEP_TMP, (-r) as i32));
     }
     let outer = syscall6(
         libc::SYS_openat,
@@ -640,7 +636,7 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
         ],
     );
     if outer < 0 {
-        return (STEP_TMP, (-outer) as i32);
+        return Err((STEP_TMP, (-outer) as i32));
     }
     let close = |fd: isize| syscall6(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]);
     let mut st: libc::stat = std::mem::zeroed();
@@ -657,7 +653,7 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
     );
     if r < 0 || st.st_uid != 0 {
         close(outer);
-        return (STEP_TMP, if r < 0 { (-r) as i32 } else { libc::EPERM });
+        return Err((STEP_TMP, if r < 0 { (-r) as i32 } else { libc::EPERM }));
     }
     let data = c"data";
     let r = syscall6(
@@ -666,7 +662,7 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
     );
     if r < 0 && r != -(libc::EEXIST as isize) {
         close(outer);
-        return (STEP_DATA, (-r) as i32);
+        return Err((STEP_DATA, (-r) as i32));
     }
     let fd = syscall6(
         libc::SYS_openat,
@@ -674,7 +670,7 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
     );
     close(outer);
     if fd < 0 {
-        return (STEP_DATA, (-fd) as i32);
+        return Err((STEP_DATA, (-fd) as i32));
     }
     let mut r = syscall6(libc::SYS_fchmod, [fd as usize, 0o700, 0, 0, 0, 0]);
     if r >= 0 {
@@ -684,36 +680,11 @@ unsafe fn make_tmp(plan: &InitPlan) -> (usize, i32) {
             [fd as usize, uid as usize, gid as usize, 0, 0, 0],
         );
     }
-    close(fd);
     if r < 0 {
-        return (STEP_DATA, (-r) as i32);
+        close(fd);
+        return Err((STEP_DATA, (-r) as i32));
     }
-    (0, 0)
-}
-
-/// `tmp/data/` opened with `O_PATH`, never through a link: its descriptor or `-errno`.
-unsafe fn open_data(plan: &InitPlan) -> isize {
-    let flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as usize;
-    let outer = syscall6(
-        libc::SYS_openat,
-        [
-            libc::AT_FDCWD as usize,
-            plan.tmp_outer.as_ptr() as usize,
-            flags,
-            0,
-            0,
-            0,
-        ],
-    );
-    if outer < 0 {
-        return outer;
-    }
-    let fd = syscall6(
-        libc::SYS_openat,
-        [outer as usize, c"data".as_ptr() as usize, flags, 0, 0, 0],
-    );
-    syscall6(libc::SYS_close, [outer as usize, 0, 0, 0, 0, 0]);
-    fd
+    Ok(fd)
 }
 
 /// Makes `base/parts...` inside the private temporary directory (root's directories,

@@ -72,15 +72,16 @@ impl V1Cgroup {
         Ok(existed)
     }
 
-    fn create_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+    /// Writes the limits and reads each back. A new cgroup's CFS period is the kernel's
+    /// default, [`CPU_PERIOD_US`], so only a leftover's (`fresh` false) is written:
+    /// one cgroupfs open less per task.
+    fn create_limits(&self, limits: &Limits, fresh: bool) -> Result<(), CgroupError> {
         if limits.cpu > 0.0 {
             let cpu = self.h.cpu_controller()?;
             let dir = cpu.path();
             let quota = cpu_quota_us(limits.cpu);
-            for (name, want) in [
-                ("cpu.cfs_period_us", CPU_PERIOD_US),
-                ("cpu.cfs_quota_us", quota),
-            ] {
+            let period = (!fresh).then_some(("cpu.cfs_period_us", CPU_PERIOD_US));
+            for (name, want) in period.into_iter().chain([("cpu.cfs_quota_us", quota)]) {
                 let file = dir.join(name);
                 let read = write_limit(&file, &want.to_string())?;
                 check(&file, want, &read, read == want.to_string())?;
@@ -102,7 +103,7 @@ impl V1Cgroup {
 impl TaskCgroup for V1Cgroup {
     fn create(&self, limits: &Limits) -> Result<bool, CgroupError> {
         let fresh = create_fresh(self, || self.create_dirs())?;
-        self.create_limits(limits)?;
+        self.create_limits(limits, fresh)?;
         Ok(fresh)
     }
 

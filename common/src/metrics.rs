@@ -40,20 +40,20 @@ impl AtomicHistogram {
             .fetch_add((value.max(0.0) * 1e6) as u64, Ordering::Relaxed);
     }
 
-    /// The sum, the count and the cumulative buckets (+Inf last).
+    /// The sum, the count and the observations of each bucket alone (+Inf last),
+    /// as prometheus-client's `encode_histogram` takes them: it adds them up into
+    /// the cumulative `_bucket` lines itself.
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let mut cumulative = 0;
         let mut buckets: Vec<(f64, u64)> = self
             .bounds
             .iter()
             .zip(&self.counts)
-            .map(|(bound, n)| {
-                cumulative += n.load(Ordering::Relaxed);
-                (*bound, cumulative)
-            })
+            .map(|(bound, n)| (*bound, n.load(Ordering::Relaxed)))
             .collect();
-        let count = self.count.load(Ordering::Relaxed).max(cumulative);
-        buckets.push((f64::INFINITY, count));
+        let finite: u64 = buckets.iter().map(|(_, n)| n).sum();
+        // Observed without a lock: the count may lag the buckets for a moment.
+        let count = self.count.load(Ordering::Relaxed).max(finite);
+        buckets.push((f64::INFINITY, count - finite));
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         (sum, count, buckets)
     }
@@ -163,16 +163,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_histogram_is_cumulative_with_an_infinite_bucket() {
-        static BOUNDS: &[f64] = &[1.0, 2.0];
-        let h = AtomicHistogram::new(BOUNDS);
+    fn a_histogram_is_exposed_cumulative_with_an_infinite_bucket() {
+        static HISTOGRAM: std::sync::LazyLock<AtomicHistogram> =
+            std::sync::LazyLock::new(|| AtomicHistogram::new(&[1.0, 2.0]));
         for v in [0.5, 1.5, 1.7, 9.0] {
-            h.observe(v);
+            HISTOGRAM.observe(v);
         }
-        let (sum, count, buckets) = h.snapshot();
+        let (sum, count, buckets) = HISTOGRAM.snapshot();
         assert_eq!(count, 4);
         assert!((sum - 12.7).abs() < 1e-6);
-        assert_eq!(buckets, vec![(1.0, 1), (2.0, 3), (f64::INFINITY, 4)]);
+        assert_eq!(buckets, vec![(1.0, 1), (2.0, 2), (f64::INFINITY, 1)]);
+        // What a scraper reads: each bucket counts everything at or below its bound.
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("commit_seconds", "Commits", Static(&HISTOGRAM));
+        let out = text(&registry);
+        for line in [
+            "commit_seconds_bucket{le=\"1.0\"} 1",
+            "commit_seconds_bucket{le=\"2.0\"} 3",
+            "commit_seconds_bucket{le=\"inf\"} 4",
+            "commit_seconds_count 4",
+        ] {
+            assert!(out.lines().any(|l| l == line), "no `{line}` in\n{out}");
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! simulated agent "runs" a task by reporting STARTING then RUNNING, and checks every
 //! assignment set it gets against its own capacity, so an over-committing master is
 //! caught where it would hurt. Kills (a task leaving the set or desired SHUTDOWN) are
-//! counted: a master restart or a burst of returning agents must cause none.
+//! counted: a master restart or a burst of returning agents must cause none. Like
+//! the real agent, each heartbeats at the interval the master tells it (registration
+//! and heartbeat answers), its first heartbeat spread over that interval.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +41,8 @@ pub struct FleetStats {
     pub registrations: AtomicU64,
     /// Full task sets the master took (answered heartbeats that carried one).
     pub full_sets: AtomicU64,
+    /// The longest heartbeat interval the master told any agent, in ms.
+    pub told_interval_ms: AtomicU64,
 }
 
 #[derive(Default)]
@@ -67,8 +71,8 @@ pub struct Fleet {
 impl Fleet {
     /// Starts one simulated agent per entry of `tokens` (its bearer token, if the
     /// master wants one) against `master` (e.g. `http://127.0.0.1:7070`),
-    /// heartbeating every `heartbeat`, on the current tokio runtime.
-    pub fn start(master: &str, tokens: Vec<Option<String>>, heartbeat: Duration) -> Fleet {
+    /// heartbeating at the interval the master tells, on the current tokio runtime.
+    pub fn start(master: &str, tokens: Vec<Option<String>>) -> Fleet {
         let n = tokens.len();
         let stats = Arc::new(FleetStats::default());
         let (stop, rx) = watch::channel(false);
@@ -91,7 +95,11 @@ impl Fleet {
                 agent,
             };
             let (c1, r1) = (ctx.clone(), rx.clone());
-            tasks.spawn(async move { c1.heartbeats(heartbeat, r1).await });
+            // Agents started together would heartbeat in step: the k-th of n waits
+            // k/n of an interval before its first heartbeat, as agents started over
+            // time would.
+            let phase = k as f64 / n as f64;
+            tasks.spawn(async move { c1.heartbeats(phase, r1).await });
             let (c2, r2) = (ctx, rx.clone());
             tasks.spawn(async move { c2.polls(r2).await });
         }
@@ -126,7 +134,8 @@ impl Ctx {
         }
     }
 
-    async fn register(&self) -> bool {
+    /// Registers; the interval the master told, None if it refused or was down.
+    async fn register(&self) -> Option<Duration> {
         let req = RegisterRequest {
             ip: None,
             protocol_version: wire::PROTOCOL_VERSION,
@@ -143,29 +152,44 @@ impl Ctx {
             versions: None,
         };
         let url = format!("{}/v1/agents/register", self.master);
-        match self.auth(self.http.post(url)).json(&req).send().await {
-            Ok(r) if r.status().is_success() => {
+        let answer = match self.auth(self.http.post(url)).json(&req).send().await {
+            Ok(r) if r.status().is_success() => r.json::<wire::RegisterResponse>().await.ok(),
+            _ => None,
+        };
+        match answer {
+            Some(a) => {
                 self.stats.registrations.fetch_add(1, Ordering::Relaxed);
-                true
+                Some(self.told(a.heartbeat_interval_ms))
             }
-            _ => {
+            None => {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                false
+                None
             }
         }
     }
 
-    async fn heartbeats(self, every: Duration, mut stop: watch::Receiver<bool>) {
-        while !self.register().await {
+    /// Records an interval the master told.
+    fn told(&self, ms: u64) -> Duration {
+        self.stats.told_interval_ms.fetch_max(ms, Ordering::Relaxed);
+        Duration::from_millis(ms)
+    }
+
+    async fn heartbeats(self, phase: f64, mut stop: watch::Receiver<bool>) {
+        let mut every;
+        loop {
+            if let Some(told) = self.register().await {
+                every = told;
+                break;
+            }
             if sleep_or_stop(Duration::from_millis(200), &mut stop).await {
                 return;
             }
         }
+        if sleep_or_stop(every.mul_f64(phase), &mut stop).await {
+            return;
+        }
         let mut send_full = true;
         loop {
-            if sleep_or_stop(every, &mut stop).await {
-                return;
-            }
             let request = {
                 let s = lock(&self.agent.state);
                 let live = s.tasks.iter().filter(|(_, (_, st))| !st.is_terminal());
@@ -196,8 +220,13 @@ impl Ctx {
                         self.stats.full_sets.fetch_add(1, Ordering::Relaxed);
                     }
                     send_full = a.send_full_task_set;
+                    if let Some(ms) = a.heartbeat_interval_ms {
+                        every = self.told(ms);
+                    }
                     if a.reregister {
-                        self.register().await;
+                        if let Some(told) = self.register().await {
+                            every = told;
+                        }
                         send_full = true;
                     }
                 }
@@ -205,6 +234,9 @@ impl Ctx {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     send_full = true;
                 }
+            }
+            if sleep_or_stop(every, &mut stop).await {
+                return;
             }
         }
     }

@@ -344,11 +344,24 @@ impl Budget {
         }
     }
 
-    /// Checks `m` (`size` bytes unpacked) and returns its path components below
-    /// the unpack directory; refuses it, or the archive once it unpacks to more
-    /// than `MAX_BYTES`.
-    fn admit(&mut self, m: &Member<'_>, size: u64) -> Result<Vec<String>, UnpackError> {
-        let parts = check_member(m).map_err(|e| UnpackError::Refused(e.to_string()))?;
+    /// Checks the member `path` (its `kind`, `link` target and `mode`; `size`
+    /// bytes unpacked) and returns its path components below the unpack directory;
+    /// refuses it, or the archive once it unpacks to more than `MAX_BYTES`.
+    fn admit(
+        &mut self,
+        path: &str,
+        kind: MemberKind,
+        link: Option<&str>,
+        mode: u32,
+        size: u64,
+    ) -> Result<Vec<String>, UnpackError> {
+        let m = Member {
+            path,
+            kind,
+            link,
+            mode,
+        };
+        let parts = check_member(&m).map_err(|e| UnpackError::Refused(e.to_string()))?;
         self.total = self.total.saturating_add(size);
         if self.total > self.max_bytes {
             return Err(UnpackError::Refused(format!(
@@ -356,7 +369,7 @@ impl Budget {
                 self.max_bytes
             )));
         }
-        if let (MemberKind::Symlink, Some(target)) = (m.kind, m.link) {
+        if let (MemberKind::Symlink, Some(target)) = (kind, link) {
             self.links.push((parts.clone(), target.to_string()));
         }
         Ok(parts)
@@ -428,15 +441,7 @@ fn unpack_tar<R: Read>(
         };
         let mode = header.mode().unwrap_or(0o644);
         let size = entry.size();
-        let parts = budget.admit(
-            &Member {
-                path: &path,
-                kind,
-                link: link.as_deref(),
-                mode,
-            },
-            size,
-        )?;
+        let parts = budget.admit(&path, kind, link.as_deref(), mode, size)?;
         if kind == MemberKind::File {
             let Some((name, parents)) = parts.split_last() else {
                 continue; // refused by the check: a file has a name
@@ -534,15 +539,7 @@ fn unpack_zip(
             None
         };
         let size = entry.size();
-        let parts = budget.admit(
-            &Member {
-                path: &path,
-                kind,
-                link: link.as_deref(),
-                mode,
-            },
-            size,
-        )?;
+        let parts = budget.admit(&path, kind, link.as_deref(), mode, size)?;
         let Some((name, parents)) = parts.split_last() else {
             continue; // `./`: the directory itself
         };

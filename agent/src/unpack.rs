@@ -1,7 +1,9 @@
 //! `drover-agent unpack-artifact`: the short-lived helper that puts one artifact
 //! into a sandbox. The agent runs it as the task user (never as root when the task
 //! is not root), with the cached file on stdin or, for a `file://` URL, the path to
-//! read (so a task can only read host files its user can).
+//! read (so a task can only read host files its user can); and as root to unpack a
+//! cached archive into the cache's own tree (`runtime::tree`), a directory no task
+//! can reach.
 //!
 //! Every archive member, tar or zip, goes through one [`Budget`]: its header checked
 //! ([`crate::artifacts::check_member`]: no absolute path, no `..`, no link out, no

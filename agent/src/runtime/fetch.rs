@@ -82,8 +82,9 @@ struct Entry {
     pins: u32,
     /// Hashed by this agent (downloaded, or checked since start).
     verified: bool,
-    /// Its unpacked trees (their names; their bytes are in `size`).
+    /// Its unpacked trees (their names), and what their files hold.
     trees: Vec<String>,
+    tree_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -222,6 +223,7 @@ impl ArtifactCache {
                     pins: 0,
                     verified: false,
                     trees: Vec::new(),
+                    tree_bytes: 0,
                 },
             );
         }
@@ -499,7 +501,7 @@ impl ArtifactCache {
             let mut state = lock(&self.state);
             state.trees.insert(name.to_string(), tree.clone());
             if let Some(e) = state.entries.get_mut(sha) {
-                e.size = e.size.saturating_add(tree.bytes);
+                e.tree_bytes = e.tree_bytes.saturating_add(tree.bytes);
                 e.trees.push(name.to_string());
             }
         }
@@ -570,6 +572,7 @@ impl ArtifactCache {
                     pins: 1,
                     verified: true,
                     trees: Vec::new(),
+                    tree_bytes: 0,
                 },
             );
         }
@@ -625,11 +628,12 @@ impl ArtifactCache {
             .iter()
             .map(|(sha, e)| Cached {
                 sha256: sha.clone(),
-                size: e.size,
+                size: e.size.saturating_add(e.tree_bytes),
                 last_used: e.last_used,
                 in_use: e.pins > 0,
             })
             .collect();
+        let mut gone = Vec::new();
         for sha in evictions(&entries, self.limits.cache_size, 0) {
             tracing::info!(sha256 = %sha, "evicting artifact from the cache");
             let trees = state
@@ -640,13 +644,14 @@ impl ArtifactCache {
             if let Err(e) = std::fs::remove_file(self.path(&sha)) {
                 tracing::warn!(sha256 = %sha, error = %e, "could not delete a cached artifact");
             }
-            // A task that was given a tree keeps its links to the files.
-            for name in trees {
-                if let Some(t) = state.trees.remove(&name) {
-                    if let Err(e) = std::fs::remove_dir_all(&t.path) {
-                        tracing::warn!(tree = %name, error = %e, "could not delete an unpacked tree");
-                    }
-                }
+            gone.extend(trees.iter().filter_map(|name| state.trees.remove(name)));
+        }
+        drop(state);
+        // Outside the lock (a tree may be many files); a task that was given a
+        // tree keeps its links to the files.
+        for tree in gone {
+            if let Err(e) = std::fs::remove_dir_all(&tree.path) {
+                tracing::warn!(tree = %tree.path.display(), error = %e, "could not delete an unpacked tree");
             }
         }
     }

@@ -20,13 +20,15 @@
 //!    time (the `artifact_fetch_seconds` sum of its `/metrics`, which covers the
 //!    download with hashing and writing to the cache), alternating with
 //!    `curl -s -o FILE` of the same URL (wall time, its process start included).
-//!    `BENCH_FETCH_RUNS` runs each (default 5).
+//!    `BENCH_FETCH_RUNS` runs each (default 5; 0 skips this part).
 //! 3. Start (`BENCH_START_RUNS`, default 0: off; as root): a one-agent cluster of
 //!    the `DROVER_BIN_DIR` build starting one `sleep` task with the 10 MiB tar as an
 //!    artifact, with it gzipped, and with none, round by round in that order after
 //!    one warm-up round that fills the cache: each task's ASSIGNED -> RUNNING from
 //!    its events (the master's and the executor's stamps, in ms), and what the
-//!    artifact adds (median with it minus median without).
+//!    artifact adds (median with it minus median without); and the agent's own
+//!    time putting the artifacts in place (its `artifacts in place` log line, from
+//!    the sandbox's creation to its handing over, in µs).
 //!
 //! Prints median, minimum and maximum of each. Not run in CI:
 //! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench
@@ -516,6 +518,41 @@ fn bench_start(runs: usize) -> anyhow::Result<()> {
             }
         }
     }
+    // The agent's own time per task with artifacts, by kind (job `start<run>-<i>`).
+    let log = std::fs::read_to_string(cluster.dir().join("logs/agent-0.log"))?;
+    let mut agent_ms: HashMap<&str, Vec<f64>> = HashMap::new();
+    for line in log.lines().filter(|l| l.contains("artifacts in place")) {
+        let micros = line
+            .split("micros=")
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|d| d.parse::<f64>().ok());
+        let kind = (1..=runs).find_map(|run| {
+            (0..2).find_map(|i| {
+                let name = format!("start{run}-{i}");
+                line.match_indices(&name)
+                    .any(|(at, _)| {
+                        !line[at + name.len()..].starts_with(|c: char| c.is_ascii_digit())
+                    })
+                    .then_some(kinds[i])
+            })
+        });
+        if let (Some(us), Some(kind)) = (micros, kind) {
+            agent_ms.entry(kind).or_default().push(us / 1000.0);
+        }
+    }
+    if agent_ms.is_empty() {
+        if let Some(line) = log.lines().find(|l| l.contains("artifacts in place")) {
+            println!("(no time read from the agent's log line: {line})");
+        }
+    }
+    println!("agent, artifacts in place (from its log):");
+    for kind in &kinds[..2] {
+        let ms = agent_ms.remove(kind).unwrap_or_default();
+        if !ms.is_empty() {
+            println!("  {kind:<7} ms: {}", summary(ms));
+        }
+    }
     println!("task start, ASSIGNED -> RUNNING (event stamps):");
     let median = |v: &[f64]| {
         let mut v = v.to_vec();
@@ -541,8 +578,9 @@ fn main() -> anyhow::Result<()> {
     }
     let runs = drover_tests::env_number("BENCH_RUNS", 40);
     bench_unpack(runs)?;
-    if drover_tests::running_as_root("artifact fetch bench") {
-        let runs = drover_tests::env_number("BENCH_FETCH_RUNS", 5);
+    let fetch_runs = drover_tests::env_number("BENCH_FETCH_RUNS", 5);
+    if fetch_runs > 0 && drover_tests::running_as_root("artifact fetch bench") {
+        let runs = fetch_runs;
         let mib = drover_tests::env_number("BENCH_FETCH_MIB", 100);
         bench_fetch(runs, mib)?;
     }

@@ -300,6 +300,7 @@ impl ArtifactCache {
         task: &ExecutorTask,
         report: &(dyn Fn(String) + Sync),
     ) -> Result<Pins, Failure> {
+        let began = Instant::now();
         let mut pins = Pins {
             cache: self.clone(),
             shas: Vec::new(),
@@ -414,6 +415,11 @@ impl ArtifactCache {
             .map_err(fail)?;
         }
         give(&mut handed_over)?;
+        tracing::info!(
+            task_id = %task.task_id,
+            micros = began.elapsed().as_micros() as u64,
+            "artifacts in place"
+        );
         Ok(pins)
     }
 

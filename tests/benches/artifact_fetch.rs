@@ -520,13 +520,14 @@ fn bench_start(runs: usize) -> anyhow::Result<()> {
     }
     // The agent's own time per task with artifacts, by kind (job `start<run>-<i>`).
     let log = std::fs::read_to_string(cluster.dir().join("logs/agent-0.log"))?;
-    let mut agent_ms: HashMap<&str, Vec<f64>> = HashMap::new();
-    for line in log.lines().filter(|l| l.contains("artifacts in place")) {
-        let micros = line
-            .split("micros=")
+    let mut agent_ms: HashMap<(&str, &str), Vec<f64>> = HashMap::new();
+    let field = |line: &str, name: &str| {
+        line.split(&format!(" {name}="))
             .nth(1)
             .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-            .and_then(|d| d.parse::<f64>().ok());
+            .and_then(|d| d.parse::<f64>().ok())
+    };
+    for line in log.lines().filter(|l| l.contains("artifacts in place")) {
         let kind = (1..=runs).find_map(|run| {
             (0..2).find_map(|i| {
                 let name = format!("start{run}-{i}");
@@ -537,8 +538,10 @@ fn bench_start(runs: usize) -> anyhow::Result<()> {
                     .then_some(kinds[i])
             })
         });
-        if let (Some(us), Some(kind)) = (micros, kind) {
-            agent_ms.entry(kind).or_default().push(us / 1000.0);
+        for part in ["micros", "fetch_micros", "tree_micros"] {
+            if let (Some(us), Some(kind)) = (field(line, part), kind) {
+                agent_ms.entry((kind, part)).or_default().push(us / 1000.0);
+            }
         }
     }
     if agent_ms.is_empty() {
@@ -548,9 +551,15 @@ fn bench_start(runs: usize) -> anyhow::Result<()> {
     }
     println!("agent, artifacts in place (from its log):");
     for kind in &kinds[..2] {
-        let ms = agent_ms.remove(kind).unwrap_or_default();
-        if !ms.is_empty() {
-            println!("  {kind:<7} ms: {}", summary(ms));
+        for (part, what) in [
+            ("micros", "all"),
+            ("fetch_micros", "cache lookup"),
+            ("tree_micros", "tree placed"),
+        ] {
+            let ms = agent_ms.remove(&(*kind, part)).unwrap_or_default();
+            if !ms.is_empty() {
+                println!("  {kind:<7} {what:<12} ms: {}", summary(ms));
+            }
         }
     }
     println!("task start, ASSIGNED -> RUNNING (event stamps):");

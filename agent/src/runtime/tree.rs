@@ -167,7 +167,7 @@ pub fn place(
             true => &base,
             false => {
                 if !dirs.contains_key(parents) {
-                    let d = open_dir_beneath(&base, &Path::new(&parents.join("/")))
+                    let d = open_dir_beneath(&base, Path::new(&parents.join("/")))
                         .map_err(|e| in_the_way(parents, e))?;
                     dirs.insert(parents, d);
                 }

@@ -44,7 +44,7 @@ use sha2::{Digest, Sha256};
 
 use super::lock;
 use super::tree::{self, PlaceError, Tree};
-use crate::artifacts::{evictions, fetching, human, shares_tree, tree_name, Cached};
+use crate::artifacts::{evictions, fetching, human, place_inline, shares_tree, tree_name, Cached};
 use crate::config::ArtifactLimits;
 use crate::host::Verdict;
 use crate::metrics::METRICS;
@@ -372,15 +372,21 @@ impl ArtifactCache {
                     {
                         let place_began = Instant::now();
                         let tree = self.tree(&sha, unpack, budget).await.map_err(fail)?;
-                        let at = sandbox_fd
-                            .try_clone()
-                            .map_err(|e| fail(format!("cannot place the unpacked tree: {e}")))?;
-                        let parts = dest.clone();
-                        let placed = tokio::task::spawn_blocking(move || {
-                            tree::place(&tree, &at, &parts, owner, budget)
-                        })
-                        .await
-                        .map_err(|e| fail(format!("cannot place the unpacked tree: {e}")))?;
+                        // A small tree is linked right here (a hand-off to a
+                        // blocking thread costs a wake-up, milliseconds under load).
+                        let placed = if place_inline(tree.nodes.len()) {
+                            tree::place(&tree, &sandbox_fd, &dest, owner, budget)
+                        } else {
+                            let at = sandbox_fd.try_clone().map_err(|e| {
+                                fail(format!("cannot place the unpacked tree: {e}"))
+                            })?;
+                            let parts = dest.clone();
+                            tokio::task::spawn_blocking(move || {
+                                tree::place(&tree, &at, &parts, owner, budget)
+                            })
+                            .await
+                            .map_err(|e| fail(format!("cannot place the unpacked tree: {e}")))?
+                        };
                         place_us += place_began.elapsed().as_micros();
                         match placed {
                             Ok(()) => continue,

@@ -1,11 +1,13 @@
 //! The pure rules of artifacts on a host: what a zip member is, which archive
 //! members (tar or zip) may be unpacked into a sandbox (no absolute paths, no `..`,
 //! no links out of the unpack directory, no device files or FIFOs, no setuid or
-//! setgid bits) and which cached artifacts to evict when the cache is over its size (least recently used first,
-//! never one in use). The I/O lives in `runtime::fetch` (download, cache) and
-//! `unpack` (the helper that writes into the sandbox as the task user).
+//! setgid bits), which cached artifacts to evict when the cache is over its size (least recently used first,
+//! never one in use), and when a cached archive's unpacked tree is shared with a
+//! sandbox by hard links instead of copied ([`shares_tree`], [`shared_mode`]). The
+//! I/O lives in `runtime::fetch` (download, cache), `runtime::tree` (the unpacked
+//! trees) and `unpack` (the helper that writes into the sandbox as the task user).
 
-use drover_common::artifact::relative_parts;
+use drover_common::artifact::{relative_parts, Unpack};
 
 /// What an archive member is, as its header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,6 +200,37 @@ pub fn evictions(entries: &[Cached], capacity: u64, incoming: u64) -> Vec<String
     out
 }
 
+/// The name of the unpacked tree of the cached archive `sha256` unpacked as `kind`
+/// (below `<data_dir>/artifacts/trees/`): one tree per archive and format.
+pub fn tree_name(sha256: &str, kind: Unpack) -> String {
+    format!("{sha256}.{}", kind.as_str())
+}
+
+/// Whether an http(s) artifact unpacked as `kind` is put into a sandbox as hard
+/// links to the cache's unpacked tree (else copied by the helper, as the task
+/// user): only an archive (a single file's `mode` is the task's own to change), for
+/// a task user that is not root (root could write through the shared files), while
+/// the sandbox is still root's and out of every task's reach (`run_as` is the task
+/// user's uid when the agent is root, else `None`: no tree without root either).
+pub fn shares_tree(kind: Unpack, run_as: Option<u32>, sandbox_handed_over: bool) -> bool {
+    kind != Unpack::File && run_as.is_some_and(|uid| uid != 0) && !sandbox_handed_over
+}
+
+/// Whether a tree of `nodes` entries is placed on the agent's async worker itself
+/// (about 10 µs of system calls per entry, so at most ~1 ms) rather than on a
+/// blocking thread, whose wake-up costs milliseconds on a loaded host.
+pub fn place_inline(nodes: usize) -> bool {
+    nodes <= 128
+}
+
+/// The mode of a file in a shared tree (owned by root, so the task user reads it
+/// through the bits for others): the owner's read and execute bits for everyone,
+/// no write bit. `0755` and `0700` become `0555`, `0644` and `0600` become `0444`.
+pub fn shared_mode(mode: u32) -> u32 {
+    let owner = (mode >> 6) & 0o5;
+    (owner << 6) | (owner << 3) | owner
+}
+
 /// The STARTING status message while artifact `n` of `of` is put into the sandbox:
 /// `fetching 2 of 3`, with the bytes downloaded so far and the size the server
 /// announced when known: `fetching 2 of 3 (14 MiB of 40 MiB)`, `(14 MiB)`.
@@ -365,6 +398,28 @@ mod tests {
         assert_eq!(evictions(&entries, 120, 40), ["old", "mid"]);
         // Everything evictable goes; the one in use stays even over the size.
         assert_eq!(evictions(&entries, 0, 40), ["old", "mid", "new"]);
+    }
+
+    #[test]
+    fn only_archives_for_a_task_user_other_than_root_share_a_tree() {
+        assert!(shares_tree(Unpack::Tar, Some(33), false));
+        assert!(shares_tree(Unpack::Zip, Some(33), false));
+        assert!(!shares_tree(Unpack::File, Some(33), false));
+        assert!(!shares_tree(Unpack::TarGz, Some(0), false));
+        assert!(!shares_tree(Unpack::TarGz, None, false));
+        assert!(!shares_tree(Unpack::TarZst, Some(33), true));
+        assert_eq!(tree_name("ab", Unpack::TarGz), "ab.tar.gz");
+        assert!(place_inline(40) && !place_inline(10_000));
+    }
+
+    #[test]
+    fn shared_files_are_read_only_and_readable_by_the_task_user() {
+        assert_eq!(shared_mode(0o755), 0o555);
+        assert_eq!(shared_mode(0o700), 0o555);
+        assert_eq!(shared_mode(0o644), 0o444);
+        assert_eq!(shared_mode(0o600), 0o444);
+        assert_eq!(shared_mode(0o200), 0);
+        assert_eq!(shared_mode(0o311), 0o111);
     }
 
     #[test]

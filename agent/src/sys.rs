@@ -1,7 +1,7 @@
 //! Every `unsafe` of the agent, each behind a safe function with its `// SAFETY:`:
 //! taking ownership of descriptors the kernel handed over, registering a pidfd with
-//! the runtime, and `openat` with `O_NOFOLLOW`. The rest of the crate denies
-//! `unsafe_code`.
+//! the runtime, `openat` with `O_NOFOLLOW` and `openat2` confined below a directory.
+//! The rest of the crate denies `unsafe_code`.
 #![allow(unsafe_code)]
 
 use std::os::fd::OwnedFd;
@@ -43,6 +43,43 @@ pub fn open_nofollow(
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Opens the directory `path` below `dir` with `openat2(2)`, resolved by the kernel
+/// with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`: no `..` out
+/// of `dir`, no absolute path, no symbolic link anywhere on the way (`ELOOP`,
+/// `EXDEV` otherwise). Closed on exec.
+pub fn open_dir_beneath(
+    dir: &std::fs::File,
+    path: &std::path::Path,
+) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut how: libc::open_how =
+        // SAFETY: open_how is plain integers; all zero is a valid value.
+        unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: openat2 reads the NUL-terminated `c` and `how` (its size given), both
+    // alive for the call, and returns a new descriptor (or -1) only we own; the
+    // directory's descriptor is open while `dir` is borrowed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(std::io::Error::other)?;
     // SAFETY: `fd` is a fresh descriptor nothing else owns.
     Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }

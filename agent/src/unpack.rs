@@ -1,7 +1,9 @@
 //! `drover-agent unpack-artifact`: the short-lived helper that puts one artifact
 //! into a sandbox. The agent runs it as the task user (never as root when the task
 //! is not root), with the cached file on stdin or, for a `file://` URL, the path to
-//! read (so a task can only read host files its user can).
+//! read (so a task can only read host files its user can); and as root to unpack a
+//! cached archive into the cache's own tree (`runtime::tree`), a directory no task
+//! can reach.
 //!
 //! Every archive member, tar or zip, goes through one [`Budget`]: its header checked
 //! ([`crate::artifacts::check_member`]: no absolute path, no `..`, no link out, no
@@ -344,11 +346,24 @@ impl Budget {
         }
     }
 
-    /// Checks `m` (`size` bytes unpacked) and returns its path components below
-    /// the unpack directory; refuses it, or the archive once it unpacks to more
-    /// than `MAX_BYTES`.
-    fn admit(&mut self, m: &Member<'_>, size: u64) -> Result<Vec<String>, UnpackError> {
-        let parts = check_member(m).map_err(|e| UnpackError::Refused(e.to_string()))?;
+    /// Checks the member `path` (its `kind`, `link` target and `mode`; `size`
+    /// bytes unpacked) and returns its path components below the unpack directory;
+    /// refuses it, or the archive once it unpacks to more than `MAX_BYTES`.
+    fn admit(
+        &mut self,
+        path: &str,
+        kind: MemberKind,
+        link: Option<&str>,
+        mode: u32,
+        size: u64,
+    ) -> Result<Vec<String>, UnpackError> {
+        let m = Member {
+            path,
+            kind,
+            link,
+            mode,
+        };
+        let parts = check_member(&m).map_err(|e| UnpackError::Refused(e.to_string()))?;
         self.total = self.total.saturating_add(size);
         if self.total > self.max_bytes {
             return Err(UnpackError::Refused(format!(
@@ -356,7 +371,7 @@ impl Budget {
                 self.max_bytes
             )));
         }
-        if let (MemberKind::Symlink, Some(target)) = (m.kind, m.link) {
+        if let (MemberKind::Symlink, Some(target)) = (kind, link) {
             self.links.push((parts.clone(), target.to_string()));
         }
         Ok(parts)
@@ -428,15 +443,7 @@ fn unpack_tar<R: Read>(
         };
         let mode = header.mode().unwrap_or(0o644);
         let size = entry.size();
-        let parts = budget.admit(
-            &Member {
-                path: &path,
-                kind,
-                link: link.as_deref(),
-                mode,
-            },
-            size,
-        )?;
+        let parts = budget.admit(&path, kind, link.as_deref(), mode, size)?;
         if kind == MemberKind::File {
             let Some((name, parents)) = parts.split_last() else {
                 continue; // refused by the check: a file has a name
@@ -534,15 +541,7 @@ fn unpack_zip(
             None
         };
         let size = entry.size();
-        let parts = budget.admit(
-            &Member {
-                path: &path,
-                kind,
-                link: link.as_deref(),
-                mode,
-            },
-            size,
-        )?;
+        let parts = budget.admit(&path, kind, link.as_deref(), mode, size)?;
         let Some((name, parents)) = parts.split_last() else {
             continue; // `./`: the directory itself
         };

@@ -9,13 +9,26 @@
 //!    arguments (exec, dynamic loading, exit). With `BENCH_OLD_AGENT=PATH` another
 //!    `drover-agent` (an older build) runs the same, alternating with this one run by
 //!    run. `BENCH_RUNS` runs each (default 40).
+//!    Beside them, in the same rounds, what a cache hit costs this build: the
+//!    archive's unpacked tree (made once by this build's helper, run as the agent
+//!    runs it for the cache, and frozen with `drover_agent::runtime::tree::freeze`)
+//!    placed into a new root-owned sandbox by `tree::place` and the sandbox chowned
+//!    to the task user (what the agent does on a hit, in its own process).
 //! 2. Cold fetch: a one-agent cluster fetching a 100 MiB file artifact
 //!    (`BENCH_FETCH_MIB`) from a local HTTP/1.1 server in this process (a new
 //!    content, so a new sum, every run: always a cache miss); the agent's own fetch
 //!    time (the `artifact_fetch_seconds` sum of its `/metrics`, which covers the
 //!    download with hashing and writing to the cache), alternating with
 //!    `curl -s -o FILE` of the same URL (wall time, its process start included).
-//!    `BENCH_FETCH_RUNS` runs each (default 5).
+//!    `BENCH_FETCH_RUNS` runs each (default 5; 0 skips this part).
+//! 3. Start (`BENCH_START_RUNS`, default 0: off; as root): a one-agent cluster of
+//!    the `DROVER_BIN_DIR` build starting one `sleep` task with the 10 MiB tar as an
+//!    artifact, with it gzipped, and with none, round by round in that order after
+//!    one warm-up round that fills the cache: each task's ASSIGNED -> RUNNING from
+//!    its events (the master's and the executor's stamps, in ms), and what the
+//!    artifact adds (median with it minus median without); and the agent's own
+//!    time putting the artifacts in place (its `artifacts in place` log line, from
+//!    the sandbox's creation to its handing over, in µs).
 //!
 //! Prints median, minimum and maximum of each. Not run in CI:
 //! `DROVER_BIN_DIR=$PWD/target/release cargo bench -p drover-tests --bench
@@ -140,6 +153,70 @@ fn unpack_once(
     Ok(ms)
 }
 
+/// Unpacks `archive` (`kind`) with `agent unpack-artifact` as this user into
+/// `dir/t` and freezes it, as the agent makes a cache's unpacked tree.
+fn make_tree(
+    agent: &Path,
+    dir: &Path,
+    archive: &Path,
+    kind: &str,
+) -> anyhow::Result<drover_agent::runtime::tree::Tree> {
+    let t = dir.join("t");
+    std::fs::create_dir_all(&t)?;
+    let out = Command::new(agent)
+        .arg("unpack-artifact")
+        .arg(&t)
+        .args([".", kind, "644", "1073741824", "-"])
+        .stdin(std::fs::File::open(archive)?)
+        .stderr(Stdio::piped())
+        .env_clear()
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(drover_agent::runtime::tree::freeze(&t)?)
+}
+
+/// Places `tree` into a new sandbox below `dir` (root's until chowned to `user`
+/// at the end, as the agent hands it over); returns the wall ms of placing and
+/// handing over.
+fn place_once(
+    tree: &drover_agent::runtime::tree::Tree,
+    dir: &Path,
+    user: Option<(u32, u32)>,
+) -> anyhow::Result<f64> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let sandbox = dir.join("sandbox");
+    if sandbox.exists() {
+        std::fs::remove_dir_all(&sandbox)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&sandbox)?;
+    let fd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW)
+        .open(&sandbox)?;
+    let owner = user.unwrap_or((
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    ));
+    let start = Instant::now();
+    drover_agent::runtime::tree::place(tree, &fd, &[], owner, 1 << 30)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    nix::unistd::fchown(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        Some(nix::unistd::Uid::from_raw(owner.0)),
+        Some(nix::unistd::Gid::from_raw(owner.1)),
+    )?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(
+        std::fs::metadata(sandbox.join("app/big.bin"))?.len() == 8 << 20,
+        "app/big.bin not placed"
+    );
+    Ok(ms)
+}
+
 /// The wall ms of `agent unpack-artifact` refusing too few arguments.
 fn floor_once(agent: &Path) -> anyhow::Result<f64> {
     let start = Instant::now();
@@ -171,8 +248,27 @@ fn bench_unpack(runs: usize) -> anyhow::Result<()> {
         work.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )?;
+    let trees = tempfile::tempdir()?;
+    let tree_tar = make_tree(
+        &agents[0].1,
+        &trees.path().join("tar"),
+        &tmp.path().join("app.tar"),
+        "tar",
+    )?;
+    let tree_gz = make_tree(
+        &agents[0].1,
+        &trees.path().join("gz"),
+        &tmp.path().join("app.tar.gz"),
+        "tar.gz",
+    )?;
     let mut times: HashMap<(&str, &str), Vec<f64>> = HashMap::new();
     for run in 0..runs + 2 {
+        let plain = place_once(&tree_tar, work.path(), user)?;
+        let gz = place_once(&tree_gz, work.path(), user)?;
+        if run >= 2 {
+            times.entry(("hit", "tar")).or_default().push(plain);
+            times.entry(("hit", "tar.gz")).or_default().push(gz);
+        }
         for (name, agent) in &agents {
             let plain = unpack_once(agent, work.path(), &tmp.path().join("app.tar"), "tar", user)?;
             let gz = unpack_once(
@@ -190,6 +286,11 @@ fn bench_unpack(runs: usize) -> anyhow::Result<()> {
                 times.entry((name, "floor")).or_default().push(floor);
             }
         }
+    }
+    println!("cache hit, this build: the unpacked tree linked into a new sandbox:");
+    for kind in ["tar", "tar.gz"] {
+        let ms = times.remove(&("hit", kind)).unwrap_or_default();
+        println!("  10 MiB {kind:<7} ms: {}", summary(ms));
     }
     for (name, agent) in &agents {
         println!("cached unpack, {name} build ({}):", agent.display());
@@ -348,14 +449,147 @@ fn bench_fetch(runs: usize, mib: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The ms from a task's ASSIGNED event to its RUNNING one.
+fn assigned_to_running(cluster: &Cluster, key: &str) -> anyhow::Result<f64> {
+    let view = cluster.job(key)?;
+    let task = view
+        .instances
+        .first()
+        .and_then(|i| i.current.clone())
+        .context("no task")?;
+    let at = |state: TaskState| {
+        task.events
+            .iter()
+            .find(|e| e.state == state)
+            .map(|e| e.timestamp_ms as f64)
+            .with_context(|| format!("no {state:?} event"))
+    };
+    Ok(at(TaskState::Running)? - at(TaskState::Assigned)?)
+}
+
+fn bench_start(runs: usize) -> anyhow::Result<()> {
+    let tar = ten_mib_tar()?;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar)?;
+    let gz = gz.finish()?;
+    let files = Arc::new(Mutex::new(HashMap::new()));
+    let base = serve(files.clone())?;
+    let mut artifacts = Vec::new();
+    for (path, data) in [("/app.tar", tar), ("/app.tar.gz", gz)] {
+        artifacts
+            .push(serde_json::json!([{"url": format!("{base}{path}"), "sha256": sha256(&data)}]));
+        files
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .insert(path.to_string(), Arc::new(data));
+    }
+    let mut config = ClusterConfig::agents(1);
+    config.agent_config =
+        "artifact_max_size = \"64MiB\"\nartifact_cache_size = \"1GiB\"\n".to_string();
+    let mut cluster = Cluster::start(config)?;
+    let kinds = ["tar", "tar.gz", "none"];
+    let mut times: HashMap<&str, Vec<f64>> = HashMap::new();
+    for run in 0..=runs {
+        for (i, kind) in kinds.iter().enumerate() {
+            let name = format!("start{run}-{i}");
+            let mut spec = command_job(&name, 1, false, "exec sleep 600");
+            spec["environment"] = "bench".into();
+            if let Some(a) = artifacts.get(i) {
+                spec["task"]["artifacts"] = a.clone();
+            }
+            cluster.create_job(&spec)?;
+            let key = format!("www-data/bench/{name}");
+            cluster.wait_for_all(&key, TaskState::Running)?;
+            let ms = assigned_to_running(&cluster, &key)?;
+            cluster.kill_job(&key)?;
+            let k = key.clone();
+            cluster.wait_for("the task to end", drover_tests::WAIT, move |c| {
+                let view = c.job(&k).ok()?;
+                let i = view.instances.first()?;
+                i.current
+                    .iter()
+                    .chain(i.history.iter())
+                    .any(|t| t.state.is_terminal())
+                    .then_some(())
+            })?;
+            // The first round fills the cache.
+            if run > 0 {
+                times.entry(kind).or_default().push(ms);
+            }
+        }
+    }
+    // The agent's own time per task with artifacts, by kind (job `start<run>-<i>`).
+    let log = std::fs::read_to_string(cluster.dir().join("logs/agent-0.log"))?;
+    let mut agent_ms: HashMap<(&str, &str), Vec<f64>> = HashMap::new();
+    let field = |line: &str, name: &str| {
+        line.split(&format!(" {name}="))
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|d| d.parse::<f64>().ok())
+    };
+    for line in log.lines().filter(|l| l.contains("artifacts in place")) {
+        let kind = (1..=runs).find_map(|run| {
+            (0..2).find_map(|i| {
+                let name = format!("start{run}-{i}");
+                line.match_indices(&name)
+                    .any(|(at, _)| {
+                        !line[at + name.len()..].starts_with(|c: char| c.is_ascii_digit())
+                    })
+                    .then_some(kinds[i])
+            })
+        });
+        for part in ["micros", "fetch_micros", "tree_micros"] {
+            if let (Some(us), Some(kind)) = (field(line, part), kind) {
+                agent_ms.entry((kind, part)).or_default().push(us / 1000.0);
+            }
+        }
+    }
+    if agent_ms.is_empty() {
+        if let Some(line) = log.lines().find(|l| l.contains("artifacts in place")) {
+            println!("(no time read from the agent's log line: {line})");
+        }
+    }
+    println!("agent, artifacts in place (from its log):");
+    for kind in &kinds[..2] {
+        for (part, what) in [
+            ("micros", "all"),
+            ("fetch_micros", "cache lookup"),
+            ("tree_micros", "tree placed"),
+        ] {
+            let ms = agent_ms.remove(&(*kind, part)).unwrap_or_default();
+            if !ms.is_empty() {
+                println!("  {kind:<7} {what:<12} ms: {}", summary(ms));
+            }
+        }
+    }
+    println!("task start, ASSIGNED -> RUNNING (event stamps):");
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let none = median(times.get("none").map_or(&[][..], Vec::as_slice));
+    for kind in kinds {
+        let ms = times.remove(kind).unwrap_or_default();
+        let m = median(&ms);
+        println!("  {kind:<7} ms: {} (added: {:.1})", summary(ms), m - none);
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     if std::env::args().any(|a| a == "--list") {
         return Ok(());
     }
+    let start_runs = drover_tests::env_number("BENCH_START_RUNS", 0);
+    if start_runs > 0 && drover_tests::running_as_root("artifact start bench") {
+        return bench_start(start_runs);
+    }
     let runs = drover_tests::env_number("BENCH_RUNS", 40);
     bench_unpack(runs)?;
-    if drover_tests::running_as_root("artifact fetch bench") {
-        let runs = drover_tests::env_number("BENCH_FETCH_RUNS", 5);
+    let fetch_runs = drover_tests::env_number("BENCH_FETCH_RUNS", 5);
+    if fetch_runs > 0 && drover_tests::running_as_root("artifact fetch bench") {
+        let runs = fetch_runs;
         let mib = drover_tests::env_number("BENCH_FETCH_MIB", 100);
         bench_fetch(runs, mib)?;
     }

@@ -7,10 +7,11 @@
 //! `artifact_max_size` failing the task with `artifact_fetch_failed`; hostile
 //! archives (tar-slip, absolute path, symlink escape directly and through another
 //! link, device node, setuid) refused with canaries outside the sandbox unchanged;
-//! zip and tar.zst archives unpacked; a plain tar whose unpacked copy one task
-//! changes, the next task's copy and the cache unchanged; hostile zips refused
-//! like the tars; fifty instances sharing one artifact fetching it once; eviction
-//! from a 1 KiB cache; the
+//! zip and tar.zst archives unpacked; a cached archive's unpacked tree shared by
+//! hard links, read-only: a task that cannot write or chmod its files replaces
+//! one, the next task's files, the tree and the cache unchanged; hostile zips refused
+//! like the tars, with nothing left in the cache's trees; fifty instances sharing one artifact fetching it once; eviction
+//! from a 1 KiB cache, never of a tree a running task uses; the
 //! fetch's progress in the STARTING status; a kill while a download hangs; an agent
 //! crash during a download, with a re-adopted task's artifact kept in the cache.
 
@@ -40,6 +41,11 @@ struct Served {
     fail_first: Vec<String>,
     /// Paths whose body is sent in 16 pieces with this pause before each.
     trickle: HashMap<String, std::time::Duration>,
+}
+
+/// The head of a 200 answer with a body of `len` bytes.
+fn ok_head(len: usize) -> String {
+    format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n")
 }
 
 /// Serves `served` over HTTP/1.1 (one request per connection) on 127.0.0.1;
@@ -80,11 +86,7 @@ fn serve(served: Arc<Mutex<Served>>) -> String {
                     let pause = s.trickle.get(&path).copied();
                     if let (Some(body), Some(pause)) = (s.files.get(&path).cloned(), pause) {
                         drop(s);
-                        let head = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                            body.len()
-                        );
-                        if stream.write_all(head.as_bytes()).is_err() {
+                        if stream.write_all(ok_head(body.len()).as_bytes()).is_err() {
                             return;
                         }
                         for piece in body.chunks(body.len().div_ceil(16).max(1)) {
@@ -98,25 +100,15 @@ fn serve(served: Arc<Mutex<Served>>) -> String {
                     (s.files.get(&path).cloned(), stall)
                 };
                 if let (Some(body), true) = (&body, stall) {
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
                     let _ = stream
-                        .write_all(head.as_bytes())
+                        .write_all(ok_head(body.len()).as_bytes())
                         .and_then(|()| stream.write_all(&body[..body.len() / 2]));
                     std::thread::sleep(std::time::Duration::from_secs(20));
                     return;
                 }
                 let _ = match body {
                     Some(body) => stream
-                        .write_all(
-                            format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                                body.len()
-                            )
-                            .as_bytes(),
-                        )
+                        .write_all(ok_head(body.len()).as_bytes())
                         .and_then(|()| stream.write_all(&body)),
                     None => stream.write_all(
                         b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -153,6 +145,25 @@ fn file<'a>(name: &'a str, mode: u32, data: &'a [u8]) -> Raw<'a> {
         link: None,
         data,
     }
+}
+
+fn symlink<'a>(name: &'a str, target: &'a str) -> Raw<'a> {
+    Raw {
+        name,
+        kind: tar::EntryType::Symlink,
+        mode: 0o777,
+        link: Some(target),
+        data: b"",
+    }
+}
+
+/// Serves `body` at `path`.
+fn put(served: &Mutex<Served>, path: &str, body: &[u8]) {
+    served
+        .lock()
+        .unwrap()
+        .files
+        .insert(path.to_string(), body.to_vec());
 }
 
 /// A tar archive of `members`, gzipped when `gz`.
@@ -316,11 +327,7 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ],
         true,
     );
-    served
-        .lock()
-        .unwrap()
-        .files
-        .insert("/shared.tar.gz".into(), shared.clone());
+    put(&served, "/shared.tar.gz", &shared);
 
     // A tarball and an executable file, used by the task.
     let good = run(
@@ -336,14 +343,26 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ),
     );
     assert_eq!(good.state, TaskState::Finished, "{good:?}");
+    // The archive's files are hard links to the cache's unpacked tree (root's,
+    // read-only), its directories the task user's; the single file a copy of the
+    // task user's with the mode asked for.
     let sandbox = cluster.sandbox_of(&good.task_id).unwrap().join("sandbox");
-    for f in ["app/run.sh", "app/data.txt", "bin/tool"] {
+    let trees = cluster.dir().join("agent-0/artifacts/trees");
+    let app_tree = trees.join(format!("{}.tar.gz", sha256(&app)));
+    for (f, mode) in [("app/run.sh", 0o555), ("app/data.txt", 0o444)] {
         let meta = std::fs::metadata(sandbox.join(f)).unwrap();
-        assert_eq!(meta.uid(), www.uid.as_raw(), "{f} is the task user's");
+        let cached = std::fs::metadata(app_tree.join(f)).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, mode), "{f}");
+        assert_eq!(meta.ino(), cached.ino(), "{f} is the tree's");
     }
     assert_eq!(
-        std::fs::metadata(sandbox.join("bin/tool")).unwrap().mode() & 0o777,
-        0o755
+        std::fs::metadata(sandbox.join("app")).unwrap().uid(),
+        www.uid.as_raw()
+    );
+    let tool_meta = std::fs::metadata(sandbox.join("bin/tool")).unwrap();
+    assert_eq!(
+        (tool_meta.uid(), tool_meta.mode() & 0o777),
+        (www.uid.as_raw(), 0o755)
     );
     // The first answer for the tool was a 503: retried once.
     assert_eq!(served.lock().unwrap().hits.get("/tool"), Some(&2));
@@ -358,11 +377,8 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         3,
     )
     .unwrap();
-    {
-        let mut s = served.lock().unwrap();
-        s.files.insert("/formats.zip".into(), zipped.clone());
-        s.files.insert("/formats.tar.zst".into(), zst.clone());
-    }
+    put(&served, "/formats.zip", &zipped);
+    put(&served, "/formats.tar.zst", &zst);
     let formats = run(
         &mut cluster,
         &job(
@@ -380,14 +396,25 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         .sandbox_of(&formats.task_id)
         .unwrap()
         .join("sandbox");
-    for f in ["app2/run.sh", "zst/data.txt"] {
+    for (f, tree) in [
+        ("app2/run.sh", format!("{}.zip", sha256(&zipped))),
+        ("zst/data.txt", format!("{}.tar.zst", sha256(&zst))),
+    ] {
         let meta = std::fs::metadata(sandbox.join(f)).unwrap();
-        assert_eq!(meta.uid(), www.uid.as_raw(), "{f} is the task user's");
+        let cached = std::fs::metadata(trees.join(tree).join(f)).unwrap();
+        assert_eq!((meta.uid(), meta.ino()), (0, cached.ino()), "{f}");
     }
+    assert_eq!(
+        std::fs::symlink_metadata(sandbox.join("app2/link"))
+            .unwrap()
+            .uid(),
+        www.uid.as_raw()
+    );
 
-    // A plain tar's members are copied into each sandbox from their offsets in the
-    // cached file: a task that changes its copy (rewritten, appended to, chmodded)
-    // changes neither the next task's copy nor the cache.
+    // A cached archive's unpacked tree is shared by hard links, read-only: two
+    // tasks at once can neither write nor chmod their files (they may replace
+    // them: the directories are theirs), and what one does changes neither the
+    // other's files, the next task's, the tree nor the cached archive.
     let plain = tarball(
         &[
             file("plain/data.txt", 0o644, b"pristine"),
@@ -395,36 +422,42 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ],
         false,
     );
-    served
-        .lock()
-        .unwrap()
-        .files
-        .insert("/plain.tar".into(), plain.clone());
+    put(&served, "/plain.tar", &plain);
     let plain_artifact = json!([{"url": format!("{base}/plain.tar"), "sha256": sha256(&plain)}]);
-    let vandal = run(
-        &mut cluster,
-        &job(
+    let key = "www-data/test/vandal";
+    cluster
+        .create_job(&job(
             "vandal",
-            1,
-            "test \"$(cat plain/data.txt)\" = pristine && echo changed > plain/data.txt && echo x >> plain/run.sh && chmod 600 plain/run.sh",
+            2,
+            "test \"$(cat plain/data.txt)\" = pristine \
+             && ! (echo changed > plain/data.txt) 2>/dev/null \
+             && ! (echo x >> plain/run.sh) 2>/dev/null \
+             && ! chmod 600 plain/run.sh 2>/dev/null \
+             && rm plain/data.txt && echo \"changed $(cat /proc/sys/kernel/random/uuid)\" > plain/data.txt && mkdir plain/new",
             plain_artifact.clone(),
-        ),
-    );
-    assert_eq!(vandal.state, TaskState::Finished, "{vandal:?}");
-    let vandal_box = cluster
-        .sandbox_of(&vandal.task_id)
-        .unwrap()
-        .join("sandbox/plain");
-    assert_eq!(
-        std::fs::read_to_string(vandal_box.join("data.txt")).unwrap(),
-        "changed\n"
+        ))
+        .unwrap();
+    let vandals = ended(&mut cluster, key);
+    let _ = cluster.kill_job(key);
+    let mut changed = Vec::new();
+    for v in &vandals {
+        assert_eq!(v.state, TaskState::Finished, "{v:?}");
+        let dir = cluster
+            .sandbox_of(&v.task_id)
+            .unwrap()
+            .join("sandbox/plain");
+        changed.push(std::fs::read_to_string(dir.join("data.txt")).unwrap());
+    }
+    assert!(
+        changed[0] != changed[1] && changed.iter().all(|c| c.starts_with("changed ")),
+        "{changed:?}"
     );
     let next = run(
         &mut cluster,
         &job(
             "after-vandal",
             1,
-            "test \"$(cat plain/data.txt)\" = pristine && test \"$(./plain/run.sh)\" = plain",
+            "test \"$(cat plain/data.txt)\" = pristine && test \"$(./plain/run.sh)\" = plain && test ! -e plain/new",
             plain_artifact,
         ),
     );
@@ -433,15 +466,21 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         .sandbox_of(&next.task_id)
         .unwrap()
         .join("sandbox/plain");
-    assert_eq!(
-        std::fs::read(next_box.join("run.sh")).unwrap(),
-        b"#!/bin/sh\necho plain\n"
-    );
-    assert_eq!(
-        std::fs::metadata(next_box.join("run.sh")).unwrap().mode() & 0o777,
-        0o755
-    );
-    // Both from one download, and the cached file is still the artifact.
+    let plain_tree = trees.join(format!("{}.tar", sha256(&plain))).join("plain");
+    for (f, content, mode) in [
+        ("run.sh", &b"#!/bin/sh\necho plain\n"[..], 0o555),
+        ("data.txt", &b"pristine"[..], 0o444),
+    ] {
+        assert_eq!(std::fs::read(next_box.join(f)).unwrap(), content, "{f}");
+        let tree_meta = std::fs::metadata(plain_tree.join(f)).unwrap();
+        assert_eq!(std::fs::read(plain_tree.join(f)).unwrap(), content, "{f}");
+        assert_eq!(
+            (tree_meta.uid(), tree_meta.mode() & 0o7777),
+            (0, mode),
+            "{f}"
+        );
+    }
+    // All from one download, and the cached file is still the artifact.
     assert_eq!(served.lock().unwrap().hits.get("/plain.tar"), Some(&1));
     let cached = cluster.dir().join("agent-0/artifacts").join(sha256(&plain));
     assert_eq!(std::fs::read(cached).unwrap(), plain);
@@ -561,13 +600,7 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
             "symlink",
             tarball(
                 &[
-                    Raw {
-                        name: "esc",
-                        kind: tar::EntryType::Symlink,
-                        mode: 0o777,
-                        link: Some(&canary_dir),
-                        data: b"",
-                    },
+                    symlink("esc", &canary_dir),
                     file("esc/file", 0o644, b"pwned\n"),
                 ],
                 false,
@@ -576,25 +609,7 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         ),
         (
             "chain",
-            tarball(
-                &[
-                    Raw {
-                        name: "a",
-                        kind: tar::EntryType::Symlink,
-                        mode: 0o777,
-                        link: Some("."),
-                        data: b"",
-                    },
-                    Raw {
-                        name: "b",
-                        kind: tar::EntryType::Symlink,
-                        mode: 0o777,
-                        link: Some("a/.."),
-                        data: b"",
-                    },
-                ],
-                false,
-            ),
+            tarball(&[symlink("a", "."), symlink("b", "a/..")], false),
             "through another link",
         ),
         (
@@ -624,11 +639,7 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
             "tar"
         };
         let path = format!("/{name}.{ext}");
-        served
-            .lock()
-            .unwrap()
-            .files
-            .insert(path.clone(), archive.clone());
+        put(&served, &path, &archive);
         let task = run(
             &mut cluster,
             &job(
@@ -652,6 +663,16 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
             std::fs::read_to_string(canary.join("file")).unwrap(),
             "canary\n"
         );
+        // Refused while unpacked into the cache: nothing was placed in the
+        // sandbox, and no tree (nor its staging) is left.
+        let sandbox = cluster.sandbox_of(&task.task_id).unwrap().join("sandbox");
+        assert_eq!(listing(&sandbox), vec![], "{name}");
+        let left: Vec<_> = std::fs::read_dir(&trees)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&sha256(&archive)) || n.starts_with(".staging"))
+            .collect();
+        assert!(left.is_empty(), "{name}: {left:?}");
     }
 
     // Fifty instances starting together (the download trickles, so that they all
@@ -680,7 +701,8 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     let _ = cluster.kill_job(key);
 
     // The hostile archives evicted app.tar.gz from the 1 KiB cache: fetched again,
-    // and what stays is the two most recently used.
+    // and what stays is the two most recently used, with their unpacked trees
+    // (those of the evicted ones deleted with them).
     let again = run(
         &mut cluster,
         &job(
@@ -692,14 +714,23 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     );
     assert_eq!(again.state, TaskState::Finished, "{again:?}");
     assert_eq!(served.lock().unwrap().hits.get("/app.tar.gz"), Some(&2));
-    let mut cached: Vec<String> = std::fs::read_dir(cluster.dir().join("agent-0/artifacts"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    cached.sort();
-    let mut expected = vec![sha256(&app), sha256(&shared)];
+    let names = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut expected = vec![sha256(&app), sha256(&shared), "trees".to_string()];
     expected.sort();
-    assert_eq!(cached, expected);
+    assert_eq!(names(&cluster.dir().join("agent-0/artifacts")), expected);
+    let mut expected = vec![
+        format!("{}.tar.gz", sha256(&app)),
+        format!("{}.tar.gz", sha256(&shared)),
+    ];
+    expected.sort();
+    assert_eq!(names(&trees), expected);
 
     // While a download runs, the task is STARTING and its status says how far it
     // got (the agent's statuses, numbered before the executor's).
@@ -774,25 +805,60 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
     assert_eq!(killed.state, TaskState::Killed, "{killed:?}");
     assert!(asked.elapsed() < std::time::Duration::from_secs(10));
 
-    // A running task whose artifact is cached: re-adopted after the agent's
-    // restart below, its artifact stays pinned (the 1 KiB cache would evict it at the
-    // replacement's download otherwise).
+    // A running task whose artifacts are cached (a file, and an archive with its
+    // unpacked tree): another task's download evicts neither, and re-adopted after
+    // the agent's restart below, its artifact stays pinned (the 1 KiB cache would
+    // evict it at the replacement's download otherwise).
     let kept = b"kept artifact\n".to_vec();
-    served
-        .lock()
-        .unwrap()
-        .files
-        .insert("/kept.txt".into(), kept.clone());
+    put(&served, "/kept.txt", &kept);
+    let kept_tar = tarball(&[file("kept/data", 0o644, b"kept tree")], false);
+    put(&served, "/kept.tar", &kept_tar);
     let keep_key = "www-data/test/keep";
     let mut keep = command_job("keep", 1, true, "exec sleep 600");
-    keep["task"]["artifacts"] =
-        json!([{"url": format!("{base}/kept.txt"), "sha256": sha256(&kept)}]);
+    // (The archive first: one after a copied artifact is copied too.)
+    keep["task"]["artifacts"] = json!([
+        {"url": format!("{base}/kept.tar"), "sha256": sha256(&kept_tar)},
+        {"url": format!("{base}/kept.txt"), "sha256": sha256(&kept)}
+    ]);
     cluster.create_job(&keep).unwrap();
     cluster.wait_for_all(keep_key, TaskState::Running).unwrap();
     let kept_file = cluster
         .dir()
         .join(format!("agent-0/artifacts/{}", sha256(&kept)));
     assert!(kept_file.exists());
+    let kept_tree = trees.join(format!("{}.tar", sha256(&kept_tar)));
+    let keeper_id = cluster.job(keep_key).unwrap().instances[0]
+        .current
+        .as_ref()
+        .unwrap()
+        .task_id
+        .clone();
+    let keeper_data = cluster
+        .sandbox_of(&keeper_id)
+        .unwrap()
+        .join("sandbox/kept/data");
+    let evictor = tarball(&[file("e", 0o644, &[b'e'; 4 << 10])], false);
+    put(&served, "/evictor.tar", &evictor);
+    let evicting = run(
+        &mut cluster,
+        &job(
+            "evictor",
+            1,
+            "test -s e",
+            json!([{"url": format!("{base}/evictor.tar"), "sha256": sha256(&evictor)}]),
+        ),
+    );
+    assert_eq!(evicting.state, TaskState::Finished, "{evicting:?}");
+    assert!(
+        kept_tree.join("kept/data").exists(),
+        "a tree in use was evicted"
+    );
+    assert_eq!(
+        std::fs::metadata(&keeper_data).unwrap().ino(),
+        std::fs::metadata(kept_tree.join("kept/data"))
+            .unwrap()
+            .ino()
+    );
 
     // The agent crashes during a download: the task is LOST, the unfinished
     // download is deleted when the agent starts again, and the replacement fetches
@@ -848,6 +914,9 @@ fn artifacts_are_fetched_verified_unpacked_shared_and_hostile_ones_refused() {
         kept_file.exists(),
         "the re-adopted task's artifact was evicted"
     );
+    // Trees are not kept across restarts; the task's links to the files are.
+    assert!(!kept_tree.exists());
+    assert_eq!(std::fs::read(&keeper_data).unwrap(), b"kept tree");
     cluster.kill_job(keep_key).unwrap();
     ended(&mut cluster, keep_key);
 }

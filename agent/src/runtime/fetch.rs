@@ -13,10 +13,18 @@
 //! artifacts are fetched, its progress is reported every [`PROGRESS_EVERY`]
 //! (`fetching 2 of 3 (14 MiB of 40 MiB)`, [`crate::artifacts::fetching`]).
 //!
-//! Root never writes into a sandbox: it creates the task directory and the empty
-//! `sandbox/` (chowned to the task user through a descriptor, as the executor does),
-//! then runs `drover-agent unpack-artifact` ([`crate::unpack`]) as the task user
-//! with the cached file open on its stdin, or the `file://` path to read as that user.
+//! The task directory and `sandbox/` are made by root, `sandbox/` kept root's (0700)
+//! until it is handed to the task user (chowned through a descriptor, as the
+//! executor does). A cached archive is unpacked once into the cache's unpacked tree
+//! for its sum and format ([`super::tree`], by the helper run as root into a
+//! directory no task can reach) and, while `sandbox/` is still root's, put there as
+//! hard links ([`tree::place`], no helper run); everything else (a single file, a
+//! `file://` URL, a task running as root, anything after the sandbox was handed
+//! over, a tree that cannot be linked) is written by `drover-agent unpack-artifact`
+//! ([`crate::unpack`]) run as the task user on the handed-over sandbox, with the
+//! cached file open on its stdin, or the `file://` path to read as that user.
+//! Root never writes where a task can: the trees are root's, and a tree is placed
+//! before any task can see the sandbox.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -24,18 +32,19 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use drover_common::artifact::{self as rules, Scheme};
 use drover_common::layout::{self, Layout};
-use drover_common::spec::Artifact;
 use drover_common::state::{now_ms, ExitReason, TaskState};
 use drover_common::wire::ExecutorTask;
 use sha2::{Digest, Sha256};
 
 use super::lock;
-use crate::artifacts::{evictions, fetching, human, Cached};
+use super::tree::{self, PlaceError, Tree};
+use crate::artifacts::{evictions, fetching, human, place_inline, shares_tree, tree_name, Cached};
 use crate::config::ArtifactLimits;
 use crate::host::Verdict;
 use crate::metrics::METRICS;
@@ -54,6 +63,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub(super) const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Pieces received but not yet hashed and written, at most (each [`PIECE`]).
 const PIECES_IN_FLIGHT: usize = 4;
+/// The unpacked trees' directory in the cache.
+const TREES: &str = "trees";
 /// System CA bundles tried, first found wins.
 const SYSTEM_ROOTS: &[&str] = &[
     "/etc/ssl/certs/ca-certificates.crt",
@@ -71,6 +82,9 @@ struct Entry {
     pins: u32,
     /// Hashed by this agent (downloaded, or checked since start).
     verified: bool,
+    /// Its unpacked trees (their names), and what their files hold.
+    trees: Vec<String>,
+    tree_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +94,8 @@ struct State {
     locks: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// Downloads under way: bytes so far, and the size the server announced.
     downloading: HashMap<String, (u64, Option<u64>)>,
+    /// The unpacked trees made since the agent started, by name.
+    trees: HashMap<String, Arc<Tree>>,
 }
 
 /// The host's artifact cache and the client that fills it.
@@ -92,6 +108,8 @@ pub(super) struct ArtifactCache {
     helper: PathBuf,
     allow_root: bool,
     state: Mutex<State>,
+    /// Numbers the staging directories of trees being unpacked.
+    staged: AtomicU64,
 }
 
 /// Why a task's artifacts could not be put into its sandbox.
@@ -172,10 +190,21 @@ impl ArtifactCache {
             .mode(0o700)
             .create(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        // Unpacked trees are not kept across restarts (they cannot be checked
+        // against a sum): the tasks using them keep their links.
+        let trees = dir.join(TREES);
+        match std::fs::remove_dir_all(&trees) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(&trees)?;
         let mut state = State::default();
         for entry in std::fs::read_dir(&dir)? {
             let entry = entry?;
             let name = entry.file_name().to_string_lossy().into_owned();
+            if name == TREES {
+                continue;
+            }
             let meta = entry.metadata()?;
             if !rules::is_sha256(&name) || !meta.is_file() {
                 let _ = std::fs::remove_file(entry.path());
@@ -193,6 +222,8 @@ impl ArtifactCache {
                     last_used,
                     pins: 0,
                     verified: false,
+                    trees: Vec::new(),
+                    tree_bytes: 0,
                 },
             );
         }
@@ -227,6 +258,7 @@ impl ArtifactCache {
             helper,
             allow_root,
             state: Mutex::new(state),
+            staged: AtomicU64::new(0),
         })
     }
 
@@ -260,26 +292,40 @@ impl ArtifactCache {
 
     /// Puts every artifact of `task` into its new sandbox (creating the task
     /// directory and `sandbox/`), in order, telling `report` how far it got (a
-    /// STARTING message). The pins keep the cached ones until the task ends.
+    /// STARTING message). The pins keep the cached ones (and their unpacked trees)
+    /// until the task ends.
     pub async fn prepare(
         self: &Arc<Self>,
         layout: &Layout,
         task: &ExecutorTask,
         report: &(dyn Fn(String) + Sync),
     ) -> Result<Pins, Failure> {
+        let began = Instant::now();
+        // Where the time went: fetching or finding in the cache, placing trees.
+        let (mut fetch_us, mut place_us) = (0u128, 0u128);
         let mut pins = Pins {
             cache: self.clone(),
             shas: Vec::new(),
         };
         // No URL: a sandbox problem, not an artifact's.
-        let run_as = run_as(task, self.allow_root).map_err(|error| Failure {
+        let setup = |error: String| Failure {
             url: String::new(),
             error,
-        })?;
-        let sandbox = create_sandbox(layout, &task.task_id, run_as).map_err(|e| Failure {
-            url: String::new(),
-            error: format!("cannot create the sandbox: {e}"),
-        })?;
+        };
+        let run_as = run_as(task, self.allow_root).map_err(setup)?;
+        let (sandbox, sandbox_fd) = create_sandbox(layout, &task.task_id)
+            .map_err(|e| setup(format!("cannot create the sandbox: {e}")))?;
+        // `sandbox/` stays root's, out of every task's reach, until handed over:
+        // before the first artifact the helper writes, or at the end.
+        let mut handed_over = false;
+        let give = |done: &mut bool| -> Result<(), Failure> {
+            if !*done {
+                hand_over(&sandbox_fd, run_as)
+                    .map_err(|e| setup(format!("cannot hand the sandbox over: {e}")))?;
+                *done = true;
+            }
+            Ok(())
+        };
         let mut budget = self.limits.task_max_size;
         let count = task.task.artifacts.len();
         for (i, art) in task.task.artifacts.iter().enumerate() {
@@ -299,6 +345,7 @@ impl ArtifactCache {
                         .map(str::to_ascii_lowercase)
                         .filter(|sha| rules::is_sha256(sha))
                         .ok_or_else(|| fail("no valid sha256 (required for http(s))".into()))?;
+                    let fetch_began = Instant::now();
                     let fetched = self.fetch(&art.url, &sha, budget.min(self.limits.max_size));
                     tokio::pin!(fetched);
                     let start = tokio::time::Instant::now() + PROGRESS_EVERY;
@@ -317,8 +364,39 @@ impl ArtifactCache {
                         }
                     }
                     .map_err(fail)?;
+                    fetch_us += fetch_began.elapsed().as_micros();
                     pins.shas.push(sha.clone());
                     budget = budget.saturating_sub(size);
+                    if let Some(owner) =
+                        run_as.filter(|(uid, _)| shares_tree(unpack, Some(*uid), handed_over))
+                    {
+                        let place_began = Instant::now();
+                        let tree = self.tree(&sha, unpack, budget).await.map_err(fail)?;
+                        // A small tree is linked right here (a hand-off to a
+                        // blocking thread costs a wake-up, milliseconds under load).
+                        let placed = if place_inline(tree.nodes.len()) {
+                            tree::place(&tree, &sandbox_fd, &dest, owner, budget)
+                        } else {
+                            let at = sandbox_fd.try_clone().map_err(|e| {
+                                fail(format!("cannot place the unpacked tree: {e}"))
+                            })?;
+                            let parts = dest.clone();
+                            tokio::task::spawn_blocking(move || {
+                                tree::place(&tree, &at, &parts, owner, budget)
+                            })
+                            .await
+                            .map_err(|e| fail(format!("cannot place the unpacked tree: {e}")))?
+                        };
+                        place_us += place_began.elapsed().as_micros();
+                        match placed {
+                            Ok(()) => continue,
+                            Err(PlaceError::Refused(e)) => return Err(fail(e)),
+                            Err(PlaceError::Io(e)) => tracing::warn!(
+                                task_id = %task.task_id, url = %art.url, error = %e,
+                                "cannot link the unpacked tree into the sandbox; copying"
+                            ),
+                        }
+                    }
                     Source::Cached(self.path(&sha))
                 }
                 Scheme::File => Source::Path(
@@ -327,25 +405,134 @@ impl ArtifactCache {
                         .ok_or_else(|| fail("not an absolute file:// path".into()))?,
                 ),
             };
+            give(&mut handed_over)?;
             // A downloaded file was bounded as it came; an archive's members and a
             // file:// copy are bounded by what is left of the task's budget.
             let max_bytes = match (&source, unpack) {
                 (Source::Cached(_), rules::Unpack::File) => u64::MAX - 1,
                 _ => budget,
             };
+            let sha = art.sha256.as_deref().map(str::to_ascii_lowercase);
             self.put(
-                art,
                 &sandbox,
                 &dest.join("/"),
                 unpack,
+                rules::file_mode(art),
                 max_bytes,
                 source,
+                sha.as_deref(),
                 run_as,
             )
             .await
             .map_err(fail)?;
         }
+        give(&mut handed_over)?;
+        tracing::info!(
+            task_id = %task.task_id,
+            micros = began.elapsed().as_micros() as u64,
+            fetch_micros = fetch_us as u64,
+            tree_micros = place_us as u64,
+            "artifacts in place"
+        );
         Ok(pins)
+    }
+
+    /// The unpacked tree of the cached archive `sha` as `kind`, unpacked (at most
+    /// `max_bytes`) and frozen when this agent has none yet; the caller holds a pin
+    /// of `sha`, so that it is not evicted meanwhile.
+    async fn tree(
+        self: &Arc<Self>,
+        sha: &str,
+        kind: rules::Unpack,
+        max_bytes: u64,
+    ) -> Result<Arc<Tree>, String> {
+        let name = tree_name(sha, kind);
+        if let Some(t) = lock(&self.state).trees.get(&name) {
+            return Ok(t.clone());
+        }
+        let gate = lock(&self.state)
+            .locks
+            .entry(name.clone())
+            .or_default()
+            .clone();
+        let _held = gate.lock().await;
+        let result = self.tree_locked(sha, kind, &name, max_bytes).await;
+        let mut state = lock(&self.state);
+        if Arc::strong_count(&gate) == 2 {
+            state.locks.remove(&name);
+        }
+        result
+    }
+
+    /// [`Self::tree`] with the tree's lock held.
+    async fn tree_locked(
+        &self,
+        sha: &str,
+        kind: rules::Unpack,
+        name: &str,
+        max_bytes: u64,
+    ) -> Result<Arc<Tree>, String> {
+        if let Some(t) = lock(&self.state).trees.get(name) {
+            return Ok(t.clone());
+        }
+        // `.staging-N/t`: the helper unpacks into `t`, in a directory of its own
+        // (root's, 0700, like the cache around it), removed however this ends.
+        let n = self.staged.fetch_add(1, Ordering::Relaxed);
+        let staging = self.dir.join(TREES).join(format!(".staging-{n}"));
+        struct Staged(PathBuf);
+        impl Drop for Staged {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&staging);
+        let guard = Staged(staging.clone());
+        let unpacked = staging.join("t");
+        let keep = |e: io::Error| format!("cannot keep the unpacked archive: {e}");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&unpacked)
+            .map_err(keep)?;
+        self.put(
+            &unpacked,
+            ".",
+            kind,
+            0o644,
+            max_bytes,
+            Source::Cached(self.path(sha)),
+            None,
+            None,
+        )
+        .await?;
+        let to = self.dir.join(TREES).join(name);
+        let tree = tokio::task::spawn_blocking(move || {
+            let mut tree = tree::freeze(&unpacked)?;
+            std::fs::rename(&unpacked, &to)?;
+            tree.path = to;
+            Ok::<_, io::Error>(tree)
+        })
+        .await
+        .map_err(|e| keep(io::Error::other(e)))?
+        .map_err(keep)?;
+        drop(guard);
+        let tree = Arc::new(tree);
+        {
+            let mut state = lock(&self.state);
+            state.trees.insert(name.to_string(), tree.clone());
+            if let Some(e) = state.entries.get_mut(sha) {
+                e.tree_bytes = e.tree_bytes.saturating_add(tree.bytes);
+                e.trees.push(name.to_string());
+            }
+        }
+        tracing::info!(
+            sha256 = sha,
+            kind = kind.as_str(),
+            bytes = tree.bytes,
+            "archive unpacked into the cache"
+        );
+        self.evict();
+        Ok(tree)
     }
 
     /// Makes the artifact `sha` (from `url`, at most `limit` bytes) present and
@@ -404,6 +591,8 @@ impl ArtifactCache {
                     last_used: now_ms(),
                     pins: 1,
                     verified: true,
+                    trees: Vec::new(),
+                    tree_bytes: 0,
                 },
             );
         }
@@ -459,16 +648,30 @@ impl ArtifactCache {
             .iter()
             .map(|(sha, e)| Cached {
                 sha256: sha.clone(),
-                size: e.size,
+                size: e.size.saturating_add(e.tree_bytes),
                 last_used: e.last_used,
                 in_use: e.pins > 0,
             })
             .collect();
+        let mut gone = Vec::new();
         for sha in evictions(&entries, self.limits.cache_size, 0) {
             tracing::info!(sha256 = %sha, "evicting artifact from the cache");
-            state.entries.remove(&sha);
+            let trees = state
+                .entries
+                .remove(&sha)
+                .map(|e| e.trees)
+                .unwrap_or_default();
             if let Err(e) = std::fs::remove_file(self.path(&sha)) {
                 tracing::warn!(sha256 = %sha, error = %e, "could not delete a cached artifact");
+            }
+            gone.extend(trees.iter().filter_map(|name| state.trees.remove(name)));
+        }
+        drop(state);
+        // Outside the lock (a tree may be many files); a task that was given a
+        // tree keeps its links to the files.
+        for tree in gone {
+            if let Err(e) = std::fs::remove_dir_all(&tree.path) {
+                tracing::warn!(tree = %tree.path.display(), error = %e, "could not delete an unpacked tree");
             }
         }
     }
@@ -607,16 +810,19 @@ impl ArtifactCache {
         Ok(n)
     }
 
-    /// Runs the unpack helper as the task user for one artifact.
+    /// Runs the unpack helper for one artifact, as `run_as` (else as the agent):
+    /// into `sandbox` at `dest`, a copied file with `mode`, an archive unpacking to
+    /// at most `max_bytes`; a `file://` source checked against `sha` when given.
     #[allow(clippy::too_many_arguments)]
     async fn put(
         &self,
-        art: &Artifact,
         sandbox: &Path,
         dest: &str,
         unpack: rules::Unpack,
+        mode: u32,
         max_bytes: u64,
         source: Source,
+        sha: Option<&str>,
         run_as: Option<(u32, u32)>,
     ) -> Result<(), String> {
         let mut cmd = tokio::process::Command::new(&self.helper);
@@ -624,7 +830,7 @@ impl ArtifactCache {
             .arg(sandbox)
             .arg(if dest.is_empty() { "." } else { dest })
             .arg(unpack.as_str())
-            .arg(format!("{:o}", rules::file_mode(art)))
+            .arg(format!("{mode:o}"))
             .arg(max_bytes.to_string())
             .env_clear()
             .current_dir("/")
@@ -639,8 +845,8 @@ impl ArtifactCache {
             }
             Source::Path(path) => {
                 cmd.arg(path).stdin(Stdio::null());
-                if let Some(sha) = &art.sha256 {
-                    cmd.arg(sha.to_ascii_lowercase());
+                if let Some(sha) = sha {
+                    cmd.arg(sha);
                 }
             }
         }
@@ -725,13 +931,10 @@ fn run_as(task: &ExecutorTask, agent_allows_root: bool) -> Result<Option<(u32, u
     Ok(Some((user.uid.as_raw(), user.gid.as_raw())))
 }
 
-/// Creates the task directory (root's, 0711) and in it `sandbox/` (0700), owned by
-/// the task user, chowned through a descriptor that did not follow a link.
-fn create_sandbox(
-    layout: &Layout,
-    task_id: &str,
-    run_as: Option<(u32, u32)>,
-) -> io::Result<PathBuf> {
+/// Creates the task directory (root's, 0711) and in it `sandbox/` (0700, root's
+/// until [`hand_over`]); returns its path and a descriptor opened without following
+/// a link.
+fn create_sandbox(layout: &Layout, task_id: &str) -> io::Result<(PathBuf, std::fs::File)> {
     crate::sandbox::create_task_dir(layout, task_id)?;
     let sandbox = layout.task(task_id).sandbox();
     std::fs::DirBuilder::new()
@@ -742,6 +945,12 @@ fn create_sandbox(
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&sandbox)?;
     dir.set_permissions(std::fs::Permissions::from_mode(layout::PRIVATE_DIR_MODE))?;
+    Ok((sandbox, dir))
+}
+
+/// Hands `sandbox/` (its descriptor) to the task user: chowned, when the agent is
+/// root.
+fn hand_over(dir: &std::fs::File, run_as: Option<(u32, u32)>) -> io::Result<()> {
     if let Some((uid, gid)) = run_as {
         nix::unistd::fchown(
             dir.as_raw_fd(),
@@ -749,5 +958,5 @@ fn create_sandbox(
             Some(nix::unistd::Gid::from_raw(gid)),
         )?;
     }
-    Ok(sandbox)
+    Ok(())
 }

@@ -19,6 +19,7 @@ mod lease;
 mod relay;
 mod scrape;
 mod session;
+pub mod tree;
 mod watching;
 
 use std::future::Future;

@@ -149,7 +149,9 @@ async fn fake_agent(
 
 async fn latency() {
     let dir = tempfile::tempdir().unwrap();
-    let h = drover_master::start(common::config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let base = format!("http://{}", h.addr);
     let done = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicUsize::new(0));
@@ -319,7 +321,9 @@ fn memory() {
 
 async fn restart() {
     let dir = tempfile::tempdir().unwrap();
-    let h = drover_master::start(common::config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let base = format!("http://{}", h.addr);
     let http = client(&h, Grant::Admin);
     let agents: Vec<reqwest::Client> = (0..20).map(|_| agent_client(&h)).collect();
@@ -336,7 +340,9 @@ async fn restart() {
     }
     h.stop().await.unwrap();
     let t0 = Instant::now();
-    let h = drover_master::start(common::config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let r = http
         .get(format!("http://{}/v1/jobs", h.addr))
         .send()

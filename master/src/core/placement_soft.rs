@@ -193,7 +193,11 @@ impl SoftGroups {
                 out.push(spread_term(weight, held, total, n));
             }
             for (k, (_, _, weight)) in soft.affinity.iter().enumerate() {
-                out.push(if g.matches[k] { f64::from(*weight) } else { 0.0 });
+                out.push(if g.matches[k] {
+                    f64::from(*weight)
+                } else {
+                    0.0
+                });
             }
         }
         (out, width)

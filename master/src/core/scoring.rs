@@ -99,7 +99,9 @@ impl Soft {
             let total: u32 = per_value.values().sum();
             score += spread_term(
                 weight,
-                agent.attr(attr).map(|v| per_value.get(v).copied().unwrap_or(0)),
+                agent
+                    .attr(attr)
+                    .map(|v| per_value.get(v).copied().unwrap_or(0)),
                 total,
                 values(attr),
             );

@@ -67,6 +67,7 @@ impl UsageIndex {
     }
 
     /// Whether agent `idx` is recorded with this use.
+    #[cfg(test)]
     pub(super) fn holds(&self, idx: u32, used_percent: f64) -> bool {
         self.keys.get(idx as usize).copied().flatten() == Some(key_of(used_percent))
     }

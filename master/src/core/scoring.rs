@@ -26,6 +26,7 @@ pub(super) trait Candidate {
     /// The host's use in percent once its placed tasks count: the larger of CPU and RAM.
     fn used_percent(&self) -> f64;
     /// The host's value of `attribute` (`host` is its id), if it has one.
+    #[cfg(test)]
     fn attr(&self, attribute: &str) -> Option<&str>;
 }
 
@@ -77,6 +78,9 @@ impl Soft {
 
     /// The score of placing the job's next task on `agent`. `counted` names the
     /// attributes of `counts`; `values` is how many values each has in the cluster.
+    /// The reference: placement finds a host of the highest score without it
+    /// (`placement_soft`, tested against this).
+    #[cfg(test)]
     pub(super) fn score(
         &self,
         agent: &impl Candidate,

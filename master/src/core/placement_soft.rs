@@ -82,6 +82,9 @@ impl UsageIndex {
     }
 }
 
+/// A scored `spread` entry: its position, weight, counts per value, total, values.
+type Entry<'a> = (usize, u32, &'a HashMap<String, u32>, u32, usize);
+
 /// Candidates sharing their values of the job's soft attributes.
 #[derive(Clone, Debug)]
 struct Group {
@@ -177,7 +180,7 @@ impl SoftGroups {
         values: &dyn Fn(&str) -> usize,
     ) -> (Vec<f64>, usize) {
         // Entries `Soft::score` scores (those with counts), their totals and values.
-        let mut spread: Vec<(usize, u32, &HashMap<String, u32>, u32, usize)> = Vec::new();
+        let mut spread: Vec<Entry<'_>> = Vec::new();
         for (j, &(i, weight)) in soft.spread.iter().enumerate() {
             if let (Some((attr, _)), Some(per_value)) = (counted.get(i), counts.get(i)) {
                 let total: u32 = per_value.values().sum();
@@ -376,7 +379,7 @@ mod tests {
 
     fn host(i: usize, used: u8, fits: bool, racks: usize) -> Host {
         let mut attrs = vec![("zone", format!("z{}", i % 3))];
-        if i % 11 != 0 {
+        if !i.is_multiple_of(11) {
             attrs.push(("rack", format!("r{}", i % racks.max(1))));
         }
         Host {

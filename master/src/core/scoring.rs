@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use drover_common::spec::{Constraint, JobSpec, PlacementStrategy};
 
+#[cfg(test)]
 use super::limits::LimitCounts;
 use super::placement_soft::SoftGroups;
 

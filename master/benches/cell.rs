@@ -44,7 +44,6 @@ use drover_common::wire::StatusUpdate;
 use drover_master::core::{Core, CoreConfig, Event, Reply};
 use drover_master::runtime::Master;
 use drover_master::store::{SqliteStore, Writer, DB_FILE};
-use drover_master::Config;
 use serde_json::json;
 
 /// Hosts per rack.
@@ -57,19 +56,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.replace(['_', ','], "").parse().ok())
         .unwrap_or(default)
-}
-
-fn config(dir: &Path) -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        insecure: false,
-        tls: None,
-        core: CoreConfig::default(),
-        store: drover_master::config::StoreChoice::Sqlite,
-        ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
-        dns: None,
-    }
 }
 
 /// The rack and zone of host `i` in a cell of `hosts`.
@@ -310,7 +296,7 @@ fn restart_child(dir: PathBuf) {
         .build()
         .unwrap();
     rt.block_on(async {
-        let h = drover_master::start(config(&dir)).await.unwrap();
+        let h = drover_master::start(common::config(&dir)).await.unwrap();
         let served = reqwest::get(format!("http://{}/health", h.addr))
             .await
             .unwrap();

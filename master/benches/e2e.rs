@@ -12,6 +12,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +24,7 @@ use drover_common::wire::{
 use drover_common::{DesiredState, TaskState};
 use drover_master::auth::Grant;
 use drover_master::core::{Core, CoreConfig, Event, Now, Reply};
-use drover_master::{Config, Handle};
+use drover_master::Handle;
 use serde_json::json;
 
 /// GET `url` and read its JSON answer as T (panics on failure: a bench aborts).
@@ -44,19 +46,6 @@ async fn create_job(
         .unwrap();
     assert_eq!(r.status(), 201);
     r
-}
-
-fn config(dir: &std::path::Path) -> Config {
-    Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.to_path_buf(),
-        insecure: false,
-        tls: None,
-        core: CoreConfig::default(),
-        store: drover_master::config::StoreChoice::Sqlite,
-        ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
-        dns: None,
-    }
 }
 
 /// A client that sends a new token of `grant` with every request.
@@ -160,7 +149,9 @@ async fn fake_agent(
 
 async fn latency() {
     let dir = tempfile::tempdir().unwrap();
-    let h = drover_master::start(config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let base = format!("http://{}", h.addr);
     let done = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicUsize::new(0));
@@ -217,7 +208,7 @@ async fn throughput() {
         "throughput store: {}",
         std::env::var("E2E_STORE").unwrap_or_else(|_| "sqlite".into())
     );
-    let h = drover_master::start_with(config(dir.path()), store)
+    let h = drover_master::start_with(common::config(dir.path()), store)
         .await
         .unwrap();
     let base = format!("http://{}", h.addr);
@@ -269,14 +260,8 @@ async fn throughput() {
     h.stop().await.unwrap();
 }
 
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
 fn memory() {
-    let before = rss_bytes();
+    let before = common::proc_status_bytes("VmRSS");
     let mut core = Core::new(CoreConfig::default(), Now::both(1_000), 1);
     for i in 0..100 {
         core.handle(
@@ -325,7 +310,7 @@ fn memory() {
             );
         }
     }
-    let after = rss_bytes();
+    let after = common::proc_status_bytes("VmRSS");
     println!(
         "memory: {} tasks, RSS +{:.1} MiB = {:.0} bytes per task",
         core.task_count(),
@@ -336,7 +321,9 @@ fn memory() {
 
 async fn restart() {
     let dir = tempfile::tempdir().unwrap();
-    let h = drover_master::start(config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let base = format!("http://{}", h.addr);
     let http = client(&h, Grant::Admin);
     let agents: Vec<reqwest::Client> = (0..20).map(|_| agent_client(&h)).collect();
@@ -353,7 +340,9 @@ async fn restart() {
     }
     h.stop().await.unwrap();
     let t0 = Instant::now();
-    let h = drover_master::start(config(dir.path())).await.unwrap();
+    let h = drover_master::start(common::config(dir.path()))
+        .await
+        .unwrap();
     let r = http
         .get(format!("http://{}/v1/jobs", h.addr))
         .send()

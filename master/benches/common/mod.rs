@@ -1,7 +1,7 @@
 //! Helpers the master's benches share: the calling thread's CPU time, the
-//! process's CPU time, RSS and the load average, and the registration of a
-//! simulated agent with the core. Each bench includes it with
-//! `mod common;` and uses what it needs.
+//! process's CPU time, RSS and the load average, the registration of a simulated
+//! agent with the core, and a master config on SQLite in a data dir. Each bench
+//! includes it with `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -81,4 +81,19 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// A master config: SQLite in `dir`, a free local port, no TLS, defaults otherwise.
+#[allow(clippy::unwrap_used)]
+pub fn config(dir: &std::path::Path) -> drover_master::Config {
+    drover_master::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.to_path_buf(),
+        insecure: false,
+        tls: None,
+        core: drover_master::core::CoreConfig::default(),
+        store: drover_master::config::StoreChoice::Sqlite,
+        ha: drover_master::config::HaConfig::for_listen("127.0.0.1:0".parse().unwrap(), false),
+        dns: None,
+    }
 }

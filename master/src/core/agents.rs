@@ -74,6 +74,8 @@ impl Core {
         a.want_full_set = true;
         self.capacity_changed = true;
         self.dirty_agents.insert(idx);
+        // Its size may have changed, so its use in percent.
+        self.note_usage(idx);
         if returned {
             self.touch_announced_on(idx);
             self.evaluate_guard(now);

@@ -253,6 +253,8 @@ impl Core {
                 for p in ports {
                     a.used_ports.remove(&p);
                 }
+                self.note_usage(idx);
+                let a = &mut self.agents[idx as usize];
                 if a.reserved_for.is_empty() {
                     self.capacity_changed = true;
                 } else {

@@ -27,6 +27,7 @@ mod limits;
 mod maintenance;
 mod model;
 mod placement;
+mod placement_soft;
 mod poll;
 mod preemption;
 mod probe;
@@ -90,6 +91,8 @@ pub struct Core {
     attr_index: HashMap<String, HashMap<String, Vec<u32>>>,
     /// Agents without a `dedicated` attribute.
     open_agents: Arc<Vec<u32>>,
+    /// Every agent by its use, for soft placement (`placement_soft`).
+    usage: placement_soft::UsageIndex,
     index_gen: u64,
     index_dirty: bool,
     /// PENDING tasks to place, in order.
@@ -148,6 +151,7 @@ impl Core {
             live_agents: 0,
             attr_index: HashMap::new(),
             open_agents: Arc::new(Vec::new()),
+            usage: placement_soft::UsageIndex::default(),
             index_gen: 0,
             index_dirty: true,
             queue: VecDeque::new(),

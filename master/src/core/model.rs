@@ -334,6 +334,7 @@ impl super::scoring::Candidate for Agent {
         100.0 * cpu.max(ram)
     }
 
+    #[cfg(test)]
     fn attr(&self, attribute: &str) -> Option<&str> {
         Agent::attr(self, attribute)
     }

@@ -16,7 +16,8 @@ use drover_common::state::{EventSource, TaskState};
 use super::feasibility::{candidates_for, explain, misfit};
 use super::limits::{LimitCache, LimitCounts};
 use super::model::{Agent, Job};
-use super::scoring::value_count;
+use super::placement_soft::{SoftGroups, UsageIndex};
+use super::scoring::{value_count, Candidate};
 use super::timers::Timer;
 use super::{Core, Now};
 
@@ -206,6 +207,7 @@ impl Core {
                 &self.agents,
                 &self.attr_index,
                 &self.open_agents,
+                &self.usage,
                 gen,
                 job,
                 &cache.counts,
@@ -267,6 +269,7 @@ impl Core {
         agent.used_ram += need.ram;
         agent.used_disk += need.disk;
         let ports = take_ports(agent, &names);
+        self.note_usage(idx);
         if mixed {
             let prefix = format!("{job_key}\u{0}");
             limits.retain(|k, _| k == key || (k != job_key && !k.starts_with(&prefix)));
@@ -281,6 +284,7 @@ fn find_agent(
     agents: &[Agent],
     attr_index: &HashMap<String, HashMap<String, Vec<u32>>>,
     open: &Arc<Vec<u32>>,
+    usage: &UsageIndex,
     index_gen: u64,
     job: &mut Job,
     counts: &LimitCounts,
@@ -296,35 +300,31 @@ fn find_agent(
     let n = cands.len();
     let need = job.need;
     if n > 0 && job.constraints.soft.is_set() {
-        // Soft preferences: the fitting candidates are scored (see `scoring`).
-        let start = job.cursor % n;
+        // Soft preferences: a host with the highest score (see `placement_soft`).
+        let mut groups = match job.constraints.soft.groups.take() {
+            Some(g) if g.is_for(index_gen) => g,
+            _ => Box::new(SoftGroups::build(
+                &job.constraints.soft,
+                &job.constraints.counted,
+                &cands,
+                agents.len(),
+                index_gen,
+                |i, a| agents[i as usize].attr(a),
+            )),
+        };
         let values = |a: &str| value_count(attr_index, a);
-        // No later agent can beat one that reaches this (see `Soft::bound`).
-        let bound = job
-            .constraints
-            .soft
-            .bound(&job.constraints.counted, counts, attr_index);
-        let mut best: Option<(f64, usize)> = None;
-        for step in 0..n {
-            let pos = (start + step) % n;
-            let agent = &agents[cands[pos] as usize];
-            if misfit(agent, &need, job, counts).is_some() {
-                continue;
-            }
-            let s = job
-                .constraints
-                .soft
-                .score(agent, &job.constraints.counted, counts, &values);
-            if best.is_none_or(|(b, _)| s > b) {
-                best = Some((s, pos));
-                if s >= bound {
-                    break;
-                }
-            }
-        }
-        if let Some((_, pos)) = best {
-            job.cursor = pos + 1;
-            return Ok(cands[pos]);
+        let chosen = groups.choose(
+            &job.constraints.soft,
+            &job.constraints.counted,
+            counts,
+            &values,
+            usage,
+            &|i| agents[i as usize].used_percent(),
+            &mut |i| misfit(&agents[i as usize], &need, job, counts).is_none(),
+        );
+        job.constraints.soft.groups = Some(groups);
+        if let Some(idx) = chosen {
+            return Ok(idx);
         }
     } else if n > 0 {
         let start = job.cursor % n;
@@ -367,10 +367,35 @@ fn take_ports(agent: &mut Agent, names: &[String]) -> Vec<(String, u16)> {
 }
 
 impl Core {
+    /// Records agent `idx`'s use in the usage index (after its use or size changed).
+    pub(super) fn note_usage(&mut self, idx: u32) {
+        if let Some(a) = self.agents.get(idx as usize) {
+            self.usage.set(idx, a.used_percent());
+        }
+    }
+
+    /// Records every agent's use afresh.
+    pub(super) fn rebuild_usage(&mut self) {
+        self.usage.clear();
+        for (i, a) in self.agents.iter().enumerate() {
+            self.usage.set(i as u32, a.used_percent());
+        }
+    }
+
+    /// Test support: whether the usage index holds every agent's current use.
+    #[cfg(test)]
+    pub(super) fn usage_is_current(&self) -> bool {
+        self.agents
+            .iter()
+            .enumerate()
+            .all(|(i, a)| self.usage.holds(i as u32, a.used_percent()))
+    }
+
     pub(super) fn rebuild_index_if_dirty(&mut self) {
         if !self.index_dirty {
             return;
         }
+        self.rebuild_usage();
         self.index_dirty = false;
         self.index_gen += 1;
         self.attr_index.clear();

@@ -9,13 +9,17 @@
 //! the job's instances already on hosts with this host's value and `share` the even
 //! share of the job's instances once this one is placed (a host without the
 //! attribute: `-weight`); each matching `affinity` entry adds its weight. The highest
-//! score wins; ties go to the first agent in the rotating cursor's order.
+//! score wins. This file is the score itself (and the reference that scores every
+//! host); `placement_soft` finds a host with the highest score without scoring
+//! every candidate.
 
 use std::collections::HashMap;
 
 use drover_common::spec::{Constraint, JobSpec, PlacementStrategy};
 
+#[cfg(test)]
 use super::limits::LimitCounts;
+use super::placement_soft::SoftGroups;
 
 /// What scoring reads of a host that fits (the model's agent implements it, so this
 /// file needs nothing of the model).
@@ -23,6 +27,7 @@ pub(super) trait Candidate {
     /// The host's use in percent once its placed tasks count: the larger of CPU and RAM.
     fn used_percent(&self) -> f64;
     /// The host's value of `attribute` (`host` is its id), if it has one.
+    #[cfg(test)]
     fn attr(&self, attribute: &str) -> Option<&str>;
 }
 
@@ -34,6 +39,9 @@ pub(super) struct Soft {
     pub(super) spread: Vec<(usize, u32)>,
     /// (attribute, value expression, weight).
     pub(super) affinity: Vec<(String, Constraint, i32)>,
+    /// The job's candidates grouped by their soft attribute values, for one agent
+    /// index generation (see `placement_soft`); built at the first placement.
+    pub(super) groups: Option<Box<SoftGroups>>,
 }
 
 impl Soft {
@@ -71,6 +79,9 @@ impl Soft {
 
     /// The score of placing the job's next task on `agent`. `counted` names the
     /// attributes of `counts`; `values` is how many values each has in the cluster.
+    /// The reference: placement finds a host of the highest score without it
+    /// (`placement_soft`, tested against this).
+    #[cfg(test)]
     pub(super) fn score(
         &self,
         agent: &impl Candidate,
@@ -87,18 +98,18 @@ impl Soft {
             };
         }
         for &(i, weight) in &self.spread {
-            let w = f64::from(weight);
             let (Some((attr, _)), Some(per_value)) = (counted.get(i), counts.get(i)) else {
                 continue;
             };
-            let Some(v) = agent.attr(attr) else {
-                score -= w;
-                continue;
-            };
-            let held = f64::from(per_value.get(v).copied().unwrap_or(0));
             let total: u32 = per_value.values().sum();
-            let share = f64::from(total + 1) / values(attr).max(1) as f64;
-            score += (w * (share - held) / share).clamp(-w, w);
+            score += spread_term(
+                weight,
+                agent
+                    .attr(attr)
+                    .map(|v| per_value.get(v).copied().unwrap_or(0)),
+                total,
+                values(attr),
+            );
         }
         for (attr, c, weight) in &self.affinity {
             if c.allows_value(agent.attr(attr)) {
@@ -109,152 +120,19 @@ impl Soft {
     }
 }
 
-impl Soft {
-    /// An upper bound of [`Soft::score`] over every agent whose attribute values
-    /// are in `index` (the attribute index): the placement loop stops at the first
-    /// agent that reaches it, as no later one can beat it (ties go to the first).
-    /// Each term is bounded as `score` computes it and summed in the same order (a
-    /// float sum keeps the order of its terms): the strategy's (binpack: unbounded,
-    /// never an early stop; spread: 100), each spread entry's at the value holding
-    /// fewest of the job's instances (none when the index has no value for it),
-    /// each affinity entry's weight when it is positive.
-    pub(super) fn bound(
-        &self,
-        counted: &[(String, u32)],
-        counts: &LimitCounts,
-        index: &HashMap<String, HashMap<String, Vec<u32>>>,
-    ) -> f64 {
-        let mut bound = 0.0;
-        match self.strategy {
-            Some(PlacementStrategy::Binpack) => return f64::INFINITY,
-            Some(PlacementStrategy::Spread) => bound += 100.0,
-            None => {}
-        }
-        for &(i, weight) in &self.spread {
-            let w = f64::from(weight);
-            let (Some((attr, _)), Some(per_value)) = (counted.get(i), counts.get(i)) else {
-                continue;
-            };
-            let least = index
-                .get(attr)
-                .and_then(|values| {
-                    values
-                        .keys()
-                        .map(|v| per_value.get(v).copied().unwrap_or(0))
-                        .min()
-                })
-                .unwrap_or(0);
-            let total: u32 = per_value.values().sum();
-            let share = f64::from(total + 1) / value_count(index, attr).max(1) as f64;
-            bound += (w * (share - f64::from(least)) / share).clamp(-w, w);
-        }
-        for (_, _, weight) in &self.affinity {
-            if *weight > 0 {
-                bound += f64::from(*weight);
-            }
-        }
-        bound
-    }
+/// A `spread` entry's term for a host whose value holds `held` of the job's
+/// instances (None: the host lacks the attribute), `total` instances counted over
+/// the attribute's values, which number `values` in the cluster.
+pub(super) fn spread_term(weight: u32, held: Option<u32>, total: u32, values: usize) -> f64 {
+    let w = f64::from(weight);
+    let Some(held) = held else {
+        return -w;
+    };
+    let share = f64::from(total + 1) / values.max(1) as f64;
+    (w * (share - f64::from(held)) / share).clamp(-w, w)
 }
 
 /// How many values `attr` has among the agents (from the attribute index).
 pub(super) fn value_count(index: &HashMap<String, HashMap<String, Vec<u32>>>, attr: &str) -> usize {
     index.get(attr).map_or(0, |m| m.len())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Host {
-        used: f64,
-        attrs: Vec<(&'static str, String)>,
-    }
-
-    impl Candidate for Host {
-        fn used_percent(&self) -> f64 {
-            self.used
-        }
-        fn attr(&self, attribute: &str) -> Option<&str> {
-            self.attrs
-                .iter()
-                .find(|(a, _)| *a == attribute)
-                .map(|(_, v)| v.as_str())
-        }
-    }
-
-    #[test]
-    fn no_host_scores_above_the_bound_the_placement_loop_stops_at() {
-        // 60 hosts: 7 racks, 3 zones, every 11th without a rack, uneven counts.
-        let hosts: Vec<Host> = (0..60)
-            .map(|i| {
-                let mut attrs = vec![("zone", format!("z{}", i % 3))];
-                if i % 11 != 0 {
-                    attrs.push(("rack", format!("r{}", i % 7)));
-                }
-                Host {
-                    used: f64::from(i * 13 % 101),
-                    attrs,
-                }
-            })
-            .collect();
-        let mut index: HashMap<String, HashMap<String, Vec<u32>>> = HashMap::new();
-        for (i, h) in hosts.iter().enumerate() {
-            for (a, v) in &h.attrs {
-                index
-                    .entry(a.to_string())
-                    .or_default()
-                    .entry(v.clone())
-                    .or_default()
-                    .push(i as u32);
-            }
-        }
-        let counted = vec![("rack".to_string(), u32::MAX), ("zone".to_string(), 2)];
-        let values = |a: &str| value_count(&index, a);
-        let zone = |v: &str, negated| Constraint::Value {
-            values: vec![v.to_string()],
-            negated,
-        };
-        let strategies = [
-            None,
-            Some(PlacementStrategy::Spread),
-            Some(PlacementStrategy::Binpack),
-        ];
-        let mut reached = 0;
-        for round in 0..40u32 {
-            // Per-rack and per-zone counts of the job's instances so far.
-            let mut counts: LimitCounts = vec![HashMap::new(), HashMap::new()];
-            for r in 0..7u32 {
-                let n = (round * (r + 3)) % 9;
-                if n > 0 && !(round % 5 == 0 && r == 2) {
-                    counts[0].insert(format!("r{r}"), n);
-                }
-            }
-            counts[1].insert(format!("z{}", round % 3), round % 4 + 1);
-            for strategy in strategies {
-                for affinity in [
-                    vec![],
-                    vec![("zone".to_string(), zone("z1", false), 40)],
-                    vec![("zone".to_string(), zone("z2", true), -25)],
-                ] {
-                    let soft = Soft {
-                        strategy,
-                        spread: vec![(0, 50), (1, 1 + round % 100)],
-                        affinity,
-                    };
-                    let bound = soft.bound(&counted, &counts, &index);
-                    let best = hosts
-                        .iter()
-                        .map(|h| soft.score(h, &counted, &counts, &values))
-                        .fold(f64::NEG_INFINITY, f64::max);
-                    assert!(best <= bound, "round {round}: {best} > {bound}");
-                    if best == bound {
-                        reached += 1;
-                    }
-                }
-            }
-        }
-        // The bound is tight often enough to stop early.
-        assert!(reached > 0);
-    }
 }

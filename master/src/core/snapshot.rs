@@ -227,6 +227,7 @@ impl Core {
             }
         }
         core.load_updates(snapshot.updates);
+        core.rebuild_usage();
         if !core.agents.is_empty() {
             core.start_reconciliation(now);
         }

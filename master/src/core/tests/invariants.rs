@@ -84,6 +84,8 @@ fn check_invariants(core: &Core, history: &mut HashMap<String, TaskState>, silen
         assert!(cpu <= a.cpu_milli, "cpu over-committed on {}", a.rec.id);
         assert!(ram <= a.rec.resources.ram_bytes);
     }
+    // Soft placement's order of agents by use is current.
+    assert!(core.usage_is_current(), "usage index stale");
     // Every placed task is in its agent's set; constraints hold.
     for t in core.tasks.values() {
         if t.status.state.is_on_agent() {
